@@ -1,0 +1,1 @@
+"""Bundled configuration files, importable as ``hetpatrol.bundled`` for importlib.resources."""

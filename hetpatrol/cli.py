@@ -1,0 +1,248 @@
+"""The ``hetpatrol`` command line.
+
+Commands:
+  run              patrol forever: /metrics, JSONL, state file (systemd service)
+  once             one patrol, printed; exit 0 ok, 1 warning, 2 critical, 3 unknown
+  schema           print the JSON Schema of the JSONL lines
+  validate-config  check a config file; exit 78 (EX_CONFIG) when it is bad
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from hetpatrol import __version__
+from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config
+from hetpatrol.patrol import Patroller, PatrolReport
+from hetpatrol.replay import load_scenario
+from hetpatrol.schema import jsonl_json_schema
+
+
+def setup_logging(fmt: str = "console", level: str = "info") -> None:
+    """structlog to stderr: ``console`` key=value lines (journald friendly) or ``json``."""
+    renderer: Any
+    if fmt == "json":
+        renderer = structlog.processors.JSONRenderer()
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            getattr(logging, level.upper(), logging.INFO)
+        ),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _load(args: argparse.Namespace) -> Config:
+    """The config, with the node name from ``--node`` or else the replay's scenario."""
+    config = load_config(args.config)
+    node = getattr(args, "node", None)
+    if node is None and getattr(args, "replay", None) is not None:
+        node = load_scenario(args.replay).get("node")
+    return replace(config, node=str(node)) if node else config
+
+
+def _existing_dir(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: not a directory")
+    return path
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="config file (default: the bundled config/hetpatrol.yaml)",
+    )
+    p.add_argument(
+        "--replay",
+        type=_existing_dir,
+        default=None,
+        metavar="DIR",
+        help="replay recorded vendor output from DIR instead of the hardware",
+    )
+    p.add_argument("--node", default=None, help="node name (overrides the config)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from hetpatrol.daemon import Daemon
+
+    config = _load(args)
+    overrides: dict[str, Any] = {
+        "listen": args.listen,
+        "jsonl_path": args.jsonl_path,
+        "state_path": args.state_path,
+        "interval_seconds": args.interval,
+        "node": config.node,
+    }
+    daemon = Daemon(config, config_path=args.config, replay_dir=args.replay, overrides=overrides)
+    daemon.install_signals()
+    return daemon.run()
+
+
+def format_table(report: PatrolReport) -> str:
+    """Human-readable table of one patrol: a row per card, findings under it."""
+    head = (
+        "VENDOR",
+        "TYPE",
+        "IDX",
+        "CHIP",
+        "MODEL",
+        "BUS ID",
+        "HEALTH",
+        "TEMP",
+        "POWER",
+        "UTIL",
+        "MEMORY",
+    )
+    rows = []
+    notes: list[list[str]] = []
+
+    def num(v: float | None, unit: str, fmt: str = "{:.0f}") -> str:
+        return "-" if v is None else fmt.format(v) + unit
+
+    for c in sorted(report.cards, key=lambda r: (r.vendor, r.index, r.chip or 0)):
+        mem = "-"
+        if c.memory_used_bytes is not None and c.memory_total_bytes:
+            mem = f"{c.memory_used_bytes / 2**30:.1f}/{c.memory_total_bytes / 2**30:.1f} GiB"
+        rows.append(
+            (
+                c.vendor,
+                c.card_type or "-",
+                str(c.index),
+                "-" if c.chip is None else str(c.chip),
+                c.model or "-",
+                c.bus_id or "-",
+                c.health.upper(),
+                num(c.temperature_celsius, " C"),
+                num(c.power_watts, " W", "{:.1f}"),
+                num(None if c.utilization_ratio is None else c.utilization_ratio * 100, "%"),
+                mem,
+            )
+        )
+        notes.append([f"{f.severity}: {f.check}: {f.message}" for f in c.findings])
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
+    for row, note in zip(rows, notes, strict=True):
+        out.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+        out.extend(f"    {n}" for n in note)
+    for s in report.collectors:
+        line = f"collector {s.name}: {s.state}, {s.cards} cards, {s.duration_seconds:.3f} s"
+        out.append(line + (f" ({s.error})" if s.error else ""))
+    for f in report.node_findings:
+        out.append(f"node {f.severity}: {f.check}: {f.message}")
+    out.append(f"node {report.node}: {report.health.upper()} (exit {report.exit_code})")
+    return "\n".join(out) + "\n"
+
+
+def cmd_once(args: argparse.Namespace) -> int:
+    config = _load(args)
+    patroller = Patroller(config, replay_dir=args.replay)
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    if args.format == "jsonl":
+        sys.stdout.write("".join(report.jsonl_lines()))
+    elif args.format == "json":
+        doc = {
+            "patrol": json.loads(report.patrol_line),
+            "cards": [json.loads(line) for line in report.card_lines],
+        }
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_table(report))
+    return report.exit_code
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    json.dump(jsonl_json_schema(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_validate_config(args: argparse.Namespace) -> int:
+    config = load_config(args.path)
+    print(
+        f"{config.source}: ok ({len(config.profiles)} profiles, "
+        f"collectors: {', '.join(c.name for c in config.collectors if c.enabled) or 'none'})"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetpatrol", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"hetpatrol {__version__}")
+    parser.add_argument("--log-format", choices=("console", "json"), default="console")
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        choices=("debug", "info", "warning", "error"),
+        help="default: info for run, warning for the other commands",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="patrol forever (the daemon)")
+    _add_common(p)
+    p.add_argument(
+        "--listen", default=None, metavar="ADDR:PORT", help="metrics address (overrides the config)"
+    )
+    p.add_argument("--jsonl-path", type=Path, default=None, help="JSONL patrol log path")
+    p.add_argument("--state-path", type=Path, default=None, help="state file path")
+    p.add_argument("--interval", type=float, default=None, help="seconds between patrols")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("once", help="one patrol; exit 0/1/2/3 = ok/warning/critical/unknown")
+    _add_common(p)
+    p.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
+    p.set_defaults(func=cmd_once)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of the JSONL lines")
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("validate-config", help="check a config file (exit 78 when bad)")
+    p.add_argument("path", type=Path)
+    p.set_defaults(func=cmd_validate_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = args.log_level or ("info" if args.command == "run" else "warning")
+    setup_logging(args.log_format, level)
+    if getattr(args, "interval", None) is not None and args.interval <= 0:
+        parser.error("--interval must be positive")
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"hetpatrol: configuration error: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    except ValueError as exc:  # a replay scenario that cannot be read
+        print(f"hetpatrol: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

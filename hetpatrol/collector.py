@@ -1,0 +1,116 @@
+"""The collector plugin interface: what a vendor plugin gets and what it must return.
+
+A collector only reads vendor state and fills :class:`~hetpatrol.schema.CardRecord`
+objects. It never judges (the thresholds do) and never writes anywhere (the exporters
+do). Plugins register in the ``hetpatrol.collectors`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hetpatrol.schema import CardRecord, Finding
+
+#: Collector states, as exported in ``hetpatrol_collector_up`` and the patrol line.
+STATE_OK = "ok"  #: the vendor stack answered and the output was understood
+STATE_ABSENT = "absent"  #: no such vendor stack on this node (not a failure)
+STATE_FAILED = "failed"  #: the stack is there but the read failed (DCMI error, garbage...)
+STATE_HUNG = "hung"  #: the read did not return within its timeout
+STATE_DISABLED = "disabled"  #: switched off in the config
+
+
+class CollectorError(Exception):
+    """A whole-collector failure: nothing trustworthy could be read.
+
+    ``raw`` keeps the vendor tool's raw output for debugging.
+    """
+
+    def __init__(self, message: str, raw: str | None = None, *, hung: bool = False):
+        super().__init__(message)
+        self.raw = raw
+        self.hung = hung
+
+
+@dataclass
+class CollectResult:
+    """What one collector run produced.
+
+    - ``records``: one per card (or chip); never empty when ``state`` is ``ok`` with cards.
+    - ``state``: one of the ``STATE_*`` constants above.
+    - ``error``: human-readable reason when state is not ok.
+    - ``raw``: the raw vendor output, kept when it could not be (fully) understood.
+    - ``node_findings``: findings about the node rather than a card (a driver/library
+      version mismatch makes the whole NVIDIA stack unusable, for example).
+    """
+
+    collector: str
+    records: list[CardRecord] = field(default_factory=list)
+    state: str = STATE_OK
+    error: str | None = None
+    raw: str | None = None
+    node_findings: list[Finding] = field(default_factory=list)
+    duration_seconds: float = 0.0
+
+
+class Collector(abc.ABC):
+    """Base class of every vendor collector.
+
+    Subclasses set :attr:`name` and implement :meth:`collect`. The daemon creates one
+    instance per configured collector for its whole life, calls :meth:`collect` once per
+    patrol (from a worker thread, bounded by ``timeout_seconds``), and :meth:`close` at
+    shutdown.
+
+    ``options`` is the collector's config section (``collectors.<name>``). ``replay_dir``,
+    when set, swaps the vendor boundary for recorded output (``--replay``): everything
+    above the boundary runs as in production.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
+        self.options = dict(options)
+        self.replay_dir = Path(replay_dir) if replay_dir is not None else None
+
+    @abc.abstractmethod
+    def collect(self) -> CollectResult:
+        """Read every card of this vendor once.
+
+        Returns a :class:`CollectResult`. May raise :class:`CollectorError` for a
+        whole-collector failure; any other exception is caught by the patrol and reported
+        as a failed collector with the exception text.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release vendor sessions (``nvmlShutdown``...). Default: nothing."""
+
+
+def discover() -> dict[str, type[Collector]]:
+    """Collector classes registered in the ``hetpatrol.collectors`` entry-point group.
+
+    Returns ``{name: class}``. A plugin that fails to import is skipped here and reported
+    by the caller when it is configured (so one broken plugin does not stop the daemon).
+    """
+    found: dict[str, type[Collector]] = {}
+    for ep in entry_points(group="hetpatrol.collectors"):
+        found[ep.name] = ep  # type: ignore[assignment]
+    return found  # values are EntryPoint objects until loaded by load_collector()
+
+
+def load_collector(name: str) -> type[Collector]:
+    """Load the collector class registered as ``name``.
+
+    Raises ``KeyError`` when no plugin has that name, and re-raises the plugin's own
+    import error when it cannot be imported.
+    """
+    for ep in entry_points(group="hetpatrol.collectors"):
+        if ep.name == name:
+            cls = ep.load()
+            if not (isinstance(cls, type) and issubclass(cls, Collector)):
+                raise TypeError(f"entry point {name!r} does not name a Collector subclass")
+            return cls
+    raise KeyError(name)

@@ -1,0 +1,214 @@
+"""The patrol loop: owns time, signals, reload and the sinks.
+
+- Patrols start on a fixed schedule (``start + k * interval``); a patrol that overruns
+  skips the missed slots instead of running back to back.
+- SIGTERM / SIGINT: the current patrol finishes (each JSONL line is one ``write()``, so
+  no line is torn), the sinks close, exit code 0.
+- SIGHUP: reload the configuration; a reload that fails keeps the running one, says
+  why, and counts it. The JSONL file is reopened too (external logrotate).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+
+import structlog
+
+from hetpatrol.config import Config, ConfigError, load_config, parse_listen
+from hetpatrol.exporters.jsonl import JsonlSink
+from hetpatrol.exporters.prometheus import ExporterStats, Exposition, MetricsServer
+from hetpatrol.exporters.state import write_state
+from hetpatrol.patrol import Patroller, PatrolReport
+
+log = structlog.get_logger("hetpatrol.daemon")
+
+
+class Daemon:
+    """One hetpatrol process: a :class:`Patroller`, the sinks and the metrics server.
+
+    ``config_path`` is kept for SIGHUP reloads (``None`` = the bundled default).
+    ``overrides`` are CLI values applied on top of every (re)loaded config.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: Path | None = None,
+        replay_dir: Path | None = None,
+        overrides: dict | None = None,
+    ):
+        self.config_path = config_path
+        self.overrides = dict(overrides or {})
+        self.config = self._apply_overrides(config)
+        self.replay_dir = replay_dir
+        self.patroller = Patroller(self.config, replay_dir=replay_dir)
+        self.stats = ExporterStats()
+        self.exposition = Exposition(self._collector_names(), self.stats)
+        self.sink = self._make_sink()
+        self.server: MetricsServer | None = None
+        self._stop = threading.Event()
+        self._reload = False
+        self.patrols = 0
+        self.last_report: PatrolReport | None = None
+
+    # ---------------------------------------------------------------- config helpers
+    def _apply_overrides(self, config: Config) -> Config:
+        return replace(config, **{k: v for k, v in self.overrides.items() if v is not None})
+
+    def _collector_names(self) -> list[str]:
+        return [c.name for c in self.config.collectors]
+
+    def _make_sink(self) -> JsonlSink | None:
+        if self.config.jsonl_path is None:
+            return None
+        return JsonlSink(
+            self.config.jsonl_path, self.config.jsonl_max_bytes, self.config.jsonl_backups
+        )
+
+    # ------------------------------------------------------------------- signals
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        log.info("signal", signal=signal.Signals(signum).name, action="stop")
+        self._stop.set()
+
+    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+        self._reload = True
+        self._stop.set()  # wake the wait; the loop tells reload from stop
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_hup)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def reload(self) -> bool:
+        """Reload the config file; keep the running config if it is bad. True if applied."""
+        if self.sink is not None:
+            self.sink.reopen()
+        try:
+            new = self._apply_overrides(load_config(self.config_path))
+        except ConfigError as exc:
+            self.stats.config_reload_failures += 1
+            log.error("config_reload_failed", error=str(exc), action="keeping running config")
+            return False
+        if new.collectors != self.config.collectors or new.node != self.config.node:
+            self.patroller.close()
+            self.patroller = Patroller(new, replay_dir=self.replay_dir)
+        else:
+            self.patroller.config = new
+        if new.jsonl_path != self.config.jsonl_path and self.sink is not None:
+            self.sink.close()
+        self.config = new
+        if self.sink is None or self.sink.path != new.jsonl_path:
+            self.sink = self._make_sink()
+        log.info("config_reloaded", source=new.source)
+        return True
+
+    # ---------------------------------------------------------------------- loop
+    def publish(self, report: PatrolReport) -> None:
+        """Write one report to every sink, then render the exposition."""
+        if self.sink is not None:
+            self.sink.write_lines(report.jsonl_lines())
+            self.stats.jsonl_write_errors = self.sink.write_errors
+            self.stats.jsonl_lines_written = self.sink.lines_written
+        if self.config.state_path is not None:
+            try:
+                write_state(self.config.state_path, report, self.config.interval_seconds)
+            except OSError as exc:
+                if self.stats.state_write_errors == 0:
+                    log.error(
+                        "state_write_failed", path=str(self.config.state_path), error=str(exc)
+                    )
+                self.stats.state_write_errors += 1
+        self.patrols += 1
+        self.last_report = report
+        self.exposition.update(report, self.patrols)
+
+    def patrol_once(self) -> PatrolReport:
+        report = self.patroller.run()
+        self.publish(report)
+        return report
+
+    def run(self) -> int:
+        """Serve metrics and patrol until stopped. Returns the process exit code (0)."""
+        if self.config.listen:
+            host, port = parse_listen(self.config.listen)
+            self.server = MetricsServer(host, port, self.exposition)
+            self.server.start()
+            log.info("metrics_listening", address=f"{host}:{self.server.port}")
+        log.info(
+            "started",
+            node=self.config.node,
+            interval_seconds=self.config.interval_seconds,
+            collectors=self._collector_names(),
+            replay=str(self.replay_dir or ""),
+            jsonl=str(self.config.jsonl_path or ""),
+        )
+        epoch = time.monotonic()
+        slot = 0
+        try:
+            while True:
+                report = self.patrol_once()
+                if self.patrols == 1:
+                    log.info(
+                        "first_patrol",
+                        health=report.health,
+                        cards=len(report.cards),
+                        seconds=round(report.duration_seconds, 3),
+                    )
+                if report.changes:
+                    log.info(
+                        "patrol_changes",
+                        seq=report.seq,
+                        health=report.health,
+                        changes=list(report.changes),
+                    )
+                interval = self.config.interval_seconds
+                slot += 1
+                now = time.monotonic()
+                due = epoch + slot * interval
+                if now > due:
+                    missed = int((now - due) // interval) + 1
+                    log.warning(
+                        "patrol_overran",
+                        seq=report.seq,
+                        missed_slots=missed,
+                        seconds=round(report.duration_seconds, 3),
+                    )
+                    slot += missed
+                    due = epoch + slot * interval
+                if self._wait_until(due):
+                    break
+        finally:
+            self.shutdown()
+        return 0
+
+    def _wait_until(self, due: float) -> bool:
+        """Sleep until ``due``; handle SIGHUP reloads. True when a stop was requested."""
+        while True:
+            remaining = due - time.monotonic()
+            woke = self._stop.wait(max(0.0, remaining))
+            if not woke:
+                return False
+            if self._reload:
+                self._reload = False
+                self._stop.clear()
+                self.reload()
+                continue
+            return True
+
+    def shutdown(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        self.patroller.close()
+        if self.sink is not None:
+            self.sink.close()
+        log.info("stopped", patrols=self.patrols)

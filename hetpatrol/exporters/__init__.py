@@ -1,0 +1,1 @@
+"""Exporters: Prometheus exposition, JSONL patrol log, state file."""

@@ -1,0 +1,165 @@
+"""The JSONL patrol log: whole lines or nothing, rotation that loses no line.
+
+- Each line is one ``os.write()`` on an ``O_APPEND`` descriptor, so concurrent readers
+  (``tail -f``) and a crash never see two lines interleaved. A short write (disk full
+  mid-line) is cut back with ``ftruncate`` so no torn line stays behind.
+- A torn last line left by a crash (SIGKILL mid-write, power loss) is cut off when the
+  sink opens the file; every whole line before it is kept.
+- Size-based rotation happens between patrols (``patrol.jsonl`` -> ``.1`` -> ... ->
+  ``.N``). An external logrotate that renames the file is followed: the sink notices the
+  path now names another inode (or nothing) and reopens; :meth:`JsonlSink.reopen` does
+  the same on SIGHUP.
+- Write failures (ENOSPC, EACCES, EROFS...) are counted, logged once per episode, and
+  writing resumes by itself when the cause is gone.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("hetpatrol.jsonl")
+
+_TAIL_CHUNK = 64 * 1024
+
+
+def repair_torn_tail(path: Path) -> int:
+    """Cut a partial last line (no trailing newline) off ``path``.
+
+    Returns the number of bytes removed (0 when the file ends cleanly, is empty or
+    missing). Lines before the torn one are untouched.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        if os.pread(fd, 1, size - 1) == b"\n":
+            return 0
+        pos = size
+        keep = 0
+        while pos > 0:
+            start = max(0, pos - _TAIL_CHUNK)
+            chunk = os.pread(fd, pos - start, start)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                keep = start + nl + 1
+                break
+            pos = start
+        os.ftruncate(fd, keep)
+        return size - keep
+    finally:
+        os.close(fd)
+
+
+class JsonlSink:
+    """Appends JSONL lines to ``path`` with rotation; never raises on I/O trouble.
+
+    ``max_bytes`` 0 disables size rotation (use logrotate). ``backups`` rotated files are
+    kept. :attr:`write_errors` and :attr:`lines_written` feed the Prometheus counters.
+    """
+
+    def __init__(self, path: Path, max_bytes: int = 0, backups: int = 5):
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self.write_errors = 0
+        self.lines_written = 0
+        self.repaired_bytes = 0
+        self._fd: int | None = None
+        self._ino: tuple[int, int] | None = None
+        self._size = 0
+        self._failing: str | None = None
+
+    # ------------------------------------------------------------------ open/close
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        removed = repair_torn_tail(self.path)
+        if removed:
+            self.repaired_bytes += removed
+            log.warning("jsonl_torn_tail_repaired", path=str(self.path), bytes_removed=removed)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        st = os.fstat(fd)
+        self._fd, self._ino, self._size = fd, (st.st_dev, st.st_ino), st.st_size
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            finally:
+                self._fd = None
+
+    def reopen(self) -> None:
+        """Close and reopen the path (after an external rotation; on SIGHUP)."""
+        self.close()
+
+    def _moved(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        return (st.st_dev, st.st_ino) != self._ino
+
+    # ---------------------------------------------------------------------- rotate
+    def _rotate(self) -> None:
+        self.close()
+        if self.backups <= 0:
+            os.truncate(self.path, 0)
+            return
+        for i in range(self.backups - 1, 0, -1):
+            src = self.path.with_name(f"{self.path.name}.{i}")
+            if src.exists():
+                os.replace(src, self.path.with_name(f"{self.path.name}.{i + 1}"))
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+    # ----------------------------------------------------------------------- write
+    def write_lines(self, lines: Sequence[str]) -> int:
+        """Append ``lines`` (each ending in a newline), one ``write()`` each.
+
+        Returns how many were written. Lines that could not be written are counted in
+        :attr:`write_errors`; the first failure of an episode is logged, and the recovery.
+        """
+        done = 0
+        try:
+            if self._fd is not None and self._moved():
+                self.close()
+            if self._fd is None:
+                self._open()
+            batch = sum(len(line.encode()) for line in lines)
+            if self.max_bytes and self._size and self._size + batch > self.max_bytes:
+                self._rotate()
+                self._open()
+            assert self._fd is not None
+            for line in lines:
+                data = line.encode()
+                n = os.write(self._fd, data)
+                if n != len(data):
+                    os.ftruncate(self._fd, self._size)
+                    raise OSError(errno.ENOSPC, "short write (no space left on device)")
+                self._size += n
+                done += 1
+        except OSError as exc:
+            self.write_errors += len(lines) - done
+            reason = f"{errno.errorcode.get(exc.errno or 0, 'E?')}: {exc.strerror or exc}"
+            if self._failing != reason:
+                log.error(
+                    "jsonl_write_failed",
+                    path=str(self.path),
+                    error=reason,
+                    lines_lost=len(lines) - done,
+                )
+                self._failing = reason
+            self.close()
+        else:
+            if self._failing is not None:
+                log.info("jsonl_write_resumed", path=str(self.path))
+                self._failing = None
+        self.lines_written += done
+        return done

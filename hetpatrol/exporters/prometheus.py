@@ -1,0 +1,377 @@
+"""Prometheus exposition of a patrol report, rendered once per patrol and served as bytes.
+
+Nothing is collected on a scrape: :class:`MetricsServer` serves the bytes rendered from
+the last :class:`~hetpatrol.patrol.PatrolReport` (vendor tools can take seconds; a scrape
+must not). Names follow Prometheus conventions: prefix ``hetpatrol_``, base units,
+``_total`` only on counters, identity in ``hetpatrol_card_info``. Per-card series carry
+the labels ``vendor``, ``card_type``, ``index``, ``chip``, ``uuid`` only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+)
+
+from hetpatrol import __version__
+from hetpatrol.collector import STATE_ABSENT, STATE_DISABLED, STATE_FAILED, STATE_HUNG, STATE_OK
+from hetpatrol.patrol import PatrolReport
+from hetpatrol.schema import EXIT_CODES, HEALTH_STATES, CardRecord
+
+CARD_LABELS = ("vendor", "card_type", "index", "chip", "uuid")
+COLLECTOR_STATES = (STATE_OK, STATE_ABSENT, STATE_FAILED, STATE_HUNG, STATE_DISABLED, "pending")
+
+
+def card_labels(rec: CardRecord) -> list[str]:
+    """Label values of a card, in :data:`CARD_LABELS` order (null -> empty string)."""
+    return [
+        rec.vendor,
+        rec.card_type or "",
+        str(rec.index),
+        "" if rec.chip is None else str(rec.chip),
+        rec.uuid or "",
+    ]
+
+
+@dataclass
+class ExporterStats:
+    """Counters owned by the daemon's sinks, exported beside the report."""
+
+    jsonl_write_errors: int = 0
+    jsonl_lines_written: int = 0
+    state_write_errors: int = 0
+    config_reload_failures: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+# (metric suffix, record attribute, help text, scale)
+_CARD_GAUGES: tuple[tuple[str, str, str], ...] = (
+    (
+        "temperature_celsius",
+        "temperature_celsius",
+        "Card temperature (NVML GPU sensor; npu-smi Temp(C)).",
+    ),
+    (
+        "power_watts",
+        "power_watts",
+        "Power draw (NVML nvmlDeviceGetPowerUsage; npu-smi Power(W), per card on chip 0).",
+    ),
+    (
+        "power_limit_watts",
+        "power_limit_watts",
+        "Enforced power limit (NVML nvmlDeviceGetEnforcedPowerLimit).",
+    ),
+    (
+        "utilization_ratio",
+        "utilization_ratio",
+        "Share of time a kernel ran, 0..1 (NVML utilization.gpu; npu-smi AICore(%)/100).",
+    ),
+    (
+        "memory_used_bytes",
+        "memory_used_bytes",
+        "Device memory used (NVML memory info; npu-smi HBM-Usage, or Memory-Usage on DDR cards).",
+    ),
+    ("memory_total_bytes", "memory_total_bytes", "Device memory total."),
+    ("clock_sm_hertz", "clock_sm_hertz", "SM clock (NVML nvmlDeviceGetClockInfo SM)."),
+    ("pcie_link_generation", "pcie_link_gen", "Current PCIe link generation."),
+    ("pcie_link_generation_max", "pcie_link_gen_max", "Maximum PCIe link generation."),
+    ("pcie_link_width", "pcie_link_width", "Current PCIe link width (lanes)."),
+    ("pcie_link_width_max", "pcie_link_width_max", "Maximum PCIe link width (lanes)."),
+)
+_CARD_FLAGS: tuple[tuple[str, str, str], ...] = (
+    (
+        "remapped_rows_pending",
+        "remapped_rows_pending",
+        "1 when NVML reports remapped rows pending (a reset is needed).",
+    ),
+    (
+        "remapped_rows_failure",
+        "remapped_rows_failure",
+        "1 when NVML reports a row remapping failure (RMA).",
+    ),
+    (
+        "retired_pages_pending",
+        "retired_pages_pending",
+        "1 when NVML reports retired pages pending (a reset is needed).",
+    ),
+)
+
+
+def report_metrics(
+    report: PatrolReport | None, stats: ExporterStats, collectors: Sequence[str], patrols_total: int
+) -> Iterator[Metric]:
+    """Every metric family for one report (``None`` before the first patrol)."""
+    up = GaugeMetricFamily("hetpatrol_up", "1 while the hetpatrol daemon runs.")
+    up.add_metric([], 1)
+    yield up
+    build = InfoMetricFamily("hetpatrol_build", "hetpatrol version.")
+    build.add_metric([], {"version": __version__})
+    yield build
+    yield CounterMetricFamily(
+        "hetpatrol_patrols", "Patrols completed since start.", value=patrols_total
+    )
+    ready = GaugeMetricFamily(
+        "hetpatrol_patrol_ready", "1 once the first patrol has completed; 0 means no data yet."
+    )
+    ready.add_metric([], 0 if report is None else 1)
+    yield ready
+    yield from _sink_metrics(stats)
+
+    col_up = GaugeMetricFamily(
+        "hetpatrol_collector_up",
+        "1 when the collector answered or found no stack of its "
+        "vendor (absent); 0 when it failed, hung or has not run yet.",
+        labels=["collector"],
+    )
+    col_state = StateSetMetricFamily(
+        "hetpatrol_collector_state", "Collector state in the last patrol.", labels=["collector"]
+    )
+    col_dur = GaugeMetricFamily(
+        "hetpatrol_collector_duration_seconds",
+        "Time the collector took in the last patrol.",
+        labels=["collector"],
+    )
+    col_cards = GaugeMetricFamily(
+        "hetpatrol_collector_cards",
+        "Cards reported by the collector in the last patrol.",
+        labels=["collector"],
+    )
+    statuses = {s.name: s for s in report.collectors} if report is not None else {}
+    for name in sorted(set(collectors) | set(statuses)):
+        s = statuses.get(name)
+        state = s.state if s is not None else "pending"
+        col_up.add_metric([name], 1 if s is not None and s.up else 0)
+        col_state.add_metric([name], {st: st == state for st in COLLECTOR_STATES})
+        if s is not None:
+            col_dur.add_metric([name], s.duration_seconds)
+            col_cards.add_metric([name], s.cards)
+    yield from (col_up, col_state, col_dur, col_cards)
+    if report is None:
+        return
+
+    last = GaugeMetricFamily(
+        "hetpatrol_last_patrol_timestamp_seconds", "Unix time at which the last patrol finished."
+    )
+    last.add_metric([], report.finished)
+    dur = GaugeMetricFamily("hetpatrol_patrol_duration_seconds", "Wall time of the last patrol.")
+    dur.add_metric([], report.duration_seconds)
+    node_code = GaugeMetricFamily(
+        "hetpatrol_node_health_code", "Node verdict: 0 ok, 1 warning, 2 critical, 3 unknown."
+    )
+    node_code.add_metric([], EXIT_CODES[report.health])
+    node_find = GaugeMetricFamily(
+        "hetpatrol_node_finding",
+        "Active node-level findings (1 per check and severity).",
+        labels=["check", "severity"],
+    )
+    for f in report.node_findings:
+        node_find.add_metric([f.check, f.severity], 1)
+    yield from (last, dur, node_code, node_find)
+    yield from _card_metrics(report.cards)
+
+
+def _sink_metrics(stats: ExporterStats) -> Iterable[Metric]:
+    yield CounterMetricFamily(
+        "hetpatrol_jsonl_write_errors",
+        "JSONL lines that could not be written (ENOSPC, EACCES...).",
+        value=stats.jsonl_write_errors,
+    )
+    yield CounterMetricFamily(
+        "hetpatrol_jsonl_lines", "JSONL lines written.", value=stats.jsonl_lines_written
+    )
+    yield CounterMetricFamily(
+        "hetpatrol_state_write_errors",
+        "State file writes that failed.",
+        value=stats.state_write_errors,
+    )
+    yield CounterMetricFamily(
+        "hetpatrol_config_reload_failures",
+        "SIGHUP reloads refused (the running config was kept).",
+        value=stats.config_reload_failures,
+    )
+
+
+def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Metric]:
+    info = InfoMetricFamily(
+        "hetpatrol_card", "Identity of each card (value 1).", labels=list(CARD_LABELS)
+    )
+    health = StateSetMetricFamily(
+        "hetpatrol_card_health", "Card verdict after thresholds.", labels=list(CARD_LABELS)
+    )
+    code = GaugeMetricFamily(
+        "hetpatrol_card_health_code",
+        "Card verdict: 0 ok, 1 warning, 2 critical, 3 unknown.",
+        labels=list(CARD_LABELS),
+    )
+    gauges = {
+        name: GaugeMetricFamily(f"hetpatrol_card_{name}", text, labels=list(CARD_LABELS))
+        for name, _attr, text in _CARD_GAUGES + _CARD_FLAGS
+    }
+    ecc = CounterMetricFamily(
+        "hetpatrol_card_ecc_errors",
+        "Volatile ECC errors since driver load (NVML nvmlDeviceGetTotalEccErrors).",
+        labels=[*CARD_LABELS, "type"],
+    )
+    procs = GaugeMetricFamily(
+        "hetpatrol_card_processes",
+        "Processes holding memory on the card.",
+        labels=list(CARD_LABELS),
+    )
+    finding = GaugeMetricFamily(
+        "hetpatrol_card_finding",
+        "Active findings per card (1 per check and severity).",
+        labels=[*CARD_LABELS, "check", "severity"],
+    )
+    counts: dict[tuple[str, str, str], int] = {}
+    for rec in cards:
+        labels = card_labels(rec)
+        info.add_metric(
+            labels,
+            {
+                "model": rec.model or "",
+                "bus_id": rec.bus_id or "",
+                "serial": rec.serial or "",
+                "gres": rec.gres or "",
+                "driver_version": rec.driver_version or "",
+                "firmware_version": rec.firmware_version or "",
+            },
+        )
+        health.add_metric(labels, {h: h == rec.health for h in HEALTH_STATES})
+        code.add_metric(labels, EXIT_CODES[rec.health])
+        for name, attr, _text in _CARD_GAUGES + _CARD_FLAGS:
+            value = getattr(rec, attr)
+            if value is not None:
+                gauges[name].add_metric(labels, float(value))
+        for kind, value in (
+            ("corrected", rec.ecc_corrected_total),
+            ("uncorrected", rec.ecc_uncorrected_total),
+        ):
+            if value is not None:
+                ecc.add_metric([*labels, kind], value)
+        if rec.read_ok:
+            procs.add_metric(labels, len(rec.processes))
+        for f in rec.findings:
+            finding.add_metric([*labels, f.check, f.severity], 1)
+        k = (rec.vendor, rec.card_type or "", rec.health)
+        counts[k] = counts.get(k, 0) + 1
+    by_type = GaugeMetricFamily(
+        "hetpatrol_cards",
+        "Cards per vendor, card type and verdict.",
+        labels=["vendor", "card_type", "health"],
+    )
+    for (vendor, card_type, h), n in sorted(counts.items()):
+        by_type.add_metric([vendor, card_type, h], n)
+    yield from (info, health, code, *gauges.values(), ecc, procs, finding, by_type)
+
+
+class _ReportCollector:
+    """prometheus_client collector yielding the families of the current report."""
+
+    def __init__(self) -> None:
+        self.report: PatrolReport | None = None
+        self.stats = ExporterStats()
+        self.collectors: Sequence[str] = ()
+        self.patrols_total = 0
+
+    def collect(self) -> Iterator[Metric]:
+        return report_metrics(self.report, self.stats, self.collectors, self.patrols_total)
+
+
+class Exposition:
+    """Holds the rendered exposition text of the last report (thread-safe swap)."""
+
+    def __init__(self, collectors: Sequence[str] = (), stats: ExporterStats | None = None):
+        self._source = _ReportCollector()
+        self._source.collectors = tuple(collectors)
+        if stats is not None:
+            self._source.stats = stats
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(self._source)  # type: ignore[arg-type]
+        self._body = generate_latest(self._registry)
+        self._lock = threading.Lock()
+
+    @property
+    def stats(self) -> ExporterStats:
+        return self._source.stats
+
+    def update(self, report: PatrolReport | None, patrols_total: int | None = None) -> bytes:
+        """Render ``report`` once; later scrapes get these bytes. Returns them."""
+        with self._lock:
+            self._source.report = report
+            if patrols_total is not None:
+                self._source.patrols_total = patrols_total
+            body = generate_latest(self._registry)
+            self._body = body
+        return body
+
+    @property
+    def body(self) -> bytes:
+        return self._body
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _MetricsHTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server API
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            body, ctype, status = self.server.exposition.body, CONTENT_TYPE_LATEST, 200
+        elif path == "/":
+            body = b'<html><body><h1>hetpatrol</h1><a href="/metrics">metrics</a></body></html>'
+            ctype, status = "text/html; charset=utf-8", 200
+        else:
+            body, ctype, status = b"not found\n", "text/plain; charset=utf-8", 404
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+class _MetricsHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], exposition: Exposition):
+        if ":" in address[0]:
+            import socket
+
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+        self.exposition = exposition
+
+
+class MetricsServer:
+    """Serves ``/metrics`` from an :class:`Exposition` in a background thread."""
+
+    def __init__(self, host: str, port: int, exposition: Exposition):
+        self._httpd = _MetricsHTTPServer((host, port), exposition)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="metrics-http", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -1,0 +1,68 @@
+"""The state file: the last verdict, written atomically after every patrol.
+
+Read by ``hetpatrol check`` (Slurm ``HealthCheckProgram``) and ``hetpatrol status``
+without touching the daemon or any vendor tool. Written to a temporary file in the same
+directory, flushed, then renamed over the old one, so a reader sees the old or the new
+file, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hetpatrol.patrol import PatrolReport
+
+STATE_SCHEMA = "hetpatrol.state/1"
+
+
+def state_document(report: PatrolReport, interval_seconds: float) -> dict[str, Any]:
+    """The state file's content: node verdict, collectors and every card line."""
+    return {
+        "schema": STATE_SCHEMA,
+        "node": report.node,
+        "seq": report.seq,
+        "finished": report.finished,
+        "interval_seconds": interval_seconds,
+        "health": report.health,
+        "exit_code": report.exit_code,
+        "collectors": {s.name: s.to_dict() for s in report.collectors},
+        "findings": [f.to_dict() for f in report.node_findings],
+        "cards": [json.loads(line) for line in report.card_lines],
+    }
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file and ``rename`` (atomic on POSIX)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_state(path: Path, report: PatrolReport, interval_seconds: float) -> None:
+    """Write the state document of ``report`` to ``path`` atomically. Raises OSError."""
+    doc = state_document(report, interval_seconds)
+    write_atomic(path, json.dumps(doc, separators=(",", ":")).encode() + b"\n")
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """Read a state file. Raises OSError or ValueError (not JSON / wrong schema)."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(doc, dict) or doc.get("schema") != STATE_SCHEMA:
+        raise ValueError(f"{path} is not a hetpatrol state file")
+    return doc

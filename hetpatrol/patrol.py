@@ -1,0 +1,471 @@
+"""One patrol: run every collector (bounded in time), judge the records, build the report.
+
+Data flows one way: collectors -> :func:`hetpatrol.thresholds.judge` -> an immutable
+:class:`PatrolReport` that the exporters only read.
+
+Time bounds: each collector runs in its own worker thread and the patrol waits for it at
+most ``timeout_seconds`` + :data:`HANG_MARGIN_SECONDS`. A collector still running then is
+reported ``hung``; no second call is started into it while it stays stuck, and it is
+used again once its call returns. The cards it reported last are kept as ``unknown``
+with a finding that says why, so a hung tool, a failed collector and a sick card are
+three different verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from hetpatrol import processes
+from hetpatrol.collector import (
+    STATE_ABSENT,
+    STATE_DISABLED,
+    STATE_FAILED,
+    STATE_HUNG,
+    STATE_OK,
+    Collector,
+    CollectorError,
+    CollectResult,
+    load_collector,
+)
+from hetpatrol.config import Config
+from hetpatrol.schema import (
+    EXIT_CODES,
+    HEALTH_CRITICAL,
+    HEALTH_OK,
+    HEALTH_UNKNOWN,
+    PATROL_SCHEMA,
+    CardRecord,
+    Finding,
+    worst,
+)
+from hetpatrol.thresholds import judge
+
+log = structlog.get_logger("hetpatrol.patrol")
+
+HANG_MARGIN_SECONDS = 1.0
+
+
+def rfc3339(ts: float) -> str:
+    """RFC 3339 UTC timestamp with milliseconds: ``2026-11-29T16:30:54.123Z``."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    """How one collector fared in one patrol (exported per collector)."""
+
+    name: str
+    state: str
+    cards: int
+    duration_seconds: float
+    error: str | None = None
+    raw: str | None = None
+
+    @property
+    def up(self) -> bool:
+        """True when the collector answered (``ok``) or correctly found no stack (``absent``)."""
+        return self.state in (STATE_OK, STATE_ABSENT, STATE_DISABLED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "up": self.up,
+            "state": self.state,
+            "cards": self.cards,
+            "duration_seconds": round(self.duration_seconds, 6),
+            "error": self.error,
+            "raw": self.raw,
+        }
+
+
+@dataclass(frozen=True)
+class PatrolReport:
+    """The immutable result of one patrol, read by every exporter.
+
+    ``cards`` are judged records; ``card_lines``/``patrol_line`` are the JSONL lines,
+    encoded once here so every sink writes the same bytes.
+    """
+
+    seq: int
+    node: str
+    started: float
+    finished: float
+    cards: tuple[CardRecord, ...]
+    collectors: tuple[CollectorStatus, ...]
+    node_findings: tuple[Finding, ...]
+    changes: tuple[dict[str, Any], ...]
+    health: str
+    card_lines: tuple[str, ...] = field(default=(), repr=False)
+    patrol_line: str = field(default="", repr=False)
+
+    @property
+    def duration_seconds(self) -> float:
+        return self.finished - self.started
+
+    @property
+    def exit_code(self) -> int:
+        """Nagios convention: 0 ok, 1 warning, 2 critical, 3 unknown."""
+        return EXIT_CODES[self.health]
+
+    def jsonl_lines(self) -> tuple[str, ...]:
+        """Every JSONL line of this patrol (cards then the patrol summary), with newlines."""
+        return (*self.card_lines, self.patrol_line)
+
+
+def patrol_summary(
+    seq: int,
+    node: str,
+    started: float,
+    finished: float,
+    cards: Sequence[CardRecord],
+    collectors: Sequence[CollectorStatus],
+    node_findings: Sequence[Finding],
+    changes: Sequence[dict[str, Any]],
+    health: str,
+) -> dict[str, Any]:
+    """The ``kind: "patrol"`` line as a dict (schema ``hetpatrol.patrol/1``)."""
+    counts = {h: 0 for h in ("ok", "warning", "critical", "unknown")}
+    for c in cards:
+        counts[c.health] += 1
+    return {
+        "kind": "patrol",
+        "schema": PATROL_SCHEMA,
+        "ts": rfc3339(finished),
+        "node": node,
+        "seq": seq,
+        "health": health,
+        "exit_code": EXIT_CODES[health],
+        "duration_seconds": round(finished - started, 6),
+        "cards": counts,
+        "collectors": {s.name: s.to_dict() for s in collectors},
+        "findings": [f.to_dict() for f in node_findings],
+        "changes": list(changes),
+    }
+
+
+class _BoundedCollector:
+    """A collector run in a worker thread, so a stuck vendor call cannot stop a patrol.
+
+    Each call gets a daemon thread: a call stuck forever in a vendor library neither
+    blocks the patrol nor the daemon's exit.
+    """
+
+    def __init__(self, name: str, collector: Collector, timeout_seconds: float):
+        self.name = name
+        self.collector = collector
+        self.timeout_seconds = timeout_seconds
+        self._future: Future[CollectResult] | None = None
+        self._stuck_since: float | None = None
+
+    def start(self) -> bool:
+        """Start a collect unless the previous one is still stuck. True if started."""
+        if self._future is not None and not self._future.done():
+            return False
+        future: Future[CollectResult] = Future()
+        self._future = future
+        threading.Thread(
+            target=self._timed_collect, args=(future,), daemon=True, name=f"collect-{self.name}"
+        ).start()
+        return True
+
+    def _timed_collect(self, future: Future[CollectResult]) -> None:
+        future.set_result(self._collect_once())
+
+    def _collect_once(self) -> CollectResult:
+        t0 = time.monotonic()
+        try:
+            result = self.collector.collect()
+        except CollectorError as exc:
+            state = STATE_HUNG if exc.hung else STATE_FAILED
+            result = CollectResult(self.name, state=state, error=str(exc), raw=exc.raw)
+        except Exception as exc:  # noqa: BLE001 - a plugin bug must not stop the patrol
+            result = CollectResult(
+                self.name, state=STATE_FAILED, error=f"{type(exc).__name__}: {exc}"
+            )
+        result.collector = self.name
+        result.duration_seconds = time.monotonic() - t0
+        return result
+
+    def wait(self, deadline: float, started_now: bool) -> CollectResult:
+        assert self._future is not None
+        if not started_now:
+            stuck = time.monotonic() - (self._stuck_since or time.monotonic())
+            return CollectResult(
+                self.name,
+                state=STATE_HUNG,
+                duration_seconds=0.0,
+                error=f"{self.name} collector still stuck in its previous "
+                f"call for {stuck:.0f} s; no new call started",
+            )
+        remaining = max(0.0, deadline - time.monotonic())
+        try:
+            result = self._future.result(timeout=remaining)
+        except TimeoutError:
+            self._stuck_since = time.monotonic() - self.timeout_seconds
+            return CollectResult(
+                self.name,
+                state=STATE_HUNG,
+                duration_seconds=self.timeout_seconds,
+                error=f"{self.name} collector did not return within {self.timeout_seconds:g} s",
+            )
+        self._stuck_since = None
+        return result
+
+    def close(self) -> None:
+        if self._future is not None and not self._future.done():
+            return  # still stuck inside the vendor library: closing it could block too
+        try:
+            self.collector.close()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("collector_close_failed", collector=self.name, error=str(exc))
+
+
+class Patroller:
+    """Owns the collectors for the daemon's life and runs patrols.
+
+    ``replay_dir`` swaps every collector's vendor boundary for recorded output.
+    ``enrich_processes`` fills process user and Slurm job from this host (off in replay:
+    recorded pids belong to another machine). ``collectors`` gives ready collector
+    instances by name instead of loading the plugins the config names (tests, embedding).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        replay_dir: Path | None = None,
+        enrich_processes: bool | None = None,
+        collectors: dict[str, Collector] | None = None,
+    ):
+        self.config = config
+        self.replay_dir = replay_dir
+        self.enrich_processes = replay_dir is None if enrich_processes is None else enrich_processes
+        self.seq = 0
+        self._collectors: dict[str, _BoundedCollector] = {}
+        self._load_errors: dict[str, str] = {}
+        self._last_cards: dict[str, list[CardRecord]] = {}
+        self._published: dict[tuple, str] = {}
+        self._good_streak: dict[tuple, int] = {}
+        self._last_collector_state: dict[str, str] = {}
+        self._lock = threading.Lock()
+        if collectors is not None:
+            timeouts = {c.name: c.timeout_seconds for c in config.collectors}
+            for name, collector in collectors.items():
+                self._collectors[name] = _BoundedCollector(
+                    name, collector, timeouts.get(name, 10.0)
+                )
+        else:
+            self._setup_collectors()
+
+    def _setup_collectors(self) -> None:
+        for cc in self.config.collectors:
+            if not cc.enabled:
+                continue
+            try:
+                cls = load_collector(cc.name)
+                collector = cls(cc.options, replay_dir=self.replay_dir)
+            except KeyError:
+                self._load_errors[cc.name] = f"no collector plugin named {cc.name!r} is installed"
+                continue
+            except Exception as exc:  # noqa: BLE001 - a broken plugin stops only itself
+                self._load_errors[cc.name] = f"plugin failed to load: {type(exc).__name__}: {exc}"
+                continue
+            self._collectors[cc.name] = _BoundedCollector(cc.name, collector, cc.timeout_seconds)
+
+    def close(self) -> None:
+        for bc in self._collectors.values():
+            bc.close()
+
+    def run(self) -> PatrolReport:
+        """Run one patrol and return its report. Never raises for vendor trouble."""
+        with self._lock:
+            return self._run()
+
+    def _run(self) -> PatrolReport:
+        self.seq += 1
+        started = time.time()
+        t0 = time.monotonic()
+        started_now = {name: bc.start() for name, bc in self._collectors.items()}
+        results: list[CollectResult] = []
+        for name, bc in self._collectors.items():
+            deadline = t0 + bc.timeout_seconds + HANG_MARGIN_SECONDS
+            results.append(bc.wait(deadline, started_now[name]))
+        for name, error in self._load_errors.items():
+            results.append(CollectResult(name, state=STATE_FAILED, error=error))
+        disabled = [c.name for c in self.config.collectors if not c.enabled]
+
+        ts = rfc3339(time.time())
+        cards: list[CardRecord] = []
+        statuses: list[CollectorStatus] = []
+        node_findings: list[Finding] = []
+        changes: list[dict[str, Any]] = []
+        for result in results:
+            records = self._records_for(result)
+            for rec in records:
+                rec.node = self.config.node
+                rec.ts = ts
+                if self.enrich_processes:
+                    processes.enrich(rec.processes)
+                judge(rec, self.config)
+            cards.extend(records)
+            node_findings.extend(result.node_findings)
+            if result.state in (STATE_FAILED, STATE_HUNG) and not records:
+                check = "collector_hung" if result.state == STATE_HUNG else "collector_failed"
+                node_findings.append(
+                    Finding(check, HEALTH_UNKNOWN, f"{result.collector}: {result.error}")
+                )
+            statuses.append(
+                CollectorStatus(
+                    result.collector,
+                    result.state,
+                    len(records),
+                    result.duration_seconds,
+                    result.error,
+                    result.raw,
+                )
+            )
+            prev = self._last_collector_state.get(result.collector)
+            if prev != result.state:
+                changes.append({"collector": result.collector, "from": prev, "to": result.state})
+                log.info(
+                    "collector_state",
+                    collector=result.collector,
+                    previous=prev,
+                    state=result.state,
+                    error=result.error,
+                )
+            self._last_collector_state[result.collector] = result.state
+        statuses.extend(CollectorStatus(n, STATE_DISABLED, 0, 0.0) for n in disabled)
+
+        changes.extend(self._apply_recovery(cards))
+        health = worst(*(c.health for c in cards), *(f.severity for f in node_findings))
+        finished = time.time()
+        summary = patrol_summary(
+            self.seq,
+            self.config.node,
+            started,
+            finished,
+            cards,
+            statuses,
+            node_findings,
+            changes,
+            health,
+        )
+        return PatrolReport(
+            seq=self.seq,
+            node=self.config.node,
+            started=started,
+            finished=finished,
+            cards=tuple(cards),
+            collectors=tuple(statuses),
+            node_findings=tuple(node_findings),
+            changes=tuple(changes),
+            health=health,
+            card_lines=tuple(_encode(c.to_dict()) for c in cards),
+            patrol_line=_encode(summary),
+        )
+
+    def _records_for(self, result: CollectResult) -> list[CardRecord]:
+        """Fresh records, or the last known cards marked unknown when the collector failed."""
+        if result.state == STATE_OK:
+            self._last_cards[result.collector] = [
+                CardRecord(
+                    vendor=r.vendor,
+                    index=r.index,
+                    chip=r.chip,
+                    model=r.model,
+                    card_type=r.card_type,
+                    uuid=r.uuid,
+                    serial=r.serial,
+                    bus_id=r.bus_id,
+                    gres=r.gres,
+                )
+                for r in result.records
+            ]
+            return list(result.records)
+        if result.state in (STATE_FAILED, STATE_HUNG):
+            check = "collector_hung" if result.state == STATE_HUNG else "collector_failed"
+            kept = []
+            for ident in self._last_cards.get(result.collector, []):
+                rec = CardRecord(
+                    vendor=ident.vendor,
+                    index=ident.index,
+                    chip=ident.chip,
+                    model=ident.model,
+                    card_type=ident.card_type,
+                    uuid=ident.uuid,
+                    serial=ident.serial,
+                    bus_id=ident.bus_id,
+                    gres=ident.gres,
+                    read_ok=False,
+                )
+                rec.add_error(result.collector, result.error or result.state)
+                rec.findings.append(
+                    Finding(check, HEALTH_UNKNOWN, f"{result.collector}: {result.error}")
+                )
+                kept.append(rec)
+            return kept
+        return []
+
+    def _apply_recovery(self, cards: Iterable[CardRecord]) -> list[dict[str, Any]]:
+        """Hold a card at its bad verdict until ``recovery_patrols`` good patrols in a row."""
+        need = self.config.recovery_patrols
+        changes = []
+        seen = set()
+        for rec in cards:
+            key = rec.key
+            seen.add(key)
+            prev = self._published.get(key)
+            if rec.health == HEALTH_OK and prev not in (None, HEALTH_OK):
+                streak = self._good_streak.get(key, 0) + 1
+                self._good_streak[key] = streak
+                if streak < need:
+                    rec.health = prev
+                    rec.findings.append(
+                        Finding(
+                            "recovering",
+                            prev,
+                            f"good for {streak} of {need} patrols needed before ok",
+                            value=streak,
+                            threshold=need,
+                        )
+                    )
+            else:
+                self._good_streak[key] = 0
+            if prev != rec.health:
+                changes.append(
+                    {
+                        "card": f"{rec.vendor}/{rec.index}"
+                        + (f"/{rec.chip}" if rec.chip is not None else ""),
+                        "from": prev,
+                        "to": rec.health,
+                    }
+                )
+            self._published[key] = rec.health
+        for key in list(self._published):
+            if key not in seen:
+                changes.append(
+                    {
+                        "card": "/".join(str(k) for k in key if k is not None),
+                        "from": self._published.pop(key),
+                        "to": None,
+                    }
+                )
+                self._good_streak.pop(key, None)
+        return changes
+
+
+def _encode(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
+
+
+__all__ = ["PatrolReport", "Patroller", "CollectorStatus", "rfc3339", "HEALTH_CRITICAL"]

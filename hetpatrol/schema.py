@@ -1,0 +1,355 @@
+"""The unified card record (schema ``hetpatrol.card/1``) and the JSON Schema of the JSONL lines.
+
+Every collector fills :class:`CardRecord` objects; the thresholds add findings and the
+verdict; the exporters serialise them. Field names are a contract read by operators'
+tooling: fields may be added, none renamed.
+
+Conventions:
+- every value carries its unit in its name (``_bytes``, ``_celsius``, ``_watts``,
+  ``_hertz``, ``_ratio`` in 0..1);
+- ``None`` (JSON ``null``) means "not available"; the reason is in ``errors``. A value is
+  never faked as 0;
+- bus ids are normalised to the lower-case ``dddd:bb:dd.f`` form (see
+  :func:`normalize_bus_id`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+CARD_SCHEMA = "hetpatrol.card/1"
+PATROL_SCHEMA = "hetpatrol.patrol/1"
+
+HEALTH_OK = "ok"
+HEALTH_WARNING = "warning"
+HEALTH_CRITICAL = "critical"
+HEALTH_UNKNOWN = "unknown"
+HEALTH_STATES = (HEALTH_OK, HEALTH_WARNING, HEALTH_CRITICAL, HEALTH_UNKNOWN)
+
+SEVERITY_INFO = "info"
+SEVERITIES = (SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL, HEALTH_UNKNOWN)
+
+#: Order used to combine verdicts: the worst wins. ``unknown`` ranks between warning and
+#: critical: a card nobody can read is worse than a warm one, better than a dead one.
+_RANK = {HEALTH_OK: 0, SEVERITY_INFO: 0, HEALTH_WARNING: 1, HEALTH_UNKNOWN: 2, HEALTH_CRITICAL: 3}
+
+#: Nagios plugin exit codes for a verdict.
+EXIT_CODES = {HEALTH_OK: 0, HEALTH_WARNING: 1, HEALTH_CRITICAL: 2, HEALTH_UNKNOWN: 3}
+
+
+def worst(*states: str) -> str:
+    """Return the worst of the given verdicts (``ok`` when none is given)."""
+    result = HEALTH_OK
+    for state in states:
+        if _RANK[state] > _RANK[result]:
+            result = state
+    return HEALTH_OK if result == SEVERITY_INFO else result
+
+
+_BUS_ID_RE = re.compile(
+    r"^(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-Fx]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])$"
+)
+
+
+def normalize_bus_id(raw: str | None) -> str | None:
+    """Normalise a PCI bus id to ``dddd:bb:dd.f`` lower case.
+
+    Accepts NVML's 8-digit domain form (``00000000:3B:00.0``), the 4-digit form, and a
+    bare ``bb:dd.f``. ``NA``, ``-``, ``N/A`` and empty give ``None``. A masked id such as
+    ``0000:xx:00.0`` (seen in published npu-smi output) is kept as written, lower case.
+    Anything else unparseable is returned lower-cased and stripped, never dropped.
+    """
+    if raw is None:
+        return None
+    text = raw.strip()
+    if text in ("", "NA", "N/A", "-", "--"):
+        return None
+    m = _BUS_ID_RE.match(text)
+    if not m:
+        return text.lower()
+    domain = (m.group("domain") or "0000")[-4:]
+    return f"{domain}:{m.group('bus')}:{m.group('dev')}.{m.group('fn')}".lower()
+
+
+@dataclass
+class Finding:
+    """One judgement about a card (or the node).
+
+    ``check`` names the rule (``temperature``, ``vendor_health``, ``remapped_rows_pending``,
+    ``collector_hung``...), ``value`` the observed value, ``threshold`` the level it was
+    compared against (``None`` for state checks).
+    """
+
+    check: str
+    severity: str
+    message: str
+    value: Any = None
+    threshold: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "severity": self.severity,
+            "value": self.value,
+            "threshold": self.threshold,
+            "message": self.message,
+        }
+
+
+@dataclass
+class ProcessInfo:
+    """A process holding memory on a card.
+
+    ``pid`` is as the vendor tool reports it (host PID namespace for NVML and npu-smi on
+    the host). ``user`` and ``job_id`` are filled from psutil and the cgroup path when
+    readable, else ``None``. ``memory_bytes`` is ``None`` when the vendor does not say.
+    """
+
+    pid: int
+    name: str | None = None
+    memory_bytes: int | None = None
+    user: str | None = None
+    job_id: str | None = None
+    pid_in_container: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class CardRecord:
+    """One card (or one chip of a multi-chip card) as read in one patrol.
+
+    Sources of each value are documented by the collector that fills it
+    (``hetpatrol.collectors.nvidia`` for NVML calls, ``hetpatrol.collectors.ascend`` for
+    the ``npu-smi info`` columns).
+    """
+
+    vendor: str
+    index: int
+    model: str | None = None
+    card_type: str | None = None
+    chip: int | None = None
+    node: str | None = None
+    ts: str | None = None
+    gres: str | None = None
+    uuid: str | None = None
+    serial: str | None = None
+    bus_id: str | None = None
+    driver_version: str | None = None
+    firmware_version: str | None = None
+    vendor_health: str | None = None
+    health: str = HEALTH_UNKNOWN
+    utilization_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    memory_kind: str | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    clock_sm_hertz: float | None = None
+    ecc_corrected_total: int | None = None
+    ecc_uncorrected_total: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    pcie_link_gen: int | None = None
+    pcie_link_gen_max: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_width_max: int | None = None
+    hugepages_used: int | None = None
+    hugepages_total: int | None = None
+    processes: list[ProcessInfo] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    errors: list[dict[str, str]] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    read_ok: bool = True
+
+    def add_error(self, source: str, error: str) -> None:
+        """Record why a value is missing: ``source`` is the NVML call or npu-smi column."""
+        self.errors.append({"source": source, "error": error})
+
+    @property
+    def key(self) -> tuple[str, int, int | None]:
+        """Stable identity inside one node: (vendor, index, chip)."""
+        return (self.vendor, self.index, self.chip)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSONL ``kind: "card"`` line as a dict (schema ``hetpatrol.card/1``)."""
+        out: dict[str, Any] = {"kind": "card", "schema": CARD_SCHEMA}
+        for f in dataclasses.fields(self):
+            if f.name == "read_ok":
+                continue
+            value = getattr(self, f.name)
+            if f.name in ("processes", "findings"):
+                value = [item.to_dict() for item in value]
+            elif f.name in ("errors",):
+                value = [dict(item) for item in value]
+            elif f.name == "counters":
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+
+def _nullable(kind: str | list[str]) -> dict[str, Any]:
+    kinds = [kind] if isinstance(kind, str) else list(kind)
+    return {"type": [*kinds, "null"]}
+
+
+def card_json_schema() -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of a ``kind: "card"`` JSONL line."""
+    num = _nullable("number")
+    integer = _nullable("integer")
+    string = _nullable("string")
+    boolean = _nullable("boolean")
+    finding = {
+        "type": "object",
+        "required": ["check", "severity", "message"],
+        "properties": {
+            "check": {"type": "string"},
+            "severity": {"enum": list(SEVERITIES)},
+            "message": {"type": "string"},
+            "value": {},
+            "threshold": {},
+        },
+    }
+    process = {
+        "type": "object",
+        "required": ["pid"],
+        "properties": {
+            "pid": {"type": "integer"},
+            "name": string,
+            "memory_bytes": {**integer, "minimum": 0},
+            "user": string,
+            "job_id": string,
+            "pid_in_container": integer,
+        },
+    }
+    props: dict[str, Any] = {
+        "kind": {"const": "card"},
+        "schema": {"const": CARD_SCHEMA},
+        "ts": {"type": "string"},
+        "node": {"type": "string"},
+        "vendor": {"type": "string"},
+        "card_type": string,
+        "gres": string,
+        "model": string,
+        "index": {"type": "integer"},
+        "chip": integer,
+        "uuid": string,
+        "serial": string,
+        "bus_id": string,
+        "driver_version": string,
+        "firmware_version": string,
+        "vendor_health": string,
+        "health": {"enum": list(HEALTH_STATES)},
+        "utilization_ratio": {**num, "minimum": 0, "maximum": 1},
+        "memory_used_bytes": {**integer, "minimum": 0},
+        "memory_total_bytes": {**integer, "minimum": 0},
+        "memory_kind": {"enum": ["hbm", "ddr", "gddr", "fb", None]},
+        "temperature_celsius": num,
+        "power_watts": {**num, "minimum": 0},
+        "power_limit_watts": {**num, "minimum": 0},
+        "clock_sm_hertz": {**num, "minimum": 0},
+        "ecc_corrected_total": {**integer, "minimum": 0},
+        "ecc_uncorrected_total": {**integer, "minimum": 0},
+        "retired_pages_pending": boolean,
+        "remapped_rows_pending": boolean,
+        "remapped_rows_failure": boolean,
+        "pcie_link_gen": integer,
+        "pcie_link_gen_max": integer,
+        "pcie_link_width": integer,
+        "pcie_link_width_max": integer,
+        "hugepages_used": integer,
+        "hugepages_total": integer,
+        "processes": {"type": "array", "items": process},
+        "findings": {"type": "array", "items": finding},
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["source", "error"],
+                "properties": {"source": {"type": "string"}, "error": {"type": "string"}},
+            },
+        },
+        "counters": {"type": "object", "additionalProperties": {"type": "integer"}},
+    }
+    return {
+        "type": "object",
+        "required": [
+            "kind",
+            "schema",
+            "ts",
+            "node",
+            "vendor",
+            "index",
+            "health",
+            "findings",
+            "errors",
+            "processes",
+        ],
+        "properties": props,
+    }
+
+
+def patrol_json_schema() -> dict[str, Any]:
+    """JSON Schema of the ``kind: "patrol"`` summary line (one per patrol)."""
+    collector = {
+        "type": "object",
+        "required": ["up", "state", "cards", "duration_seconds"],
+        "properties": {
+            "up": {"type": "boolean"},
+            "state": {"enum": ["ok", "absent", "failed", "hung", "disabled"]},
+            "cards": {"type": "integer", "minimum": 0},
+            "duration_seconds": {"type": "number", "minimum": 0},
+            "error": {"type": ["string", "null"]},
+            "raw": {"type": ["string", "null"]},
+        },
+    }
+    return {
+        "type": "object",
+        "required": [
+            "kind",
+            "schema",
+            "ts",
+            "node",
+            "seq",
+            "health",
+            "exit_code",
+            "duration_seconds",
+            "cards",
+            "collectors",
+            "findings",
+            "changes",
+        ],
+        "properties": {
+            "kind": {"const": "patrol"},
+            "schema": {"const": PATROL_SCHEMA},
+            "ts": {"type": "string"},
+            "node": {"type": "string"},
+            "seq": {"type": "integer", "minimum": 1},
+            "health": {"enum": list(HEALTH_STATES)},
+            "exit_code": {"enum": [0, 1, 2, 3]},
+            "duration_seconds": {"type": "number", "minimum": 0},
+            "cards": {
+                "type": "object",
+                "additionalProperties": {"type": "integer", "minimum": 0},
+            },
+            "collectors": {"type": "object", "additionalProperties": collector},
+            "findings": {"type": "array"},
+            "changes": {"type": "array"},
+        },
+    }
+
+
+def jsonl_json_schema() -> dict[str, Any]:
+    """JSON Schema of any hetpatrol JSONL line: a card line or a patrol line."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://hetpatrol.invalid/schema/jsonl-1.json",
+        "title": "hetpatrol JSONL line",
+        "oneOf": [card_json_schema(), patrol_json_schema()],
+    }

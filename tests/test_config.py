@@ -1,0 +1,151 @@
+"""Configuration loading: the bundled file, profile matching, and errors with key and line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetpatrol.config import EX_CONFIG, ConfigError, load_config
+
+BAD_CONFIGS = [
+    # (text, line, key path, words in the message)
+    ("interval_seconds: -1\n", 1, "interval_seconds", "minimum"),
+    ("interval_seconds: fast\n", 1, "interval_seconds", "not of type"),
+    ("node: a\njsonl:\n  pathh: /tmp/x\n", 3, "jsonl.pathh", "unknown key"),
+    ("colectors: {}\n", 1, "colectors", "unknown key"),
+    (
+        "profiles:\n  - name: hot\n    vendor: nvidia\n"
+        "    temperature_celsius: {warning: 95, critical: 90}\n",
+        4,
+        "profiles[0].temperature_celsius.warning",
+        "above critical",
+    ),
+    (
+        "profiles:\n  - name: x\n    vendor: nvidia\n    model: '(unclosed'\n",
+        4,
+        "profiles[0].model",
+        "regular expression",
+    ),
+    ("profiles:\n  - vendor: nvidia\n", 2, "profiles[0]", "'name' is a required property"),
+    (
+        "collectors:\n  ascend:\n    command: npu-smi info\n",
+        3,
+        "collectors.ascend.command",
+        "not of type 'array'",
+    ),
+    (
+        "collectors:\n  ascend:\n    timeout_seconds: 0\n",
+        3,
+        "collectors.ascend.timeout_seconds",
+        "minimum",
+    ),
+    ("listen: localhost\n", 1, "listen", "host:port"),
+    ("node: a\nnode: b\n", 2, "node", "duplicate key"),
+    ("recovery_patrols: 0\n", 1, "recovery_patrols", "minimum"),
+    (
+        "defaults:\n  retired_pages_pending: fatal\n",
+        2,
+        "defaults.retired_pages_pending",
+        "is not one of",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "key", "words"), BAD_CONFIGS)
+def test_bad_config_names_key_and_line(text, line, key, words):
+    with pytest.raises(ConfigError) as info:
+        load_config("bad.yaml", text=text)
+    err = info.value
+    assert err.line == line
+    assert err.key == key
+    assert words in str(err)
+    assert str(err).startswith(f"bad.yaml:{line}: {key}: ")
+
+
+def test_yaml_syntax_error_has_line():
+    with pytest.raises(ConfigError) as info:
+        load_config("bad.yaml", text="node: a\nprofiles: [\n  {name: x\n")
+    assert info.value.line is not None
+    assert "invalid YAML" in str(info.value)
+
+
+def test_top_level_must_be_mapping():
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config("bad.yaml", text="- a\n- b\n")
+
+
+def test_bundled_config_profiles_match_card_types(base_config):
+    cfg = base_config
+    cases = [
+        ("nvidia", "a100", "NVIDIA A100-SXM4-80GB", "a100", 83, 90),
+        ("nvidia", "h100", "NVIDIA H100 80GB HBM3", "h100-h200", 83, 90),
+        ("nvidia", "h200", "NVIDIA H200", "h100-h200", 83, 90),
+        ("nvidia", "l40s", "NVIDIA L40S", "l40s-l4", 87, 94),
+        ("nvidia", "l4", "NVIDIA L4", "l40s-l4", 87, 94),
+        ("nvidia", "t4", "Tesla T4", "t4-a10", 85, 92),
+        ("nvidia", "a10g", "NVIDIA A10G", "t4-a10", 85, 92),
+        ("nvidia", "rtx4090", "NVIDIA GeForce RTX 4090", "nvidia-default", 85, 92),
+        ("ascend", "910", "910A", "ascend-910", 80, 90),
+        ("ascend", "910b", "910B3", "ascend-910b", 80, 90),
+        ("ascend", "910_93", "Ascend910", "ascend-910-93", 80, 90),
+        ("ascend", "310p", "310P3", "ascend-310p", 75, 85),
+        ("ascend", "310b", "310B4", "ascend-310b", 75, 85),
+        ("ascend", "ascend", "xxx", "ascend-default", 85, 92),
+    ]
+    for vendor, card_type, model, name, warn, crit in cases:
+        p = cfg.profile_for(vendor, card_type, model)
+        assert p.name == name, (vendor, model)
+        t = p.thresholds["temperature_celsius"]
+        assert (t.warning, t.critical) == (warn, crit), name
+        assert p.gres == ("gpu" if vendor == "nvidia" else "ascend")
+
+
+def test_bundled_default_paths_are_user_writable(base_config, monkeypatch):
+    home = Path.home()
+    for path in (base_config.jsonl_path, base_config.state_path):
+        assert path is not None
+        assert str(path).startswith(str(home)) or "XDG_STATE_HOME" in str(path)
+
+
+def test_xdg_state_home_expands(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    cfg = load_config()
+    assert cfg.jsonl_path == tmp_path / "hetpatrol" / "patrol.jsonl"
+
+
+def test_card_type_that_yaml_reads_as_number_is_refused():
+    # YAML 1.1 reads 910_93 as the integer 91093: the error says where, not a traceback.
+    text = "profiles:\n  - name: a3\n    vendor: ascend\n    card_types: [910_93]\n"
+    with pytest.raises(ConfigError) as info:
+        load_config("a3.yaml", text=text)
+    assert info.value.key == "profiles[0].card_types[0]"
+    assert info.value.line == 4
+
+
+def test_validate_config_cli_exit_codes(tmp_path):
+    good = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hetpatrol.cli",
+            "validate-config",
+            str(Path(__file__).parents[1] / "config" / "hetpatrol.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert good.returncode == 0, good.stderr
+    assert "ok (11 profiles" in good.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("interval_seconds: 10\njsonl:\n  max_bytes: -5\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "hetpatrol.cli", "validate-config", str(bad)],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == EX_CONFIG
+    assert f"{bad}:3: jsonl.max_bytes:" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -1,0 +1,121 @@
+"""The patrol engine: bounded collectors, carried-forward cards, recovery hysteresis."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jsonschema
+from fakes import Scripted, make_patroller
+
+from hetpatrol.schema import jsonl_json_schema
+
+
+def test_report_lines_validate_against_schema(base_config):
+    p = make_patroller(base_config, {"ascend": Scripted()})
+    report = p.run()
+    schema = jsonl_json_schema()
+    for line in report.jsonl_lines():
+        assert line.endswith("\n")
+        jsonschema.validate(json.loads(line), schema)
+    summary = json.loads(report.patrol_line)
+    assert summary["seq"] == 1
+    assert summary["cards"] == {"ok": 1, "warning": 0, "critical": 0, "unknown": 0}
+    assert summary["collectors"]["ascend"]["state"] == "ok"
+    assert report.exit_code == 0
+
+
+def test_failed_collector_keeps_cards_as_unknown_with_raw_text(base_config):
+    c = Scripted()
+    c.temps = [40.0, 41.0]
+    p = make_patroller(base_config, {"ascend": c})
+    assert p.run().health == "ok"
+    c.mode = "fail"
+    report = p.run()
+    assert [r.health for r in report.cards] == ["unknown", "unknown"]
+    assert {f.check for r in report.cards for f in r.findings} == {"collector_failed"}
+    status = report.collectors[0]
+    assert (status.state, status.up) == ("failed", False)
+    assert "-8005" in status.error
+    assert status.raw == "dcmi module initialize failed. ret is -8005\n"
+    assert report.exit_code == 3
+
+
+def test_failure_on_first_patrol_is_never_zero_cards_ok(base_config):
+    c = Scripted()
+    c.mode = "fail"
+    report = make_patroller(base_config, {"ascend": c}).run()
+    assert report.cards == ()
+    assert report.health == "unknown"
+    assert [f.check for f in report.node_findings] == ["collector_failed"]
+
+
+def test_plugin_exception_stops_only_its_own_collector(base_config):
+    bad, good = Scripted(), Scripted(vendor="nvidia")
+    bad.mode = "raise"
+    report = make_patroller(base_config, {"ascend": bad, "nvidia": good}).run()
+    states = {s.name: s.state for s in report.collectors}
+    assert states == {"ascend": "failed", "nvidia": "ok"}
+    assert "RuntimeError: plugin bug" in report.collectors[0].error
+    assert [r.vendor for r in report.cards] == ["nvidia"]
+
+
+def test_stuck_collector_does_not_block_patrol_and_is_not_called_twice(base_config):
+    c = Scripted()
+    p = make_patroller(base_config, {"ascend": c}, timeout=0.3)
+    p.run()
+    c.mode = "block"
+    t0 = time.monotonic()
+    report = p.run()
+    elapsed = time.monotonic() - t0
+    assert elapsed < 0.3 + 1.0 + 0.5  # timeout + hang margin + slack
+    assert report.collectors[0].state == "hung"
+    assert report.cards[0].health == "unknown"
+    assert report.cards[0].findings[0].check == "collector_hung"
+    calls = c.calls
+    report = p.run()  # still stuck: no second call into it
+    assert c.calls == calls
+    assert "still stuck" in report.collectors[0].error
+    c.mode = "ok"
+    c.release.set()
+    time.sleep(0.1)
+    report = p.run()  # recovered: a new call is made
+    assert c.calls == calls + 1
+    assert report.collectors[0].state == "ok"
+
+
+def test_recovery_needs_consecutive_good_patrols(base_config):
+    c = Scripted()
+    c.temps = [95.0]
+    p = make_patroller(base_config, {"ascend": c}, recovery=3)
+    r1 = p.run()
+    assert r1.cards[0].health == "critical"
+    c.temps = [40.0]
+    r2, r3, r4 = p.run(), p.run(), p.run()
+    assert [r.cards[0].health for r in (r2, r3, r4)] == ["critical", "critical", "ok"]
+    assert r2.cards[0].findings[0].check == "recovering"
+    assert r2.cards[0].findings[0].message.startswith("good for 1 of 3")
+    changes = [json.loads(r.patrol_line)["changes"] for r in (r1, r2, r3, r4)]
+    assert changes[0][-1] == {"card": "ascend/0/0", "from": None, "to": "critical"}
+    assert changes[1] == [] and changes[2] == []
+    assert changes[3] == [{"card": "ascend/0/0", "from": "critical", "to": "ok"}]
+
+
+def test_flapping_card_does_not_flap(base_config):
+    c = Scripted()
+    p = make_patroller(base_config, {"ascend": c}, recovery=2)
+    seen = []
+    for temp in (95.0, 40.0, 95.0, 40.0, 95.0, 40.0, 40.0):
+        c.temps = [temp]
+        seen.append(p.run().cards[0].health)
+    assert seen == ["critical"] * 6 + ["ok"]
+
+
+def test_vanished_card_is_a_change(base_config):
+    c = Scripted()
+    c.temps = [40.0, 40.0]
+    p = make_patroller(base_config, {"ascend": c})
+    p.run()
+    c.temps = [40.0]
+    report = p.run()
+    assert {"card": "ascend/1/0", "from": "ok", "to": None} in report.changes
