@@ -1,0 +1,131 @@
+"""Faults injected into a running daemon: a real hanging npu-smi, SIGHUP reloads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import NODES
+from test_end_to_end import free_port, scrape, wait_for
+
+HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
+TABLE = NODES / "healthy-mixed" / "npu-smi-info.txt"
+
+
+def write_config(path, port, tool, extra=""):
+    path.write_text(
+        f"""node: fault-node
+interval_seconds: 0.3
+recovery_patrols: 1
+listen: "127.0.0.1:{port}"
+jsonl: {{path: "{path.parent / 'patrol.jsonl'}"}}
+state_path: "{path.parent / 'state.json'}"
+collectors:
+  nvidia: {{enabled: false}}
+  ascend:
+    command: ["{tool}", "info"]
+    timeout_seconds: 0.5
+{extra}"""
+    )
+
+
+@pytest.fixture
+def fake_npu_smi(tmp_path):
+    tool = tmp_path / "npu-smi"
+
+    def set_mode(mode):
+        body = {"ok": f"cat {TABLE}\n", "hang": "trap '' TERM\necho partial\nsleep 600\n"}[mode]
+        tmp = tool.with_suffix(".new")
+        tmp.write_text("#!/bin/sh\n" + body)
+        tmp.chmod(0o755)
+        os.replace(tmp, tool)
+
+    set_mode("ok")
+    return tool, set_mode
+
+
+def start(config):
+    return subprocess.Popen([*HETPATROL, "run", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def health_of(found, index):
+    return next(s.labels["hetpatrol_card_health"] for s in found["hetpatrol_card_health"]
+                if s.labels["index"] == str(index) and s.value == 1)
+
+
+def test_hung_npu_smi_makes_npus_unknown_and_recovers(tmp_path, fake_npu_smi):
+    tool, set_mode = fake_npu_smi
+    port = free_port()
+    cfg = tmp_path / "hetpatrol.yaml"
+    write_config(cfg, port, tool)
+    proc = start(cfg)
+    try:
+        wait_for(lambda: _try(lambda: health_of(scrape(port), 0) == "ok"))
+        set_mode("hang")
+
+        def hung():
+            found = scrape(port)
+            state = {s.labels["hetpatrol_collector_state"] for s in
+                     found["hetpatrol_collector_state"]
+                     if s.value == 1 and s.labels["collector"] == "ascend"}
+            return state == {"hung"} and found
+
+        found = wait_for(lambda: _try(hung))
+        assert health_of(found, 3) == "unknown"
+        assert any(s.labels["check"] == "collector_hung" for s in found["hetpatrol_card_finding"])
+        ups = {s.labels["collector"]: s.value for s in found["hetpatrol_collector_up"]}
+        assert ups == {"ascend": 0.0, "nvidia": 1.0}  # nvidia: disabled, not failing
+        # the patrol kept its schedule: bounded by the 0.5 s timeout, not by the tool
+        assert found["hetpatrol_patrol_duration_seconds"][0].value < 2.0
+        set_mode("ok")
+        wait_for(lambda: _try(lambda: health_of(scrape(port), 3) == "ok"))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert "npu-smi info hung" in err or "hung" in err
+
+
+def test_sighup_reload_applies_good_config_and_keeps_running_on_bad(tmp_path, fake_npu_smi):
+    tool, _ = fake_npu_smi
+    port = free_port()
+    cfg = tmp_path / "hetpatrol.yaml"
+    write_config(cfg, port, tool)
+    proc = start(cfg)
+    try:
+        wait_for(lambda: _try(lambda: health_of(scrape(port), 4) == "ok"))
+        # NPU 4 reads 39 C: a 910B warning level of 35 C makes it warning after reload
+        write_config(cfg, port, tool, extra="""profiles:
+  - name: strict-910b
+    vendor: ascend
+    card_types: ["910b"]
+    temperature_celsius: {warning: 35, critical: 90}
+""")
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: _try(lambda: health_of(scrape(port), 4) == "warning"))
+        assert health_of(scrape(port), 0) == "ok"  # NPU 0 reads 33 C
+        cfg.write_text(cfg.read_text() + "bogus_key: 1\n")
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: _try(lambda: scrape(port)[
+            "hetpatrol_config_reload_failures_total"][0].value == 1))
+        time.sleep(0.7)
+        assert proc.poll() is None
+        assert health_of(scrape(port), 4) == "warning"  # the running config was kept
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0
+    assert "config_reload_failed" in err
+    assert "bogus_key: unknown key" in err
+
+
+def _try(fn):
+    try:
+        return fn()
+    except (OSError, KeyError, StopIteration):
+        return None
