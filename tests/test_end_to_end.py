@@ -91,9 +91,9 @@ def test_run_serves_metrics_writes_jsonl_and_stops_cleanly(tmp_path, env):
         }
         assert len(temps) == 16
         # values read off the recordings: 910B4 NPU 4 is at 39 C (npu-smi Temp(C) column),
-        # H100 GPU 0 at 33 C (nvidia-smi -q "GPU Current Temp")
+        # H100 GPU 0 (19:00.0) at 29 C (nvidia-smi -q "GPU Current Temp")
         assert temps[("ascend", "4")] == 39.0
-        assert temps[("nvidia", "0")] == 33.0
+        assert temps[("nvidia", "0")] == 29.0
         ups = {s.labels["collector"]: s.value for s in found["hetpatrol_collector_up"]}
         assert ups == {"nvidia": 1.0, "ascend": 1.0}
         assert found["hetpatrol_node_health_code"][0].value == 0
@@ -158,17 +158,21 @@ def test_once_sick_node_names_each_fault(env):
     )
     cards = {(c["vendor"], c["index"]): c for c in json.loads(res.stdout)["cards"]}
     assert len(cards) == 4 + 8
-    lost = cards[("nvidia", 1)]
+    lost = cards[("nvidia", 3)]
     assert lost["health"] == "critical"
     assert lost["vendor_health"] == "gpu_is_lost"
-    pending = cards[("nvidia", 2)]
+    # read off nvidia-smi-q_A100-SXM4-80GBx4_555.42.02.txt: GPU 9E:00.0 Remapped Rows
+    # Pending: Yes, GPU Current Temp 22 C
+    pending = cards[("nvidia", 1)]
+    assert pending["bus_id"] == "0000:9e:00.0"
+    assert pending["temperature_celsius"] == 22.0
     assert pending["remapped_rows_pending"] is True
     assert [f["check"] for f in pending["findings"]] == ["remapped_rows_pending"]
     npu5 = cards[("ascend", 5)]
     assert (npu5["vendor_health"], npu5["health"]) == ("Alarm", "critical")
     assert [c for c, v in cards.items() if v["health"] == "ok"] == [
         ("nvidia", 0),
-        ("nvidia", 3),
+        ("nvidia", 2),
         *[("ascend", i) for i in (0, 1, 2, 3, 4, 6, 7)],
     ]
     # the NPU whose process name is empty (container PID namespace) keeps its pid

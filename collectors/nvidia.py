@@ -1,0 +1,631 @@
+"""NVIDIA collector: every GPU of the node through NVML (``nvidia-ml-py``'s ``pynvml``).
+
+Where each :class:`~hetpatrol.schema.CardRecord` field comes from (one NVML call each):
+
+======================================  ====================================================
+field                                   NVML call
+======================================  ====================================================
+``index``                               ``nvmlDeviceGetHandleByIndex(i)`` (NVML index)
+``model``                               ``nvmlDeviceGetName``
+``card_type``, ``memory_kind``          derived from the name (:func:`card_type_from_name`);
+                                        ``None`` when the name could not be read
+``uuid``                                ``nvmlDeviceGetUUID``
+``serial``                              ``nvmlDeviceGetSerial``
+``bus_id``                              ``nvmlDeviceGetPciInfo().busId``, normalised
+``driver_version``                      ``nvmlSystemGetDriverVersion``
+``firmware_version``                    ``nvmlDeviceGetVbiosVersion`` (VBIOS)
+``utilization_ratio``                   ``nvmlDeviceGetUtilizationRates().gpu`` / 100
+``memory_used_bytes``                   ``nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)``
+                                        ``used + reserved``; v1 ``used`` on older drivers
+``memory_total_bytes``                  same call, ``total``
+``temperature_celsius``                 ``nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU)``
+``power_watts``                         ``nvmlDeviceGetPowerUsage`` (mW) / 1000
+``power_limit_watts``                   ``nvmlDeviceGetEnforcedPowerLimit`` (mW) / 1000
+``clock_sm_hertz``                      ``nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)`` x 1e6
+``ecc_corrected_total``                 ``nvmlDeviceGetTotalEccErrors(h, CORRECTED, VOLATILE)``
+``ecc_uncorrected_total``               ``nvmlDeviceGetTotalEccErrors(h, UNCORRECTED, VOLATILE)``
+``remapped_rows_pending``/``_failure``  ``nvmlDeviceGetRemappedRows`` (Ampere and newer)
+``retired_pages_pending``               ``nvmlDeviceGetRetiredPagesPendingStatus`` (only
+                                        when remapped rows are not supported: pre-Ampere)
+``pcie_link_gen``/``_max``              ``nvmlDeviceGetCurrPcieLinkGeneration`` / ``Max...``
+``pcie_link_width``/``_max``            ``nvmlDeviceGetCurrPcieLinkWidth`` / ``Max...``
+``processes``                           ``nvmlDeviceGetComputeRunningProcesses`` (pid,
+                                        ``usedGpuMemory``); name from psutil
+``counters``                            ``ecc_corrected_aggregate``/``ecc_uncorrected_aggregate``
+                                        (``NVML_AGGREGATE_ECC``), ``remapped_rows_correctable``
+                                        /``_uncorrectable``, ``clocks_event_reasons`` (bitmask of
+                                        ``nvmlDeviceGetCurrentClocksEventReasons``)
+======================================  ====================================================
+
+Error mapping (DESIGN section 4):
+
+- ``NVMLError_LibraryNotFound`` at init: no NVIDIA stack, collector ``absent``.
+- ``NVMLError_DriverNotLoaded`` / ``NVMLError_LibRmVersionMismatch`` at init (or at
+  ``nvmlDeviceGetCount``): collector ``failed`` with a critical node finding
+  ``nvml_driver``; no card is invented.
+- Per call, ``NotSupported``: value ``None`` and ``{"source": <call>, "error":
+  "NotSupported"}``; never unhealthy.
+- ``GpuIsLost`` / ``ResetRequired`` / ``Unknown``: an error entry and a marker in
+  ``vendor_health`` that the thresholds turn into critical (see :data:`VENDOR_HEALTH`).
+  After ``GpuIsLost`` or ``ResetRequired`` no further call is made on that GPU in this
+  patrol (each may block for seconds); identity already read is kept.
+- ``FunctionNotFound`` (older driver): the older call is used (memory v2 -> v1, clocks
+  event reasons -> throttle reasons, remapped rows -> retired pages).
+- Anything else: ``{"source": <call>, "error": <NVML error name or exception text>}``.
+
+ECC counters, remapped rows and retired pages are read only when
+``nvmlDeviceGetEccMode`` says ECC is enabled (consumer cards answer remapped rows with
+zeros); otherwise they are ``None`` with an ``nvmlDeviceGetEccMode`` error entry
+(``NotSupported`` or ``EccDisabled``).
+
+Bounded work: ``nvmlInit`` once for the collector's life; the device handles, per GPU
+the identity calls (name, UUID, serial, PCI info, VBIOS, max PCIe link) and the driver
+version are read once per NVML session and cached, so a steady patrol costs
+``1 + 16 x GPUs`` calls at most (ECC enabled, no fallback), ``1 + 11 x GPUs`` for
+consumer cards without ECC. A lost GPU costs one call per patrol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pynvml
+
+from hetpatrol.collector import (
+    STATE_ABSENT,
+    STATE_FAILED,
+    STATE_OK,
+    Collector,
+    CollectorError,
+    CollectResult,
+)
+from hetpatrol.replay import load_scenario
+from hetpatrol.schema import HEALTH_CRITICAL, CardRecord, Finding, ProcessInfo, normalize_bus_id
+
+from .nvml_replay import ReplayFormatError, ReplayNvml, load_replay_nvml
+
+__all__ = [
+    "VENDOR_HEALTH",
+    "VH_GPU_IS_LOST",
+    "VH_RESET_REQUIRED",
+    "VH_UNKNOWN_ERROR",
+    "NvidiaCollector",
+    "card_type_from_name",
+    "memory_kind_for",
+]
+
+#: ``vendor_health`` markers set by this collector (``None`` when NVML raised none of
+#: these: NVML has no overall health verdict of its own). The thresholds make a card
+#: with any of them critical.
+VH_GPU_IS_LOST = "gpu_is_lost"  #: NVMLError_GpuIsLost: fell off the bus
+VH_RESET_REQUIRED = "reset_required"  #: NVMLError_ResetRequired: needs a GPU reset
+VH_UNKNOWN_ERROR = "unknown_error"  #: NVMLError_Unknown on some call
+VENDOR_HEALTH = (VH_GPU_IS_LOST, VH_RESET_REQUIRED, VH_UNKNOWN_ERROR)
+_VH_RANK = {None: 0, VH_UNKNOWN_ERROR: 1, VH_RESET_REQUIRED: 2, VH_GPU_IS_LOST: 3}
+
+REPLAY_XML = "nvidia-smi-q.xml"
+
+_MISSING = object()
+
+# ---------------------------------------------------------------------------------------
+# card type
+
+
+_NOISE_WORDS = re.compile(r"\b(?:nvidia|geforce|generation|workstation|edition|gpu)\b", re.I)
+_DC_RE = re.compile(r"^(?:(?:nvidia|tesla|grid)\s+)*([a-z]{1,2}\d{1,4}[a-z]?)(?=$|[\s\-])", re.I)
+_CONSUMER_RE = re.compile(r"\b(?:geforce|quadro|rtx|gtx|gt|titan)\b", re.I)
+_HBM_TYPES = frozenset(
+    {
+        "p100", "v100", "titanv", "a100", "a800", "a30", "h100", "h800", "h200", "h20",
+        "gh200", "b100", "b200", "b300", "gb200", "gb300",
+    }
+)  # fmt: skip
+
+
+def card_type_from_name(name: str | None) -> str:
+    """Normalised card type from ``nvmlDeviceGetName``.
+
+    Data-centre names give the bare model: ``NVIDIA A100-SXM4-80GB`` -> ``a100``,
+    ``NVIDIA H100 80GB HBM3``/``NVIDIA H100 NVL`` -> ``h100``, ``NVIDIA L40S`` -> ``l40s``,
+    ``Tesla T4`` -> ``t4``, ``NVIDIA A10G`` -> ``a10g``, ``GRID P4-1Q`` (a vGPU slice) ->
+    ``p4``. GeForce/Quadro/RTX/TITAN names give a compact lower-case name without
+    ``NVIDIA``/``GeForce``/``Generation``/``Workstation Edition``/``GPU``:
+    ``rtx4090``, ``rtxa5000``, ``quadrop2000``, ``rtx3060laptop``. Anything else
+    (``Graphics Device`` from old drivers, ``None``) -> ``nvidia``.
+    """
+    if not name:
+        return "nvidia"
+    text = name.strip()
+    m = _DC_RE.match(text)
+    if m:
+        return m.group(1).lower()
+    if _CONSUMER_RE.search(text):
+        compact = re.sub(r"[^a-z0-9]", "", _NOISE_WORDS.sub(" ", text).lower())
+        if compact:
+            return compact
+    return "nvidia"
+
+
+def memory_kind_for(card_type: str | None) -> str | None:
+    """``hbm`` for HBM parts (P100, V100, TITAN V, A100/A800/A30, H100/H200/GH200,
+    Blackwell B/GB), ``gddr`` for any other recognised card, ``None`` when unknown."""
+    if not card_type or card_type == "nvidia":
+        return None
+    return "hbm" if card_type in _HBM_TYPES else "gddr"
+
+
+# ---------------------------------------------------------------------------------------
+# per-call error handling
+
+
+def _error_name(exc: BaseException) -> str:
+    if isinstance(exc, pynvml.NVMLError):
+        name = type(exc).__name__
+        if name.startswith("NVMLError_"):
+            return name[len("NVMLError_") :]
+        return f"NVMLError {getattr(exc, 'value', '?')}"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _CardGone(Exception):
+    """Stop reading this GPU for this patrol (lost, reset required, no handle)."""
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class _Reader:
+    """Calls NVML for one card and maps every failure onto the record."""
+
+    def __init__(self, record: CardRecord):
+        self.record = record
+
+    def error(self, source: str, error: str) -> None:
+        entry = {"source": source, "error": error}
+        if entry not in self.record.errors:  # e.g. both ECC counters NotSupported
+            self.record.add_error(source, error)
+
+    def mark(self, marker: str) -> None:
+        if _VH_RANK[marker] > _VH_RANK.get(self.record.vendor_health, 0):
+            self.record.vendor_health = marker
+
+    def call(self, source: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Value of ``fn(*args)``, or ``_MISSING`` with an error entry. Raises
+        ``_CardGone`` after GpuIsLost/ResetRequired. FunctionNotFound propagates when
+        ``fallback=True`` is passed so the caller can use the older call."""
+        fallback = kwargs.pop("fallback", False)
+        try:
+            return fn(*args, **kwargs)
+        except pynvml.NVMLError_FunctionNotFound:
+            if fallback:
+                raise
+            self.error(source, "FunctionNotFound")
+        except pynvml.NVMLError_GpuIsLost:
+            self.error(source, "GpuIsLost")
+            self.mark(VH_GPU_IS_LOST)
+            raise _CardGone from None
+        except pynvml.NVMLError_ResetRequired:
+            self.error(source, "ResetRequired")
+            self.mark(VH_RESET_REQUIRED)
+            raise _CardGone from None
+        except pynvml.NVMLError_Unknown:
+            self.error(source, "Unknown")
+            self.mark(VH_UNKNOWN_ERROR)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an error entry
+            self.error(source, _error_name(exc))
+        return _MISSING
+
+
+def _psutil_process_name(pid: int) -> str | None:
+    """Name of a local process, ``None`` when it is gone or cannot be read."""
+    try:
+        return psutil.Process(pid).name()
+    except (psutil.Error, OSError):
+        return None
+
+
+class NvidiaCollector(Collector):
+    """Reads every NVIDIA GPU through NVML.
+
+    ``nvml`` is the module answering NVML calls: the real ``pynvml`` in production; with
+    ``replay_dir`` a :class:`~hetpatrol.collectors.nvml_replay.ReplayNvml` built from
+    ``replay_dir/nvidia-smi-q.xml`` and the ``nvml:`` faults of
+    ``replay_dir/scenario.yaml`` (no XML there = a node without NVIDIA: ``absent``);
+    tests may pass any object with pynvml's functions. ``process_namer(pid)`` names a
+    process: psutil by default, the dump's recorded names when replaying (pids of a
+    recording mean nothing on this host).
+    """
+
+    name = "nvidia"
+
+    def __init__(
+        self,
+        options: Mapping[str, Any] | None = None,
+        *,
+        replay_dir: Path | None = None,
+        nvml: Any = None,
+        process_namer: Callable[[int], str | None] | None = None,
+    ):
+        super().__init__(options or {}, replay_dir=replay_dir)
+        self.nvml: Any = nvml
+        self._nvml_given = nvml is not None
+        self._process_namer = process_namer
+        self._lock = threading.Lock()
+        self._initialized = False
+        self._reset_session()
+
+    # -- session -------------------------------------------------------------------
+
+    def _reset_session(self) -> None:
+        self._handles: dict[int, Any] = {}
+        self._identity: dict[int, tuple[dict[str, Any], list[dict[str, str]]]] = {}
+        self._driver_version: Any = _MISSING
+        self._driver_error: str | None = None
+        self._memory_v1 = False  # nvmlDeviceGetMemoryInfo_v2 not in this driver
+        self._throttle_reasons = False  # nvmlDeviceGetCurrentClocksEventReasons missing
+        self._no_remap_fn = False  # nvmlDeviceGetRemappedRows missing
+
+    def _load_replay(self) -> CollectResult | None:
+        assert self.replay_dir is not None
+        xml = self.replay_dir / REPLAY_XML
+        if not xml.is_file():
+            return CollectResult(
+                self.name, state=STATE_ABSENT, error=f"no {REPLAY_XML} in {self.replay_dir}"
+            )
+        try:
+            faults = load_scenario(self.replay_dir).get("nvml")
+        except ValueError as exc:
+            raise CollectorError(str(exc)) from None
+        try:
+            self.nvml = load_replay_nvml(xml, faults)
+        except ReplayFormatError as exc:
+            raise CollectorError(str(exc), raw=exc.raw) from None
+        except OSError as exc:
+            raise CollectorError(f"{xml}: {exc}") from None
+        return None
+
+    def _driver_failure(self, exc: BaseException, when: str) -> CollectResult:
+        kind = _error_name(exc)
+        if isinstance(exc, pynvml.NVMLError_LibRmVersionMismatch):
+            why = (
+                "NVML library and kernel driver versions differ (driver upgraded "
+                "without reloading the module or rebooting)"
+            )
+        else:
+            why = "NVIDIA kernel driver is not loaded"
+        message = f"{when}: {kind}: {why}"
+        return CollectResult(
+            self.name,
+            state=STATE_FAILED,
+            error=message,
+            node_findings=[Finding("nvml_driver", HEALTH_CRITICAL, message, value=kind)],
+        )
+
+    def _ensure_init(self) -> CollectResult | None:
+        """``nvmlInit`` once; a result to return instead of reading when it failed."""
+        if self._initialized:
+            return None
+        if self.nvml is None:
+            if self.replay_dir is not None:
+                absent = self._load_replay()
+                if absent is not None:
+                    return absent
+            else:
+                self.nvml = pynvml
+        try:
+            self.nvml.nvmlInit()
+        except pynvml.NVMLError_LibraryNotFound as exc:
+            return CollectResult(
+                self.name,
+                state=STATE_ABSENT,
+                error=f"nvmlInit: {_error_name(exc)}: no NVIDIA driver library on this node",
+            )
+        except (pynvml.NVMLError_DriverNotLoaded, pynvml.NVMLError_LibRmVersionMismatch) as exc:
+            return self._driver_failure(exc, "nvmlInit")
+        except Exception as exc:  # noqa: BLE001
+            return CollectResult(
+                self.name, state=STATE_FAILED, error=f"nvmlInit: {_error_name(exc)}"
+            )
+        self._initialized = True
+        self._reset_session()
+        return None
+
+    def close(self) -> None:
+        """``nvmlShutdown`` when ``nvmlInit`` succeeded. A replay is reloaded on the
+        next collect. When a read is still stuck inside NVML, nothing is shut down under
+        it (the process is going away anyway)."""
+        if not self._lock.acquire(timeout=1.0):
+            return
+        try:
+            if self._initialized:
+                with contextlib.suppress(Exception):  # shutting down anyway
+                    self.nvml.nvmlShutdown()
+            self._initialized = False
+            self._reset_session()
+            if not self._nvml_given and self.replay_dir is not None:
+                self.nvml = None
+        finally:
+            self._lock.release()
+
+    # -- patrol ----------------------------------------------------------------------
+
+    def collect(self) -> CollectResult:
+        """One read of every GPU (``nvmlDeviceGetCount``, then per index).
+
+        Raises ``CollectorError(hung=True)`` at once when the previous read has not
+        returned yet (a call stuck in NVML on a dying GPU): no second thread piles up
+        behind it.
+        """
+        start = time.monotonic()
+        if not self._lock.acquire(blocking=False):
+            raise CollectorError("previous NVML read has not returned yet", hung=True)
+        try:
+            result = self._collect()
+        finally:
+            self._lock.release()
+        result.duration_seconds = time.monotonic() - start
+        return result
+
+    def _collect(self) -> CollectResult:
+        failed = self._ensure_init()
+        if failed is not None:
+            return failed
+        nvml = self.nvml
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except (pynvml.NVMLError_DriverNotLoaded, pynvml.NVMLError_LibRmVersionMismatch) as exc:
+            self._initialized = False  # re-init on the next patrol
+            return self._driver_failure(exc, "nvmlDeviceGetCount")
+        except Exception as exc:  # noqa: BLE001
+            return CollectResult(
+                self.name, state=STATE_FAILED, error=f"nvmlDeviceGetCount: {_error_name(exc)}"
+            )
+        if self._driver_version is _MISSING:
+            try:
+                self._driver_version = _text(nvml.nvmlSystemGetDriverVersion())
+                self._driver_error = None
+            except pynvml.NVMLError_NotSupported:
+                self._driver_version, self._driver_error = None, "NotSupported"
+            except Exception as exc:  # noqa: BLE001 - retried next patrol
+                self._driver_error = _error_name(exc)
+        namer = self._process_namer
+        if namer is None:
+            namer = self._replay_namer if isinstance(nvml, ReplayNvml) else _psutil_process_name
+        records = [self._read_card(nvml, index, namer) for index in range(count)]
+        return CollectResult(self.name, records=records, state=STATE_OK)
+
+    def _replay_namer(self, pid: int) -> str | None:
+        try:
+            return _text(self.nvml.nvmlSystemGetProcessName(pid))
+        except Exception:  # noqa: BLE001
+            return None
+
+    def _read_card(self, nvml: Any, index: int, namer: Callable[[int], str | None]) -> CardRecord:
+        rec = CardRecord(vendor="nvidia", index=index)
+        driver = self._driver_version
+        rec.driver_version = None if driver is _MISSING else driver
+        if self._driver_error is not None:
+            rec.add_error("nvmlSystemGetDriverVersion", self._driver_error)
+        reader = _Reader(rec)
+        try:
+            handle = self._handles.get(index, _MISSING)
+            if handle is _MISSING:
+                handle = reader.call(
+                    "nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, index
+                )
+                if handle is _MISSING:
+                    raise _CardGone
+                self._handles[index] = handle  # valid until nvmlShutdown
+            self._read_identity(nvml, handle, reader)
+            self._read_state(nvml, handle, reader, namer)
+        except _CardGone:
+            cached = self._identity.get(index)
+            if cached is not None:  # identity read earlier in this NVML session
+                for name, value in cached[0].items():
+                    if getattr(rec, name) is None:
+                        setattr(rec, name, value)
+        # A card whose name could not be read (lost before its first read) has no type.
+        rec.card_type = card_type_from_name(rec.model) if rec.model is not None else None
+        rec.memory_kind = memory_kind_for(rec.card_type)
+        return rec
+
+    def _read_identity(self, nvml: Any, handle: Any, reader: _Reader) -> None:
+        rec = reader.record
+        cached = self._identity.get(rec.index)
+        if cached is not None:
+            values, errors = cached
+            for name, value in values.items():
+                setattr(rec, name, value)
+            for err in errors:
+                rec.add_error(err["source"], err["error"])
+            return
+        first_error = len(rec.errors)
+        call = reader.call
+        name = call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle)
+        uuid = call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle)
+        serial = call("nvmlDeviceGetSerial", nvml.nvmlDeviceGetSerial, handle)
+        pci = call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle)
+        vbios = call("nvmlDeviceGetVbiosVersion", nvml.nvmlDeviceGetVbiosVersion, handle)
+        gen_max = call(
+            "nvmlDeviceGetMaxPcieLinkGeneration", nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle
+        )
+        width_max = call(
+            "nvmlDeviceGetMaxPcieLinkWidth", nvml.nvmlDeviceGetMaxPcieLinkWidth, handle
+        )
+        values = {
+            "model": None if name is _MISSING else _text(name),
+            "uuid": None if uuid is _MISSING else _text(uuid),
+            "serial": None if serial is _MISSING else _text(serial),
+            "bus_id": None if pci is _MISSING else normalize_bus_id(_text(pci.busId)),
+            "firmware_version": None if vbios is _MISSING else _text(vbios),
+            "pcie_link_gen_max": None if gen_max is _MISSING else int(gen_max),
+            "pcie_link_width_max": None if width_max is _MISSING else int(width_max),
+        }
+        for field_name, value in values.items():
+            setattr(rec, field_name, value)
+        errors = [dict(e) for e in rec.errors[first_error:]]
+        if all(e["error"] == "NotSupported" for e in errors):
+            self._identity[rec.index] = (values, errors)  # static for this NVML session
+
+    def _memory(self, nvml: Any, handle: Any, reader: _Reader) -> None:
+        rec = reader.record
+        source = "nvmlDeviceGetMemoryInfo"
+        if not self._memory_v1:
+            try:
+                mem = reader.call(
+                    source,
+                    nvml.nvmlDeviceGetMemoryInfo,
+                    handle,
+                    version=pynvml.nvmlMemory_v2,
+                    fallback=True,
+                )
+            except pynvml.NVMLError_FunctionNotFound:
+                self._memory_v1 = True
+            else:
+                if mem is not _MISSING:
+                    rec.memory_total_bytes = int(mem.total)
+                    rec.memory_used_bytes = int(mem.used) + int(mem.reserved)
+                return
+        mem = reader.call(source, nvml.nvmlDeviceGetMemoryInfo, handle)
+        if mem is not _MISSING:
+            rec.memory_total_bytes = int(mem.total)
+            rec.memory_used_bytes = int(mem.used)
+
+    def _clock_reasons(self, nvml: Any, handle: Any, reader: _Reader) -> None:
+        value: Any = _MISSING
+        if not self._throttle_reasons:
+            try:
+                value = reader.call(
+                    "nvmlDeviceGetCurrentClocksEventReasons",
+                    nvml.nvmlDeviceGetCurrentClocksEventReasons,
+                    handle,
+                    fallback=True,
+                )
+            except pynvml.NVMLError_FunctionNotFound:
+                self._throttle_reasons = True
+        if self._throttle_reasons:
+            value = reader.call(
+                "nvmlDeviceGetCurrentClocksThrottleReasons",
+                nvml.nvmlDeviceGetCurrentClocksThrottleReasons,
+                handle,
+            )
+        if value is not _MISSING:
+            reader.record.counters["clocks_event_reasons"] = int(value)
+
+    def _memory_errors(self, nvml: Any, handle: Any, reader: _Reader) -> None:
+        rec = reader.record
+        call = reader.call
+        mode = call("nvmlDeviceGetEccMode", nvml.nvmlDeviceGetEccMode, handle)
+        if mode is _MISSING:
+            return
+        if int(mode[0]) != pynvml.NVML_FEATURE_ENABLED:
+            reader.error("nvmlDeviceGetEccMode", "EccDisabled")
+            return
+        total = nvml.nvmlDeviceGetTotalEccErrors
+        src = "nvmlDeviceGetTotalEccErrors"
+        corrected = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        uncorrected = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        for attr, etype, ctype in (
+            ("ecc_corrected_total", corrected, pynvml.NVML_VOLATILE_ECC),
+            ("ecc_uncorrected_total", uncorrected, pynvml.NVML_VOLATILE_ECC),
+            ("ecc_corrected_aggregate", corrected, pynvml.NVML_AGGREGATE_ECC),
+            ("ecc_uncorrected_aggregate", uncorrected, pynvml.NVML_AGGREGATE_ECC),
+        ):
+            value = call(src, total, handle, etype, ctype)
+            if value is _MISSING:
+                continue
+            if attr.endswith("_total"):
+                setattr(rec, attr, int(value))
+            else:
+                rec.counters[attr] = int(value)
+        if not self._no_remap_fn:
+            try:
+                rows = call(
+                    "nvmlDeviceGetRemappedRows",
+                    nvml.nvmlDeviceGetRemappedRows,
+                    handle,
+                    fallback=True,
+                )
+            except pynvml.NVMLError_FunctionNotFound:
+                self._no_remap_fn = True
+            else:
+                if rows is not _MISSING:
+                    corr, unc, pending, failure = rows
+                    rec.remapped_rows_pending = bool(pending)
+                    rec.remapped_rows_failure = bool(failure)
+                    rec.counters["remapped_rows_correctable"] = int(corr)
+                    rec.counters["remapped_rows_uncorrectable"] = int(unc)
+                    return  # row remapping replaces page retirement: no retired pages
+        pending = call(
+            "nvmlDeviceGetRetiredPagesPendingStatus",
+            nvml.nvmlDeviceGetRetiredPagesPendingStatus,
+            handle,
+        )
+        if pending is not _MISSING:
+            rec.retired_pages_pending = int(pending) == pynvml.NVML_FEATURE_ENABLED
+
+    def _read_state(
+        self, nvml: Any, handle: Any, reader: _Reader, namer: Callable[[int], str | None]
+    ) -> None:
+        rec = reader.record
+        call = reader.call
+        self._memory(nvml, handle, reader)
+        util = call("nvmlDeviceGetUtilizationRates", nvml.nvmlDeviceGetUtilizationRates, handle)
+        if util is not _MISSING:
+            rec.utilization_ratio = int(util.gpu) / 100.0
+        temp = call(
+            "nvmlDeviceGetTemperature",
+            nvml.nvmlDeviceGetTemperature,
+            handle,
+            pynvml.NVML_TEMPERATURE_GPU,
+        )
+        if temp is not _MISSING:
+            rec.temperature_celsius = float(temp)
+        power = call("nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, handle)
+        if power is not _MISSING:
+            rec.power_watts = int(power) / 1000.0
+        limit = call(
+            "nvmlDeviceGetEnforcedPowerLimit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle
+        )
+        if limit is not _MISSING:
+            rec.power_limit_watts = int(limit) / 1000.0
+        clock = call(
+            "nvmlDeviceGetClockInfo", nvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM
+        )
+        if clock is not _MISSING:
+            rec.clock_sm_hertz = float(clock) * 1e6
+        self._clock_reasons(nvml, handle, reader)
+        self._memory_errors(nvml, handle, reader)
+        gen = call(
+            "nvmlDeviceGetCurrPcieLinkGeneration", nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle
+        )
+        if gen is not _MISSING:
+            rec.pcie_link_gen = int(gen)
+        width = call("nvmlDeviceGetCurrPcieLinkWidth", nvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
+        if width is not _MISSING:
+            rec.pcie_link_width = int(width)
+        procs = call(
+            "nvmlDeviceGetComputeRunningProcesses",
+            nvml.nvmlDeviceGetComputeRunningProcesses,
+            handle,
+        )
+        if procs is not _MISSING:
+            for proc in procs:
+                pid = int(proc.pid)
+                used = getattr(proc, "usedGpuMemory", None)
+                rec.processes.append(
+                    ProcessInfo(
+                        pid=pid,
+                        name=namer(pid),
+                        memory_bytes=None if used is None else int(used),
+                    )
+                )

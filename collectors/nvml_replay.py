@@ -1,0 +1,817 @@
+"""A fake ``pynvml`` module that answers NVML calls from an ``nvidia-smi -q -x`` dump.
+
+This is the ``--replay`` boundary of the NVIDIA collector: the collector code that runs
+in production talks to :class:`ReplayNvml` exactly as it talks to the real ``pynvml``
+(same function names, arguments and return shapes), so the code under test is the
+production code.
+
+Where the dump says ``N/A``, ``[N/A]``, ``Not Supported`` or the element is missing,
+the call raises the REAL ``pynvml.NVMLError_NotSupported``. Error texts that nvidia-smi
+prints in place of a value raise the class that fits: ``[Unknown Error]``/``ERR!`` ->
+``NVMLError_Unknown``, ``[GPU is lost]`` -> ``NVMLError_GpuIsLost``, ``[GPU requires
+reset]`` -> ``NVMLError_ResetRequired``, ``[Insufficient Permissions]`` ->
+``NVMLError_NoPermission``. A value that is present but cannot be parsed raises
+:class:`ReplayFormatError` (a ``ValueError``): the replay never invents a number.
+
+Two calls answer ``NVMLError_FunctionNotFound`` when the dump comes from a driver that
+predates them, so the collector's fallbacks run on real recordings:
+
+- ``nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)`` when ``fb_memory_usage`` has no
+  ``reserved`` element (drivers before the v2 memory API);
+- ``nvmlDeviceGetCurrentClocksEventReasons`` when the dump still says
+  ``clocks_throttle_reasons`` (the element was renamed ``clocks_event_reasons`` with the
+  v12/v13 DTDs, driver 535).
+
+Device count is the number of ``<gpu>`` elements: a dump can say ``attached_gpus`` 4
+and hold one ``<gpu>`` (the published A100 v12 MIG dump does); the replay cannot answer
+for GPUs that were not recorded, and does not invent them.
+
+Faults (the ``nvml:`` section of a replay scenario, see :func:`load_replay_nvml`)::
+
+    init_error: DriverNotLoaded | LibRmVersionMismatch | LibraryNotFound | <any NVMLError_ suffix>
+    errors: {nvmlSystemGetDriverVersion: Unknown}      # node-level calls
+    gpus:
+      3: {lost: true}                   # nvmlDeviceGetHandleByIndex(3) raises GpuIsLost
+      4: {lost: true, handle_ok: true}  # handle returned, every call on it raises GpuIsLost
+      5: {reset_required: true}         # handle returned, every call raises ResetRequired
+      1: {remapped_rows: {correctable: 0, uncorrectable: 2, pending: true, failure: false}}
+      2: {retired_pages_pending: true}
+      6: {errors: {nvmlDeviceGetPowerUsage: NotSupported}}
+      7: {xml_overrides: {"temperature/gpu_temp": "95 C", "utilization/gpu_util": null}}
+      0: {hang_seconds: 2.5}            # every call on this GPU sleeps first (a dying GPU)
+
+A lost GPU fails at ``nvmlDeviceGetHandleByIndex`` by default because that is what real
+NVML does: ``nvmlDeviceGetHandleByIndex_v2`` documents ``NVML_ERROR_GPU_IS_LOST``, and
+nvidia-smi on such a node prints ``Unable to determine the device handle for GPU...: GPU
+is lost`` (see the vendor sample). ``nvmlDeviceGetCount`` still counts it.
+``handle_ok: true`` models a GPU that falls off the bus after its handle was obtained.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+__all__ = [
+    "ReplayFormatError",
+    "ReplayNvml",
+    "load_replay_nvml",
+    "nvml_error_class",
+    "parse_replay_nvml",
+]
+
+#: How much of an unreadable dump is kept for the collector's ``raw``.
+RAW_LIMIT = 64 * 1024
+
+_MIB = 1024 * 1024
+_NA_UINT = 0xFFFFFFFF  # what NVML puts in gpuInstanceId/computeInstanceId without MIG
+
+
+class ReplayFormatError(ValueError):
+    """The dump (or the fault section) cannot be used; ``raw`` keeps the dump's text."""
+
+    def __init__(self, message: str, raw: str | None = None):
+        super().__init__(message)
+        self.raw = raw
+
+
+def _error_classes() -> dict[str, type[pynvml.NVMLError]]:
+    out: dict[str, type[pynvml.NVMLError]] = {}
+    for name in dir(pynvml):
+        if name.startswith("NVMLError_"):
+            cls = getattr(pynvml, name)
+            if isinstance(cls, type) and issubclass(cls, pynvml.NVMLError):
+                out[name[len("NVMLError_") :].lower()] = cls
+    return out
+
+
+_ERROR_CLASSES = _error_classes()
+
+
+def nvml_error_class(name: str) -> type[pynvml.NVMLError]:
+    """The real ``pynvml.NVMLError_*`` class for a short name (``NotSupported``,
+    ``GpuIsLost``, ``NVMLError_Unknown``...), case-insensitive. ``ValueError`` if unknown."""
+    key = str(name).strip()
+    if key.startswith("NVMLError_"):
+        key = key[len("NVMLError_") :]
+    cls = _ERROR_CLASSES.get(key.lower())
+    if cls is None:
+        raise ValueError(f"unknown NVML error name {name!r}")
+    return cls
+
+
+#: nvidia-smi's printed status texts in place of a value, and the NVML error behind them.
+_STATUS_TEXT = {
+    "": pynvml.NVMLError_NotSupported,
+    "n/a": pynvml.NVMLError_NotSupported,
+    "[n/a]": pynvml.NVMLError_NotSupported,
+    "not supported": pynvml.NVMLError_NotSupported,
+    "[not supported]": pynvml.NVMLError_NotSupported,
+    "requested functionality has been deprecated": pynvml.NVMLError_NotSupported,
+    "unknown error": pynvml.NVMLError_Unknown,
+    "[unknown error]": pynvml.NVMLError_Unknown,
+    "err!": pynvml.NVMLError_Unknown,
+    "[gpu is lost]": pynvml.NVMLError_GpuIsLost,
+    "gpu is lost": pynvml.NVMLError_GpuIsLost,
+    "[gpu requires reset]": pynvml.NVMLError_ResetRequired,
+    "[gpu requires restart]": pynvml.NVMLError_ResetRequired,
+    "[insufficient permissions]": pynvml.NVMLError_NoPermission,
+}
+
+_NUM_RE = re.compile(r"^(-?\d+(?:\.\d+)?)\s*([A-Za-z%/]*)$")
+
+#: Suffix of the ``clocks_event_reason_*`` / ``clocks_throttle_reason_*`` elements -> bit.
+_REASON_BITS = {
+    "gpu_idle": pynvml.nvmlClocksEventReasonGpuIdle,
+    "applications_clocks_setting": pynvml.nvmlClocksEventReasonApplicationsClocksSetting,
+    "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
+    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
+    "sync_boost": pynvml.nvmlClocksEventReasonSyncBoost,
+    "sw_thermal_slowdown": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
+    "hw_thermal_slowdown": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+    "hw_power_brake_slowdown": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+    "display_clocks_setting": pynvml.nvmlClocksEventReasonDisplayClockSetting,
+}
+
+_CLOCK_TAGS = {
+    pynvml.NVML_CLOCK_GRAPHICS: "graphics_clock",
+    pynvml.NVML_CLOCK_SM: "sm_clock",
+    pynvml.NVML_CLOCK_MEM: "mem_clock",
+    pynvml.NVML_CLOCK_VIDEO: "video_clock",
+}
+
+_FAULT_KEYS = {
+    "lost",
+    "handle_ok",
+    "reset_required",
+    "remapped_rows",
+    "retired_pages_pending",
+    "errors",
+    "xml_overrides",
+    "hang_seconds",
+}
+
+
+@dataclass
+class _GpuFault:
+    lost: bool = False
+    handle_ok: bool = False
+    reset_required: bool = False
+    remapped_rows: dict[str, Any] | None = None
+    retired_pages_pending: bool | None = None
+    errors: dict[str, type[pynvml.NVMLError]] = field(default_factory=dict)
+    xml_overrides: dict[str, Any] = field(default_factory=dict)
+    hang_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ReplayHandle:
+    """Device handle of the replay (real NVML gives an opaque ``c_nvmlDevice_t``)."""
+
+    index: int
+
+
+def _status(text: str | None) -> type[pynvml.NVMLError] | None:
+    if text is None:
+        return pynvml.NVMLError_NotSupported
+    return _STATUS_TEXT.get(text.strip().lower())
+
+
+def _bool_feature(text: str) -> int:
+    value = text.strip().lower()
+    if value in ("yes", "enabled", "active"):
+        return 1
+    if value in ("no", "disabled", "not active"):
+        return 0
+    raise ReplayFormatError(f"expected Yes/No/Enabled/Disabled, got {text!r}")
+
+
+class _Gpu:
+    """One ``<gpu>`` element and the helpers that turn its texts into NVML values."""
+
+    def __init__(self, element: ET.Element):
+        self.el = element
+
+    def find(self, *paths: str) -> ET.Element | None:
+        for path in paths:
+            node = self.el.find(path)
+            if node is not None:
+                return node
+        return None
+
+    def text(self, *paths: str) -> str:
+        """Text of the first existing path; raises the NVML error the text stands for."""
+        node = self.find(*paths)
+        if node is None:
+            raise pynvml.NVMLError_NotSupported()
+        text = (node.text or "").strip()
+        cls = _status(text)
+        if cls is not None:
+            raise cls()
+        return text
+
+    def number(self, *paths: str, unit: str | None = None) -> float:
+        text = self.text(*paths)
+        m = _NUM_RE.match(text)
+        if not m or (unit is not None and m.group(2) and m.group(2).lower() != unit.lower()):
+            what = unit or "number"
+            raise ReplayFormatError(f"cannot read {'/'.join(paths)} = {text!r} as {what}")
+        return float(m.group(1))
+
+    def integer(self, *paths: str, unit: str | None = None) -> int:
+        return int(round(self.number(*paths, unit=unit)))
+
+    def mib(self, *paths: str) -> int:
+        return int(round(self.number(*paths, unit="MiB") * _MIB))
+
+    def milliwatts(self, *paths: str) -> int:
+        return int(round(self.number(*paths, unit="W") * 1000))
+
+    def link_width(self, path: str) -> int:
+        text = self.text(path)
+        m = re.match(r"^(\d+)x$", text)
+        if not m:
+            raise ReplayFormatError(f"cannot read {path} = {text!r} as a link width")
+        return int(m.group(1))
+
+
+def _apply_overrides(gpu: ET.Element, overrides: Mapping[str, Any]) -> None:
+    """Set (or with ``None`` remove) elements under ``gpu`` by ``a/b/c`` path."""
+    for path, value in overrides.items():
+        parts = [p for p in str(path).split("/") if p]
+        if not parts:
+            raise ReplayFormatError(f"empty xml_overrides path {path!r}")
+        parent = gpu
+        for part in parts[:-1]:
+            child = parent.find(part)
+            if child is None:
+                if value is None:
+                    break
+                child = ET.SubElement(parent, part)
+            parent = child
+        else:
+            node = parent.find(parts[-1])
+            if value is None:
+                if node is not None:
+                    parent.remove(node)
+                continue
+            if node is None:
+                node = ET.SubElement(parent, parts[-1])
+            for sub in list(node):
+                node.remove(sub)
+            node.text = str(value)
+
+
+def _parse_faults(faults: Mapping[str, Any] | None) -> tuple[Any, dict, dict[int, _GpuFault]]:
+    if not faults:
+        return None, {}, {}
+    if not isinstance(faults, Mapping):
+        raise ReplayFormatError(f"nvml faults must be a mapping, got {type(faults).__name__}")
+    unknown = set(faults) - {"init_error", "errors", "gpus"}
+    if unknown:
+        raise ReplayFormatError(f"unknown nvml fault keys: {sorted(unknown)}")
+    init_error = faults.get("init_error")
+    init_cls = nvml_error_class(init_error) if init_error else None
+    sys_errors = {fn: nvml_error_class(err) for fn, err in (faults.get("errors") or {}).items()}
+    gpus: dict[int, _GpuFault] = {}
+    for key, spec in (faults.get("gpus") or {}).items():
+        try:
+            index = int(key)
+        except (TypeError, ValueError):
+            raise ReplayFormatError(f"nvml fault gpu key {key!r} is not an index") from None
+        spec = spec or {}
+        bad = set(spec) - _FAULT_KEYS
+        if bad:
+            raise ReplayFormatError(f"unknown fault keys for gpu {index}: {sorted(bad)}")
+        rr = spec.get("remapped_rows")
+        if rr is not None and not isinstance(rr, Mapping):
+            raise ReplayFormatError(f"gpu {index}: remapped_rows must be a mapping")
+        overrides = spec.get("xml_overrides") or {}
+        if not isinstance(overrides, Mapping):
+            raise ReplayFormatError(f"gpu {index}: xml_overrides must be a mapping")
+        gpus[index] = _GpuFault(
+            lost=bool(spec.get("lost", False)),
+            handle_ok=bool(spec.get("handle_ok", False)),
+            reset_required=bool(spec.get("reset_required", False)),
+            remapped_rows=dict(rr) if rr is not None else None,
+            retired_pages_pending=spec.get("retired_pages_pending"),
+            errors={fn: nvml_error_class(err) for fn, err in (spec.get("errors") or {}).items()},
+            xml_overrides=dict(overrides),
+            hang_seconds=float(spec.get("hang_seconds", 0.0) or 0.0),
+        )
+    return init_cls, sys_errors, gpus
+
+
+class ReplayNvml:
+    """The replay "module": pynvml's functions answered from one dump plus faults.
+
+    Constants and error classes are the real ones from ``pynvml`` (attribute access
+    falls through to ``pynvml`` for anything that is not a function). ``calls`` counts
+    every NVML function called, by name, so tests can bound the work of a patrol.
+    """
+
+    def __init__(
+        self,
+        root: ET.Element,
+        faults: Mapping[str, Any] | None = None,
+        *,
+        source: str = "<memory>",
+    ):
+        init_cls, sys_errors, gpu_faults = _parse_faults(faults)
+        self.source = source
+        root = copy.deepcopy(root)  # overrides must not touch the caller's tree
+        self._root = root
+        self._gpus = [_Gpu(el) for el in root.findall("gpu")]
+        self._init_error = init_cls
+        self._sys_errors = sys_errors
+        self._faults = gpu_faults
+        self._refcount = 0
+        self.calls: dict[str, int] = {}
+        for index, fault in gpu_faults.items():
+            if index >= len(self._gpus):
+                raise ReplayFormatError(
+                    f"nvml fault for gpu {index} but the dump has {len(self._gpus)} GPU(s)"
+                )
+            _apply_overrides(self._gpus[index].el, fault.xml_overrides)
+
+    # -- plumbing ----------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        # Constants (NVML_*, nvmlMemory_v2, nvmlClocksEventReason*) and error classes
+        # come from the real module. Functions the replay does not implement do not
+        # fall through: calling the real library from a replay would be a bug.
+        value = getattr(pynvml, name, None)
+        if value is None:
+            raise AttributeError(name)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            return value
+        if isinstance(value, (int, float, str, bytes)):
+            return value
+        raise AttributeError(f"ReplayNvml does not implement {name}")
+
+    def _count(self, fname: str) -> None:
+        self.calls[fname] = self.calls.get(fname, 0) + 1
+
+    def _system(self, fname: str) -> None:
+        self._count(fname)
+        if self._refcount <= 0:
+            raise pynvml.NVMLError_Uninitialized()
+        cls = self._sys_errors.get(fname)
+        if cls is not None:
+            raise cls()
+
+    def _device(self, fname: str, handle: Any) -> _Gpu:
+        self._system(fname)
+        if not isinstance(handle, ReplayHandle) or not 0 <= handle.index < len(self._gpus):
+            raise pynvml.NVMLError_InvalidArgument()
+        fault = self._faults.get(handle.index)
+        if fault is not None:
+            if fault.hang_seconds > 0:
+                time.sleep(fault.hang_seconds)
+            if fault.lost:
+                raise pynvml.NVMLError_GpuIsLost()
+            if fault.reset_required:
+                raise pynvml.NVMLError_ResetRequired()
+            # a fault on nvmlDeviceGetMemoryInfo applies to its _v2 form too
+            cls = fault.errors.get(fname) or fault.errors.get(fname.removesuffix("_v2"))
+            if cls is not None:
+                raise cls()
+        return self._gpus[handle.index]
+
+    # -- library -----------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self._count("nvmlInit")
+        if self._init_error is not None:
+            raise self._init_error()
+        self._refcount += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
+
+    def nvmlShutdown(self) -> None:
+        self._count("nvmlShutdown")
+        if self._refcount <= 0:
+            raise pynvml.NVMLError_Uninitialized()
+        self._refcount -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._system("nvmlSystemGetDriverVersion")
+        node = self._root.find("driver_version")
+        text = (node.text or "").strip() if node is not None else None
+        cls = _status(text)
+        if cls is not None:
+            raise cls()
+        return text  # type: ignore[return-value]
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        self._system("nvmlSystemGetProcessName")
+        for gpu in self._gpus:
+            for proc in gpu.el.findall("processes/process_info"):
+                if (proc.findtext("pid") or "").strip() == str(pid):
+                    name = (proc.findtext("process_name") or "").strip()
+                    if name:
+                        return name
+        raise pynvml.NVMLError_NotFound()
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._system("nvmlDeviceGetCount")
+        return len(self._gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> ReplayHandle:
+        self._system("nvmlDeviceGetHandleByIndex")
+        if not isinstance(index, int) or not 0 <= index < len(self._gpus):
+            raise pynvml.NVMLError_InvalidArgument()
+        fault = self._faults.get(index)
+        if fault is not None:
+            if fault.hang_seconds > 0:
+                time.sleep(fault.hang_seconds)
+            if fault.lost and not fault.handle_ok:
+                raise pynvml.NVMLError_GpuIsLost()
+            cls = fault.errors.get("nvmlDeviceGetHandleByIndex")
+            if cls is not None:
+                raise cls()
+        return ReplayHandle(index)
+
+    # -- identity ----------------------------------------------------------------
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        return self._device("nvmlDeviceGetName", handle).text("product_name")
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return self._device("nvmlDeviceGetUUID", handle).text("uuid")
+
+    def nvmlDeviceGetSerial(self, handle: Any) -> str:
+        return self._device("nvmlDeviceGetSerial", handle).text("serial")
+
+    def nvmlDeviceGetVbiosVersion(self, handle: Any) -> str:
+        return self._device("nvmlDeviceGetVbiosVersion", handle).text("vbios_version")
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        return self._device("nvmlDeviceGetMinorNumber", handle).integer("minor_number")
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> SimpleNamespace:
+        """``busId`` from ``pci/pci_bus_id``, else the ``<gpu id=...>`` attribute (which
+        nvidia-smi sets to the same bus id; the TRIMMED dump has only the attribute)."""
+        gpu = self._device("nvmlDeviceGetPciInfo", handle)
+        node = gpu.find("pci/pci_bus_id")
+        bus_id = (node.text or "").strip() if node is not None else (gpu.el.get("id") or "")
+        cls = _status(bus_id)
+        if cls is not None:
+            raise cls()
+        m = re.match(r"^([0-9A-Fa-f]+):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])$", bus_id)
+        if not m:
+            raise ReplayFormatError(f"cannot read PCI bus id {bus_id!r}")
+        domain, bus, dev = int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16)
+
+        def _hex(path: str) -> int:
+            text = (gpu.el.findtext(path) or "").strip()
+            return int(text, 16) if re.fullmatch(r"[0-9A-Fa-f]+", text) else 0
+
+        return SimpleNamespace(
+            busId=bus_id,
+            busIdLegacy=f"{domain:04X}:{bus:02X}:{dev:02X}.{m.group(4)}",
+            domain=domain,
+            bus=bus,
+            device=dev,
+            pciDeviceId=_hex("pci/pci_device_id"),
+            pciSubSystemId=_hex("pci/pci_sub_system_id"),
+        )
+
+    # -- readings ----------------------------------------------------------------
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> SimpleNamespace:
+        """v1 (``version`` unset): ``used`` is reserved + allocated, as NVML documents.
+        v2: ``used`` and ``reserved`` apart; FunctionNotFound for a pre-v2 dump."""
+        fname = "nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo"
+        gpu = self._device(fname, handle)
+        if version:
+            if version != pynvml.nvmlMemory_v2:
+                raise pynvml.NVMLError_ArgumentVersionMismatch()
+            memory = gpu.find("fb_memory_usage")
+            if memory is not None and memory.find("reserved") is None:
+                raise pynvml.NVMLError_FunctionNotFound()
+        total = gpu.mib("fb_memory_usage/total")
+        used = gpu.mib("fb_memory_usage/used")
+        free = gpu.mib("fb_memory_usage/free")
+        try:
+            reserved = gpu.mib("fb_memory_usage/reserved")
+        except pynvml.NVMLError_NotSupported:
+            reserved = 0
+        if version:
+            return SimpleNamespace(
+                version=version, total=total, reserved=reserved, free=free, used=used
+            )
+        return SimpleNamespace(total=total, free=free, used=used + reserved)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> SimpleNamespace:
+        gpu = self._device("nvmlDeviceGetUtilizationRates", handle)
+        util = gpu.integer("utilization/gpu_util", unit="%")
+        try:
+            mem: int | None = gpu.integer("utilization/memory_util", unit="%")
+        except pynvml.NVMLError_NotSupported:
+            mem = None
+        return SimpleNamespace(gpu=util, memory=mem)
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        gpu = self._device("nvmlDeviceGetTemperature", handle)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise pynvml.NVMLError_InvalidArgument()
+        return gpu.integer("temperature/gpu_temp", unit="C")
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        """mW. v13 dumps split ``power_draw`` into average/instant; NVML's
+        ``nvmlDeviceGetPowerUsage`` is the 1 s average on newer GPUs, so that one."""
+        gpu = self._device("nvmlDeviceGetPowerUsage", handle)
+        return gpu.milliwatts(
+            "gpu_power_readings/average_power_draw",
+            "gpu_power_readings/power_draw",
+            "power_readings/power_draw",
+        )
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        gpu = self._device("nvmlDeviceGetEnforcedPowerLimit", handle)
+        return gpu.milliwatts(
+            "gpu_power_readings/current_power_limit",
+            "power_readings/enforced_power_limit",
+        )
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
+        gpu = self._device("nvmlDeviceGetPowerManagementLimit", handle)
+        return gpu.milliwatts(
+            "gpu_power_readings/current_power_limit", "power_readings/power_limit"
+        )
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
+        gpu = self._device("nvmlDeviceGetPowerManagementDefaultLimit", handle)
+        return gpu.milliwatts(
+            "gpu_power_readings/default_power_limit", "power_readings/default_power_limit"
+        )
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
+        gpu = self._device("nvmlDeviceGetClockInfo", handle)
+        tag = _CLOCK_TAGS.get(clock_type)
+        if tag is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return gpu.integer(f"clocks/{tag}", unit="MHz")
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
+        gpu = self._device("nvmlDeviceGetMaxClockInfo", handle)
+        tag = _CLOCK_TAGS.get(clock_type)
+        if tag is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return gpu.integer(f"max_clocks/{tag}", unit="MHz")
+
+    def nvmlDeviceGetPerformanceState(self, handle: Any) -> int:
+        text = self._device("nvmlDeviceGetPerformanceState", handle).text("performance_state")
+        m = re.fullmatch(r"P(\d+)", text)
+        if not m:
+            raise ReplayFormatError(f"cannot read performance_state {text!r}")
+        return int(m.group(1))
+
+    def _reasons(self, gpu: _Gpu, container: ET.Element) -> int:
+        mask = 0
+        for child in container:
+            suffix = re.sub(r"^clocks_(?:event|throttle)_reason_", "", child.tag)
+            bit = _REASON_BITS.get(suffix)
+            if bit is None:
+                continue
+            text = (child.text or "").strip()
+            if _status(text) is not None:
+                continue
+            if _bool_feature(text):
+                mask |= bit
+        return mask
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        gpu = self._device("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        node = gpu.find("clocks_event_reasons")
+        if node is None:
+            if gpu.find("clocks_throttle_reasons") is not None:
+                raise pynvml.NVMLError_FunctionNotFound()  # driver before the rename
+            raise pynvml.NVMLError_NotSupported()
+        return self._reasons(gpu, node)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
+        gpu = self._device("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        node = gpu.find("clocks_throttle_reasons")
+        if node is None:
+            node = gpu.find("clocks_event_reasons")
+        if node is None:
+            raise pynvml.NVMLError_NotSupported()
+        return self._reasons(gpu, node)
+
+    # -- PCIe --------------------------------------------------------------------
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:
+        gpu = self._device("nvmlDeviceGetCurrPcieLinkGeneration", handle)
+        return gpu.integer("pci/pci_gpu_link_info/pcie_gen/current_link_gen")
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:
+        gpu = self._device("nvmlDeviceGetMaxPcieLinkGeneration", handle)
+        return gpu.integer("pci/pci_gpu_link_info/pcie_gen/max_link_gen")
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int:
+        gpu = self._device("nvmlDeviceGetCurrPcieLinkWidth", handle)
+        return gpu.link_width("pci/pci_gpu_link_info/link_widths/current_link_width")
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
+        gpu = self._device("nvmlDeviceGetMaxPcieLinkWidth", handle)
+        return gpu.link_width("pci/pci_gpu_link_info/link_widths/max_link_width")
+
+    # -- memory errors -----------------------------------------------------------
+
+    def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]:
+        gpu = self._device("nvmlDeviceGetEccMode", handle)
+        current = _bool_feature(gpu.text("ecc_mode/current_ecc"))
+        try:
+            pending = _bool_feature(gpu.text("ecc_mode/pending_ecc"))
+        except pynvml.NVMLError_NotSupported:
+            pending = current
+        return [current, pending]
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
+        """Sum of the dump's counters of that kind: ``single_bit|double_bit/total``
+        (old layout) or SRAM + DRAM (``sram_uncorrectable`` or, from 535 on, its
+        ``_parity`` + ``_secded`` halves). All ``N/A`` -> NotSupported."""
+        gpu = self._device("nvmlDeviceGetTotalEccErrors", handle)
+        section = {pynvml.NVML_VOLATILE_ECC: "volatile", pynvml.NVML_AGGREGATE_ECC: "aggregate"}
+        part = section.get(counter_type)
+        if part is None or error_type not in (
+            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        ):
+            raise pynvml.NVMLError_InvalidArgument()
+        corrected = error_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        if gpu.find(f"ecc_errors/{part}/single_bit") is not None:
+            paths = [f"ecc_errors/{part}/{'single_bit' if corrected else 'double_bit'}/total"]
+        elif corrected:
+            paths = [f"ecc_errors/{part}/sram_correctable", f"ecc_errors/{part}/dram_correctable"]
+        else:
+            paths = [
+                f"ecc_errors/{part}/sram_uncorrectable",
+                f"ecc_errors/{part}/sram_uncorrectable_parity",
+                f"ecc_errors/{part}/sram_uncorrectable_secded",
+                f"ecc_errors/{part}/dram_uncorrectable",
+            ]
+        total: int | None = None
+        first_error: type[pynvml.NVMLError] | None = None
+        for path in paths:
+            if gpu.find(path) is None:
+                continue
+            try:
+                value = gpu.integer(path)
+            except pynvml.NVMLError as exc:
+                first_error = first_error or type(exc)
+                continue
+            total = (total or 0) + value
+        if total is None:
+            raise (first_error or pynvml.NVMLError_NotSupported)()
+        return total
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
+        """``(corrRows, uncRows, isPending, failureOccurred)``."""
+        gpu = self._device("nvmlDeviceGetRemappedRows", handle)
+        fault = self._faults.get(handle.index)
+        if fault is not None and fault.remapped_rows is not None:
+            rr = fault.remapped_rows
+            return (
+                int(rr.get("correctable", 0)),
+                int(rr.get("uncorrectable", 0)),
+                int(bool(rr.get("pending", False))),
+                int(bool(rr.get("failure", False))),
+            )
+        node = gpu.find("remapped_rows")
+        if node is None or len(node) == 0:
+            cls = _status(node.text if node is not None else None)
+            if cls is None:
+                raise ReplayFormatError(f"cannot read remapped_rows {node!r}")
+            raise cls()
+        return (
+            gpu.integer("remapped_rows/remapped_row_corr"),
+            gpu.integer("remapped_rows/remapped_row_unc"),
+            _bool_feature(gpu.text("remapped_rows/remapped_row_pending")),
+            _bool_feature(gpu.text("remapped_rows/remapped_row_failure")),
+        )
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
+        """NVML_FEATURE_ENABLED when ``pending_retirement`` or ``pending_blacklist`` (the
+        older name of the same flag) says Yes; NotSupported when both are N/A."""
+        gpu = self._device("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        fault = self._faults.get(handle.index)
+        if fault is not None and fault.retired_pages_pending is not None:
+            return int(bool(fault.retired_pages_pending))
+        values = []
+        for tag in ("pending_retirement", "pending_blacklist"):
+            try:
+                values.append(_bool_feature(gpu.text(f"retired_pages/{tag}")))
+            except pynvml.NVMLError_NotSupported:
+                continue
+        if not values:
+            raise pynvml.NVMLError_NotSupported()
+        return pynvml.NVML_FEATURE_ENABLED if any(values) else pynvml.NVML_FEATURE_DISABLED
+
+    # -- processes ---------------------------------------------------------------
+
+    def _processes(self, fname: str, handle: Any, kind: str) -> list[SimpleNamespace]:
+        gpu = self._device(fname, handle)
+        node = gpu.find("processes")
+        if node is None:
+            raise pynvml.NVMLError_NotSupported()
+        out = []
+        for proc in node.findall("process_info"):
+            ptype = (proc.findtext("type") or "").strip().upper()
+            if kind not in ptype:
+                continue
+            pid_text = (proc.findtext("pid") or "").strip()
+            if not pid_text.isdigit():
+                raise ReplayFormatError(f"cannot read process pid {pid_text!r}")
+            mem_text = (proc.findtext("used_memory") or "").strip()
+            if _status(mem_text) is not None:
+                used: int | None = None  # pynvml maps NVML_VALUE_NOT_AVAILABLE to None
+            else:
+                m = _NUM_RE.match(mem_text)
+                if not m or m.group(2) != "MiB":
+                    raise ReplayFormatError(f"cannot read process memory {mem_text!r}")
+                used = int(round(float(m.group(1)) * _MIB))
+
+            def _uint(tag: str, p: ET.Element = proc) -> int:
+                text = (p.findtext(tag) or "").strip()
+                return int(text) if text.isdigit() else _NA_UINT
+
+            out.append(
+                SimpleNamespace(
+                    pid=int(pid_text),
+                    usedGpuMemory=used,
+                    gpuInstanceId=_uint("gpu_instance_id"),
+                    computeInstanceId=_uint("compute_instance_id"),
+                )
+            )
+        return out
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
+        """Processes whose ``type`` contains ``C`` (``C``, ``C+G``, ``M+C``)."""
+        return self._processes("nvmlDeviceGetComputeRunningProcesses", handle, "C")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
+        """Processes whose ``type`` contains ``G``."""
+        return self._processes("nvmlDeviceGetGraphicsRunningProcesses", handle, "G")
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        gpu = self._device("nvmlDeviceGetMigMode", handle)
+        current = _bool_feature(gpu.text("mig_mode/current_mig"))
+        try:
+            pending = _bool_feature(gpu.text("mig_mode/pending_mig"))
+        except pynvml.NVMLError_NotSupported:
+            pending = current
+        return [current, pending]
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def parse_replay_nvml(
+    data: bytes | str, faults: Mapping[str, Any] | None = None, *, source: str = "<memory>"
+) -> ReplayNvml:
+    """Build a :class:`ReplayNvml` from the text of a dump. See :func:`load_replay_nvml`."""
+    raw = data if isinstance(data, bytes) else data.encode("utf-8")
+    try:
+        root = ET.fromstring(raw)
+    except ET.ParseError as exc:
+        raise ReplayFormatError(
+            f"{source}: not an nvidia-smi -q -x XML dump ({exc})", _decode(raw[:RAW_LIMIT])
+        ) from None
+    if root.tag != "nvidia_smi_log":
+        raise ReplayFormatError(
+            f"{source}: root element is <{root.tag}>, expected <nvidia_smi_log>",
+            _decode(raw[:RAW_LIMIT]),
+        )
+    if root.find("gpu") is None:
+        raise ReplayFormatError(
+            f"{source}: dump has no <gpu> element (attached_gpus="
+            f"{(root.findtext('attached_gpus') or 'missing').strip()})",
+            _decode(raw[:RAW_LIMIT]),
+        )
+    return ReplayNvml(root, faults, source=source)
+
+
+def load_replay_nvml(xml_path: Path | str, faults: Mapping[str, Any] | None = None) -> ReplayNvml:
+    """Load an ``nvidia-smi -q -x`` dump (DTD v10-v13, with or without DOCTYPE) as a fake
+    ``pynvml`` module.
+
+    ``faults`` is the ``nvml:`` section of a replay scenario (see the module docstring).
+    Raises :class:`ReplayFormatError` (with ``raw``) when the file is not such a dump or
+    holds no ``<gpu>``, or when the faults are malformed; ``OSError`` when unreadable.
+    """
+    path = Path(xml_path)
+    return parse_replay_nvml(path.read_bytes(), faults, source=str(path))
