@@ -55,13 +55,16 @@ Cut output (a tool killed mid-write, a pipe closed early) is handled this way:
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hetpatrol.ascend_detail import DetailReader
 from hetpatrol.collector import STATE_ABSENT, Collector, CollectorError, CollectResult
 from hetpatrol.schema import CardRecord, ProcessInfo, normalize_bus_id
 from hetpatrol.tool import ReplayTool, ToolOutput, run_tool
@@ -132,7 +135,10 @@ class NpuChip:
     ``"temp": "cut"``...). ``phy_id`` is the ``Phy-ID`` column (A3), ``device_id`` the
     ``Device`` column (310 family); both ``None`` when not shown or when the header rows
     are missing. ``hbm_*`` are ``None`` on cards without an HBM column (DDR only).
-    ``complete`` is False when either row was missing or cut (see module doc).
+    ``complete`` is False when either row was missing or cut (see module doc), or was
+    damaged: a value cell holding something that is neither a number nor ``NA``/``-``,
+    more values than columns, a Chip ID that is not a number, a Bus-Id that is not one
+    (``damage`` then says what). Such a chip is never reported healthy.
     """
 
     npu_id: int
@@ -153,6 +159,7 @@ class NpuChip:
     hbm_total_mib: int | None = None
     complete: bool = True
     raw_values: dict[str, str] = field(default_factory=dict)
+    damage: str | None = None
 
 
 @dataclass
@@ -283,6 +290,15 @@ def _column_key(title: str) -> str:
 
 def _column_kind(key: str) -> str:
     return _COLUMNS.get(key, "pair" if "usage" in key.lower() else "scalar")
+
+
+@functools.lru_cache(maxsize=64)
+def _columns_by_kind(cols: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(scalar columns, pair columns) of a header, in order; once per layout."""
+    return (
+        tuple(c for c in cols if _column_kind(c) == "scalar"),
+        tuple(c for c in cols if _column_kind(c) == "pair"),
+    )
 
 
 @dataclass
@@ -450,6 +466,7 @@ class _Parser:
         toks = row.tokens(2)
         if toks is not None and row.complete:
             self.line1_cols = [_column_key(t) for t in toks]
+            self.unknown_columns(self.line1_cols)
 
     def on_header2(self, row: _Row) -> None:
         self.section = "devices"
@@ -461,6 +478,12 @@ class _Parser:
         if toks is not None and row.complete:
             self.line2_cols = [_column_key(t) for t in toks]
             self.info.has_hbm_column = "hbm" in self.line2_cols
+            self.unknown_columns(self.line2_cols)
+
+    def unknown_columns(self, cols: list[str]) -> None:
+        for key in cols:
+            if key not in _COLUMNS:  # a new or damaged title: its values are not read
+                self.problem(f"unknown column {key[:30]!r}: its values are not read")
 
     def on_process_header(self, row: _Row) -> None:
         self.flush_pending("chip row (line 2) missing")
@@ -545,6 +568,7 @@ class _Parser:
         if hp is not None:
             chip.hugepages_used, chip.hugepages_total = hp
         self.extra_cells(row, no)
+        self.check_damage(chip, no)
         return chip
 
     def parse_line2(self, chip: NpuChip, row: _Row, no: int) -> None:
@@ -555,6 +579,7 @@ class _Parser:
         chip.chip_id = _int(first[0]) if first else None
         if chip.chip_id is None and row.complete:
             self.problem(f"line {no}: NPU {chip.npu_id}: no Chip ID")
+            chip.damage = chip.damage or f"no Chip ID in {' '.join(first)[:20]!r}"
         if len(first) >= 2:
             second = _int(first[1])
             label = (self.info.chip_id_label or "").lower()
@@ -566,6 +591,9 @@ class _Parser:
             chip.bus_id = " ".join(row.cells[1].split()) or None
             if chip.bus_id is None:
                 chip.raw_values["bus_id"] = ""
+            elif chip.bus_id not in _NA and not _BUS_RE.fullmatch(chip.bus_id):
+                chip.raw_values["bus_id"] = chip.bus_id[:40]  # not a bus id: damaged
+                chip.bus_id = None
         cols = self.line2_cols or _DEFAULT_LINE2
         values = self.values(row, 2, cols, chip, no)
         chip.aicore_percent = values.get("aicore")
@@ -576,6 +604,20 @@ class _Parser:
         if hbm is not None:
             chip.hbm_used_mib, chip.hbm_total_mib = hbm
         self.extra_cells(row, no)
+        self.check_damage(chip, no)
+
+    def check_damage(self, chip: NpuChip, no: int) -> None:
+        """A complete row whose cells could not all be read is damaged, not complete."""
+        bad = [
+            f"{COLUMN_TITLES.get(k, k)} {v!r}"
+            for k, v in chip.raw_values.items()
+            if v not in _NA and v != "cut" and (k in _COLUMNS or k == "bus_id")
+        ]
+        if bad:
+            chip.damage = chip.damage or "unreadable " + ", ".join(bad)
+        if chip.damage and chip.complete:
+            chip.complete = False
+            self.problem(f"line {no}: NPU {chip.npu_id}: row damaged: {chip.damage}")
 
     def extra_cells(self, row: _Row, no: int) -> None:
         if len(row.cells) > 3:
@@ -590,13 +632,18 @@ class _Parser:
             for key in cols:
                 chip.raw_values[key] = "cut" if not row.complete else "missing"
             return out
-        text = _SLASH_RE.sub("/", row.cells[idx])
-        toks = text.split()
-        scalars = [t for t in toks if "/" not in t]
-        pairs = [t for t in toks if "/" in t]
-        want_s = [c for c in cols if _column_kind(c) == "scalar"]
-        want_p = [c for c in cols if _column_kind(c) == "pair"]
+        text = row.cells[idx]
+        if "/" in text:
+            text = _SLASH_RE.sub("/", text)
+        scalars: list[str] = []
+        pairs: list[str] = []
+        for tok in text.split():
+            (pairs if "/" in tok else scalars).append(tok)
+        want_s, want_p = _columns_by_kind(tuple(cols))
         for key, tok in zip(want_s, scalars, strict=False):
+            if key not in _COLUMNS:
+                chip.raw_values[key] = tok
+                continue
             value = _float(tok)
             if value is None:
                 chip.raw_values[key] = tok
@@ -604,6 +651,9 @@ class _Parser:
                     self.problem(f"line {no}: {COLUMN_TITLES.get(key, key)}: {tok[:20]!r}")
             out[key] = value
         for key, tok in zip(want_p, pairs, strict=False):
+            if key not in _COLUMNS:
+                chip.raw_values[key] = tok
+                continue
             pair = _pair(tok)
             if pair is None or None in pair:
                 chip.raw_values[key] = tok
@@ -619,6 +669,7 @@ class _Parser:
                 chip.raw_values.setdefault(key, "missing")
         if len(scalars) > len(want_s) or len(pairs) > len(want_p):
             self.problem(f"line {no}: more values than columns: {text.strip()[:80]!r}")
+            chip.damage = chip.damage or f"more values than columns: {text.strip()[:40]!r}"
         return out
 
     # -- process rows
@@ -749,7 +800,11 @@ class AscendCollector(Collector):
     Options (config section ``collectors.ascend``):
 
     - ``command``: argv list (or a shell-quoted string), default ``["npu-smi", "info"]``;
-    - ``timeout_seconds``: default 10; the tool's process group is killed after it.
+    - ``timeout_seconds``: default 10; the tool's process group is killed after it;
+    - ``detail``, ``detail_interval_seconds``, ``detail_timeout_seconds``,
+      ``detail_budget_seconds``, ``hccn_tool``: the slower detail commands
+      (``npu-smi info -t health``, ``hccn_tool``), see
+      :class:`hetpatrol.ascend_detail.DetailReader`.
 
     ``runner`` (``(argv, timeout_seconds) -> ToolOutput``) is :func:`run_tool`, or
     :meth:`ReplayTool.run` when ``replay_dir`` is set; tests may replace it.
@@ -767,6 +822,10 @@ class AscendCollector(Collector):
         self.runner: Runner = (
             ReplayTool(self.replay_dir).run if self.replay_dir is not None else run_tool
         )
+        # the detail commands go through self.runner too (tests may replace it)
+        self.detail = DetailReader(
+            self.options, self.command, lambda argv, timeout: self.runner(argv, timeout)
+        )
 
     def collect(self) -> CollectResult:
         """Run ``npu-smi info`` once and turn each chip into a record.
@@ -778,6 +837,7 @@ class AscendCollector(Collector):
         ``state="ok"`` with ``raw`` kept and ``error`` saying what was cut.
         """
         argv = self.command
+        started = time.monotonic()
         try:
             out = self.runner(argv, self.timeout_seconds)
         except FileNotFoundError as exc:
@@ -808,6 +868,8 @@ class AscendCollector(Collector):
                 return self._absent(raw)
             raise CollectorError(str(exc), raw=raw) from exc
         result = CollectResult(collector=self.name, records=self.records_from(info))
+        # detail commands only while they cannot push this collect past its timeout
+        self.detail.attach(result.records, deadline=started + self.timeout_seconds - 1.0)
         if info.truncated or info.problems:
             result.raw = raw
             note = "npu-smi info output truncated" if info.truncated else "npu-smi info"
@@ -851,7 +913,8 @@ def _record(info: NpuSmiInfo, chip: NpuChip, chips_per_npu: int, has_phy: bool) 
     src = "npu-smi info "
     if not chip.complete:
         rec.read_ok = False
-        rec.add_error("npu-smi info", "table row cut or missing: chip not fully read")
+        why = f"table row damaged: {chip.damage}" if chip.damage else "table row cut or missing"
+        rec.add_error("npu-smi info", f"{why}: chip not fully read")
     raw = chip.raw_values
 
     def column_error(key: str, reason: str | None = None) -> None:
@@ -869,12 +932,16 @@ def _record(info: NpuSmiInfo, chip: NpuChip, chips_per_npu: int, has_phy: bool) 
         rec.utilization_ratio = chip.aicore_percent / 100.0
     elif chip.aicore_percent is not None:
         column_error("aicore", f"{chip.aicore_percent:g} out of 0..100")
-    # Memory: HBM when that column exists with a total, else DDR (Memory-Usage).
+    # Memory: HBM when that column exists with a total, else DDR (Memory-Usage). A usage
+    # column whose title is not understood may be the HBM one: then no DDR stand-in.
+    unknown_usage = [k for k, v in raw.items() if k not in _COLUMNS and "/" in v]
     if chip.hbm_total_mib:
         rec.memory_kind = "hbm"
         rec.memory_total_bytes = chip.hbm_total_mib * MIB
         if chip.hbm_used_mib is not None:
             rec.memory_used_bytes = chip.hbm_used_mib * MIB
+    elif unknown_usage:
+        rec.add_error(src + "memory", f"not read: column {unknown_usage[0][:30]!r} not understood")
     elif chip.memory_total_mib:
         rec.memory_kind = "ddr"
         rec.memory_total_bytes = chip.memory_total_mib * MIB
@@ -885,6 +952,9 @@ def _record(info: NpuSmiInfo, chip: NpuChip, chips_per_npu: int, has_phy: bool) 
     for key in ("temp", "hugepages", "bus_id", "aicore", "hbm"):
         if key in raw:
             column_error(key)
+    for key, value in raw.items():
+        if key not in _COLUMNS and key != "bus_id":
+            rec.add_error(src + key, f"column not understood: {value[:20]!r} not read")
     if "memory" in raw and rec.memory_kind == "ddr":
         column_error("memory")
     if info.processes_known(chip.npu_id):

@@ -63,12 +63,19 @@ the identity calls (name, UUID, serial, PCI info, VBIOS, max PCIe link) and the 
 version are read once per NVML session and cached, so a steady patrol costs
 ``1 + 16 x GPUs`` calls at most (ECC enabled, no fallback), ``1 + 11 x GPUs`` for
 consumer cards without ECC. A lost GPU costs one call per patrol.
+
+NVLink (``links``): ``nvmlDeviceGetNvLinkState`` and four
+``nvmlDeviceGetNvLinkErrorCounter`` calls (DL replay, recovery, CRC flit, CRC data) per
+link, at most every ``collectors.nvidia.nvlink_interval_seconds`` (60; the last read is
+attached in between; ``nvlink: false`` switches it off). A GPU whose link 0 answers
+NotSupported (PCIe cards) costs one call per NVML session.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -89,7 +96,9 @@ from hetpatrol.collector import (
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import HEALTH_CRITICAL, CardRecord, Finding, ProcessInfo, normalize_bus_id
 
-from .nvml_replay import ReplayFormatError, ReplayNvml, load_replay_nvml
+# The NVML replay (and the XML parser under it) is imported only when a replay is used:
+# a daemon on a real node never loads it.
+_REPLAY_MODULE = __name__.rpartition(".")[0] + ".nvml_replay"
 
 __all__ = [
     "VENDOR_HEALTH",
@@ -111,6 +120,14 @@ VENDOR_HEALTH = (VH_GPU_IS_LOST, VH_RESET_REQUIRED, VH_UNKNOWN_ERROR)
 _VH_RANK = {None: 0, VH_UNKNOWN_ERROR: 1, VH_RESET_REQUIRED: 2, VH_GPU_IS_LOST: 3}
 
 REPLAY_XML = "nvidia-smi-q.xml"
+
+#: NVLink DL error counters read per link (name in the record, NVML counter).
+_NVLINK_COUNTERS = (
+    ("replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+    ("recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+    ("crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+    ("crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+)
 
 _MISSING = object()
 
@@ -203,8 +220,11 @@ class _Reader:
         ``_CardGone`` after GpuIsLost/ResetRequired. FunctionNotFound propagates when
         ``fallback=True`` is passed so the caller can use the older call."""
         fallback = kwargs.pop("fallback", False)
+        quiet = kwargs.pop("quiet", ())  # exceptions the caller handles itself
         try:
             return fn(*args, **kwargs)
+        except quiet:
+            raise
         except pynvml.NVMLError_FunctionNotFound:
             if fallback:
                 raise
@@ -223,6 +243,13 @@ class _Reader:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error entry
             self.error(source, _error_name(exc))
         return _MISSING
+
+
+def _is_replay(nvml: Any) -> bool:
+    """True when ``nvml`` is a :class:`~hetpatrol.collectors.nvml_replay.ReplayNvml`
+    (never when the replay module was not even imported)."""
+    replay = sys.modules.get(_REPLAY_MODULE)
+    return replay is not None and isinstance(nvml, replay.ReplayNvml)
 
 
 def _psutil_process_name(pid: int) -> str | None:
@@ -259,6 +286,8 @@ class NvidiaCollector(Collector):
         self.nvml: Any = nvml
         self._nvml_given = nvml is not None
         self._process_namer = process_namer
+        self._nvlink_on = bool(self.options.get("nvlink", True))
+        self._nvlink_interval = float(self.options.get("nvlink_interval_seconds", 60))
         self._lock = threading.Lock()
         self._initialized = False
         self._reset_session()
@@ -273,8 +302,12 @@ class NvidiaCollector(Collector):
         self._memory_v1 = False  # nvmlDeviceGetMemoryInfo_v2 not in this driver
         self._throttle_reasons = False  # nvmlDeviceGetCurrentClocksEventReasons missing
         self._no_remap_fn = False  # nvmlDeviceGetRemappedRows missing
+        self._nvlink_cache: dict[int, tuple[float, list[dict[str, Any]]]] = {}
+        self._no_nvlink: set[int] = set()  # link 0 NotSupported: no NVLink on this GPU
 
     def _load_replay(self) -> CollectResult | None:
+        from .nvml_replay import ReplayFormatError, load_replay_nvml
+
         assert self.replay_dir is not None
         xml = self.replay_dir / REPLAY_XML
         if not xml.is_file():
@@ -399,7 +432,7 @@ class NvidiaCollector(Collector):
                 self._driver_error = _error_name(exc)
         namer = self._process_namer
         if namer is None:
-            namer = self._replay_namer if isinstance(nvml, ReplayNvml) else _psutil_process_name
+            namer = self._replay_namer if _is_replay(nvml) else _psutil_process_name
         records = [self._read_card(nvml, index, namer) for index in range(count)]
         return CollectResult(self.name, records=records, state=STATE_OK)
 
@@ -521,6 +554,60 @@ class NvidiaCollector(Collector):
         if value is not _MISSING:
             reader.record.counters["clocks_event_reasons"] = int(value)
 
+    def _nvlink(self, nvml: Any, handle: Any, reader: _Reader) -> None:
+        """NVLink state and DL error counters of every link, at most every
+        ``nvlink_interval_seconds`` (up to 18 links x 5 calls); the last read is attached
+        to the record in between. A GPU whose link 0 answers NotSupported has no NVLink
+        (PCIe cards): it is not asked again in this NVML session and gets no links."""
+        rec = reader.record
+        if not self._nvlink_on or rec.index in self._no_nvlink:
+            return
+        now = time.monotonic()
+        cached = self._nvlink_cache.get(rec.index)
+        if cached is not None and now - cached[0] < self._nvlink_interval:
+            rec.links = [dict(link) for link in cached[1]]
+            return
+        quiet = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        links: list[dict[str, Any]] = []
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = reader.call(
+                    "nvmlDeviceGetNvLinkState",
+                    nvml.nvmlDeviceGetNvLinkState,
+                    handle,
+                    link,
+                    quiet=quiet,
+                )
+            except quiet:
+                break  # past the last link (or no NVLink at all)
+            entry: dict[str, Any] = {
+                "kind": "nvlink",
+                "link": link,
+                "state": None
+                if state is _MISSING
+                else ("up" if int(state) == pynvml.NVML_FEATURE_ENABLED else "down"),
+                "ts": stamp,
+            }
+            counters: dict[str, int] = {}
+            for name, counter in _NVLINK_COUNTERS:
+                value = reader.call(
+                    "nvmlDeviceGetNvLinkErrorCounter",
+                    nvml.nvmlDeviceGetNvLinkErrorCounter,
+                    handle,
+                    link,
+                    counter,
+                )
+                if value is not _MISSING:
+                    counters[name] = int(value)
+            entry["counters"] = counters
+            links.append(entry)
+        if not links:
+            self._no_nvlink.add(rec.index)
+            return
+        self._nvlink_cache[rec.index] = (now, links)
+        rec.links = [dict(link) for link in links]
+
     def _memory_errors(self, nvml: Any, handle: Any, reader: _Reader) -> None:
         rec = reader.record
         call = reader.call
@@ -605,6 +692,7 @@ class NvidiaCollector(Collector):
             rec.clock_sm_hertz = float(clock) * 1e6
         self._clock_reasons(nvml, handle, reader)
         self._memory_errors(nvml, handle, reader)
+        self._nvlink(nvml, handle, reader)
         gen = call(
             "nvmlDeviceGetCurrPcieLinkGeneration", nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle
         )

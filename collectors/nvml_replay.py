@@ -39,6 +39,8 @@ Faults (the ``nvml:`` section of a replay scenario, see :func:`load_replay_nvml`
       6: {errors: {nvmlDeviceGetPowerUsage: NotSupported}}
       7: {xml_overrides: {"temperature/gpu_temp": "95 C", "utilization/gpu_util": null}}
       0: {hang_seconds: 2.5}            # every call on this GPU sleeps first (a dying GPU)
+      2: {nvlink: {links: 18, down: [7], errors: {7: {crc_flit: 240}}}}
+    nvlink: {links: 18}                 # every GPU: 18 NVLink links up (else NotSupported)
 
 A lost GPU fails at ``nvmlDeviceGetHandleByIndex`` by default because that is what real
 NVML does: ``nvmlDeviceGetHandleByIndex_v2`` documents ``NVML_ERROR_GPU_IS_LOST``, and
@@ -158,6 +160,7 @@ _FAULT_KEYS = {
     "errors",
     "xml_overrides",
     "hang_seconds",
+    "nvlink",
 }
 
 
@@ -171,6 +174,7 @@ class _GpuFault:
     errors: dict[str, type[pynvml.NVMLError]] = field(default_factory=dict)
     xml_overrides: dict[str, Any] = field(default_factory=dict)
     hang_seconds: float = 0.0
+    nvlink: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -200,10 +204,18 @@ class _Gpu:
 
     def __init__(self, element: ET.Element):
         self.el = element
+        # path -> element (or None). ElementPath lookups dominate the replay's cost; the
+        # tree is not changed once calls start (xml_overrides are applied when the
+        # ReplayNvml is built, before any call), so each path is looked up once.
+        self._found: dict[str, ET.Element | None] = {}
 
     def find(self, *paths: str) -> ET.Element | None:
+        found = self._found
         for path in paths:
-            node = self.el.find(path)
+            try:
+                node = found[path]
+            except KeyError:
+                node = found[path] = self.el.find(path)
             if node is not None:
                 return node
         return None
@@ -276,7 +288,7 @@ def _parse_faults(faults: Mapping[str, Any] | None) -> tuple[Any, dict, dict[int
         return None, {}, {}
     if not isinstance(faults, Mapping):
         raise ReplayFormatError(f"nvml faults must be a mapping, got {type(faults).__name__}")
-    unknown = set(faults) - {"init_error", "errors", "gpus"}
+    unknown = set(faults) - {"init_error", "errors", "gpus", "nvlink"}
     if unknown:
         raise ReplayFormatError(f"unknown nvml fault keys: {sorted(unknown)}")
     init_error = faults.get("init_error")
@@ -307,8 +319,38 @@ def _parse_faults(faults: Mapping[str, Any] | None) -> tuple[Any, dict, dict[int
             errors={fn: nvml_error_class(err) for fn, err in (spec.get("errors") or {}).items()},
             xml_overrides=dict(overrides),
             hang_seconds=float(spec.get("hang_seconds", 0.0) or 0.0),
+            nvlink=_parse_nvlink(spec.get("nvlink"), f"gpu {index}: nvlink"),
         )
     return init_cls, sys_errors, gpus
+
+
+_NVLINK_COUNTERS = {
+    pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+    pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+}
+
+
+def _parse_nvlink(spec: Any, where: str) -> dict[str, Any] | None:
+    """``{links: N, down: [link...], errors: {link: {replay|recovery|crc_flit|crc_data: n}}}``."""
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping) or set(spec) - {"links", "down", "errors"}:
+        raise ReplayFormatError(f"{where}: expected {{links, down, errors}}, got {spec!r}")
+    try:
+        links = int(spec.get("links", 0))
+        down = {int(x) for x in spec.get("down") or ()}
+        errors = {
+            int(k): {str(n): int(v) for n, v in (c or {}).items()}
+            for k, c in (spec.get("errors") or {}).items()
+        }
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ReplayFormatError(f"{where}: {exc}") from None
+    bad = {n for c in errors.values() for n in c} - set(_NVLINK_COUNTERS.values())
+    if bad or not 0 <= links <= pynvml.NVML_NVLINK_MAX_LINKS:
+        raise ReplayFormatError(f"{where}: bad links or counters {sorted(bad) or links}")
+    return {"links": links, "down": down, "errors": errors}
 
 
 class ReplayNvml:
@@ -334,6 +376,7 @@ class ReplayNvml:
         self._init_error = init_cls
         self._sys_errors = sys_errors
         self._faults = gpu_faults
+        self._nvlink_default = _parse_nvlink((faults or {}).get("nvlink"), "nvlink")
         self._refcount = 0
         self.calls: dict[str, int] = {}
         for index, fault in gpu_faults.items():
@@ -765,6 +808,34 @@ class ReplayNvml:
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
         """Processes whose ``type`` contains ``G``."""
         return self._processes("nvmlDeviceGetGraphicsRunningProcesses", handle, "G")
+
+    # -- NVLink ------------------------------------------------------------------
+    # nvidia-smi -q -x has no NVLink section, so the links come from the scenario's
+    # ``nvlink`` faults (reference: `nvidia-smi nvlink -s` shows 18 links per H100, 12
+    # per A100); without them every GPU answers NotSupported, like a PCIe card.
+
+    def _nvlink(self, fname: str, handle: Any, link: int) -> dict[str, Any]:
+        self._device(fname, handle)
+        fault = self._faults.get(handle.index)
+        spec = (fault.nvlink if fault is not None else None) or self._nvlink_default
+        if spec is None or spec["links"] == 0:
+            raise pynvml.NVMLError_NotSupported()
+        if not isinstance(link, int) or not 0 <= link < pynvml.NVML_NVLINK_MAX_LINKS:
+            raise pynvml.NVMLError_InvalidArgument()
+        if link >= spec["links"]:
+            raise pynvml.NVMLError_NotSupported()
+        return spec
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        spec = self._nvlink("nvmlDeviceGetNvLinkState", handle, link)
+        return pynvml.NVML_FEATURE_DISABLED if link in spec["down"] else pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
+        spec = self._nvlink("nvmlDeviceGetNvLinkErrorCounter", handle, link)
+        name = _NVLINK_COUNTERS.get(counter)
+        if name is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return int(spec["errors"].get(link, {}).get(name, 0))
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         gpu = self._device("nvmlDeviceGetMigMode", handle)

@@ -5,6 +5,8 @@ Commands:
   once             one patrol, printed; exit 0 ok, 1 warning, 2 critical, 3 unknown
   schema           print the JSON Schema of the JSONL lines
   validate-config  check a config file; exit 78 (EX_CONFIG) when it is bad
+  check            Slurm HealthCheckProgram: the daemon's last verdict, exit 0/1/2/3
+  status           this node at a glance, from the running daemon's state file
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from typing import Any
 
 import structlog
 
-from hetpatrol import __version__
+from hetpatrol import __version__, deep_health
 from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config
+from hetpatrol.healthcheck import add_check_parser
 from hetpatrol.patrol import Patroller, PatrolReport
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import jsonl_json_schema
+from hetpatrol.status_view import add_status_parser
 
 
 def setup_logging(fmt: str = "console", level: str = "info") -> None:
@@ -53,6 +57,8 @@ def _load(args: argparse.Namespace) -> Config:
     node = getattr(args, "node", None)
     if node is None and getattr(args, "replay", None) is not None:
         node = load_scenario(args.replay).get("node")
+    if getattr(args, "baseline", None) is not None:  # once --baseline FILE
+        config = replace(config, **deep_health.baseline_override(args.baseline))
     return replace(config, node=str(node)) if node else config
 
 
@@ -61,6 +67,12 @@ def _existing_dir(text: str) -> Path:
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: not a directory")
     return path
+
+
+def _prom_path(text: str) -> Path:
+    if not text.endswith(".prom"):
+        raise argparse.ArgumentTypeError(f"{text}: node_exporter reads only *.prom files")
+    return Path(text)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -88,6 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "listen": args.listen,
         "jsonl_path": args.jsonl_path,
         "state_path": args.state_path,
+        "textfile_path": args.textfile_path,
         "interval_seconds": args.interval,
         "node": config.node,
     }
@@ -147,6 +160,10 @@ def format_table(report: PatrolReport) -> str:
         out.append(line + (f" ({s.error})" if s.error else ""))
     for f in report.node_findings:
         out.append(f"node {f.severity}: {f.check}: {f.message}")
+    for line in report.event_lines:  # kernel log faults first read in this patrol
+        e = json.loads(line)
+        what = f"xid {e['xid']}" if e["xid"] is not None else str(e["reason"])
+        out.append(f"event {e['severity']}: {what} on {e['bus_id']} x{e['count']}")
     out.append(f"node {report.node}: {report.health.upper()} (exit {report.exit_code})")
     return "\n".join(out) + "\n"
 
@@ -164,12 +181,24 @@ def cmd_once(args: argparse.Namespace) -> int:
         doc = {
             "patrol": json.loads(report.patrol_line),
             "cards": [json.loads(line) for line in report.card_lines],
+            "events": [json.loads(line) for line in report.event_lines],
         }
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_table(report))
     return report.exit_code
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    """Record this node's driver and firmware versions per card type as a baseline."""
+    config = _load(args)
+    patroller = Patroller(config, replay_dir=args.replay)
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    return deep_health.write_baseline(report, args.write, sys.stdout, sys.stderr)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -208,13 +237,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--jsonl-path", type=Path, default=None, help="JSONL patrol log path")
     p.add_argument("--state-path", type=Path, default=None, help="state file path")
+    p.add_argument(
+        "--textfile-path",
+        type=_prom_path,
+        default=None,
+        metavar="P",
+        help="also write the metrics to P (*.prom) for node_exporter's textfile collector",
+    )
     p.add_argument("--interval", type=float, default=None, help="seconds between patrols")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("once", help="one patrol; exit 0/1/2/3 = ok/warning/critical/unknown")
     _add_common(p)
     p.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="baseline file to check against (overrides the config's baseline_file)",
+    )
     p.set_defaults(func=cmd_once)
+
+    p = sub.add_parser(
+        "baseline", help="record the driver/firmware versions per card type as a baseline file"
+    )
+    _add_common(p)
+    p.add_argument(
+        "--write",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write the baseline file here (atomically); default: print it",
+    )
+    p.set_defaults(func=cmd_baseline)
 
     p = sub.add_parser("schema", help="print the JSON Schema of the JSONL lines")
     p.set_defaults(func=cmd_schema)
@@ -222,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate-config", help="check a config file (exit 78 when bad)")
     p.add_argument("path", type=Path)
     p.set_defaults(func=cmd_validate_config)
+
+    add_check_parser(sub)
+
+    add_status_parser(sub)
     return parser
 
 

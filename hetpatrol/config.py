@@ -12,6 +12,7 @@ expression). Every error names the key path and the line of the file, e.g.::
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -23,7 +24,9 @@ from typing import Any
 import jsonschema
 import yaml
 
+from hetpatrol import deep_health
 from hetpatrol.schema import HEALTH_CRITICAL, HEALTH_WARNING, SEVERITY_INFO
+from hetpatrol.slurm.settings import SLURM_SCHEMA, SlurmSettings, build_slurm_settings
 
 EX_CONFIG = 78
 
@@ -64,6 +67,7 @@ _THRESHOLD = {
 }
 _SEVERITY = {"enum": [SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL]}
 _THRESHOLDS = {k: _THRESHOLD for k in THRESHOLD_KEYS} | {k: _SEVERITY for k in STATE_CHECK_KEYS}
+_THRESHOLDS |= deep_health.PROFILE_SCHEMA  # baseline, clock events, PCIe, NVLink, RoCE...
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -74,6 +78,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "recovery_patrols": {"type": "integer", "minimum": 1},
         "listen": {"type": ["string", "null"]},
         "state_path": {"type": ["string", "null"]},
+        "textfile_path": {"type": ["string", "null"], "pattern": "\\.prom$"},
         "jsonl": {
             "type": "object",
             "additionalProperties": False,
@@ -99,6 +104,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
             },
         },
         "defaults": {"type": "object", "additionalProperties": False, "properties": _THRESHOLDS},
+        "slurm": SLURM_SCHEMA,
+        **deep_health.TOP_SCHEMA,  # kernel_log, baseline_file, environment
         "profiles": {
             "type": "array",
             "items": {
@@ -143,6 +150,7 @@ class Profile:
     gres_type: str | None = None
     thresholds: dict[str, Threshold] = field(default_factory=dict)
     state_checks: dict[str, str] = field(default_factory=dict)
+    deep: deep_health.DeepThresholds = deep_health.DeepThresholds()
 
     def matches(self, vendor: str, card_type: str | None, model: str | None) -> bool:
         """True when this profile applies to a card of that vendor, type and model name."""
@@ -176,8 +184,15 @@ class Config:
     jsonl_max_bytes: int = 100 * 1024 * 1024
     jsonl_backups: int = 5
     state_path: Path | None = None
+    textfile_path: Path | None = None
     collectors: tuple[CollectorConfig, ...] = ()
     profiles: tuple[Profile, ...] = ()
+    slurm: SlurmSettings = SlurmSettings()
+    kernel_log: deep_health.KernelLogRules = deep_health.KernelLogRules()
+    environment: deep_health.EnvironmentSettings = deep_health.EnvironmentSettings()
+    #: expected versions per (vendor, card type) from ``baseline_file``
+    baselines: deep_health.BaselineTable = field(default_factory=dict)
+    baseline_file: Path | None = None
 
     def profile_for(self, vendor: str, card_type: str | None, model: str | None) -> Profile:
         """The first profile that applies; a built-in empty one when none does."""
@@ -209,6 +224,67 @@ def expand_path(text: str) -> Path:
     return Path(os.path.expanduser(_VAR_RE.sub(sub, text)))
 
 
+#: YAML tags a mapping key may have: a string, or the merge key ``<<``.
+_KEY_TAGS = ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")
+#: Deepest nesting a config may have (the schema needs 5 levels).
+MAX_DEPTH = 32
+
+
+def _yaml_error_line(exc: yaml.YAMLError, text: str) -> int | None:
+    """1-based line of a YAML error (reader errors carry a character position)."""
+    for attr in ("problem_mark", "context_mark"):
+        mark = getattr(exc, attr, None)
+        if mark is not None:
+            return mark.line + 1
+    position = getattr(exc, "position", None)
+    if isinstance(position, int):
+        return text.count("\n", 0, position) + 1
+    return None
+
+
+def _check_structure(text: str, src: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` and self-referencing aliases.
+
+    Runs over the parser's events (iterative), before the recursive composer could hit
+    Python's recursion limit on such input. Raises ``yaml.YAMLError`` for bad syntax.
+    """
+    open_anchors: list[str | None] = []
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_anchors.append(event.anchor)
+            if len(open_anchors) > MAX_DEPTH:
+                raise ConfigError(
+                    f"nested deeper than {MAX_DEPTH} levels",
+                    path=src,
+                    line=event.start_mark.line + 1,
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            open_anchors.pop()
+        elif isinstance(event, yaml.AliasEvent) and event.anchor in open_anchors:
+            raise ConfigError(
+                f"alias *{event.anchor} refers to a node that contains it",
+                path=src,
+                line=event.start_mark.line + 1,
+            )
+
+
+def _check_numbers(value: Any, path: tuple, src: str, lines: dict) -> None:
+    """Refuse NaN and infinities (``.nan``, ``.inf``) anywhere: no setting means them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(
+            f"{value} is not a finite number",
+            path=src,
+            line=_line_for(lines, path),
+            key=_fmt_path(path),
+        )
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_numbers(v, (*path, k), src, lines)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_numbers(v, (*path, i), src, lines)
+
+
 def _line_map(
     node: yaml.Node, path: tuple = (), out: dict | None = None, src: str = ""
 ) -> dict[tuple, int]:
@@ -219,6 +295,14 @@ def _line_map(
     if isinstance(node, yaml.MappingNode):
         seen: set = set()
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag not in _KEY_TAGS:
+                shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else "<complex>"
+                raise ConfigError(
+                    f"key {shown!r} is not a string (quote it)",
+                    path=src,
+                    line=key_node.start_mark.line + 1,
+                    key=_fmt_path((*path, str(shown))),
+                )
             key = key_node.value
             if key in seen:
                 raise ConfigError(
@@ -264,22 +348,30 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     src = str(src_path)
     if text is None:
         try:
-            text = src_path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            raw = src_path.read_bytes()
+        except OSError as exc:
             raise ConfigError(f"cannot read: {exc}", path=src) from exc
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw.count(b"\n", 0, exc.start) + 1
+            raise ConfigError(f"not UTF-8: {exc.reason}", path=src, line=line) from exc
     try:
+        _check_structure(text, src)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = getattr(exc, "problem", None) or str(exc).split("\n")[0]
+        line = _yaml_error_line(exc, text)
         raise ConfigError(f"invalid YAML: {problem}", path=src, line=line) from exc
+    except RecursionError as exc:  # guard: _check_structure bounds the depth first
+        raise ConfigError("invalid YAML: nested too deeply", path=src) from exc
     if data is None:
         data = {}
     lines = _line_map(node, src=src) if node is not None else {}
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping of keys", path=src, line=1)
+    _check_numbers(data, (), src, lines)
 
     validator = jsonschema.Draft202012Validator(CONFIG_SCHEMA)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
@@ -367,6 +459,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
                 gres_type=p.get("gres_type"),
                 thresholds=thresholds,
                 state_checks=states,
+                deep=deep_health.build_thresholds(defaults, p),
             )
         )
 
@@ -390,6 +483,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
     jsonl = data.get("jsonl") or {}
     jsonl_path = jsonl.get("path")
     state_path = data.get("state_path")
+    textfile_path = data.get("textfile_path")
     return Config(
         source=src,
         node=data.get("node") or socket.gethostname().split(".")[0],
@@ -400,8 +494,11 @@ def _build(data: dict, src: str, lines: dict) -> Config:
         jsonl_max_bytes=int(jsonl.get("max_bytes", 100 * 1024 * 1024)),
         jsonl_backups=int(jsonl.get("backups", 5)),
         state_path=expand_path(state_path) if state_path else None,
+        textfile_path=expand_path(textfile_path) if textfile_path else None,
         collectors=tuple(collectors),
         profiles=tuple(profiles),
+        slurm=build_slurm_settings(data.get("slurm"), expand_path),
+        **deep_health.build_config_fields(data, src, lines),
     )
 
 

@@ -6,6 +6,9 @@
   no line is torn), the sinks close, exit code 0.
 - SIGHUP: reload the configuration; a reload that fails keeps the running one, says
   why, and counts it. The JSONL file is reopened too (external logrotate).
+- systemd (``Type=notify``): ``READY=1`` after the first patrol, ``RELOADING=1`` /
+  ``READY=1`` around a reload, ``STOPPING=1`` on shutdown, and ``WATCHDOG=1`` pings
+  while the loop keeps its deadlines (:mod:`hetpatrol.sdnotify`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from types import FrameType
 
 import structlog
 
+from hetpatrol import sdnotify
 from hetpatrol.config import Config, ConfigError, load_config, parse_listen
+from hetpatrol.exporters.failures import WriteFailures
 from hetpatrol.exporters.jsonl import JsonlSink
 from hetpatrol.exporters.prometheus import ExporterStats, Exposition, MetricsServer
-from hetpatrol.exporters.state import write_state
-from hetpatrol.patrol import Patroller, PatrolReport
+from hetpatrol.exporters.state import write_atomic, write_state
+from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
+from hetpatrol.slurm.drain import DrainPolicy
 
 log = structlog.get_logger("hetpatrol.daemon")
 
@@ -48,9 +54,19 @@ class Daemon:
         self.config = self._apply_overrides(config)
         self.replay_dir = replay_dir
         self.patroller = Patroller(self.config, replay_dir=replay_dir)
-        self.stats = ExporterStats()
+        self.stats = ExporterStats(interval_seconds=self.config.interval_seconds)
+        #: Slurm drain / resume after each report (a no-op unless slurm.drain.enabled)
+        self.drain_policy = DrainPolicy()
+        self.stats.slurm_events = self.drain_policy.counts
         self.exposition = Exposition(self._collector_names(), self.stats)
+        self.notifier = sdnotify.Notifier()
+        self.watchdog = sdnotify.Watchdog(self.notifier)
+        #: seconds a patrol may take beyond its slowest collector's timeout (process
+        #: lookup, sinks) before the watchdog stops vouching for the loop
+        self.watchdog_slack_seconds = 10.0
         self.sink = self._make_sink()
+        self._state_failures = WriteFailures("state")
+        self._textfile_failures = WriteFailures("textfile")
         self.server: MetricsServer | None = None
         self._stop = threading.Event()
         self._reload = False
@@ -106,6 +122,7 @@ class Daemon:
         if new.jsonl_path != self.config.jsonl_path and self.sink is not None:
             self.sink.close()
         self.config = new
+        self.stats.interval_seconds = new.interval_seconds
         if self.sink is None or self.sink.path != new.jsonl_path:
             self.sink = self._make_sink()
         log.info("config_reloaded", source=new.source)
@@ -113,23 +130,47 @@ class Daemon:
 
     # ---------------------------------------------------------------------- loop
     def publish(self, report: PatrolReport) -> None:
-        """Write one report to every sink, then render the exposition."""
+        """Act on the report in Slurm, write it to every sink, then render the exposition."""
+        events = self.drain_policy.on_report(report, self.config)  # JSONL event lines
         if self.sink is not None:
-            self.sink.write_lines(report.jsonl_lines())
+            self.sink.write_lines((*report.jsonl_lines(), *events))
             self.stats.jsonl_write_errors = self.sink.write_errors
             self.stats.jsonl_lines_written = self.sink.lines_written
         if self.config.state_path is not None:
             try:
                 write_state(self.config.state_path, report, self.config.interval_seconds)
-            except OSError as exc:
-                if self.stats.state_write_errors == 0:
-                    log.error(
-                        "state_write_failed", path=str(self.config.state_path), error=str(exc)
-                    )
-                self.stats.state_write_errors += 1
+            except OSError as exc:  # logged once per episode, like the JSONL sink
+                self._state_failures.failed(self.config.state_path, exc)
+                self.stats.state_write_errors = self._state_failures.errors
+            else:
+                self._state_failures.succeeded(self.config.state_path)
         self.patrols += 1
         self.last_report = report
-        self.exposition.update(report, self.patrols)
+        body = self.exposition.update(report, self.patrols)
+        if self.config.textfile_path is not None:
+            self._write_textfile(self.config.textfile_path, body)
+
+    def _write_textfile(self, path: Path, body: bytes) -> None:
+        """node_exporter textfile: the same bytes as /metrics, via ``.*.tmp`` + rename."""
+        try:
+            write_atomic(path, body)
+        except OSError as exc:  # logged once per episode, like the JSONL sink
+            self._textfile_failures.failed(path, exc)
+            self.stats.textfile_write_errors = self._textfile_failures.errors
+        else:
+            self._textfile_failures.succeeded(path)
+
+    def _patrol_budget(self) -> float:
+        """Seconds one patrol may take: slowest collector timeout + margin + slack."""
+        timeouts = [c.timeout_seconds for c in self.config.collectors if c.enabled]
+        slurm = self.config.slurm  # GRES read, drain query and update: one scontrol each
+        scontrol = 3 * slurm.timeout_seconds if slurm.enabled else 0.0
+        return (
+            max(timeouts, default=0.0)
+            + HANG_MARGIN_SECONDS
+            + self.watchdog_slack_seconds
+            + scontrol
+        )
 
     def patrol_once(self) -> PatrolReport:
         report = self.patroller.run()
@@ -153,8 +194,11 @@ class Daemon:
         )
         epoch = time.monotonic()
         slot = 0
+        self.watchdog.alive_for(self._patrol_budget())
+        self.watchdog.start()
         try:
             while True:
+                self.watchdog.alive_for(self._patrol_budget())
                 report = self.patrol_once()
                 if self.patrols == 1:
                     log.info(
@@ -163,6 +207,9 @@ class Daemon:
                         cards=len(report.cards),
                         seconds=round(report.duration_seconds, 3),
                     )
+                    self.notifier.ready(self._status_line(report))
+                elif report.changes:
+                    self.notifier.status(self._status_line(report))
                 if report.changes:
                     log.info(
                         "patrol_changes",
@@ -190,21 +237,33 @@ class Daemon:
             self.shutdown()
         return 0
 
+    @staticmethod
+    def _status_line(report: PatrolReport) -> str:
+        return f"patrol {report.seq}: {report.health}, {len(report.cards)} cards"
+
     def _wait_until(self, due: float) -> bool:
         """Sleep until ``due``; handle SIGHUP reloads. True when a stop was requested."""
         while True:
             remaining = due - time.monotonic()
+            self.watchdog.alive_until(max(due, time.monotonic()) + self._patrol_budget())
             woke = self._stop.wait(max(0.0, remaining))
             if not woke:
                 return False
             if self._reload:
                 self._reload = False
                 self._stop.clear()
+                self.notifier.reloading()
+                self.watchdog.alive_for(self._patrol_budget())
                 self.reload()
+                self.notifier.ready(
+                    self._status_line(self.last_report) if self.last_report else None
+                )
                 continue
             return True
 
     def shutdown(self) -> None:
+        self.notifier.stopping()
+        self.watchdog.stop()
         if self.server is not None:
             self.server.stop()
             self.server = None
@@ -212,3 +271,4 @@ class Daemon:
         if self.sink is not None:
             self.sink.close()
         log.info("stopped", patrols=self.patrols)
+        self.notifier.close()

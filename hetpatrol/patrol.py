@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -25,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from hetpatrol import processes
+from hetpatrol import processes, xid
 from hetpatrol.collector import (
     STATE_ABSENT,
     STATE_DISABLED,
@@ -38,6 +38,9 @@ from hetpatrol.collector import (
     load_collector,
 )
 from hetpatrol.config import Config
+from hetpatrol.environment import EnvironmentCheck
+from hetpatrol.kernel_log import KernelLogSnapshot, open_kernel_log
+from hetpatrol.nodecheck import NodeCheck, default_node_checks, run_node_check
 from hetpatrol.schema import (
     EXIT_CODES,
     HEALTH_CRITICAL,
@@ -92,7 +95,9 @@ class PatrolReport:
     """The immutable result of one patrol, read by every exporter.
 
     ``cards`` are judged records; ``card_lines``/``patrol_line`` are the JSONL lines,
-    encoded once here so every sink writes the same bytes.
+    encoded once here so every sink writes the same bytes. ``node_checks`` holds each
+    node check's summary by name (``gres``: Slurm registration vs cards), as written
+    in the patrol line.
     """
 
     seq: int
@@ -104,8 +109,13 @@ class PatrolReport:
     node_findings: tuple[Finding, ...]
     changes: tuple[dict[str, Any], ...]
     health: str
+    node_checks: Mapping[str, Any] = field(default_factory=dict, repr=False)
     card_lines: tuple[str, ...] = field(default=(), repr=False)
     patrol_line: str = field(default="", repr=False)
+    #: ``kind: "event"`` lines of the GPU faults first read from the kernel log in
+    #: this patrol (XIDs...), written after the card lines; and that log's snapshot
+    event_lines: tuple[str, ...] = field(default=(), repr=False)
+    kernel_log: KernelLogSnapshot | None = field(default=None, repr=False)
 
     @property
     def duration_seconds(self) -> float:
@@ -118,7 +128,7 @@ class PatrolReport:
 
     def jsonl_lines(self) -> tuple[str, ...]:
         """Every JSONL line of this patrol (cards then the patrol summary), with newlines."""
-        return (*self.card_lines, self.patrol_line)
+        return (*self.card_lines, *self.event_lines, self.patrol_line)
 
 
 def patrol_summary(
@@ -131,8 +141,12 @@ def patrol_summary(
     node_findings: Sequence[Finding],
     changes: Sequence[dict[str, Any]],
     health: str,
+    node_checks: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``kind: "patrol"`` line as a dict (schema ``hetpatrol.patrol/1``)."""
+    """The ``kind: "patrol"`` line as a dict (schema ``hetpatrol.patrol/1``).
+
+    ``node_checks`` adds one key per node check (``gres``).
+    """
     counts = {h: 0 for h in ("ok", "warning", "critical", "unknown")}
     for c in cards:
         counts[c.health] += 1
@@ -149,6 +163,7 @@ def patrol_summary(
         "collectors": {s.name: s.to_dict() for s in collectors},
         "findings": [f.to_dict() for f in node_findings],
         "changes": list(changes),
+        **dict(node_checks or {}),
     }
 
 
@@ -236,6 +251,9 @@ class Patroller:
     ``enrich_processes`` fills process user and Slurm job from this host (off in replay:
     recorded pids belong to another machine). ``collectors`` gives ready collector
     instances by name instead of loading the plugins the config names (tests, embedding).
+    ``node_checks`` replaces the built-in node checks (:mod:`hetpatrol.nodecheck`: the
+    Slurm GRES check, a no-op while ``slurm.enabled`` is off); they run after the
+    thresholds and the recovery hold, before the report is built.
     """
 
     def __init__(
@@ -245,8 +263,26 @@ class Patroller:
         replay_dir: Path | None = None,
         enrich_processes: bool | None = None,
         collectors: dict[str, Collector] | None = None,
+        node_checks: Sequence[NodeCheck] | None = None,
     ):
         self.config = config
+        self.node_checks = list(default_node_checks() if node_checks is None else node_checks)
+        # Kernel log (XIDs) and the environment check read this host: not for the
+        # scripted collectors of tests and embedders (``collectors`` given).
+        kl = config.kernel_log
+        self.kernel_log = (
+            open_kernel_log(
+                kl.enabled,
+                kl.path,
+                window_seconds=kl.window_seconds,
+                burst_seconds=kl.burst_seconds,
+                replay_dir=replay_dir,
+            )
+            if collectors is None
+            else None
+        )
+        if node_checks is None and collectors is None:
+            self.node_checks.append(EnvironmentCheck(replay_dir))
         self.replay_dir = replay_dir
         self.enrich_processes = replay_dir is None if enrich_processes is None else enrich_processes
         self.seq = 0
@@ -284,6 +320,8 @@ class Patroller:
     def close(self) -> None:
         for bc in self._collectors.values():
             bc.close()
+        if self.kernel_log is not None:
+            self.kernel_log.close()
 
     def run(self) -> PatrolReport:
         """Run one patrol and return its report. Never raises for vendor trouble."""
@@ -346,7 +384,24 @@ class Patroller:
             self._last_collector_state[result.collector] = result.state
         statuses.extend(CollectorStatus(n, STATE_DISABLED, 0, 0.0) for n in disabled)
 
+        kernel = xid.patrol_kernel_log(
+            self.kernel_log,
+            cards,
+            self.config.kernel_log,
+            node=self.config.node,
+            seq=self.seq,
+            ts_format=rfc3339,
+            enrich_processes=self.enrich_processes,
+        )
+        node_findings.extend(kernel.findings)
         changes.extend(self._apply_recovery(cards))
+        check_data: dict[str, Any] = {}
+        for check in self.node_checks:
+            result = run_node_check(check, cards, statuses, self.config)
+            check_data[check.name] = result.data if result is not None else None
+            if result is not None:
+                node_findings.extend(result.findings)
+        check_data["kernel_log"] = kernel.summary
         health = worst(*(c.health for c in cards), *(f.severity for f in node_findings))
         finished = time.time()
         summary = patrol_summary(
@@ -359,6 +414,7 @@ class Patroller:
             node_findings,
             changes,
             health,
+            check_data,
         )
         return PatrolReport(
             seq=self.seq,
@@ -370,8 +426,11 @@ class Patroller:
             node_findings=tuple(node_findings),
             changes=tuple(changes),
             health=health,
+            node_checks=check_data,
             card_lines=tuple(_encode(c.to_dict()) for c in cards),
             patrol_line=_encode(summary),
+            event_lines=tuple(_encode(e) for e in kernel.events),
+            kernel_log=kernel.snapshot,
         )
 
     def _records_for(self, result: CollectResult) -> list[CardRecord]:

@@ -22,6 +22,7 @@ from typing import Any
 
 CARD_SCHEMA = "hetpatrol.card/1"
 PATROL_SCHEMA = "hetpatrol.patrol/1"
+EVENT_SCHEMA = "hetpatrol.event/1"
 
 HEALTH_OK = "ok"
 HEALTH_WARNING = "warning"
@@ -166,6 +167,11 @@ class CardRecord:
     findings: list[Finding] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
+    #: interconnect links: NVLink (``kind: "nvlink"``) or the Ascend RoCE port
+    #: (``kind: "roce"``), see :func:`link_json_schema`
+    links: list[dict[str, Any]] = field(default_factory=list)
+    #: ``npu-smi info -t health``: {status, codes, info, ts}; None when not read
+    health_detail: dict[str, Any] | None = None
     read_ok: bool = True
 
     def add_error(self, source: str, error: str) -> None:
@@ -276,6 +282,16 @@ def card_json_schema() -> dict[str, Any]:
             },
         },
         "counters": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "links": {"type": "array", "items": link_json_schema()},
+        "health_detail": {
+            "type": ["object", "null"],
+            "properties": {
+                "status": {"type": ["string", "null"]},
+                "codes": {"type": "array", "items": {"type": "string"}},
+                "info": {"type": "array", "items": {"type": "string"}},
+                "ts": {"type": "string"},
+            },
+        },
     }
     return {
         "type": "object",
@@ -341,15 +357,134 @@ def patrol_json_schema() -> dict[str, Any]:
             "collectors": {"type": "object", "additionalProperties": collector},
             "findings": {"type": "array"},
             "changes": {"type": "array"},
+            "gres": gres_json_schema(),
+        },
+    }
+
+
+def gres_json_schema() -> dict[str, Any]:
+    """The ``gres`` key of the patrol line: Slurm GRES registration vs the cards.
+
+    ``null`` while ``slurm.enabled`` is off. ``source`` is where the registration was
+    read (``scontrol``, ``gres.conf``; ``null`` when it could not be read, ``error``
+    says why). One entry per (GRES name, type): registered, found, found and healthy.
+    """
+    count = {"type": "integer", "minimum": 0}
+    entry = {
+        "type": "object",
+        "required": ["name", "type", "configured", "found", "healthy"],
+        "properties": {
+            "name": {"type": "string"},
+            "type": {"type": ["string", "null"]},
+            "configured": count,
+            "found": count,
+            "healthy": count,
+        },
+    }
+    return {
+        "type": ["object", "null"],
+        "required": ["slurm_node", "source", "error", "entries"],
+        "properties": {
+            "slurm_node": {"type": "string"},
+            "source": {"enum": ["scontrol", "gres.conf", None]},
+            "error": {"type": ["string", "null"]},
+            "read_at": {"type": "number"},
+            "entries": {"type": "array", "items": entry},
+        },
+    }
+
+
+def event_json_schema() -> dict[str, Any]:
+    """JSON Schema of a ``kind: "event"`` line: a Slurm drain/resume decision.
+
+    ``event``: ``drain``, ``resume`` (done, or only logged when ``dry_run``),
+    ``drain_skipped`` / ``resume_skipped`` (someone else's reason, a state hetpatrol does
+    not act on, Slurm unreachable: ``detail`` says which), ``drain_failed`` /
+    ``resume_failed`` (scontrol update failed). ``reason`` is the drain reason set (or
+    that would be set), or why the node is resumed; ``slurm_state`` / ``slurm_reason``
+    are the node's state and reason in Slurm when the decision was made; ``command`` the
+    scontrol argv run (or that a dry run would run).
+
+    ``event`` ``xid`` / ``kernel``: a GPU fault read from the kernel log (an NVIDIA XID,
+    or a failure that prints no Xid), judged; its fields are those of
+    :func:`hetpatrol.xid.kernel_event_properties`.
+    """
+    from hetpatrol.xid import KERNEL_EVENT_REQUIRED, KERNEL_EVENTS, kernel_event_properties
+
+    nullable_string = {"type": ["string", "null"]}
+    decisions = [
+        "drain",
+        "resume",
+        "drain_skipped",
+        "resume_skipped",
+        "drain_failed",
+        "resume_failed",
+    ]
+    return {
+        "type": "object",
+        "required": ["kind", "schema", "ts", "node", "seq", "event"],
+        "allOf": [
+            {
+                "if": {"properties": {"event": {"enum": decisions}}},
+                "then": {"required": ["slurm_node", "health", "reason", "detail", "dry_run"]},
+            },
+            {
+                "if": {"properties": {"event": {"enum": list(KERNEL_EVENTS)}}},
+                "then": {"required": list(KERNEL_EVENT_REQUIRED)},
+            },
+        ],
+        "properties": {
+            **kernel_event_properties(),
+            "kind": {"const": "event"},
+            "schema": {"const": EVENT_SCHEMA},
+            "ts": {"type": "string"},
+            "node": {"type": "string"},
+            "slurm_node": {"type": "string"},
+            "seq": {"type": "integer", "minimum": 1},
+            "health": {"enum": list(HEALTH_STATES)},
+            "event": {"enum": [*decisions, *KERNEL_EVENTS]},
+            "reason": nullable_string,
+            "detail": nullable_string,
+            "dry_run": {"type": "boolean"},
+            "slurm_state": nullable_string,
+            "slurm_reason": nullable_string,
+            "command": {"type": ["array", "null"], "items": {"type": "string"}},
+        },
+    }
+
+
+def link_json_schema() -> dict[str, Any]:
+    """One entry of a card's ``links``: an NVLink link or the Ascend RoCE port.
+
+    ``state`` ``up``/``down`` (``null`` when not read); NVLink ``counters`` are the DL
+    error counters since driver load (``replay``, ``recovery``, ``crc_flit``,
+    ``crc_data``); RoCE: ``net_health`` (hccn_tool ``-net_health``), ``link_up_count``
+    and ``link_down_times`` (``-link_stat``), ``optical`` (``-optical``), ``ts`` of the
+    read (detail commands run at a slower cadence than the patrol).
+    """
+    return {
+        "type": "object",
+        "required": ["kind", "link", "state"],
+        "properties": {
+            "kind": {"enum": ["nvlink", "roce"]},
+            "link": {"type": "integer"},
+            "state": {"enum": ["up", "down", None]},
+            "counters": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "net_health": {"type": ["string", "null"]},
+            "link_up_count": {"type": ["integer", "null"]},
+            "link_down_times": {"type": "array", "items": {"type": "number"}},
+            "optical": {"type": ["object", "null"]},
+            "ts": {"type": "string"},
+            "errors": {"type": "array"},
         },
     }
 
 
 def jsonl_json_schema() -> dict[str, Any]:
-    """JSON Schema of any hetpatrol JSONL line: a card line or a patrol line."""
+    """JSON Schema of any hetpatrol JSONL line: a card, patrol or event line."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://hetpatrol.invalid/schema/jsonl-1.json",
         "title": "hetpatrol JSONL line",
-        "oneOf": [card_json_schema(), patrol_json_schema()],
+        "oneOf": [card_json_schema(), patrol_json_schema(), event_json_schema()],
     }

@@ -7,6 +7,7 @@ It never reads hardware.
 
 from __future__ import annotations
 
+from hetpatrol import deep_health
 from hetpatrol.config import Config, Profile, Threshold
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
@@ -128,6 +129,8 @@ def judge(record: CardRecord, config: Config) -> CardRecord:
     if record.gres is None:
         record.gres = profile.gres
     record.findings.extend(evaluate_card(record, profile))
+    # baseline drift, clock events, PCIe, NVLink, Ascend fault codes and RoCE
+    record.findings.extend(deep_health.evaluate(record, profile, config))
     record.health = worst(*(f.severity for f in record.findings))
     if not record.read_ok and record.health == HEALTH_OK:
         record.health = HEALTH_UNKNOWN

@@ -9,8 +9,9 @@
   ``.N``). An external logrotate that renames the file is followed: the sink notices the
   path now names another inode (or nothing) and reopens; :meth:`JsonlSink.reopen` does
   the same on SIGHUP.
-- Write failures (ENOSPC, EACCES, EROFS...) are counted, logged once per episode, and
-  writing resumes by itself when the cause is gone.
+- Write failures (ENOSPC, EACCES, EROFS...) are counted per lost line, logged once per
+  episode (:class:`~hetpatrol.exporters.failures.WriteFailures`), and writing resumes by
+  itself when the cause is gone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
+
+from hetpatrol.exporters.failures import WriteFailures
 
 log = structlog.get_logger("hetpatrol.jsonl")
 
@@ -70,13 +73,17 @@ class JsonlSink:
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.backups = backups
-        self.write_errors = 0
+        self.failures = WriteFailures("jsonl")
         self.lines_written = 0
         self.repaired_bytes = 0
         self._fd: int | None = None
         self._ino: tuple[int, int] | None = None
         self._size = 0
-        self._failing: str | None = None
+
+    @property
+    def write_errors(self) -> int:
+        """Lines that could not be written since start."""
+        return self.failures.errors
 
     # ------------------------------------------------------------------ open/close
     def _open(self) -> None:
@@ -146,20 +153,9 @@ class JsonlSink:
                 self._size += n
                 done += 1
         except OSError as exc:
-            self.write_errors += len(lines) - done
-            reason = f"{errno.errorcode.get(exc.errno or 0, 'E?')}: {exc.strerror or exc}"
-            if self._failing != reason:
-                log.error(
-                    "jsonl_write_failed",
-                    path=str(self.path),
-                    error=reason,
-                    lines_lost=len(lines) - done,
-                )
-                self._failing = reason
+            self.failures.failed(self.path, exc, len(lines) - done)
             self.close()
         else:
-            if self._failing is not None:
-                log.info("jsonl_write_resumed", path=str(self.path))
-                self._failing = None
+            self.failures.succeeded(self.path)
         self.lines_written += done
         return done

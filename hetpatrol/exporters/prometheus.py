@@ -25,6 +25,7 @@ from prometheus_client.core import (
 
 from hetpatrol import __version__
 from hetpatrol.collector import STATE_ABSENT, STATE_DISABLED, STATE_FAILED, STATE_HUNG, STATE_OK
+from hetpatrol.exporters.deep_metrics import deep_metrics
 from hetpatrol.patrol import PatrolReport
 from hetpatrol.schema import EXIT_CODES, HEALTH_STATES, CardRecord
 
@@ -50,7 +51,11 @@ class ExporterStats:
     jsonl_write_errors: int = 0
     jsonl_lines_written: int = 0
     state_write_errors: int = 0
+    textfile_write_errors: int = 0
     config_reload_failures: int = 0
+    interval_seconds: float | None = None
+    #: Slurm drain policy decisions by event (``drain``, ``resume``, ``drain_skipped``...)
+    slurm_events: dict[str, int] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -125,6 +130,12 @@ def report_metrics(
     )
     ready.add_metric([], 0 if report is None else 1)
     yield ready
+    if stats.interval_seconds is not None:
+        yield GaugeMetricFamily(
+            "hetpatrol_patrol_interval_seconds",
+            "Configured seconds between patrol starts (for staleness alerts).",
+            value=stats.interval_seconds,
+        )
     yield from _sink_metrics(stats)
 
     col_up = GaugeMetricFamily(
@@ -174,10 +185,16 @@ def report_metrics(
         "Active node-level findings (1 per check and severity).",
         labels=["check", "severity"],
     )
-    for f in report.node_findings:
-        node_find.add_metric([f.check, f.severity], 1)
+    # one series per (check, severity): two findings of one check (gres_mismatch for
+    # gpu:a100 and for ascend:910b) must not render a duplicate series, which
+    # node_exporter's textfile collector refuses and Prometheus drops
+    for check, severity in dict.fromkeys((f.check, f.severity) for f in report.node_findings):
+        node_find.add_metric([check, severity], 1)
     yield from (last, dur, node_code, node_find)
     yield from _card_metrics(report.cards)
+    yield process_memory_metric(report.cards)
+    yield from _gres_metrics(report.node_checks.get("gres"))
+    yield from deep_metrics(report)  # XIDs, kernel log, NVLink / RoCE links
 
 
 def _sink_metrics(stats: ExporterStats) -> Iterable[Metric]:
@@ -195,10 +212,24 @@ def _sink_metrics(stats: ExporterStats) -> Iterable[Metric]:
         value=stats.state_write_errors,
     )
     yield CounterMetricFamily(
+        "hetpatrol_textfile_write_errors",
+        "node_exporter textfile writes that failed.",
+        value=stats.textfile_write_errors,
+    )
+    yield CounterMetricFamily(
         "hetpatrol_config_reload_failures",
         "SIGHUP reloads refused (the running config was kept).",
         value=stats.config_reload_failures,
     )
+    if stats.slurm_events:
+        events = CounterMetricFamily(
+            "hetpatrol_slurm_events",
+            "Slurm drain policy decisions (JSONL kind=event lines), by event.",
+            labels=["event"],
+        )
+        for event, n in sorted(stats.slurm_events.items()):
+            events.add_metric([event], n)
+        yield events
 
 
 def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Metric]:
@@ -260,8 +291,8 @@ def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Metric]:
                 ecc.add_metric([*labels, kind], value)
         if rec.read_ok:
             procs.add_metric(labels, len(rec.processes))
-        for f in rec.findings:
-            finding.add_metric([*labels, f.check, f.severity], 1)
+        for check, severity in dict.fromkeys((f.check, f.severity) for f in rec.findings):
+            finding.add_metric([*labels, check, severity], 1)
         k = (rec.vendor, rec.card_type or "", rec.health)
         counts[k] = counts.get(k, 0) + 1
     by_type = GaugeMetricFamily(
@@ -272,6 +303,72 @@ def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Metric]:
     for (vendor, card_type, h), n in sorted(counts.items()):
         by_type.add_metric([vendor, card_type, h], n)
     yield from (info, health, code, *gauges.values(), ecc, procs, finding, by_type)
+
+
+#: Series of ``hetpatrol_card_process_memory_bytes`` per card: the top N (slurm_job, user)
+#: by memory, the rest summed into ``slurm_job="other", user="other"``.
+PROCESS_SERIES_PER_CARD = 5
+
+
+def process_memory_metric(
+    cards: Sequence[CardRecord], top_n: int = PROCESS_SERIES_PER_CARD
+) -> GaugeMetricFamily:
+    """Card memory held per (Slurm job, user), cardinality bounded per card.
+
+    The label is ``slurm_job``, not ``job`` (Prometheus' own target label). Processes
+    outside a job have ``slurm_job=""``, an unknown user ``user=""``; processes whose
+    memory the vendor does not report are left out (they count in
+    ``hetpatrol_card_processes``).
+    """
+    fam = GaugeMetricFamily(
+        "hetpatrol_card_process_memory_bytes",
+        f"Card memory held by processes per Slurm job and user (top {top_n} per card, "
+        'the rest summed as slurm_job="other").',
+        labels=[*CARD_LABELS, "slurm_job", "user"],
+    )
+    for rec in cards:
+        if not rec.read_ok:
+            continue
+        totals: dict[tuple[str, str], int] = {}
+        for proc in rec.processes:
+            if proc.memory_bytes is None:
+                continue
+            key = (proc.job_id or "", proc.user or "")
+            totals[key] = totals.get(key, 0) + proc.memory_bytes
+        ranked = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+        labels = card_labels(rec)
+        for (job, user), memory in ranked[:top_n]:
+            fam.add_metric([*labels, job, user], memory)
+        if len(ranked) > top_n:
+            fam.add_metric([*labels, "other", "other"], sum(m for _, m in ranked[top_n:]))
+    return fam
+
+
+def _gres_metrics(gres: dict | None) -> Iterable[Metric]:
+    """Slurm GRES registration vs cards (the ``gres`` node check); nothing while off."""
+    if gres is None:
+        return
+    up = GaugeMetricFamily(
+        "hetpatrol_gres_registration_up",
+        "1 when the Slurm GRES registration of this node could be read (scontrol or "
+        "gres.conf), 0 when not (the GRES check was skipped).",
+    )
+    up.add_metric([], 1 if gres.get("source") else 0)
+    yield up
+    labels = ["gres", "gres_type"]
+    families = {
+        key: GaugeMetricFamily(f"hetpatrol_gres_{key}", text, labels=labels)
+        for key, text in (
+            ("configured", "GRES count registered in Slurm for this node."),
+            ("found", "Cards found on the node that count under this GRES."),
+            ("healthy", "Cards found and healthy (not critical/unknown) under this GRES."),
+        )
+    }
+    for entry in gres.get("entries", []):
+        values = [entry["name"], entry["type"] or ""]
+        for key, fam in families.items():
+            fam.add_metric(values, entry[key])
+    yield from families.values()
 
 
 class _ReportCollector:
@@ -322,6 +419,9 @@ class Exposition:
 class _Handler(BaseHTTPRequestHandler):
     server: _MetricsHTTPServer
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: headers and body are two writes; with Nagle the body waits for the
+    # client's delayed ACK of the headers (40 ms on Linux) on a keep-alive connection.
+    disable_nagle_algorithm = True
 
     def do_GET(self) -> None:  # noqa: N802 - http.server API
         path = self.path.split("?", 1)[0]

@@ -3,11 +3,13 @@
 Read by ``hetpatrol check`` (Slurm ``HealthCheckProgram``) and ``hetpatrol status``
 without touching the daemon or any vendor tool. Written to a temporary file in the same
 directory, flushed, then renamed over the old one, so a reader sees the old or the new
-file, never half of one.
+file, never half of one. Temporary files a killed writer left behind are removed before a
+process first writes the file.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -35,9 +37,30 @@ def state_document(report: PatrolReport, interval_seconds: float) -> dict[str, A
     }
 
 
+#: targets whose stale temporary files this process has already removed
+_swept: set[Path] = set()
+
+
+def _sweep_stale_temps(path: Path) -> None:
+    """Remove ``.<name>.*.tmp`` files a killed earlier writer left beside ``path``.
+
+    Done once per target and process, before its first write: a SIGKILL between
+    ``mkstemp`` and ``rename`` leaves one behind, and restarts would pile them up.
+    """
+    if path in _swept:
+        return
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            stale.unlink()
+        except OSError:  # gone already, or not ours (a sticky directory): leave it
+            pass
+    _swept.add(path)
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file and ``rename`` (atomic on POSIX)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -1,0 +1,576 @@
+"""Ascend detail: ``npu-smi info -t health`` fault codes and the RoCE port (``hccn_tool``).
+
+Two halves, kept apart as everywhere in hetpatrol:
+
+- reading (used by the Ascend collector): parsers for ``npu-smi info -m`` (which chip
+  has which logic id), ``npu-smi info -t health -i N -c C``, and ``hccn_tool -i ID
+  -link -g`` / ``-net_health -g`` / ``-link_stat -g`` / ``-optical -g``; and
+  :class:`DetailReader`, which runs them at a slower cadence than the patrol (every
+  ``detail_interval_seconds``), and ``-t health`` at once for a chip whose Health is not
+  OK, within a time budget per patrol, always under a timeout (:func:`run_tool`), and
+  puts the last answers on the records (``health_detail``, ``links`` of kind ``roce``);
+- judging (:func:`evaluate`, called by the thresholds): fault codes by the bundled table
+  ``config/ascend_fault_codes.yaml``, RoCE link down, net health, link flaps in a
+  window, optical Rx loss.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from hetpatrol.schema import (
+    HEALTH_CRITICAL,
+    SEVERITY_INFO,
+    CardRecord,
+    Finding,
+    worst,
+)
+
+if TYPE_CHECKING:
+    from hetpatrol.deep_health import DeepThresholds
+    from hetpatrol.tool import ToolOutput
+
+FAULT_CODE_FILE = "ascend_fault_codes.yaml"
+#: ``net_health`` answers that mean healthy ("Init": a port never probed).
+NET_HEALTH_OK = ("success", "init")
+
+# ------------------------------------------------------------------------------ parsers
+
+_KV_RE = re.compile(r"^\s*(?P<key>[^:]*?)\s*:\s?(?P<value>.*?)\s*$")
+_CODE_RE = re.compile(r"^[0-9A-Fa-f]{8}$")
+_PREFIX_RE = re.compile(r"^\[(?:devid|device)\s+\d+\]")
+_RECORD_RE = re.compile(
+    r"^\s*(?P<ts>[A-Z][a-z]{2}\s+[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d\s+\d{4})\s+LINK\s+(?P<state>UP|DOWN)\s*$"
+)
+
+
+def parse_chip_map(text: str) -> list[tuple[int, int, int | None, str]]:
+    """``npu-smi info -m``: (NPU ID, Chip ID, Chip Logic ID or None for ``-``, name).
+
+    Tab- or space-indented, any column widths; the MCU rows have logic id ``-``.
+    """
+    rows = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 3 or not parts[0].isdigit() or not parts[1].isdigit():
+            continue
+        logic = int(parts[2]) if parts[2].isdigit() else None
+        rows.append((int(parts[0]), int(parts[1]), logic, " ".join(parts[3:])))
+    return rows
+
+
+@dataclass(frozen=True)
+class HealthDetail:
+    """``npu-smi info -t health``: status, 8-hex-digit error codes, error information
+    (one entry per information line; the continuation lines start with spaces + ``:``)."""
+
+    status: str | None
+    codes: tuple[str, ...]
+    info: tuple[str, ...]
+
+
+def parse_health(text: str) -> HealthDetail:
+    """Parse ``npu-smi info -t health -i N -c C``. ``ValueError`` when no Health Status."""
+    status: str | None = None
+    codes: list[str] = []
+    info: list[str] = []
+    current = None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _KV_RE.match(line)
+        if not m:
+            continue
+        key, value = m.group("key"), m.group("value")
+        low = key.lower()
+        if low == "health status":
+            status, current = value or None, None
+        elif low == "error code":
+            codes = [c.upper() for c in value.split() if _CODE_RE.match(c)]
+            current = None
+        elif low == "error information":
+            current = info
+            if value and value.upper() != "NA":
+                info.append(value)
+        elif key == "" and current is not None and value:
+            current.append(value)  # "                 : node type=..., event state=..."
+    if status is None:
+        raise ValueError("no 'Health Status' in npu-smi info -t health output")
+    return HealthDetail(status, tuple(codes), tuple(info))
+
+
+def _value_after(text: str, key: str) -> str | None:
+    for line in text.splitlines():
+        m = _KV_RE.match(line)
+        if m and m.group("key").lower() == key:
+            return m.group("value")
+    return None
+
+
+def parse_link(text: str) -> str:
+    """``hccn_tool -i N -link -g``: ``link status: UP`` -> ``up`` / ``down``."""
+    value = _value_after(text, "link status")
+    if value is None or value.upper() not in ("UP", "DOWN"):
+        raise ValueError(f"no 'link status: UP|DOWN' in {text.strip()[:80]!r}")
+    return value.lower()
+
+
+def parse_net_health(text: str) -> str:
+    """``hccn_tool -i N -net_health -g``: ``net health status: Success`` -> ``Success``."""
+    value = _value_after(text, "net health status")
+    if not value:
+        raise ValueError(f"no 'net health status' in {text.strip()[:80]!r}")
+    return value
+
+
+def _ctime(text: str) -> float:
+    return float(calendar.timegm(time.strptime(" ".join(text.split()), "%a %b %d %H:%M:%S %Y")))
+
+
+@dataclass(frozen=True)
+class LinkStat:
+    """``hccn_tool -i N -link_stat -g``: the device's clock, up count, records newest
+    first as (seconds on the device clock, ``UP``/``DOWN``)."""
+
+    current_time: float | None
+    up_count: int | None
+    records: tuple[tuple[float, str], ...]
+
+    def downs_within(self, seconds: float) -> list[float]:
+        if self.current_time is None:
+            return [t for t, s in self.records if s == "DOWN"]
+        return [t for t, s in self.records if s == "DOWN" and self.current_time - t <= seconds]
+
+
+def parse_link_stat(text: str) -> LinkStat:
+    """Both prefixes (``[devid 0]`` and ``[device 0]``) are accepted."""
+    current = up_count = None
+    records: list[tuple[float, str]] = []
+    for line in text.splitlines():
+        body = _PREFIX_RE.sub("", line, count=1)
+        rm = _RECORD_RE.match(body)
+        if rm:
+            records.append((_ctime(rm.group("ts")), rm.group("state")))
+            continue
+        m = _KV_RE.match(body)
+        if not m:
+            continue
+        key = m.group("key").lower()
+        if key == "current time" and m.group("value"):
+            current = _ctime(m.group("value"))
+        elif key == "link up count" and m.group("value").isdigit():
+            up_count = int(m.group("value"))
+    if current is None and up_count is None and not records:
+        raise ValueError(f"not hccn_tool -link_stat output: {text.strip()[:80]!r}")
+    return LinkStat(current, up_count, tuple(records))
+
+
+_NUM_RE = re.compile(r"^(-?\d+(?:\.\d+)?)")
+
+
+def _num(value: str | None) -> float | None:
+    m = _NUM_RE.match(value or "")
+    return float(m.group(1)) if m else None
+
+
+def parse_optical(text: str) -> dict[str, Any]:
+    """``hccn_tool -i N -optical -g``: presence, loss-of-signal flags, Rx powers (mW)
+    per lane and the module's Rx power thresholds."""
+    kv: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _KV_RE.match(line)
+        if m and m.group("key"):
+            kv[m.group("key").lower()] = m.group("value")
+    if not kv:
+        raise ValueError(f"not hccn_tool -optical output: {text.strip()[:80]!r}")
+
+    def flag(key: str) -> int | None:
+        v = kv.get(key)
+        try:
+            return int(v, 16) if v else None
+        except ValueError:
+            return None
+
+    lanes = sorted(
+        (int(k[len("rx power") :]), _num(v))
+        for k, v in kv.items()
+        if re.fullmatch(r"rx power\d", k)
+    )
+    return {
+        "present": kv.get("present"),
+        "rx_los_flag": flag("rx los flag"),
+        "tx_los_flag": flag("tx los flag"),
+        "rx_power_mw": [v for _i, v in lanes],
+        "rx_power_low_mw": _num(kv.get("rxpower low thres")),
+        "rx_power_high_mw": _num(kv.get("rxpower high thres")),
+        "temperature_celsius": _num(kv.get("temperature")),
+    }
+
+
+# ------------------------------------------------------------------------- the reader
+
+
+Runner = Callable[[Sequence[str], float], "ToolOutput"]
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+@dataclass
+class _ChipDetail:
+    health: dict[str, Any] | None = None
+    roce: dict[str, Any] | None = None
+    errors: list[dict[str, str]] = field(default_factory=list)
+
+
+class _OutOfTime(Exception):
+    """No time left in this patrol for one more command (it would risk the collector's
+    own timeout): the rest waits for the next patrol."""
+
+
+class DetailReader:
+    """Runs the Ascend detail commands for the collector and keeps their last answers.
+
+    Options (``collectors.ascend``): ``detail`` (off unless set; the bundled config sets
+    it), ``detail_interval_seconds``
+    (300; 0 = every patrol), ``detail_timeout_seconds`` (5, per command),
+    ``detail_budget_seconds`` (5: a sweep that runs out of time goes on where it stopped
+    at the next patrol), ``hccn_tool`` (argv, ``["hccn_tool"]``).
+    """
+
+    def __init__(
+        self,
+        options: Mapping[str, Any],
+        command: Sequence[str],
+        runner: Runner,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ):
+        self.enabled = bool(options.get("detail", False))  # the bundled config: true
+        self.interval = float(options.get("detail_interval_seconds", 300))
+        self.timeout = float(options.get("detail_timeout_seconds", 5))
+        self.budget = float(options.get("detail_budget_seconds", 5))
+        hccn = options.get("hccn_tool", ["hccn_tool"])
+        self.hccn = [hccn] if isinstance(hccn, str) else [str(p) for p in hccn]
+        self.npu_smi = list(command)
+        self.runner = runner
+        self._clock = clock
+        self._wall = wall
+        self._logic: dict[tuple[int, int], int] | None = None
+        self._details: dict[tuple[int, int], _ChipDetail] = {}
+        self._queue: list[tuple[int, int]] = []
+        self._last_sweep: float | None = None
+        self._absent: set[str] = set()  # command kinds with no program / no recording
+        self._deadline: float | None = None
+
+    # -- running -------------------------------------------------------------------
+
+    def _run(self, kind: str, argv: list[str], chip: _ChipDetail) -> str | None:
+        """stdout of a successful run; None (with an error on the chip) otherwise."""
+        if kind in self._absent:
+            return None
+        if self._deadline is not None and self._clock() + self.timeout > self._deadline:
+            raise _OutOfTime
+        source = " ".join(argv)
+        try:
+            out = self.runner(argv, self.timeout)
+        except FileNotFoundError:
+            self._absent.add(kind)  # no hccn_tool here (310P), or not recorded
+            return None
+        except OSError as exc:
+            chip.errors.append({"source": source, "error": str(exc)})
+            return None
+        if out.hung:
+            chip.errors.append(
+                {"source": source, "error": f"hung: killed after {self.timeout:g} s"}
+            )
+            return None
+        if out.returncode != 0:
+            text = (out.stdout + out.stderr).strip().splitlines()
+            chip.errors.append(
+                {"source": source, "error": f"exit {out.returncode}: {text[0] if text else ''}"}
+            )
+            return None
+        return out.stdout
+
+    def _chip_map(self) -> dict[tuple[int, int], int]:
+        if self._logic is None:
+            holder = _ChipDetail()
+            text = self._run("map", [*self.npu_smi, "-m"], holder)
+            rows = parse_chip_map(text) if text else []
+            self._logic = {(n, c): lg for n, c, lg, _name in rows if lg is not None}
+        return self._logic
+
+    def _read_health(self, key: tuple[int, int], chip: _ChipDetail) -> None:
+        argv = [*self.npu_smi, "-t", "health", "-i", str(key[0]), "-c", str(key[1])]
+        text = self._run("health", argv, chip)
+        if text is None:
+            return
+        try:
+            h = parse_health(text)
+        except ValueError as exc:
+            chip.errors.append({"source": " ".join(argv), "error": str(exc)})
+            return
+        chip.health = {
+            "status": h.status,
+            "codes": list(h.codes),
+            "info": list(h.info),
+            "ts": _stamp(self._wall()),
+        }
+
+    def _read_roce(self, key: tuple[int, int], logic: int, chip: _ChipDetail) -> None:
+        base = [*self.hccn, "-i", str(logic)]
+        entry: dict[str, Any] = {"kind": "roce", "link": logic, "state": None}
+        got = False
+        for kind, args, parse, name in (
+            ("link", ["-link", "-g"], parse_link, "state"),
+            ("net_health", ["-net_health", "-g"], parse_net_health, "net_health"),
+            ("link_stat", ["-link_stat", "-g"], parse_link_stat, "link_stat"),
+            ("optical", ["-optical", "-g"], parse_optical, "optical"),
+        ):
+            text = self._run(kind, [*base, *args], chip)
+            if text is None:
+                continue
+            try:
+                value = parse(text)
+            except ValueError as exc:
+                chip.errors.append({"source": " ".join([*base, *args]), "error": str(exc)})
+                continue
+            got = True
+            if isinstance(value, LinkStat):
+                entry["link_up_count"] = value.up_count
+                entry["link_down_times"] = [t for t, s in value.records if s == "DOWN"]
+                entry["link_stat_time"] = value.current_time
+            else:
+                entry[name] = value
+        if got:
+            entry["ts"] = _stamp(self._wall())
+            chip.roce = entry
+
+    def _sweep_one(self, key: tuple[int, int]) -> None:
+        chip = _ChipDetail()
+        self._read_health(key, chip)
+        logic = self._chip_map().get(key)
+        if logic is not None:
+            self._read_roce(key, logic, chip)
+        self._details[key] = chip
+
+    # -- per patrol ------------------------------------------------------------------
+
+    def attach(self, records: Sequence[CardRecord], deadline: float | None = None) -> None:
+        """Run what is due (within the budget, and never starting a command that could
+        end after ``deadline`` on :attr:`clock`) and put the last answers on ``records``."""
+        if not self.enabled or self.interval < 0:
+            return
+        start = self._clock()
+        self._deadline = deadline
+        keys = [(r.index, r.chip if r.chip is not None else 0) for r in records]
+        sick = {
+            (r.index, r.chip if r.chip is not None else 0)
+            for r in records
+            if r.vendor_health is not None and r.vendor_health.strip().lower() != "ok"
+        }
+        due = self._last_sweep is None or start - self._last_sweep >= self.interval
+        if due and not self._queue:
+            self._queue = list(keys)
+            self._last_sweep = start
+        try:
+            for key in sorted(sick):  # on demand: a chip that is not OK tells why at once
+                if key not in self._queue and self._clock() - start < self.budget:
+                    chip = self._details.setdefault(key, _ChipDetail())
+                    chip.errors = [e for e in chip.errors if "-t health" not in e["source"]]
+                    self._read_health(key, chip)
+            while self._queue and self._clock() - start < self.budget:
+                self._sweep_one(self._queue[0])
+                self._queue.pop(0)
+        except _OutOfTime:
+            pass  # the chip at the head of the queue is read first next time
+        for rec, key in zip(records, keys, strict=True):
+            chip = self._details.get(key)
+            if chip is None:
+                continue
+            if chip.health is not None:
+                rec.health_detail = dict(chip.health)
+            if chip.roce is not None:
+                rec.links.append(dict(chip.roce))
+            for err in chip.errors:
+                rec.add_error(err["source"], err["error"])
+
+
+# ------------------------------------------------------------------------ the judges
+
+
+@dataclass(frozen=True)
+class FaultCodeTable:
+    """Severity per error code, from the bundled ``ascend_fault_codes.yaml``."""
+
+    classes: Mapping[str, Mapping[str, str]]
+    codes: Mapping[str, str]  # code -> class
+
+    def lookup(self, code: str) -> tuple[str | None, str | None, str | None]:
+        """(severity, class, action) of a code; (None, None, None) when not listed."""
+        cls = self.codes.get(code.upper())
+        if cls is None:
+            return None, None, None
+        spec = self.classes.get(cls, {})
+        return spec.get("severity"), cls, spec.get("action")
+
+
+@lru_cache(maxsize=1)
+def fault_code_table() -> FaultCodeTable:
+    from hetpatrol.deep_health import bundled_data
+
+    data = yaml.safe_load(bundled_data(FAULT_CODE_FILE).read_text(encoding="utf-8"))
+    codes = {}
+    for cls, listed in (data.get("codes") or {}).items():
+        for code in listed or ():
+            codes[str(code).upper()] = cls
+    return FaultCodeTable(classes=data.get("classes") or {}, codes=codes)
+
+
+def _fault_findings(record: CardRecord, th: DeepThresholds) -> list[Finding]:
+    detail = record.health_detail
+    if not detail or not detail.get("codes"):
+        return []
+    table = fault_code_table()
+    parts, severities, value = [], [], {}
+    for code in detail["codes"]:
+        severity, cls, action = table.lookup(code)
+        if code.upper() in th.fault_code_overrides:
+            severity = th.fault_code_overrides[code.upper()]
+        elif severity is None:
+            severity = th.fault_code_unknown
+        if severity is None:
+            continue
+        severities.append(severity)
+        value[code] = severity
+        parts.append(
+            f"{code} {severity}" + (f" ({cls}: {action})" if cls else " (not in the table)")
+        )
+    if not severities:
+        return []
+    overall = worst(*severities) if any(s != SEVERITY_INFO for s in severities) else SEVERITY_INFO
+    info = "; ".join(detail.get("info") or [])
+    return [
+        Finding(
+            "ascend_fault_code",
+            overall,
+            f"npu-smi -t health {detail.get('status')}: "
+            + ", ".join(parts)
+            + (f"; {info}" if info else ""),
+            value=value,
+        )
+    ]
+
+
+def _roce_findings(record: CardRecord, th: DeepThresholds) -> list[Finding]:
+    out: list[Finding] = []
+    for link in record.links:
+        if link.get("kind") != "roce":
+            continue
+        port = f"RoCE port {link.get('link')}"
+        if link.get("state") == "down" and th.roce_link_down is not None:
+            out.append(
+                Finding(
+                    "roce_link_down",
+                    th.roce_link_down,
+                    f"{port} link is DOWN (hccn_tool -link): check the cable, optical module "
+                    "and switch port",
+                    value="down",
+                )
+            )
+        health = link.get("net_health")
+        if health and health.strip().lower() not in NET_HEALTH_OK and th.roce_net_health:
+            out.append(
+                Finding(
+                    "roce_net_health",
+                    th.roce_net_health,
+                    f"{port} net health is {health!r} (Success or Init expected): the "
+                    "detection IP does not answer",
+                    value=health,
+                )
+            )
+        downs = link.get("link_down_times") or []
+        if downs:
+            now = link.get("link_stat_time")
+            window = th.roce_flap_window_seconds
+            recent = [t for t in downs if now is None or now - t <= window]
+            severity = th.roce_link_flaps.severity(len(recent))
+            if severity is not None:
+                level = (
+                    th.roce_link_flaps.critical
+                    if severity == HEALTH_CRITICAL
+                    else th.roce_link_flaps.warning
+                )
+                out.append(
+                    Finding(
+                        "roce_link_flaps",
+                        severity,
+                        f"{port} went down {len(recent)} time(s) in the last {window:g} s "
+                        f"(hccn_tool -link_stat; up count {link.get('link_up_count')})",
+                        value=len(recent),
+                        threshold=level,
+                    )
+                )
+        optical = link.get("optical") or {}
+        low = optical.get("rx_power_low_mw")
+        weak = [
+            i
+            for i, p in enumerate(optical.get("rx_power_mw") or [])
+            if p is not None and low is not None and p < low
+        ]
+        los = optical.get("rx_los_flag")
+        if (los or weak) and th.roce_optical is not None:
+            what = []
+            if los:
+                what.append(f"Rx LOS flag {los:#x}")
+            if weak:
+                powers = optical["rx_power_mw"]
+                what.append(
+                    "Rx power below "
+                    f"{low} mW on lane(s) " + ", ".join(f"{i} ({powers[i]} mW)" for i in weak)
+                )
+            out.append(
+                Finding(
+                    "roce_optical",
+                    th.roce_optical,
+                    f"{port} optical module: "
+                    + "; ".join(what)
+                    + f" (present: {optical.get('present')}): clean or replace the fibre / module",
+                    value={"rx_los_flag": los, "weak_lanes": weak},
+                    threshold=low,
+                )
+            )
+    return out
+
+
+def evaluate(record: CardRecord, th: DeepThresholds) -> list[Finding]:
+    """Findings from the Ascend detail put on ``record`` (none when it has none)."""
+    if record.vendor != "ascend":
+        return []
+    return _fault_findings(record, th) + _roce_findings(record, th)
+
+
+__all__ = [
+    "DetailReader",
+    "FaultCodeTable",
+    "HealthDetail",
+    "LinkStat",
+    "evaluate",
+    "fault_code_table",
+    "parse_chip_map",
+    "parse_health",
+    "parse_link",
+    "parse_link_stat",
+    "parse_net_health",
+    "parse_optical",
+]

@@ -1,0 +1,67 @@
+"""Prometheus families of the deep health checks: XIDs, the kernel log, links.
+
+Rendered from the report like every other family (nothing is read on a scrape). Labels
+stay bounded: the card labels plus ``xid`` (a number), ``kind``/``link`` (at most 18
+NVLink links per GPU, one RoCE port per NPU chip).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from hetpatrol.xid import card_xid_totals
+
+if TYPE_CHECKING:
+    from hetpatrol.patrol import PatrolReport
+
+
+def deep_metrics(report: PatrolReport) -> Iterable[Metric]:
+    from hetpatrol.exporters.prometheus import CARD_LABELS, card_labels
+
+    snapshot = report.kernel_log
+    if snapshot is not None:
+        up = GaugeMetricFamily(
+            "hetpatrol_kernel_log_up",
+            "1 while the kernel log (/dev/kmsg, or kmsg.txt of a replay) is read; 0 when it "
+            "cannot be (no such file, no permission: XIDs are not seen).",
+        )
+        up.add_metric([], 1 if snapshot.state == "ok" else 0)
+        yield up
+        xids = CounterMetricFamily(
+            "hetpatrol_card_xid_events",
+            "NVIDIA XID records in the kernel log per card and XID since the daemon started "
+            "(the ring buffer read at start-up included).",
+            labels=[*CARD_LABELS, "xid"],
+        )
+        for card, xid, total in card_xid_totals(snapshot, report.cards):
+            xids.add_metric([*card_labels(card), xid], total)
+        yield xids
+    link_up = GaugeMetricFamily(
+        "hetpatrol_card_link_up",
+        "Interconnect link state: 1 up, 0 down (NVLink per link; Ascend RoCE port per chip).",
+        labels=[*CARD_LABELS, "kind", "link"],
+    )
+    link_errors = CounterMetricFamily(
+        "hetpatrol_card_nvlink_errors",
+        "NVLink DL error counters since driver load, summed over the card's links.",
+        labels=[*CARD_LABELS, "counter"],
+    )
+    for card in report.cards:
+        labels = card_labels(card)
+        sums: dict[str, int] = {}
+        for link in card.links:
+            if link.get("state") in ("up", "down"):
+                link_up.add_metric(
+                    [*labels, str(link.get("kind")), str(link.get("link"))],
+                    1 if link["state"] == "up" else 0,
+                )
+            if link.get("kind") == "nvlink":
+                for name, value in (link.get("counters") or {}).items():
+                    sums[name] = sums.get(name, 0) + int(value)
+        for name, value in sorted(sums.items()):
+            link_errors.add_metric([*labels, name], value)
+    yield link_up
+    yield link_errors

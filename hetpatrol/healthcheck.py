@@ -1,0 +1,152 @@
+"""``hetpatrol check``: the Slurm ``HealthCheckProgram`` (and Nagios plugin) mode.
+
+Answers at once from the running daemon's last verdict, the state file that
+:mod:`hetpatrol.exporters.state` writes atomically after every patrol. It reads that one
+file and nothing else: no vendor tool, no patrol, and never ``scontrol`` (slurmd runs
+the health check as root, also before it has registered with slurmctld, and kills it
+after ``HealthCheckTimeout``, 60 s before Slurm 26.05).
+
+Prints one line and exits with the Nagios code of the verdict: 0 ok, 1 warning,
+2 critical, 3 unknown. A missing, unreadable or stale state file is 3 with the reason.
+A verdict is stale when it is older than ``--max-age`` seconds (default: 3 patrol
+intervals + 10 s, the interval read from the state file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hetpatrol.exporters.state import read_state
+
+EXIT_UNKNOWN = 3
+STATE_WORDS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
+STALE_INTERVALS = 3
+STALE_GRACE_SECONDS = 10.0
+#: bad cards named in the line before "+N more"
+NAMED_CARDS = 4
+
+
+def default_max_age(doc: Mapping[str, Any]) -> float:
+    """3 patrol intervals + 10 s, with the interval the daemon wrote in its state."""
+    try:
+        interval = float(doc.get("interval_seconds") or 10.0)
+    except (TypeError, ValueError):
+        interval = 10.0
+    return STALE_INTERVALS * interval + STALE_GRACE_SECONDS
+
+
+def _card_name(card: Mapping[str, Any]) -> str:
+    name = f"{card.get('vendor')}/{card.get('index')}"
+    return name + (f"/{card['chip']}" if card.get("chip") is not None else "")
+
+
+def summarize(doc: Mapping[str, Any], age: float) -> str:
+    """The text after ``HETPATROL <STATE> - `` for a fresh verdict."""
+    cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
+    bad = [c for c in cards if c.get("health") not in ("ok", None)]
+    counts: dict[str, int] = {}
+    for c in cards:
+        counts[str(c.get("health"))] = counts.get(str(c.get("health")), 0) + 1
+    parts = [", ".join(f"{n} {h}" for h, n in sorted(counts.items())) or "no cards"]
+    named = []
+    for f in doc.get("findings") or []:
+        if isinstance(f, Mapping) and f.get("severity") not in ("ok", "info"):
+            named.append(f"node {f.get('check')}: {f.get('message')}")
+    rank = {"critical": 0, "unknown": 1, "warning": 2}
+    for c in sorted(bad, key=lambda c: rank.get(str(c.get("health")), 3)):
+        checks = [str(f.get("check")) for f in c.get("findings") or [] if isinstance(f, Mapping)]
+        named.append(f"{_card_name(c)} {c.get('health')} {'+'.join(checks) or '?'}")
+    if named:
+        more = f", +{len(named) - NAMED_CARDS} more" if len(named) > NAMED_CARDS else ""
+        parts.append("; ".join(named[:NAMED_CARDS]) + more)
+    return f"{doc.get('node')}: {'; '.join(parts)} (patrol {doc.get('seq')}, {age:.0f} s ago)"
+
+
+def check(
+    state_path: Path, max_age: float | None = None, now: float | None = None
+) -> tuple[int, str]:
+    """(exit code, one line) for the state file at ``state_path``."""
+    now = time.time() if now is None else now
+    try:
+        doc = read_state(state_path)
+    except FileNotFoundError:
+        return EXIT_UNKNOWN, (
+            f"HETPATROL UNKNOWN - no state file {state_path}: is the hetpatrol daemon running?"
+        )
+    except (OSError, ValueError) as exc:  # unreadable, not JSON, not a state file
+        reason = getattr(exc, "strerror", None) or str(exc)
+        return EXIT_UNKNOWN, f"HETPATROL UNKNOWN - cannot read state file {state_path}: {reason}"
+    try:
+        finished = float(doc["finished"])
+        code = int(doc["exit_code"])
+    except (KeyError, TypeError, ValueError):
+        return EXIT_UNKNOWN, f"HETPATROL UNKNOWN - state file {state_path} has no verdict"
+    if code not in STATE_WORDS:
+        code = EXIT_UNKNOWN
+    limit = default_max_age(doc) if max_age is None else max_age
+    age = max(0.0, now - finished)
+    if age > limit:
+        return EXIT_UNKNOWN, (
+            f"HETPATROL UNKNOWN - stale verdict: last patrol {age:.0f} s ago (max {limit:.0f} s), "
+            f"it said {STATE_WORDS[code]}; is the hetpatrol daemon running?"
+        )
+    return code, f"HETPATROL {STATE_WORDS[code]} - {summarize(doc, age)}"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    state_path = args.state_path
+    if state_path is None:
+        from hetpatrol.config import ConfigError, load_config
+
+        try:
+            state_path = load_config(args.config).state_path
+        except ConfigError as exc:
+            print(f"HETPATROL UNKNOWN - configuration error: {exc}")
+            return EXIT_UNKNOWN
+        if state_path is None:
+            print("HETPATROL UNKNOWN - the configuration sets no state_path")
+            return EXIT_UNKNOWN
+    code, line = check(Path(state_path), args.max_age)
+    print(line.replace("\n", " "))
+    sys.stdout.flush()
+    return code
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def add_check_parser(sub: Any) -> None:
+    """Register ``hetpatrol check`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "check",
+        help="Slurm HealthCheckProgram / Nagios: the daemon's last verdict, exit 0/1/2/3",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--state-path",
+        type=Path,
+        default=None,
+        metavar="P",
+        help="state file written by the daemon (default: state_path of the config)",
+    )
+    p.add_argument(
+        "--config", type=Path, default=None, help="config file naming state_path (default: bundled)"
+    )
+    p.add_argument(
+        "--max-age",
+        type=_positive,
+        default=None,
+        metavar="S",
+        help="a verdict older than S seconds is stale: exit 3 (default: 3 intervals + 10 s)",
+    )
+    p.set_defaults(func=cmd_check)

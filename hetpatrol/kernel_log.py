@@ -1,0 +1,679 @@
+"""The kernel log as a source: NVIDIA XIDs and the GPU failures that print no Xid.
+
+Reading only (the collector side of the data flow): this module parses kernel log
+lines into :class:`KernelEvent` objects, reads them from ``/dev/kmsg`` (or a recorded
+log when replaying), folds bursts and keeps the window counts. It never judges: the
+severity of an event is decided by :mod:`hetpatrol.xid`.
+
+Line shapes understood (each seen in a published recording, see the tests):
+
+- ``/dev/kmsg`` records: ``6,1234,5678901,-;NVRM: Xid (...)`` (priority, sequence,
+  microseconds since boot, flags; ``\\x0a`` escapes a newline inside a record; the
+  `` KEY=value`` dictionary lines after a record are ignored);
+- ``dmesg``: ``[ 1843.308145] NVRM: ...``; ``dmesg -T``/``--ctime``: ``[Sun Feb 23
+  16:24:18 2025] NVRM: ...``; ``dmesg --time-format iso``; ``dmesg -r``: ``<4>[...]``;
+- syslog / journal: ``Dec  2 11:38:27 host kernel: [  199.234935] NVRM: ...`` (also
+  with an RFC 3339 time), or a bare ``kernel:`` prefix;
+- Talos: ``kern: warning: [2024-05-01T12:34:56.789Z]: NVRM: ...``;
+- a bare ``NVRM: Xid (...)`` line (``grep Xid`` output);
+- a message printed over several lines (``The NVIDIA GPU 0000:b3:00.0`` / ``(PCI ID:
+  ...)`` / ``fallen off the bus``): dmesg indents the continuation lines; they are
+  joined to the line they continue.
+
+XID lines: ``NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, <text>``;
+``pid='<unknown>'``/``name=<unknown>`` mean unknown; old drivers print neither; the
+PCI domain may be non-zero (``PCI:0019:01:00``); NVLink5 XIDs 144-150 carry a unit,
+``Fatal``/``Nonfatal``, ``XC0 i0 Link 13`` and six hex words; XID 154 names the new
+recovery action. Failures without an Xid: ``fallen off the bus``,
+``NV_ERR_RESET_REQUIRED``, ``RmInitAdapter failed`` / ``rm_init_adapter failed``.
+``NVRM: GPU at PCI:0000:9b:00: GPU-<uuid>`` lines name the GPU's UUID.
+"""
+
+from __future__ import annotations
+
+import calendar
+import errno
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+
+from hetpatrol.schema import normalize_bus_id
+
+__all__ = [
+    "KMSG_PATH",
+    "REPLAY_FILE",
+    "KernelEvent",
+    "KernelLog",
+    "KernelLogSnapshot",
+    "KernelOccurrence",
+    "KmsgReader",
+    "open_kernel_log",
+    "TextLogReader",
+    "parse_lines",
+    "parse_text",
+]
+
+KMSG_PATH = "/dev/kmsg"
+#: The kernel log of a replay directory (any of the line shapes above).
+REPLAY_FILE = "kmsg.txt"
+#: One ``read()`` of ``/dev/kmsg`` returns one record; a smaller buffer than the record
+#: fails with EINVAL. Records are at most about 1 KiB of text plus the dictionary.
+KMSG_READ_SIZE = 8192
+#: At most this many records are taken per poll (a storm must not stall a patrol).
+MAX_RECORDS_PER_POLL = 20000
+#: Episodes kept per (bus, XID or reason) for the window.
+MAX_OCCURRENCES_PER_KEY = 64
+
+KIND_XID = "xid"
+KIND_KERNEL = "kernel"
+
+REASON_FALLEN_OFF_BUS = "fallen_off_bus"
+REASON_RESET_REQUIRED = "reset_required"
+REASON_RM_INIT_FAILED = "rm_init_adapter_failed"
+
+# ------------------------------------------------------------------------------ parsing
+
+_BUS = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+_XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<bus>" + _BUS + r")[^)]*\):\s*(?P<xid>\d+)(?:,\s*(?P<rest>.*))?$"
+)
+_PID_RE = re.compile(r"^pid=(?:'?<unknown>'?|(?P<pid>\d+)),\s*")
+_NAME_RE = re.compile(r"^name=(?P<name>[^,]*),\s*")
+_NVLINK5_RE = re.compile(
+    r"^(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<sev>Fatal|Non-?[Ff]atal)\s+XC(?P<xc>\d+)\s+"
+    r"i(?P<inst>\d+)\s+Link\s+(?P<link>-?\d+)"
+)
+_RECOVERY_RE = re.compile(r"to\s+0x(?P<code>[0-9a-fA-F]+)\s*\((?P<action>[^)]*)\)")
+_IDENTITY_RE = re.compile(r"NVRM: GPU at PCI:(?P<bus>" + _BUS + r"):\s*(?P<uuid>GPU-[0-9a-fA-F-]+)")
+_ANY_BUS_RE = re.compile(r"(?:PCI:)?(?<![0-9a-fA-F:])(?P<bus>" + _BUS + r")(?![0-9a-fA-F])")
+_GPU_HEAD_RE = re.compile(r"NVRM: The NVIDIA GPU (?P<bus>" + _BUS + r")")
+
+_KERNEL_REASONS = (
+    (re.compile(r"fallen off the bus", re.I), REASON_FALLEN_OFF_BUS),
+    (re.compile(r"NV_ERR_RESET_REQUIRED"), REASON_RESET_REQUIRED),
+    (re.compile(r"rm_?init_?adapter failed", re.I), REASON_RM_INIT_FAILED),
+)
+
+# Prefixes, tried in this order; each may appear once.
+_KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
+_PRIO_RE = re.compile(r"^<\d{1,3}>")
+_TALOS_RE = re.compile(
+    r"^(?P<fac>[a-z]+):\s*(?P<lvl>[a-z]+):\s*\[(?P<ts>\d{4}-\d\d-\d\dT[^\]]+)\]:\s?"
+)
+_SYSLOG_BSD_RE = re.compile(
+    r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)\s+\S+\s+kernel(?:\[\d+\])?:\s?"
+)
+_SYSLOG_ISO_RE = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\S+)\s+\S+\s+kernel(?:\[\d+\])?:\s?")
+_KERNEL_TAG_RE = re.compile(r"^kernel:\s?")
+_DMESG_SECS_RE = re.compile(r"^\[\s*(?P<secs>\d+\.\d+)\]\s?")
+_DMESG_CTIME_RE = re.compile(
+    r"^\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?"
+)
+_DMESG_ISO_RE = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d+[+-]\d\d:?\d\d)\s")
+_DICT_LINE_RE = re.compile(r"^\s+[A-Z_]+=")
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One kernel log record about a GPU, as read (not judged).
+
+    - ``kind``: ``"xid"`` (an ``NVRM: Xid`` line, ``xid`` set) or ``"kernel"`` (a failure
+      that prints no Xid, ``reason`` set: ``fallen_off_bus``, ``reset_required``,
+      ``rm_init_adapter_failed``);
+    - ``bus_id``: normalised ``0000:9b:00.0`` (the Xid line omits the function: ``.0``);
+    - ``message``: the text after the XID number and the ``pid=``/``name=`` fields;
+    - ``pid``/``process``: from ``pid=``/``name=`` (``None`` when ``<unknown>`` or absent);
+    - ``nvlink_unit``/``fatal``/``link``: NVLink5 XIDs 144-150 (``NETIR``, True, 13);
+    - ``recovery_action``: XID 154's new action (``None``, ``GPU Reset Required``...);
+    - ``log_time``: the time stamp as the line wrote it; ``clock``: that stamp as
+      (``"boot"`` seconds since boot | ``"wall"`` seconds, value), for burst folding;
+    - ``seq``: the ``/dev/kmsg`` sequence number; ``raw``: the line(s) as read.
+    """
+
+    kind: str
+    bus_id: str | None
+    raw: str
+    message: str = ""
+    xid: int | None = None
+    reason: str | None = None
+    pid: int | None = None
+    process: str | None = None
+    uuid: str | None = None
+    nvlink_unit: str | None = None
+    fatal: bool | None = None
+    link: int | None = None
+    recovery_action: str | None = None
+    log_time: str | None = None
+    clock: tuple[str, float] | None = None
+    seq: int | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What repeats of the same fault share: (bus id, kind, XID number or reason)."""
+        what = str(self.xid) if self.kind == KIND_XID else (self.reason or "")
+        return (self.bus_id or "", self.kind, what)
+
+
+@dataclass
+class _Line:
+    """One logical record after its prefixes were taken off."""
+
+    text: str
+    raw: str
+    log_time: str | None = None
+    clock: tuple[str, float] | None = None
+    seq: int | None = None
+    kmsg: bool = False
+    usec: int | None = None
+
+
+def _bus(text: str) -> str | None:
+    """Normalised bus id; the Xid line omits the PCI function, which is 0 for a GPU."""
+    return normalize_bus_id(text if "." in text else text + ".0")
+
+
+def _wall(text: str, fmt: str) -> float | None:
+    try:
+        return float(calendar.timegm(time.strptime(text, fmt)))
+    except ValueError:
+        return None
+
+
+def _iso(text: str) -> float | None:
+    value = text.strip().replace(",", ".")
+    if value.endswith("Z"):
+        value = value[:-1] + "+00:00"
+    # Python < 3.11 accepts at most 6 fractional digits; Talos prints 9.
+    value = re.sub(r"(\.\d{6})\d+", r"\1", value)
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def _strip_prefixes(line: str) -> _Line | None:
+    """Take the known prefixes off ``line``; None when it is a continuation line."""
+    raw = line.rstrip("\r\n")
+    text = raw
+    out = _Line(text="", raw=raw)
+    m = _KMSG_RE.match(text)
+    if m:
+        out.kmsg = True
+        out.seq = int(m.group("seq"))
+        out.usec = int(m.group("usec"))
+        out.clock = ("boot", out.usec / 1e6)
+        out.log_time = f"{out.usec / 1e6:.6f}"
+        text = text[m.end() :].replace("\\x0a", "\n")
+    else:
+        m = _PRIO_RE.match(text)
+        if m:
+            text = text[m.end() :]
+        for regex, kind in (
+            (_TALOS_RE, "iso"),
+            (_SYSLOG_BSD_RE, "bsd"),
+            (_SYSLOG_ISO_RE, "iso"),
+            (_KERNEL_TAG_RE, None),
+        ):
+            m = regex.match(text)
+            if not m:
+                continue
+            if kind is not None:
+                stamp = m.group("ts")
+                out.log_time = stamp
+                seconds = (
+                    _iso(stamp) if kind == "iso" else _wall(f"1970 {stamp}", "%Y %b %d %H:%M:%S")
+                )
+                if seconds is not None:
+                    out.clock = ("wall", seconds)
+            text = text[m.end() :]
+            break
+        m = _DMESG_SECS_RE.match(text)
+        if m:
+            out.log_time = m.group("secs")
+            out.clock = ("boot", float(m.group("secs")))
+            text = text[m.end() :]
+        else:
+            for regex, kind in ((_DMESG_CTIME_RE, "ctime"), (_DMESG_ISO_RE, "iso")):
+                m = regex.match(text)
+                if m:
+                    stamp = m.group("ts")
+                    out.log_time = stamp
+                    seconds = (
+                        _wall(stamp, "%a %b %d %H:%M:%S %Y") if kind == "ctime" else _iso(stamp)
+                    )
+                    if seconds is not None:
+                        out.clock = ("wall", seconds)
+                    text = text[m.end() :]
+                    break
+        if len(text) == len(raw) and raw[:1] in (" ", "\t"):
+            return None  # dmesg's indented continuation of the previous message
+    out.text = " ".join(part.strip() for part in text.split("\n") if part.strip())
+    return out
+
+
+def _logical_lines(lines: Iterable[str]) -> Iterator[_Line]:
+    """Prefix-stripped records, continuation lines joined to the record they continue."""
+    current: _Line | None = None
+    for line in lines:
+        if not line.strip():
+            continue
+        parsed = _strip_prefixes(line)
+        if parsed is None:
+            if current is None:
+                parsed = _Line(text=line.strip(), raw=line.rstrip("\r\n"))
+            else:
+                if current.kmsg and _DICT_LINE_RE.match(line):
+                    continue  # /dev/kmsg dictionary: SUBSYSTEM=pci, DEVICE=+pci:...
+                current.text = f"{current.text} {line.strip()}"
+                current.raw = f"{current.raw}\n{line.rstrip(chr(13) + chr(10))}"
+                continue
+        if current is not None:
+            yield current
+        current = parsed
+    if current is not None:
+        yield current
+
+
+def _parse_xid(m: re.Match[str], line: _Line) -> KernelEvent:
+    rest = (m.group("rest") or "").strip()
+    pid: int | None = None
+    process: str | None = None
+    pm = _PID_RE.match(rest)
+    if pm:
+        pid = int(pm.group("pid")) if pm.group("pid") else None
+        rest = rest[pm.end() :]
+    nm = _NAME_RE.match(rest)
+    if nm:
+        name = nm.group("name").strip().strip("'")
+        process = None if name in ("", "<unknown>") else name
+        rest = rest[nm.end() :]
+    xid = int(m.group("xid"))
+    unit = fatal = link = action = None
+    lm = _NVLINK5_RE.match(rest)
+    if lm:
+        unit = lm.group("unit")
+        fatal = lm.group("sev").lower() == "fatal"
+        link = int(lm.group("link"))
+    if xid == 154:
+        am = _RECOVERY_RE.search(rest)
+        if am:
+            action = am.group("action").strip()
+    return KernelEvent(
+        kind=KIND_XID,
+        bus_id=_bus(m.group("bus")),
+        raw=line.raw,
+        message=rest,
+        xid=xid,
+        pid=pid,
+        process=process,
+        nvlink_unit=unit,
+        fatal=fatal,
+        link=link,
+        recovery_action=action,
+        log_time=line.log_time,
+        clock=line.clock,
+        seq=line.seq,
+    )
+
+
+def _events(lines: Iterable[_Line]) -> Iterator[KernelEvent | tuple[str, str]]:
+    """Events, and ``(bus_id, uuid)`` pairs for the lines that name a GPU's UUID."""
+    head_bus: str | None = None  # "The NVIDIA GPU <bus>" whose text goes on in later lines
+    for line in lines:
+        text = line.text
+        if "NVRM" not in text:
+            continue
+        m = _XID_RE.search(text)
+        if m:
+            head_bus = None
+            yield _parse_xid(m, line)
+            continue
+        im = _IDENTITY_RE.search(text)
+        if im:
+            yield (_bus(im.group("bus")) or "", im.group("uuid"))
+            continue
+        hm = _GPU_HEAD_RE.search(text)
+        for regex, reason in _KERNEL_REASONS:
+            if not regex.search(text):
+                continue
+            bm = _ANY_BUS_RE.search(text)
+            bus = _bus(bm.group("bus")) if bm else head_bus
+            yield KernelEvent(
+                kind=KIND_KERNEL,
+                bus_id=bus,
+                raw=line.raw,
+                message=text[text.find("NVRM") :],
+                reason=reason,
+                log_time=line.log_time,
+                clock=line.clock,
+                seq=line.seq,
+            )
+            hm = None
+            break
+        # syslog splits a multi-line message into lines of their own: remember the GPU
+        # the message starts with, for a "fallen off the bus" line without a bus id.
+        head_bus = _bus(hm.group("bus")) if hm else head_bus
+
+
+def parse_lines(lines: Iterable[str]) -> list[KernelEvent]:
+    """Every GPU event in ``lines`` (any of the shapes in the module doc), in order.
+
+    Events after a line naming a GPU's UUID carry that UUID.
+    """
+    uuids: dict[str, str] = {}
+    out: list[KernelEvent] = []
+    for item in _events(_logical_lines(lines)):
+        if isinstance(item, tuple):
+            uuids[item[0]] = item[1]
+            continue
+        if item.bus_id in uuids and item.uuid is None:
+            item = replace(item, uuid=uuids[item.bus_id])
+        out.append(item)
+    return out
+
+
+def parse_text(text: str) -> list[KernelEvent]:
+    """:func:`parse_lines` over a whole log text."""
+    return parse_lines(text.splitlines())
+
+
+# ------------------------------------------------------------------------------ readers
+
+
+@dataclass
+class ReadResult:
+    """What one read of a kernel log gave.
+
+    ``events`` pairs each event with the wall time it happened when the reader can
+    tell (``/dev/kmsg``: boot time + the record's microseconds), else ``None`` (the time
+    of this read is used). ``state`` is ``ok``, ``absent`` (no log here, or no right to
+    read it: said once, never an error per patrol) or ``failed``.
+    """
+
+    events: list[tuple[KernelEvent, float | None]] = field(default_factory=list)
+    uuids: dict[str, str] = field(default_factory=dict)
+    state: str = "ok"
+    error: str | None = None
+    lost: int = 0
+
+
+class KmsgReader:
+    """Reads ``/dev/kmsg`` without blocking: the ring buffer at the first read, then only
+    the records written since. One ``read()`` per record, with an 8 KiB buffer."""
+
+    def __init__(self, path: str | os.PathLike[str] = KMSG_PATH):
+        self.path = str(path)
+        self._fd: int | None = None
+        self._last_seq = -1
+        self._error: str | None = None
+        self._uuids: dict[str, str] = {}
+        self._head_bus: str | None = None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def read(self) -> ReadResult:
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as exc:
+                self._error = f"cannot read {self.path}: {exc.strerror or exc}"
+                if exc.errno in (errno.EACCES, errno.EPERM):
+                    self._error += " (root is needed to see XIDs)"
+                return ReadResult(state="absent", error=self._error)
+        result = ReadResult()
+        raw_records: list[str] = []
+        for _ in range(MAX_RECORDS_PER_POLL):
+            try:
+                data = os.read(self._fd, KMSG_READ_SIZE)
+            except BlockingIOError:
+                break
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # records overwritten before we read them
+                    result.lost += 1
+                    continue
+                result.state, result.error = "failed", f"read {self.path}: {exc.strerror}"
+                self.close()
+                break
+            if not data:
+                break
+            raw_records.append(data.decode("utf-8", errors="replace"))
+        now_wall = time.time()
+        now_boot = time.clock_gettime(time.CLOCK_MONOTONIC)
+        lines = []
+        for record in raw_records:
+            first = record.split("\n", 1)[0]  # the rest is the KEY=value dictionary
+            m = _KMSG_RE.match(first)
+            if m and int(m.group("seq")) <= self._last_seq:
+                continue
+            if m:
+                self._last_seq = int(m.group("seq"))
+            lines.append(first)
+        for item in _events(_logical_lines(lines)):
+            if isinstance(item, tuple):
+                self._uuids[item[0]] = item[1]
+                result.uuids[item[0]] = item[1]
+                continue
+            if item.bus_id in self._uuids and item.uuid is None:
+                item = replace(item, uuid=self._uuids[item.bus_id])
+            when = None
+            if item.clock is not None and item.clock[0] == "boot":
+                when = now_wall - (now_boot - item.clock[1])
+            result.events.append((item, when))
+        return result
+
+
+class TextLogReader:
+    """A recorded kernel log (``kmsg.txt`` of a replay directory), any line shape.
+
+    The file is followed like ``tail -f``: the first read takes it whole, later reads
+    only what was appended (a test appends lines to make new events). A missing file is
+    a node without a recorded kernel log (``absent``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self._offset = 0
+        self._partial = ""
+        self._uuids: dict[str, str] = {}
+
+    def close(self) -> None:
+        pass
+
+    def read(self) -> ReadResult:
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self._offset:  # replaced or truncated: start again
+                    self._offset, self._partial = 0, ""
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return ReadResult(state="absent", error=f"no recorded kernel log {self.path}")
+        except OSError as exc:
+            return ReadResult(state="failed", error=f"cannot read {self.path}: {exc.strerror}")
+        self._offset += len(data)
+        text = self._partial + data.decode("utf-8", errors="replace")
+        lines = text.split("\n")
+        self._partial = lines.pop()  # an unfinished last line waits for its newline
+        result = ReadResult()
+        for item in _events(_logical_lines(lines)):
+            if isinstance(item, tuple):
+                self._uuids[item[0]] = item[1]
+                result.uuids[item[0]] = item[1]
+                continue
+            if item.bus_id in self._uuids and item.uuid is None:
+                item = replace(item, uuid=self._uuids[item.bus_id])
+            result.events.append((item, None))
+        return result
+
+
+# ------------------------------------------------------------------------ the source
+
+
+@dataclass(frozen=True)
+class KernelOccurrence:
+    """One episode of a fault: the first event and the repeats folded into it.
+
+    ``first_ts``/``last_ts`` are wall times; ``count`` counts the records folded in
+    (1 for a single line). ``id`` numbers episodes in the order they were first read.
+    """
+
+    id: int
+    event: KernelEvent
+    first_ts: float
+    last_ts: float
+    count: int
+
+
+@dataclass(frozen=True)
+class KernelLogSnapshot:
+    """The kernel log as one patrol sees it.
+
+    - ``new``: episodes first read in this patrol (one event line each);
+    - ``window``: episodes whose last record is within ``window_seconds`` of now
+      (these make card findings);
+    - ``window_counts``: records per (bus, kind, XID or reason) in the window;
+    - ``totals``: records per (bus, kind, XID or reason) since the source started;
+    - ``uuids``: bus id -> UUID as the log named them.
+    """
+
+    state: str
+    error: str | None
+    source: str
+    window_seconds: float
+    new: tuple[KernelOccurrence, ...] = ()
+    window: tuple[KernelOccurrence, ...] = ()
+    window_counts: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    totals: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    uuids: dict[str, str] = field(default_factory=dict)
+    lost: int = 0
+
+
+@dataclass
+class _Episode:
+    id: int
+    event: KernelEvent
+    first_ts: float
+    last_ts: float
+    count: int
+    last_clock: tuple[str, float] | None
+
+    def frozen(self) -> KernelOccurrence:
+        return KernelOccurrence(self.id, self.event, self.first_ts, self.last_ts, self.count)
+
+
+class KernelLog:
+    """Reads a kernel log each patrol, folds bursts, keeps window counts.
+
+    Repeats of one fault (same bus, same XID or reason) whose time stamps lie within
+    ``burst_seconds`` of the episode's last record are folded into that episode: they
+    count, but make no new event. Records read together without a time stamp of their
+    own fold the same way.
+    """
+
+    def __init__(
+        self,
+        reader: KmsgReader | TextLogReader,
+        *,
+        window_seconds: float = 3600.0,
+        burst_seconds: float = 5.0,
+        clock=time.time,
+    ):
+        self.reader = reader
+        self.window_seconds = float(window_seconds)
+        self.burst_seconds = float(burst_seconds)
+        self._clock = clock
+        self._episodes: dict[tuple[str, str, str], list[_Episode]] = {}
+        self._totals: dict[tuple[str, str, str], int] = {}
+        self._uuids: dict[str, str] = {}
+        self._next_id = 1
+        self._lost = 0
+
+    @property
+    def source(self) -> str:
+        return str(getattr(self.reader, "path", ""))
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def _folds(self, ep: _Episode, ev: KernelEvent, ts: float) -> bool:
+        a, b = ep.last_clock, ev.clock
+        if a is not None and b is not None and a[0] == b[0]:
+            return abs(b[1] - a[1]) <= self.burst_seconds
+        return abs(ts - ep.last_ts) <= self.burst_seconds
+
+    def poll(self) -> KernelLogSnapshot:
+        """Read what is new and return this patrol's view."""
+        now = self._clock()
+        result = self.reader.read()
+        self._uuids.update(result.uuids)
+        self._lost += result.lost
+        new: list[_Episode] = []
+        for ev, when in result.events:
+            ts = now if when is None else when
+            key = ev.key
+            self._totals[key] = self._totals.get(key, 0) + 1
+            episodes = self._episodes.setdefault(key, [])
+            last = episodes[-1] if episodes else None
+            if last is not None and self._folds(last, ev, ts):
+                last.count += 1
+                last.last_ts = max(last.last_ts, ts)
+                last.last_clock = ev.clock or last.last_clock
+                continue
+            ep = _Episode(self._next_id, ev, ts, ts, 1, ev.clock)
+            self._next_id += 1
+            episodes.append(ep)
+            del episodes[:-MAX_OCCURRENCES_PER_KEY]
+            new.append(ep)
+        since = now - self.window_seconds
+        window: list[_Episode] = []
+        counts: dict[tuple[str, str, str], int] = {}
+        for key, episodes in self._episodes.items():
+            for ep in episodes:
+                if ep.last_ts >= since:
+                    window.append(ep)
+                    counts[key] = counts.get(key, 0) + ep.count
+        window.sort(key=lambda e: e.id)
+        return KernelLogSnapshot(
+            state=result.state,
+            error=result.error,
+            source=self.source,
+            window_seconds=self.window_seconds,
+            new=tuple(e.frozen() for e in new),
+            window=tuple(e.frozen() for e in window),
+            window_counts=counts,
+            totals=dict(self._totals),
+            uuids=dict(self._uuids),
+            lost=self._lost,
+        )
+
+
+def open_kernel_log(
+    enabled: bool,
+    path: str,
+    *,
+    window_seconds: float,
+    burst_seconds: float,
+    replay_dir: Path | None = None,
+) -> KernelLog | None:
+    """The kernel log source of a patrol: ``/dev/kmsg`` (``path``) on a live node, the
+    replay directory's ``kmsg.txt`` when replaying; None when switched off."""
+    if not enabled:
+        return None
+    reader: KmsgReader | TextLogReader
+    if replay_dir is not None:
+        reader = TextLogReader(Path(replay_dir) / REPLAY_FILE)
+    elif path == KMSG_PATH or Path(path).is_char_device():
+        reader = KmsgReader(path)
+    else:
+        reader = TextLogReader(path)  # a log file (tests, or a forwarded kernel log)
+    return KernelLog(reader, window_seconds=window_seconds, burst_seconds=burst_seconds)

@@ -1,0 +1,237 @@
+"""The privileged drain path: a minimal root helper for ``scontrol``, reached over a socket.
+
+The daemon runs as the unprivileged user ``hetpatrol`` with ``NoNewPrivileges=yes`` (so
+no sudo), but draining a node (``scontrol update NodeName=N State=DRAIN``) needs root or
+the SlurmUser. Instead of running the whole daemon as root, a deployment points the
+config's ``slurm.scontrol`` argv prefix at the client of this module::
+
+    slurm:
+      scontrol: ["/usr/local/bin/hetpatrol-scontrol"]
+
+The client forwards its arguments over ``/run/hetpatrol-scontrol.sock`` (a systemd socket
+unit, mode 0660, group ``hetpatrol``; ``Accept=yes``), and systemd starts one root
+``hetpatrol-scontrol@.service`` per connection that runs this module with ``--serve``: it
+reads one request, checks it, runs the real ``scontrol`` and sends back its exit code,
+stdout and stderr, so the caller sees exactly what ``scontrol`` would have printed.
+
+The helper accepts only what hetpatrol needs, whatever the caller asks:
+
+- read-only: ``show node[s] [NAME]`` (with ``-o``/``--oneliner``/``-d``), ``ping``,
+  ``--version``;
+- ``update NodeName=<this node> State=DRAIN Reason=hetpatrol:...``: only this node
+  (``slurm.node_name``, else ``node`` of ``/etc/hetpatrol/hetpatrol.yaml``), only with
+  hetpatrol's reason prefix;
+- ``update NodeName=<this node> State=RESUME`` (or ``UNDRAIN``): only while the node's
+  current reason starts with hetpatrol's prefix, so an admin's drain is never cleared.
+
+Anything else is refused (exit code 2, nothing run). Requests are one JSON line
+``{"argv": [...]}``; answers one JSON line ``{"rc", "stdout", "stderr"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_SOCKET = "/run/hetpatrol-scontrol.sock"
+DEFAULT_CONFIG = "/etc/hetpatrol/hetpatrol.yaml"
+DEFAULT_SCONTROL = "/usr/bin/scontrol"
+REASON_PREFIX = "hetpatrol:"
+MAX_REQUEST = 64 * 1024
+EXIT_REFUSED = 2
+EXIT_UNREACHABLE = 1
+
+_READ_FLAGS = {"-o", "--oneliner", "-d", "--details", "-a", "--all"}
+_DRAIN_STATES = {"DRAIN"}
+_RESUME_STATES = {"RESUME", "UNDRAIN"}
+
+
+class Refused(Exception):
+    """A request the helper does not run; ``str()`` says why."""
+
+
+def check_request(argv: Sequence[str], nodes: Sequence[str]) -> tuple[str, str | None]:
+    """Classify ``argv`` (scontrol arguments). Returns (kind, node) with kind ``read``,
+    ``drain`` or ``resume``; raises :class:`Refused` for anything else."""
+    if not isinstance(argv, list | tuple) or not all(isinstance(a, str) for a in argv):
+        raise Refused("argv must be a list of strings")
+    if any("\n" in a or "\0" in a for a in argv):
+        raise Refused("newline or NUL in an argument")
+    words = [a for a in argv if a not in _READ_FLAGS]
+    flags = [a for a in argv if a in _READ_FLAGS]
+    if words in (["--version"], ["-V"], ["ping"]) and not flags:
+        return "read", None
+    if len(words) in (2, 3) and words[0] == "show" and words[1] in ("node", "nodes"):
+        return "read", None
+    if not words or words[0] != "update" or flags:
+        raise Refused(f"only 'show node', 'ping' and drain/resume of this node: {list(argv)}")
+    fields: dict[str, str] = {}
+    for word in words[1:]:
+        key, sep, value = word.partition("=")
+        key = key.lower()
+        if not sep or key not in ("nodename", "state", "reason") or key in fields:
+            raise Refused(f"update takes NodeName=, State= and Reason= once each: {word!r}")
+        fields[key] = value
+    node = fields.get("nodename")
+    if not node or node not in nodes:
+        raise Refused(f"NodeName={node} is not this node ({', '.join(nodes) or 'none known'})")
+    state = fields.get("state", "").upper()
+    if state in _DRAIN_STATES:
+        if not fields.get("reason", "").startswith(REASON_PREFIX):
+            raise Refused(f"a drain reason must start with {REASON_PREFIX!r}")
+        return "drain", node
+    if state in _RESUME_STATES:
+        if "reason" in fields:
+            raise Refused("a resume takes no Reason=")
+        return "resume", node
+    raise Refused(f"State={fields.get('state')} is neither DRAIN nor RESUME")
+
+
+def allowed_nodes(config_path: str | None) -> list[str]:
+    """This node's Slurm NodeName from the hetpatrol config (``slurm.node_name`` or
+    ``node``, which defaults to the short host name)."""
+    from hetpatrol.config import load_config
+
+    config = load_config(config_path)
+    slurm = getattr(config, "slurm", None)
+    name = getattr(slurm, "node_name", None) if slurm is not None else None
+    return [name or config.node]
+
+
+def _run(cmd: list[str], timeout: float) -> dict[str, Any]:
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"rc": 124, "stdout": "", "stderr": f"{cmd[0]}: timed out after {timeout:g} s\n"}
+    except OSError as exc:
+        return {"rc": 127, "stdout": "", "stderr": f"{cmd[0]}: {exc}\n"}
+    return {"rc": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
+
+
+def _current_reason(scontrol: str, node: str, timeout: float) -> str | None:
+    from hetpatrol.slurm.gres import find_node
+
+    res = _run([scontrol, "-o", "show", "node", node], timeout)
+    if res["rc"] != 0:
+        raise Refused(f"cannot read the node's reason: {res['stderr'].strip()}")
+    info = find_node(res["stdout"], node)
+    if info is None:
+        raise Refused(f"scontrol does not know node {node}")
+    return info.reason
+
+
+def handle(
+    request: bytes, *, nodes: Sequence[str], scontrol: str, timeout: float = 30.0
+) -> dict[str, Any]:
+    """Answer one request (the bytes of one JSON line). Never raises."""
+    try:
+        doc = json.loads(request.decode("utf-8"))
+        argv = doc.get("argv") if isinstance(doc, dict) else None
+        if argv is None:
+            raise Refused('the request must be {"argv": [...]}')
+        kind, node = check_request(argv, nodes)
+        if kind == "resume":
+            assert node is not None
+            reason = _current_reason(scontrol, node, timeout)
+            if not (reason or "").startswith(REASON_PREFIX):
+                raise Refused(f"node {node} reason {reason!r} is not hetpatrol's: not resumed")
+    except Refused as exc:
+        return {"rc": EXIT_REFUSED, "stdout": "", "stderr": f"hetpatrol-scontrol: refused: {exc}\n"}
+    except (ValueError, UnicodeDecodeError) as exc:
+        return {
+            "rc": EXIT_REFUSED,
+            "stdout": "",
+            "stderr": f"hetpatrol-scontrol: bad request: {exc}\n",
+        }
+    return _run([scontrol, *argv], timeout)
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, gid = struct.unpack("3i", creds)
+        return f"pid={pid} uid={uid} gid={gid}"
+    except OSError:
+        return "peer unknown"
+
+
+def serve(args: Sequence[str]) -> int:
+    """Root side (``--serve``): stdin/stdout are the connection systemd accepted."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="hetpatrol-scontrol --serve")
+    p.add_argument("--config", default=DEFAULT_CONFIG)
+    p.add_argument("--scontrol", default=DEFAULT_SCONTROL)
+    p.add_argument("--node", action="append", default=None, help="allowed NodeName")
+    p.add_argument("--timeout", type=float, default=30.0)
+    opts = p.parse_args(args)
+    conn = socket.socket(fileno=os.dup(0))
+    try:
+        data = b""
+        while b"\n" not in data and len(data) <= MAX_REQUEST:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        if len(data) > MAX_REQUEST:
+            answer = {"rc": EXIT_REFUSED, "stdout": "", "stderr": "request too long\n"}
+        else:
+            try:
+                nodes = opts.node or allowed_nodes(opts.config)
+            except Exception as exc:  # noqa: BLE001 - answer the caller, log the cause
+                nodes = []
+                print(f"hetpatrol-scontrol: cannot read {opts.config}: {exc}", file=sys.stderr)
+            answer = handle(
+                data.split(b"\n", 1)[0], nodes=nodes, scontrol=opts.scontrol, timeout=opts.timeout
+            )
+        print(
+            f"hetpatrol-scontrol: {_peer(conn)} request={data[:300]!r} rc={answer['rc']}"
+            + (f" {answer['stderr'].strip()}" if answer["rc"] == EXIT_REFUSED else ""),
+            file=sys.stderr,
+        )
+        conn.sendall(json.dumps(answer).encode() + b"\n")
+        conn.shutdown(socket.SHUT_WR)
+    finally:
+        conn.close()
+    return 0
+
+
+def client(argv: Sequence[str], socket_path: str | None = None) -> int:
+    """Unprivileged side: forward ``argv`` and behave like scontrol (same rc and output)."""
+    path = socket_path or os.environ.get("HETPATROL_SCONTROL_SOCKET") or DEFAULT_SOCKET
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(120)
+            s.connect(path)
+            s.sendall(json.dumps({"argv": list(argv)}).encode() + b"\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        answer = json.loads(data.decode())
+    except (OSError, ValueError) as exc:
+        print(f"hetpatrol-scontrol: {path}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    sys.stdout.write(answer.get("stdout", ""))
+    sys.stderr.write(answer.get("stderr", ""))
+    return int(answer.get("rc", EXIT_UNREACHABLE))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``hetpatrol-scontrol [--socket=PATH] SCONTROL-ARGS...`` or ``--serve [...]``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--serve"]:
+        return serve(args[1:])
+    socket_path = None
+    if args and args[0].startswith("--socket="):
+        socket_path = args.pop(0).split("=", 1)[1]
+    return client(args, socket_path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""Drain and resume this node in Slurm, safely. Runs after each report (in the daemon).
+
+Rules (``slurm.enabled`` and ``slurm.drain.enabled``, both off by default):
+
+- A **critical** patrol drains the node: ``scontrol update NodeName=<node> State=DRAIN
+  Reason="hetpatrol: <check> <card>, ..."``, unless the node already carries a reason.
+  A reason of our own (it starts with ``hetpatrol:``) is left as it is; **anyone
+  else's** (an admin's drain, Slurm's own ``gres/gpu count reported lower than
+  configured``) is never replaced: the decision is logged as ``drain_skipped``.
+- A node in a state we do not understand is never touched (``drain_skipped`` /
+  ``resume_skipped``): only IDLE, ALLOCATED and MIXED, with at most the DRAIN and
+  COMPLETING flags, are acted on; ``boot`` (REBOOT_ISSUED), ``@`` (REBOOT_REQUESTED),
+  ``#`` (POWERING_UP), ``resv`` (RESERVED), ``fail`` (FAIL), ``maint``, ``*`` (not
+  responding), DOWN, FUTURE... are skipped and the event says which.
+- After ``resume_after_patrols`` consecutive **healthy** patrols (ok or warning) a node
+  whose current reason starts with ``hetpatrol:`` is resumed (``State=RESUME``). An
+  ``unknown`` patrol (a hung tool) neither drains nor counts as healthy.
+- ``dry_run`` logs every decision (``dry_run: true``) and runs no ``scontrol update``.
+
+Every decision is a ``kind: "event"`` line (schema ``hetpatrol.event/1``, see
+:func:`hetpatrol.schema.event_json_schema`). Decisions that change nothing (skips,
+dry runs, failures) are written once per episode, not once per patrol. Every scontrol
+call runs through the configured argv prefix under ``timeout_seconds``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from hetpatrol.patrol import rfc3339
+from hetpatrol.schema import (
+    EVENT_SCHEMA,
+    HEALTH_CRITICAL,
+    HEALTH_OK,
+    HEALTH_WARNING,
+    CardRecord,
+)
+from hetpatrol.slurm.gres import NodeInfo, find_node
+from hetpatrol.slurm.inventory import Runner, run_scontrol
+from hetpatrol.slurm.settings import SlurmSettings
+from hetpatrol.tool import run_tool
+
+if TYPE_CHECKING:
+    from hetpatrol.config import Config
+    from hetpatrol.patrol import PatrolReport
+
+log = structlog.get_logger("hetpatrol.slurm")
+
+REASON_PREFIX = "hetpatrol:"
+#: Longest reason we set (Slurm keeps more, but sinfo columns and humans do not).
+REASON_MAX = 200
+
+UNDERSTOOD_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED"})
+UNDERSTOOD_FLAGS = frozenset({"DRAIN", "COMPLETING"})
+
+EVENT_DRAIN = "drain"
+EVENT_RESUME = "resume"
+EVENT_DRAIN_SKIPPED = "drain_skipped"
+EVENT_RESUME_SKIPPED = "resume_skipped"
+EVENT_DRAIN_FAILED = "drain_failed"
+EVENT_RESUME_FAILED = "resume_failed"
+EVENTS = (
+    EVENT_DRAIN,
+    EVENT_RESUME,
+    EVENT_DRAIN_SKIPPED,
+    EVENT_RESUME_SKIPPED,
+    EVENT_DRAIN_FAILED,
+    EVENT_RESUME_FAILED,
+)
+
+
+def ours(reason: str | None) -> bool:
+    """True when a Slurm reason was set by hetpatrol."""
+    return reason is not None and reason.startswith(REASON_PREFIX)
+
+
+def understood(info: NodeInfo) -> str | None:
+    """None when we may act on a node in this state, else why not."""
+    extra = info.flags - UNDERSTOOD_FLAGS
+    if info.base_state not in UNDERSTOOD_STATES or extra:
+        return (
+            f"Slurm state {info.state or '(none)'} is not one hetpatrol acts on "
+            f"(only {'/'.join(sorted(UNDERSTOOD_STATES))} with "
+            f"{'/'.join(sorted(UNDERSTOOD_FLAGS))})"
+        )
+    return None
+
+
+def _card_name(rec: CardRecord) -> str:
+    return f"{rec.vendor}/{rec.index}" + (f"/{rec.chip}" if rec.chip is not None else "")
+
+
+def drain_reason(report: PatrolReport) -> str:
+    """``hetpatrol: <check> <card>, ...`` for the critical findings of ``report``.
+
+    Node findings first (``gres_mismatch gpu:a100 6/8``: healthy/registered), then cards
+    in report order (``vendor_health nvidia/3``); a card held critical only while it
+    recovers names ``recovering``. Cut to :data:`REASON_MAX` with a ``(+N more)`` tail.
+    """
+    parts = []
+    for f in report.node_findings:
+        if f.severity == HEALTH_CRITICAL:
+            if f.check == "gres_mismatch":  # "gpu:a100: Slurm has 8 registered, 6 healthy..."
+                what = f"{f.message.split(': ', 1)[0]} {f.value}/{f.threshold}"
+            else:
+                what = "node"
+            parts.append(f"{f.check} {what}")
+    for rec in report.cards:
+        if rec.health != HEALTH_CRITICAL:
+            continue
+        checks = [f.check for f in rec.findings if f.severity == HEALTH_CRITICAL]
+        real = [c for c in checks if c != "recovering"] or checks or ["critical"]
+        parts.append(f"{'+'.join(dict.fromkeys(real))} {_card_name(rec)}")
+    if not parts:
+        parts = [f"node {report.health}"]
+    text = REASON_PREFIX + " " + parts[0]
+    for i, part in enumerate(parts[1:], start=1):
+        more = f" (+{len(parts) - i} more)"
+        if len(text) + 2 + len(part) + len(more) > REASON_MAX:
+            return text + more
+        text += ", " + part
+    return text
+
+
+def encode_event(event: dict[str, Any]) -> str:
+    """One JSONL line (with its newline), encoded as the patrol lines are."""
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
+
+
+class DrainPolicy:
+    """Decides, per report, whether to drain or resume this node, and does it.
+
+    Keeps the healthy-patrol streak across reports and config reloads. ``runner``
+    and ``clock`` are injectable (tests).
+    """
+
+    def __init__(self, runner: Runner = run_tool, clock: Callable[[], float] = time.time):
+        self.runner = runner
+        self.clock = clock
+        self.healthy_streak = 0
+        #: True while the node may carry a drain of ours (unknown at start: look once)
+        self.maybe_ours = True
+        #: dry run: the drain we would have made, so its resume is logged too
+        self.simulated_drain: str | None = None
+        self.counts: dict[str, int] = {e: 0 for e in EVENTS}
+        self._last_quiet: tuple[str, str] | None = None
+
+    # --------------------------------------------------------------------- entry
+    def on_report(self, report: PatrolReport, config: Config) -> list[str]:
+        """Act on ``report``; return the event lines (JSONL) of the decisions made."""
+        settings = config.slurm
+        if not (settings.enabled and settings.drain.enabled):
+            return []
+        try:
+            events = self._decide(report, settings, settings.slurm_node(config.node))
+        except Exception as exc:  # noqa: BLE001 - the daemon loop must go on
+            log.error("drain_policy_failed", error=f"{type(exc).__name__}: {exc}")
+            return []
+        lines = []
+        for event in events:
+            self.counts[event["event"]] = self.counts.get(event["event"], 0) + 1
+            level = log.info if event["event"] in (EVENT_DRAIN, EVENT_RESUME) else log.warning
+            level(
+                "slurm_" + event["event"],
+                slurm_node=event["slurm_node"],
+                reason=event["reason"],
+                dry_run=event["dry_run"],
+                detail=event["detail"],
+            )
+            lines.append(encode_event(event))
+        return lines
+
+    # ------------------------------------------------------------------ decisions
+    def _decide(
+        self, report: PatrolReport, settings: SlurmSettings, node: str
+    ) -> list[dict[str, Any]]:
+        if report.health == HEALTH_CRITICAL:
+            self.healthy_streak = 0
+            return self._on_critical(report, settings, node)
+        if report.health not in (HEALTH_OK, HEALTH_WARNING):  # unknown: no verdict
+            self.healthy_streak = 0
+            return []
+        self.healthy_streak += 1
+        self._last_quiet = None  # a healthy patrol ends the episode of quiet events
+        if self.healthy_streak < settings.drain.resume_after_patrols:
+            return []
+        return self._on_healthy(report, settings, node)
+
+    def _on_critical(
+        self, report: PatrolReport, settings: SlurmSettings, node: str
+    ) -> list[dict[str, Any]]:
+        reason = drain_reason(report)
+        info, error = self._query(settings, node)
+        if info is None:
+            return self._quiet(report, node, EVENT_DRAIN_SKIPPED, reason, None, detail=error)
+        if info.reason is not None and ours(info.reason) and info.drained:
+            self.maybe_ours = True
+            return []  # drained by us already: the first reason stays
+        if info.reason is not None and not ours(info.reason):
+            by = f" by {info.reason_user}" if info.reason_user else ""
+            why = f"node already has a reason set{by}: {info.reason!r}; left untouched"
+            return self._quiet(report, node, EVENT_DRAIN_SKIPPED, reason, info, detail=why)
+        why_not = understood(info)
+        if why_not is not None:
+            return self._quiet(report, node, EVENT_DRAIN_SKIPPED, reason, info, detail=why_not)
+        argv = [*settings.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
+        if settings.drain.dry_run:
+            self.simulated_drain = reason
+            return self._quiet(report, node, EVENT_DRAIN, reason, info, command=argv, dry=True)
+        _, error = run_scontrol(settings, argv[len(settings.scontrol) :], self.runner)
+        if error is not None:
+            return self._quiet(
+                report, node, EVENT_DRAIN_FAILED, reason, info, command=argv, detail=error
+            )
+        self.maybe_ours = True
+        self._last_quiet = None
+        return [self._event(report, node, EVENT_DRAIN, reason, info, command=argv)]
+
+    def _on_healthy(
+        self, report: PatrolReport, settings: SlurmSettings, node: str
+    ) -> list[dict[str, Any]]:
+        if settings.drain.dry_run and self.simulated_drain is not None:
+            reason = f"healthy for {self.healthy_streak} consecutive patrols"
+            argv = [*settings.scontrol, "update", f"NodeName={node}", "State=RESUME"]
+            detail = f"dry run: would resume the drain it would have made: {self.simulated_drain}"
+            self.simulated_drain = None
+            return [
+                self._event(
+                    report, node, EVENT_RESUME, reason, None, command=argv, detail=detail, dry=True
+                )
+            ]
+        if not self.maybe_ours:
+            return []
+        info, error = self._query(settings, node)
+        if info is None:
+            return self._quiet(report, node, EVENT_RESUME_SKIPPED, None, None, detail=error)
+        if not (info.drained and ours(info.reason)):
+            self.maybe_ours = False  # nothing of ours to resume: stop asking
+            return []
+        why_not = understood(info)
+        if why_not is not None:
+            return self._quiet(
+                report, node, EVENT_RESUME_SKIPPED, info.reason, info, detail=why_not
+            )
+        argv = [*settings.scontrol, "update", f"NodeName={node}", "State=RESUME"]
+        reason = f"healthy for {self.healthy_streak} consecutive patrols"
+        if settings.drain.dry_run:
+            return self._quiet(report, node, EVENT_RESUME, reason, info, command=argv, dry=True)
+        _, error = run_scontrol(settings, argv[len(settings.scontrol) :], self.runner)
+        if error is not None:
+            return self._quiet(
+                report, node, EVENT_RESUME_FAILED, reason, info, command=argv, detail=error
+            )
+        self.maybe_ours = False
+        return [self._event(report, node, EVENT_RESUME, reason, info, command=argv)]
+
+    # -------------------------------------------------------------------- helpers
+    def _query(self, settings: SlurmSettings, node: str) -> tuple[NodeInfo | None, str | None]:
+        out, error = run_scontrol(settings, ["show", "node", "-o", node], self.runner)
+        if error is not None or out is None:
+            return None, f"cannot read the Slurm state of {node}: {error}"
+        info = find_node(out.stdout, node)
+        if info is None:
+            return None, f"scontrol show node: no node named {node!r}"
+        return info, None
+
+    def _quiet(
+        self,
+        report: PatrolReport,
+        node: str,
+        event: str,
+        reason: str | None,
+        info: NodeInfo | None,
+        *,
+        command: Sequence[str] | None = None,
+        detail: str | None = None,
+        dry: bool = False,
+    ) -> list[dict[str, Any]]:
+        """An event that changes nothing: written once until the situation changes."""
+        key = (event, f"{reason}|{detail}|{info.reason if info else None}")
+        if key == self._last_quiet:
+            return []
+        self._last_quiet = key
+        return [
+            self._event(report, node, event, reason, info, command=command, detail=detail, dry=dry)
+        ]
+
+    def _event(
+        self,
+        report: PatrolReport,
+        node: str,
+        event: str,
+        reason: str | None,
+        info: NodeInfo | None,
+        *,
+        command: Sequence[str] | None = None,
+        detail: str | None = None,
+        dry: bool = False,
+    ) -> dict[str, Any]:
+        return {
+            "kind": "event",
+            "schema": EVENT_SCHEMA,
+            "ts": rfc3339(self.clock()),
+            "node": report.node,
+            "slurm_node": node,
+            "seq": report.seq,
+            "health": report.health,
+            "event": event,
+            "reason": reason,
+            "dry_run": dry,
+            "slurm_state": info.state if info else None,
+            "slurm_reason": info.reason if info else None,
+            "command": list(command) if command is not None else None,
+            "detail": detail,
+        }

@@ -1,0 +1,331 @@
+"""Parsers for what Slurm says about a node: ``scontrol show node``, GRES strings,
+``gres.conf`` and host lists. Pure text in, values out; nothing here runs a command.
+
+GRES strings as Slurm prints them (``scontrol show node``, ``sinfo %G``)::
+
+    gpu:a100:8(S:0-1),ascend:910b:8     typed, with socket affinity
+    gpu:8                               untyped
+    gpu:(null):4(IDX:0-3)               untyped (22.05 prints the missing type as "(null)")
+    gpu:1080ti:1(IDX:0),gpu:980gtx:1(IDX:1)
+    vmem:2G                             count with a K/M/G/T suffix (powers of 1024)
+    (null)                              no GRES at all
+
+A trailing number is the count, as in Slurm's own parser (``gpu:3090`` is 3090 GPUs;
+a type made of digits needs the three-part form ``gpu:3090:2``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+_SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+_COUNT_RE = re.compile(r"^(\d+)([KMGTP]?)$", re.IGNORECASE)
+_NULLS = {"", "(null)", "null", "n/a", "none"}
+
+
+def parse_count(text: str) -> int | None:
+    """``8`` -> 8, ``4G`` -> 4 * 1024**3; None when ``text`` is not a count."""
+    m = _COUNT_RE.match(text.strip())
+    if not m:
+        return None
+    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+
+
+def split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside ``()`` and ``[]``: ``a(S:0,1),b[1,2]`` -> 2 parts."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]" and depth:
+            depth -= 1
+        if ch == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+# ---------------------------------------------------------------------------- GRES
+@dataclass(frozen=True)
+class GresEntry:
+    """One GRES of a node: ``name`` (``gpu``), ``type`` (``a100``, None = untyped), count."""
+
+    name: str
+    type: str | None
+    count: int
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        """Case-insensitive identity (Slurm compares GRES names and types that way)."""
+        return (self.name.lower(), self.type.lower() if self.type else None)
+
+    @property
+    def label(self) -> str:
+        """``gpu:a100`` or ``gpu`` (untyped)."""
+        return f"{self.name}:{self.type}" if self.type else self.name
+
+
+def parse_gres_item(item: str) -> GresEntry | None:
+    """One comma-separated item of a GRES string; None for ``(null)`` or an empty item."""
+    text = item.strip()
+    if text.lower() in _NULLS:
+        return None
+    text = re.sub(r"\([^()]*\)$", "", text).strip()  # (S:0-1), (IDX:0-3)
+    parts = [p for p in text.split(":") if p.lower() != "no_consume"]
+    if not parts or not parts[0]:
+        return None
+    name, rest = parts[0], parts[1:]
+    count = 1
+    if rest and parse_count(rest[-1]) is not None:
+        count = parse_count(rest[-1]) or 0
+        rest = rest[:-1]
+    gtype = ":".join(rest) if rest else None
+    if gtype is not None and gtype.lower() in _NULLS:
+        gtype = None
+    return GresEntry(name, gtype, count)
+
+
+def parse_gres(text: str | None) -> tuple[GresEntry, ...]:
+    """A GRES string (``gpu:a100:8(S:0-1),ascend:910b:8``) -> its entries, in order."""
+    if text is None or text.strip().lower() in _NULLS:
+        return ()
+    return tuple(e for e in (parse_gres_item(i) for i in split_top(text)) if e is not None)
+
+
+def sum_gres(entries: Iterable[GresEntry]) -> tuple[GresEntry, ...]:
+    """Entries with the same (name, type) added up, first spelling kept, order kept."""
+    out: dict[tuple[str, str | None], GresEntry] = {}
+    for e in entries:
+        prev = out.get(e.key)
+        out[e.key] = e if prev is None else GresEntry(prev.name, prev.type, prev.count + e.count)
+    return tuple(out.values())
+
+
+# ----------------------------------------------------------------------- host lists
+def expand_hostlist(text: str) -> list[str]:
+    """Expand a Slurm host list: ``node[01-03,7],gpu1`` -> node01 node02 node03 node07 gpu1.
+
+    Several bracket groups multiply (``r[1-2]n[1-2]``). Zero padding follows the width of
+    the lower bound (``[01-10]`` -> 01 ... 10). Used for ``NodeName=`` and ``File=``.
+    """
+    out: list[str] = []
+    for part in split_top(text):
+        out.extend(_expand_one(part))
+    return out
+
+
+def _expand_one(text: str) -> list[str]:
+    m = re.search(r"\[([^\[\]]*)\]", text)
+    if not m:
+        return [text]
+    head, tail = text[: m.start()], text[m.end() :]
+    values: list[str] = []
+    for rng in m.group(1).split(","):
+        rng = rng.strip()
+        if not rng:
+            continue
+        lo, sep, hi = rng.partition("-")
+        if sep and lo.isdigit() and hi.isdigit():
+            width = len(lo) if lo.startswith("0") else 0
+            step = 1 if int(hi) >= int(lo) else -1
+            values.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + step, step))
+        else:
+            values.append(rng)
+    return [head + v + rest for v in values for rest in _expand_one(tail)]
+
+
+# ------------------------------------------------------------------ scontrol show node
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node of ``scontrol show node [-o]`` output.
+
+    ``state`` is the raw state (``IDLE+DRAIN``); ``reason`` the reason text without the
+    ``[user@time]`` suffix Slurm appends, who set it in ``reason_user``.
+    """
+
+    name: str
+    state: str
+    gres: tuple[GresEntry, ...] = ()
+    reason: str | None = None
+    reason_user: str | None = None
+    reason_time: str | None = None
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def base_state(self) -> str:
+        """``IDLE`` of ``IDLE+DRAIN`` (``*`` for not responding stripped)."""
+        return self.state.split("+", 1)[0].rstrip("*~#!%$@^-").upper()
+
+    @property
+    def flags(self) -> frozenset[str]:
+        """``{DRAIN}`` of ``IDLE+DRAIN``; a trailing ``*`` counts as ``NOT_RESPONDING``."""
+        parts = self.state.upper().split("+")
+        flags = {p.rstrip("*") for p in parts[1:] if p}
+        if parts[0].endswith("*"):
+            flags.add("NOT_RESPONDING")
+        return frozenset(flags)
+
+    @property
+    def drained(self) -> bool:
+        """True when the node carries the DRAIN flag (drained or draining)."""
+        return "DRAIN" in self.flags or self.base_state in ("DRAINED", "DRAINING", "DRAIN")
+
+
+# Reason=<text> [<user>@<time>]: the bracket Slurm appends; an admin's text may hold "[x]"
+# or "a=b", so the reason runs to the first " [user@time]", not to the next "key=".
+_REASON_BY_RE = re.compile(r" \[(?P<user>[^\]\s@]*)@(?P<time>[^\]\s]*)\]")
+_FIELD_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/]*)=(\S*)")
+
+
+def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
+    """Every node in ``scontrol show node`` output, one-line (``-o``) or multi-line.
+
+    Lines before the first ``NodeName=`` (a shell prompt in a recording) are ignored.
+    Values with spaces (``OS=``) keep their first word only; ``Reason=`` is read whole.
+    """
+    blocks = re.split(r"(?m)^(?=\s*NodeName=)", text)
+    nodes = []
+    for block in blocks:
+        if not block.lstrip().startswith("NodeName="):
+            continue
+        reason = reason_user = reason_time = None
+        rest_lines = []
+        for line in block.splitlines():
+            idx = _reason_start(line)
+            if idx is None:
+                rest_lines.append(line)
+                continue
+            start = idx + len("Reason=")
+            m = _REASON_BY_RE.search(line, start)
+            if m:
+                reason = line[start : m.start()].strip()
+                reason_user, reason_time = m.group("user"), m.group("time")
+                rest_lines.append(line[:idx] + line[m.end() :])
+            else:  # no [user@time]: the rest of the line is the reason
+                reason = line[start:].strip()
+                rest_lines.append(line[:idx])
+        fields: dict[str, str] = {}
+        for m in _FIELD_RE.finditer("\n".join(rest_lines)):
+            fields.setdefault(m.group(1), m.group(2))
+        nodes.append(
+            NodeInfo(
+                name=fields.get("NodeName", ""),
+                state=fields.get("State", ""),
+                gres=parse_gres(fields.get("Gres")),
+                reason=reason or None,
+                reason_user=reason_user,
+                reason_time=reason_time,
+                fields=fields,
+            )
+        )
+    return nodes
+
+
+def _reason_start(line: str) -> int | None:
+    m = re.search(r"(?:^|\s)Reason=", line)
+    if m is None:
+        return None
+    return m.end() - len("Reason=")
+
+
+def find_node(text: str, name: str) -> NodeInfo | None:
+    """The node called ``name`` in ``scontrol show node`` output, or None."""
+    for node in parse_scontrol_nodes(text):
+        if node.name == name:
+            return node
+    return None
+
+
+# ------------------------------------------------------------------------- gres.conf
+@dataclass(frozen=True)
+class GresConfLine:
+    """One meaningful ``gres.conf`` line.
+
+    ``nodes`` is None for a line without ``NodeName=`` (it applies to every node);
+    ``count`` is ``Count=``, else the number of ``File=``/``MultipleFiles=`` devices,
+    else 1. ``autodetect`` is set on ``AutoDetect=`` lines.
+    """
+
+    line: int
+    nodes: tuple[str, ...] | None
+    name: str | None
+    type: str | None
+    count: int
+    files: tuple[str, ...] = ()
+    autodetect: str | None = None
+
+
+@dataclass(frozen=True)
+class GresConf:
+    """What ``gres.conf`` says about one node: its entries and its AutoDetect mode."""
+
+    entries: tuple[GresEntry, ...]
+    autodetect: str | None
+
+    @property
+    def complete(self) -> bool:
+        """False when counts come from hardware detection rather than the file."""
+        return bool(self.entries) or self.autodetect in (None, "off")
+
+
+def parse_gres_conf(text: str) -> list[GresConfLine]:
+    """Every ``Name=`` or ``AutoDetect=`` line of a ``gres.conf`` (keys case-insensitive)."""
+    out = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        kv: dict[str, str] = {}
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if sep:
+                kv[key.lower()] = value
+        if "name" not in kv and "autodetect" not in kv:
+            continue
+        nodes = tuple(expand_hostlist(kv["nodename"])) if "nodename" in kv else None
+        files: tuple[str, ...] = ()
+        for key in ("file", "files", "multiplefiles"):
+            if key in kv:
+                files = tuple(expand_hostlist(kv[key]))
+        count = parse_count(kv["count"]) if "count" in kv else None
+        if count is None:
+            count = len(files) if files else 1
+        gtype = kv.get("type")
+        out.append(
+            GresConfLine(
+                line=lineno,
+                nodes=nodes,
+                name=kv.get("name"),
+                type=gtype if gtype and gtype.lower() not in _NULLS else None,
+                count=count,
+                files=files,
+                autodetect=kv["autodetect"].lower() if "autodetect" in kv else None,
+            )
+        )
+    return out
+
+
+def gres_conf_for_node(lines: Iterable[GresConfLine], node: str) -> GresConf:
+    """The GRES that ``gres.conf`` gives ``node``: lines for every node or naming it.
+
+    A node-specific ``AutoDetect=`` wins over a global one.
+    """
+    entries = []
+    auto_global = auto_node = None
+    for ln in lines:
+        if ln.nodes is not None and node not in ln.nodes:
+            continue
+        if ln.autodetect is not None:
+            if ln.nodes is None:
+                auto_global = ln.autodetect
+            else:
+                auto_node = ln.autodetect
+        if ln.name is not None:
+            entries.append(GresEntry(ln.name, ln.type, ln.count))
+    autodetect = auto_node if auto_node is not None else auto_global
+    return GresConf(sum_gres(entries), autodetect)

@@ -1,0 +1,439 @@
+"""Judging kernel log events: XID classes, card findings and the ``kind: "event"`` lines.
+
+Only judges: takes the :class:`~hetpatrol.kernel_log.KernelLogSnapshot` that the kernel
+log source read and the cards the collectors read, and decides severities (DESIGN
+section 4):
+
+- drain class (48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143, 155, 156, 158; the
+  NVLink5 XIDs 144-150 when ``Fatal``) -> ``critical``: drain the node, reset the GPU;
+- application class (13, 31, 43, 45) -> ``warning`` attributed to the process (and its
+  Slurm job): the job's fault, the card stays in service;
+- informational (63, 92) -> ``info``;
+- 94 (contained ECC error: the application was stopped) -> ``warning``, ``critical`` once
+  it repeats ``repeat_critical[94]`` times in the window;
+- 154 (recovery action changed) -> ``critical`` unless the new action is ``None``;
+- NVLink5 144-150 ``Nonfatal`` -> ``warning``;
+- failures that print no Xid (``fallen off the bus``, ``NV_ERR_RESET_REQUIRED``,
+  ``RmInitAdapter failed``) -> ``critical``;
+- any other XID -> ``unknown_xid_severity`` (``warning``).
+
+Every class can be overridden per XID in the config (``kernel_log.xid_severity``).
+A card's finding lasts while an episode of the fault is in the window
+(``kernel_log.window_seconds``); an event from before the window (an old ring-buffer
+record read at start-up) is written as an event line but makes no finding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from hetpatrol import processes
+from hetpatrol.kernel_log import (
+    KIND_KERNEL,
+    KIND_XID,
+    REASON_FALLEN_OFF_BUS,
+    REASON_RESET_REQUIRED,
+    REASON_RM_INIT_FAILED,
+    KernelLog,
+    KernelLogSnapshot,
+    KernelOccurrence,
+)
+from hetpatrol.schema import (
+    EVENT_SCHEMA,
+    HEALTH_CRITICAL,
+    HEALTH_WARNING,
+    SEVERITY_INFO,
+    CardRecord,
+    Finding,
+    worst,
+)
+
+_log = structlog.get_logger("hetpatrol.kernel_log")
+
+DRAIN_XIDS = frozenset({48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143, 155, 156, 158})
+NVLINK5_XIDS = frozenset(range(144, 151))
+APPLICATION_XIDS = frozenset({13, 31, 43, 45})
+INFO_XIDS = frozenset({63, 92})
+
+CLASS_DRAIN = "drain"
+CLASS_APPLICATION = "application"
+CLASS_INFO = "informational"
+CLASS_OTHER = "other"
+
+#: Short names of the XIDs hetpatrol classifies (NVIDIA's XID catalogue).
+XID_NAMES: dict[int, str] = {
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    32: "Invalid or corrupted push buffer stream",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors",
+    48: "Double Bit ECC Error",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    74: "NVLink Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    109: "Context Switch Timeout Error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+    140: "Unrecovered ECC Error",
+    143: "GPU Initialization Failure",
+    144: "NVLink: SAW Error",
+    145: "NVLink: RLW Error",
+    146: "NVLink: TLW Error",
+    147: "NVLink: TREX Error",
+    148: "NVLink: NVLPW_CTRL Error",
+    149: "NVLink: NETIR Error",
+    150: "NVLink: MSE Error",
+    154: "GPU Recovery Action Changed",
+    155: "NVLink: SW Defined Error",
+    156: "Resource Retirement Event",
+    158: "GPU Fatal Timeout",
+}
+
+REASON_TEXT = {
+    REASON_FALLEN_OFF_BUS: "GPU has fallen off the bus (no Xid printed)",
+    REASON_RESET_REQUIRED: "driver says NV_ERR_RESET_REQUIRED",
+    REASON_RM_INIT_FAILED: "RmInitAdapter failed: the driver could not initialise the GPU",
+}
+
+_ACTION = {
+    HEALTH_CRITICAL: "drain the node and reset the GPU (or reboot); RMA if it returns",
+    HEALTH_WARNING: "look at the job that ran on it; the card stays in service",
+    SEVERITY_INFO: "no action needed",
+}
+
+
+@dataclass(frozen=True)
+class KernelLogRules:
+    """The ``kernel_log`` section of the config (reading and judging settings)."""
+
+    enabled: bool = True
+    path: str = "/dev/kmsg"
+    window_seconds: float = 3600.0
+    burst_seconds: float = 5.0
+    xid_severity: Mapping[int, str] = field(default_factory=dict)
+    repeat_critical: Mapping[int, int] = field(default_factory=lambda: {94: 3})
+    unknown_xid_severity: str = HEALTH_WARNING
+
+
+def classify(occ: KernelOccurrence, window_count: int, rules: KernelLogRules) -> tuple[str, str]:
+    """(severity, class) of one episode, given how many records of it the window holds."""
+    ev = occ.event
+    if ev.kind == KIND_KERNEL:
+        return HEALTH_CRITICAL, CLASS_DRAIN
+    xid = ev.xid if ev.xid is not None else -1
+    if xid in DRAIN_XIDS:
+        severity, cls = HEALTH_CRITICAL, CLASS_DRAIN
+    elif xid in NVLINK5_XIDS:
+        fatal = ev.fatal is not False  # no Fatal/Nonfatal word: count it as fatal
+        severity = HEALTH_CRITICAL if fatal else HEALTH_WARNING
+        cls = CLASS_DRAIN if fatal else CLASS_OTHER
+    elif xid in APPLICATION_XIDS or xid == 94:
+        severity, cls = HEALTH_WARNING, CLASS_APPLICATION
+    elif xid in INFO_XIDS:
+        severity, cls = SEVERITY_INFO, CLASS_INFO
+    elif xid == 154:
+        action = (ev.recovery_action or "").strip().lower()
+        if action in ("none", ""):
+            severity, cls = SEVERITY_INFO, CLASS_INFO
+        else:
+            severity, cls = HEALTH_CRITICAL, CLASS_DRAIN
+    else:
+        severity, cls = rules.unknown_xid_severity, CLASS_OTHER
+    if xid in rules.xid_severity:
+        severity = rules.xid_severity[xid]
+    limit = rules.repeat_critical.get(xid)
+    if limit is not None and window_count >= limit and severity != HEALTH_CRITICAL:
+        severity, cls = HEALTH_CRITICAL, CLASS_DRAIN
+    return severity, cls
+
+
+def _what(occ: KernelOccurrence) -> str:
+    ev = occ.event
+    if ev.kind == KIND_XID:
+        name = XID_NAMES.get(ev.xid or -1)
+        head = f"XID {ev.xid}" + (f" ({name})" if name else "")
+        if ev.nvlink_unit:
+            head += f" {ev.nvlink_unit} {'Fatal' if ev.fatal else 'Nonfatal'} link {ev.link}"
+        if ev.xid == 154 and ev.recovery_action:
+            head += f" -> {ev.recovery_action}"
+        return head
+    return REASON_TEXT.get(ev.reason or "", ev.reason or "kernel fault")
+
+
+def _match(bus_id: str | None, uuid: str | None, cards: Sequence[CardRecord]) -> CardRecord | None:
+    """The card a kernel event is about: by bus id, else by UUID, else by elimination.
+
+    Elimination: a GPU that fell off the bus before its first read has no bus id in
+    NVML (``nvmlDeviceGetHandleByIndex`` fails); when exactly one NVIDIA card is such
+    and no card has the event's bus id, the event is that card's.
+    """
+    for card in cards:
+        if bus_id and card.bus_id == bus_id:
+            return card
+    for card in cards:
+        if uuid and card.uuid == uuid:
+            return card
+    if not bus_id:
+        return None
+    blind = [c for c in cards if c.vendor == "nvidia" and c.bus_id is None and c.uuid is None]
+    return blind[0] if len(blind) == 1 else None
+
+
+def _findings(
+    episodes: Iterable[tuple[KernelOccurrence, str]],
+    counts: Mapping[tuple[str, str, str], int],
+    window_seconds: float,
+    where: str,
+) -> list[Finding]:
+    """One ``xid`` and/or one ``kernel_fault`` finding for the episodes of one GPU."""
+    out = []
+    by_check: dict[str, list[tuple[KernelOccurrence, str]]] = {}
+    for occ, severity in episodes:
+        check = "xid" if occ.event.kind == KIND_XID else "kernel_fault"
+        by_check.setdefault(check, []).append((occ, severity))
+    for check, items in by_check.items():
+        rank = [s for _o, s in items]
+        severity = worst(*rank) if any(s != SEVERITY_INFO for s in rank) else SEVERITY_INFO
+        value: dict[str, int] = {}
+        parts: list[str] = []
+        seen: set[tuple[str, str, str]] = set()
+        for occ, sev in items:
+            key = occ.event.key
+            label = key[2]
+            value[label] = counts.get(key, occ.count)
+            if key in seen:
+                continue
+            seen.add(key)
+            text = f"{_what(occ)} x{value[label]} ({sev})"
+            if occ.event.pid is not None or occ.event.process:
+                text += f" pid {occ.event.pid} {occ.event.process or ''}".rstrip()
+            parts.append(text)
+        out.append(
+            Finding(
+                check,
+                severity,
+                f"{where}: "
+                + "; ".join(parts)
+                + f" in the last {window_seconds:g} s: "
+                + _ACTION[severity],
+                value=value,
+                threshold=None,
+            )
+        )
+    return out
+
+
+def apply_kernel_log(
+    snapshot: KernelLogSnapshot,
+    cards: Sequence[CardRecord],
+    rules: KernelLogRules,
+    *,
+    node: str,
+    seq: int,
+    ts_format,
+    lookup_process=None,
+) -> tuple[list[dict[str, Any]], list[Finding]]:
+    """Judge one snapshot: add findings to the matching cards (their ``health`` goes up
+    to the worst), return the event lines (dicts) and the node findings for events on a
+    GPU no collector reported (a GPU that failed to initialise is not in NVML).
+
+    ``ts_format`` turns a wall time into the RFC 3339 text of the lines;
+    ``lookup_process(pid) -> (user, job_id)`` attributes an application-class XID to a
+    user and Slurm job (live nodes only).
+    """
+    counts = snapshot.window_counts
+    per_card: dict[int, list[tuple[KernelOccurrence, str]]] = {}
+    per_bus: dict[str, list[tuple[KernelOccurrence, str]]] = {}
+    card_of: dict[int, CardRecord] = {}
+    for occ in snapshot.window:
+        ev = occ.event
+        severity, _cls = classify(occ, counts.get(ev.key, occ.count), rules)
+        uuid = ev.uuid or snapshot.uuids.get(ev.bus_id or "")
+        card = _match(ev.bus_id, uuid, cards)
+        if card is not None:
+            card_of[id(card)] = card
+            per_card.setdefault(id(card), []).append((occ, severity))
+        else:
+            per_bus.setdefault(ev.bus_id or "unknown bus", []).append((occ, severity))
+    for key, items in per_card.items():
+        card = card_of[key]
+        bus = card.bus_id or items[0][0].event.bus_id
+        found = _findings(items, counts, snapshot.window_seconds, f"kernel log, GPU {bus}")
+        card.findings.extend(found)
+        card.health = worst(card.health, *(f.severity for f in found))
+    node_findings: list[Finding] = []
+    for bus, items in sorted(per_bus.items()):
+        node_findings.extend(
+            _findings(items, counts, snapshot.window_seconds, f"GPU {bus} (no card read there)")
+        )
+
+    in_window = {occ.id for occ in snapshot.window}
+    lines: list[dict[str, Any]] = []
+    for occ in snapshot.new:
+        ev = occ.event
+        severity, cls = classify(occ, counts.get(ev.key, occ.count), rules)
+        uuid = ev.uuid or snapshot.uuids.get(ev.bus_id or "")
+        card = _match(ev.bus_id, uuid, cards)
+        user = job = None
+        if lookup_process is not None and ev.pid is not None and cls == CLASS_APPLICATION:
+            user, job = lookup_process(ev.pid)
+        lines.append(
+            {
+                "kind": "event",
+                "schema": EVENT_SCHEMA,
+                "ts": ts_format(occ.first_ts),
+                "node": node,
+                "seq": seq,
+                "event": ev.kind,
+                "severity": severity,
+                "class": cls,
+                "xid": ev.xid,
+                "reason": ev.reason,
+                "name": XID_NAMES.get(ev.xid)
+                if ev.xid is not None
+                else REASON_TEXT.get(ev.reason or ""),
+                "bus_id": ev.bus_id,
+                "vendor": card.vendor if card is not None else None,
+                "index": card.index if card is not None else None,
+                "chip": card.chip if card is not None else None,
+                "uuid": (card.uuid if card is not None else None) or uuid,
+                "pid": ev.pid,
+                "process": ev.process,
+                "user": user,
+                "job_id": job,
+                "nvlink_unit": ev.nvlink_unit,
+                "fatal": ev.fatal,
+                "link": ev.link,
+                "recovery_action": ev.recovery_action,
+                "count": occ.count,
+                "window_count": counts.get(ev.key, 0),
+                "in_window": occ.id in in_window,
+                "message": ev.message,
+                "log_time": ev.log_time,
+                "kmsg_seq": ev.seq,
+                "raw": ev.raw,
+            }
+        )
+    return lines, node_findings
+
+
+def card_xid_totals(
+    snapshot: KernelLogSnapshot | None, cards: Sequence[CardRecord]
+) -> list[tuple[CardRecord, str, int]]:
+    """(card, XID number as text, records since start) for the Prometheus counter."""
+    if snapshot is None:
+        return []
+    out = []
+    for (bus, kind, what), total in sorted(snapshot.totals.items()):
+        if kind != KIND_XID:
+            continue
+        card = _match(bus or None, snapshot.uuids.get(bus), cards)
+        if card is not None:
+            out.append((card, what, total))
+    return out
+
+
+KERNEL_EVENTS = (KIND_XID, KIND_KERNEL)
+KERNEL_EVENT_REQUIRED = ("severity", "class", "xid", "bus_id", "count", "message", "raw")
+
+
+def kernel_event_properties() -> dict[str, Any]:
+    """Properties of a ``kind: "event"`` line with ``event`` ``xid`` or ``kernel`` (merged
+    into :func:`hetpatrol.schema.event_json_schema`; ``seq`` is the patrol's)."""
+    string = {"type": ["string", "null"]}
+    integer = {"type": ["integer", "null"]}
+    return {
+        "severity": {"enum": [SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL]},
+        "class": {"enum": [CLASS_DRAIN, CLASS_APPLICATION, CLASS_INFO, CLASS_OTHER]},
+        "xid": integer,
+        "reason": string,
+        "name": string,
+        "bus_id": string,
+        "vendor": string,
+        "index": integer,
+        "chip": integer,
+        "uuid": string,
+        "pid": integer,
+        "process": string,
+        "user": string,
+        "job_id": string,
+        "nvlink_unit": string,
+        "fatal": {"type": ["boolean", "null"]},
+        "link": integer,
+        "recovery_action": string,
+        "count": {"type": "integer", "minimum": 1},
+        "window_count": {"type": "integer", "minimum": 0},
+        "in_window": {"type": "boolean"},
+        "message": {"type": "string"},
+        "log_time": string,
+        "kmsg_seq": integer,
+        "raw": {"type": "string"},
+    }
+
+
+@dataclass(frozen=True)
+class KernelLogResult:
+    """What the kernel log added to one patrol: event lines, node findings, the
+    snapshot (for the metrics) and the summary written in the patrol line."""
+
+    events: tuple[dict[str, Any], ...] = ()
+    findings: tuple[Finding, ...] = ()
+    snapshot: KernelLogSnapshot | None = None
+    summary: dict[str, Any] | None = None
+
+
+def patrol_kernel_log(
+    source: KernelLog | None,
+    cards: Sequence[CardRecord],
+    rules: KernelLogRules,
+    *,
+    node: str,
+    seq: int,
+    ts_format,
+    enrich_processes: bool,
+) -> KernelLogResult:
+    """One patrol's kernel log step: read what is new, judge it onto ``cards``.
+
+    A source that cannot read (no ``/dev/kmsg``, no permission, no ``kmsg.txt`` in a
+    replay) is said once in the daemon log and in every patrol line's ``kernel_log``
+    summary (``state: absent``), never as a finding.
+    """
+    if source is None:
+        return KernelLogResult(summary={"state": "disabled"})
+    source.window_seconds = rules.window_seconds
+    source.burst_seconds = rules.burst_seconds
+    try:
+        snapshot = source.poll()
+    except Exception as exc:  # noqa: BLE001 - a reader bug must not stop the patrol
+        snapshot = KernelLogSnapshot(
+            state="failed",
+            error=f"{type(exc).__name__}: {exc}",
+            source=source.source,
+            window_seconds=rules.window_seconds,
+        )
+    previous = getattr(source, "_last_state", None)
+    if previous != (snapshot.state, snapshot.error):
+        level = _log.warning if snapshot.state == "failed" else _log.info
+        level("kernel_log", state=snapshot.state, source=snapshot.source, error=snapshot.error)
+        source._last_state = (snapshot.state, snapshot.error)  # type: ignore[attr-defined]
+    lookup = processes.lookup if enrich_processes else None
+    events, findings = apply_kernel_log(
+        snapshot, cards, rules, node=node, seq=seq, ts_format=ts_format, lookup_process=lookup
+    )
+    summary = {
+        "state": snapshot.state,
+        "error": snapshot.error,
+        "source": snapshot.source,
+        "new_events": len(events),
+        "window_events": sum(snapshot.window_counts.values()),
+    }
+    return KernelLogResult(tuple(events), tuple(findings), snapshot, summary)

@@ -1,0 +1,318 @@
+"""A real single-node Slurm cluster for the tests: munged, slurmctld and slurmd on loopback.
+
+Everything lives in one temporary directory: munge key and private socket, slurm.conf and
+gres.conf, state and spool dirs, logs, and plain files standing in for ``/dev/nvidia*``
+and ``/dev/davinci*`` (``File=``: without it slurmd reports 0 GPUs and the node goes
+INVALID). slurmctld and slurmd listen on free ports; the Slurm commands find the cluster
+through ``SLURM_CONF`` (see :attr:`SlurmCluster.env`, or the argv prefix
+:attr:`SlurmCluster.scontrol_argv` that hetpatrol's config takes) and munge through
+``AuthInfo=socket=...``. Nothing touches /etc, /run or the default ports.
+
+The daemons are stopped by pid at the end of the session. Without the Debian packages
+(``munge slurmctld slurmd slurm-client``) or root the tests skip, except under
+``CI=true``, where they fail.
+
+Also here: :func:`make_replay`, which builds an NVIDIA + Ascend replay directory with N
+healthy A100s out of the bundled ``sick-mixed`` recordings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NODES = REPO / "fixtures" / "nodes"
+BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "scontrol", "sinfo")
+NODE_NAME = "hp-gpu01"  # deliberately not the host name: slurm.node_name maps it
+GPUS, NPUS = 8, 8
+START_TIMEOUT = 30.0
+
+
+def _fail_or_skip(message: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"Slurm test cannot run under CI=true: {message}")
+    pytest.skip(message)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class SlurmCluster:
+    root: Path
+    conf: Path
+    gres_conf: Path
+    node: str
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    @property
+    def scontrol_argv(self) -> list[str]:
+        """The ``slurm.scontrol`` argv prefix that reaches this cluster."""
+        return ["env", f"SLURM_CONF={self.conf}", shutil.which("scontrol") or "scontrol"]
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            list(argv), env=self.env, capture_output=True, text=True, timeout=20, check=check
+        )
+
+    def scontrol(self, *args: str) -> str:
+        return self.run("scontrol", *args).stdout
+
+    def sinfo(self) -> str:
+        """``sinfo -o "%n %T %E"`` for our node: ``hp-gpu01 drained hetpatrol: ...``."""
+        out = self.run("sinfo", "-h", "-N", "-n", self.node, "-o", "%n %T %E").stdout
+        return out.strip()
+
+    def state(self) -> str:
+        return self.sinfo().split(" ", 2)[1]
+
+    def reason(self) -> str:
+        return self.sinfo().split(" ", 2)[2]
+
+    def wait_for(self, predicate, timeout: float = 15.0, what: str = "") -> str:
+        deadline = time.monotonic() + timeout
+        line = ""
+        while time.monotonic() < deadline:
+            try:
+                line = self.sinfo()
+            except subprocess.SubprocessError:
+                line = ""
+            if line and predicate(line):
+                return line
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what or predicate}: last {line!r}")
+
+    def admin_drain(self, reason: str) -> None:
+        self.scontrol("update", f"NodeName={self.node}", "State=DRAIN", f"Reason={reason}")
+
+    def make_idle(self) -> None:
+        """Undo any drain (as an admin would) and wait until the node is idle again."""
+        if "drain" in self.state():
+            self.scontrol("update", f"NodeName={self.node}", "State=RESUME")
+        self.wait_for(lambda line: line.split(" ")[1] == "idle", what="node idle")
+
+    @contextlib.contextmanager
+    def explain(self):
+        """Print the daemons' logs (captured, shown with the failure) if the block fails."""
+        try:
+            yield self
+        except BaseException:
+            print(f"slurm: {self.sinfo() if self.procs else '(stopped)'}")
+            print(self.logs())
+            raise
+
+    def logs(self) -> str:
+        out = []
+        for path in sorted((self.root / "log").glob("*")):
+            text = path.read_text(errors="replace")
+            out.append(f"----- {path.name} (last 4000 chars)\n{text[-4000:]}")
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        for name in ("slurmd", "slurmctld", "munged"):
+            proc = self.procs.pop(name, None)
+            if proc is None or proc.poll() is not None:
+                continue
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def _write_configs(root: Path, node: str) -> tuple[Path, Path]:
+    host = socket.gethostname().split(".")[0]
+    dev = root / "dev"
+    dev.mkdir()
+    for i in range(GPUS):
+        (dev / f"nvidia{i}").touch()
+    for i in range(NPUS):
+        (dev / f"davinci{i}").touch()
+    for d in ("state", "spool", "log", "run"):
+        (root / d).mkdir()
+    gres_conf = root / "gres.conf"
+    gres_conf.write_text(
+        f"# generated by tests/slurm_cluster.py\n"
+        f"NodeName={node} Name=gpu Type=a100 File={dev}/nvidia[0-{GPUS - 1}]\n"
+        f"NodeName={node} Name=ascend Type=910b File={dev}/davinci[0-{NPUS - 1}]\n"
+    )
+    (root / "plugstack.conf").write_text("")
+    conf = root / "slurm.conf"
+    gres = f"Gres=gpu:a100:{GPUS},ascend:910b:{NPUS}"
+    conf.write_text(
+        f"""# generated by tests/slurm_cluster.py
+ClusterName=hetpatroltest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root}/munge.socket
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/run/slurmctld.pid
+SlurmdPidFile={root}/run/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+PlugStackConfig={root}/plugstack.conf
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SchedulerType=sched/builtin
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+ReturnToService=2
+GresTypes=gpu,ascend
+NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 State=UNKNOWN {gres}
+PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
+"""
+    )
+    return conf, gres_conf
+
+
+def start_cluster() -> SlurmCluster:
+    """Start munged, slurmctld, slurmd; return once the node is idle. Raises on failure."""
+    root = Path(tempfile.mkdtemp(prefix="hetpatrol-slurm-"))
+    root.chmod(0o755)  # munged: every directory above its socket must be searchable
+    conf, gres_conf = _write_configs(root, NODE_NAME)
+    cluster = SlurmCluster(root, conf, gres_conf, NODE_NAME)
+    log = root / "log"
+    try:
+        key = root / "munge.key"
+        subprocess.run(["mungekey", "-c", "-k", str(key)], check=True, capture_output=True)
+        sock = root / "munge.socket"
+
+        def spawn(name: str, argv: list[str]) -> None:
+            with open(log / f"{name}.out", "wb") as out:
+                cluster.procs[name] = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=cluster.env,
+                    start_new_session=True,
+                )
+
+        spawn(
+            "munged",
+            [
+                "munged",
+                "-F",
+                f"--socket={sock}",
+                f"--key-file={key}",
+                f"--pid-file={root}/run/munged.pid",
+                f"--seed-file={root}/munged.seed",
+                f"--log-file={log}/munged.log",
+            ],
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while not sock.exists():
+            if cluster.procs["munged"].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("munged did not create its socket")
+            time.sleep(0.05)
+        spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(conf)])
+        spawn("slurmd", ["slurmd", "-D", "-N", NODE_NAME, "-f", str(conf)])
+        state = ""
+        while time.monotonic() < deadline:
+            for name, proc in cluster.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}")
+            out = subprocess.run(
+                ["sinfo", "-h", "-N", "-n", NODE_NAME, "-o", "%T"],
+                env=cluster.env,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            state = out.stdout.strip()
+            if state == "idle":
+                return cluster
+            time.sleep(0.1)
+        raise RuntimeError(f"node {NODE_NAME} not idle after {START_TIMEOUT:.0f} s: {state!r}")
+    except BaseException as exc:
+        logs = cluster.logs()
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        raise RuntimeError(f"Slurm test cluster did not start: {exc}\n{logs}") from exc
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    missing = [b for b in BINARIES if shutil.which(b) is None]
+    if missing:
+        _fail_or_skip(f"not installed: {', '.join(missing)} (Debian: munge slurmctld slurmd)")
+    if os.geteuid() != 0:
+        _fail_or_skip("the Slurm test cluster runs SlurmUser=root: run as root")
+    try:
+        cluster = start_cluster()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm_node(slurm_cluster):
+    """The cluster with its node idle and without a reason, before and after the test."""
+    slurm_cluster.make_idle()
+    yield slurm_cluster
+    slurm_cluster.make_idle()
+
+
+# ------------------------------------------------------------------------ replays
+def make_replay(dest: Path, gpus: int, node: str = "replay-a100") -> Path:
+    """A replay dir with ``gpus`` healthy A100s and 8 healthy 910B NPUs.
+
+    The GPUs are copies of GPU 0 of ``fixtures/nodes/sick-mixed/nvidia-smi-q.xml`` (a
+    healthy A100-SXM4-80GB as recorded) with their own bus id, UUID, serial and minor
+    number; the NPUs are ``fixtures/nodes/healthy-mixed/npu-smi-info.txt`` (8 x 910B4).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    tree = ET.parse(NODES / "sick-mixed" / "nvidia-smi-q.xml")
+    root = tree.getroot()
+    template = root.findall("gpu")[0]
+    for gpu in root.findall("gpu"):
+        root.remove(gpu)
+    root.find("attached_gpus").text = str(gpus)
+    for i in range(gpus):
+        gpu = copy.deepcopy(template)
+        bus = f"00000000:{0x18 + 0x10 * i:02X}:00.0"
+        gpu.set("id", bus)
+        gpu.find("pci/pci_bus_id").text = bus
+        gpu.find("uuid").text = f"GPU-00000000-0000-4000-8000-{i:012d}"
+        gpu.find("serial").text = f"16320084559{i:02d}"
+        gpu.find("minor_number").text = str(i)
+        root.append(gpu)
+    tree.write(dest / "nvidia-smi-q.xml", encoding="utf-8", xml_declaration=True)
+    shutil.copy(NODES / "healthy-mixed" / "npu-smi-info.txt", dest / "npu-smi-info.txt")
+    (dest / "scenario.yaml").write_text(
+        f"node: {node}\ndescription: {gpus} x A100-SXM4-80GB + 8 x 910B4, all healthy\n"
+    )
+    return dest

@@ -1,0 +1,111 @@
+"""Environment crosstalk: global library paths that mix vendor stacks, in a fake root."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import yaml
+from conftest import NODES
+
+from hetpatrol.config import load_config
+from hetpatrol.deep_health import EnvironmentSettings
+from hetpatrol.environment import EnvironmentCheck, judge, scan
+from hetpatrol.patrol import Patroller
+
+CUDA = "/usr/local/cuda-12.4/targets/x86_64-linux/lib\n"
+CANN = (
+    "# CANN driver\n/usr/local/Ascend/driver/lib64/driver\n/usr/local/Ascend/driver/lib64/common\n"
+)
+
+
+def make_root(tmp_path, files: dict[str, str]):
+    root = tmp_path / "root"
+    for rel, body in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
+    (root / "etc").mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def findings(root, **kw):
+    return {f.check: f for f in judge(scan(root), EnvironmentSettings(**kw))}
+
+
+def test_clean_root_and_single_vendor_are_fine(tmp_path):
+    assert findings(make_root(tmp_path, {})) == {}
+    root = make_root(
+        tmp_path,
+        {
+            "etc/ld.so.conf": "include /etc/ld.so.conf.d/*.conf\n",
+            "etc/ld.so.conf.d/cuda.conf": CUDA,
+            "etc/ld.so.conf.d/x86_64-linux-gnu.conf": "/usr/local/lib\n/usr/lib/x86_64-linux-gnu\n",
+            "etc/environment": 'PATH="/usr/local/sbin:/usr/bin"\n',
+            "etc/profile.d/local.sh": "export LD_LIBRARY_PATH=/opt/site/lib:$LD_LIBRARY_PATH\n",
+        },
+    )
+    assert findings(root) == {}
+
+
+def test_cuda_and_cann_in_ld_so_conf_d(tmp_path):
+    root = make_root(
+        tmp_path,
+        {"etc/ld.so.conf.d/cuda-12-4.conf": CUDA, "etc/ld.so.conf.d/Ascend.conf": CANN},
+    )
+    f = findings(root)["library_path_mix"]
+    assert f.severity == "warning"
+    assert f.value == ["/etc/ld.so.conf.d/Ascend.conf", "/etc/ld.so.conf.d/cuda-12-4.conf"]
+    assert "/usr/local/Ascend/driver/lib64/driver" in f.message
+    assert "/usr/local/cuda-12.4/targets/x86_64-linux/lib" in f.message
+    assert findings(root, severity=None) == {}
+
+
+def test_global_ld_library_path_with_vendor_libraries(tmp_path):
+    root = make_root(
+        tmp_path,
+        {
+            "etc/environment": "LD_LIBRARY_PATH=/usr/local/cuda/lib64\n",
+            "etc/profile.d/ascend.sh": "source /usr/local/Ascend/ascend-toolkit/set_env.sh\n",
+            "etc/profile.d/other.sh": "# export LD_LIBRARY_PATH=/usr/local/cuda/lib64\n",
+        },
+    )
+    f = findings(root)["global_ld_library_path"]
+    assert f.value == ["/etc/environment", "/etc/profile.d/ascend.sh"]
+    assert "set_env.sh" in f.message
+    assert "library_path_mix" not in findings(root)
+
+
+def test_patrol_reads_the_replay_root_and_caches(tmp_path):
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "nvidia-smi-q.xml").write_bytes(
+        (NODES / "healthy-mixed" / "nvidia-smi-q.xml").read_bytes()
+    )
+    (node / "scenario.yaml").write_text(yaml.safe_dump({"node": "env-01"}))
+    conf = node / "root" / "etc" / "ld.so.conf.d"
+    conf.mkdir(parents=True)
+    (conf / "cuda.conf").write_text(CUDA)
+    (conf / "ascend.conf").write_text(CANN)
+    p = Patroller(replace(load_config(), node="env-01"), replay_dir=node)
+    try:
+        report = p.run()
+        assert report.exit_code == 1
+        assert [f.check for f in report.node_findings] == ["library_path_mix"]
+        data = report.node_checks["environment"]
+        assert data["state"] == "ok"
+        assert data["ld_paths"]["/etc/ld.so.conf.d/cuda.conf"] == [CUDA.strip()]
+        (conf / "ascend.conf").unlink()  # read again only after interval_seconds
+        assert [f.check for f in p.run().node_findings] == ["library_path_mix"]
+    finally:
+        p.close()
+    check = EnvironmentCheck(node, clock=lambda: 1e9)
+    check._cached = (0.0, str(node / "root"), scan(node / "root"))
+    result = check.run([], [], replace(load_config(), node="x"))
+    assert result.findings == ()
+
+
+def test_replay_without_root_and_switched_off(tmp_path):
+    check = EnvironmentCheck(NODES / "healthy-mixed")
+    assert check.run([], [], load_config()).data == {"state": "absent", "root": None}
+    cfg = replace(load_config(), environment=EnvironmentSettings(enabled=False))
+    assert check.run([], [], cfg) is None

@@ -1,0 +1,125 @@
+"""``hetpatrol check`` (Slurm HealthCheckProgram): one line, Nagios exit codes, answered
+from the daemon's state file alone, and never a call to scontrol."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fakes import Scripted, make_patroller
+
+from hetpatrol.exporters.state import write_state
+from hetpatrol.healthcheck import check
+
+CHECK = [sys.executable, "-m", "hetpatrol.cli", "check"]
+
+
+@pytest.fixture
+def guarded_path(tmp_path):
+    """A PATH whose only scontrol leaves a mark: proof that check never runs it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    mark = tmp_path / "scontrol-was-run"
+    fake = bin_dir / "scontrol"
+    fake.write_text(f"#!/bin/sh\ntouch {mark}\nexit 0\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    yield env
+    assert not mark.exists(), "hetpatrol check ran scontrol"
+
+
+def state_file(base_config, path: Path, temps: list[float], mode: str = "ok") -> Path:
+    scripted = Scripted("ascend")
+    scripted.temps = temps
+    scripted.mode = mode
+    patroller = make_patroller(base_config, {"ascend": scripted})
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    write_state(path, report, interval_seconds=10)
+    return path
+
+
+def run_check(env, *args: str) -> tuple[int, list[str]]:
+    out = subprocess.run(
+        [*CHECK, *args], env=env, capture_output=True, text=True, timeout=30, cwd="/"
+    )
+    return out.returncode, out.stdout.splitlines()
+
+
+def test_fresh_ok_state_exits_0(base_config, tmp_path, guarded_path):
+    path = state_file(base_config, tmp_path / "state.json", [40.0, 41.0])
+    code, lines = run_check(guarded_path, "--state-path", str(path))
+    assert code == 0
+    assert lines == [lines[0]] and lines[0].startswith("HETPATROL OK - n1: 2 ok (patrol 1, ")
+
+
+def test_critical_state_exits_2_and_names_the_card(base_config, tmp_path, guarded_path):
+    path = state_file(base_config, tmp_path / "state.json", [40.0, 95.0, 85.0])
+    code, lines = run_check(guarded_path, "--state-path", str(path))
+    assert code == 2
+    (line,) = lines
+    assert line.startswith("HETPATROL CRITICAL - n1: 1 critical, 1 ok, 1 warning; ")
+    assert "ascend/1/0 critical temperature; ascend/2/0 warning temperature" in line
+
+
+def test_stale_state_exits_3(base_config, tmp_path, guarded_path):
+    path = state_file(base_config, tmp_path / "state.json", [40.0])
+    doc = json.loads(path.read_text())
+    doc["finished"] = time.time() - 3600
+    path.write_text(json.dumps(doc))
+    code, lines = run_check(guarded_path, "--state-path", str(path))
+    assert code == 3
+    (line,) = lines
+    assert re.match(
+        r"HETPATROL UNKNOWN - stale verdict: last patrol 36\d\d s ago \(max 40 s\)", line
+    )
+    code, _ = run_check(guarded_path, "--state-path", str(path), "--max-age", "7200")
+    assert code == 0
+
+
+def test_missing_or_broken_state_exits_3(tmp_path, guarded_path):
+    code, lines = run_check(guarded_path, "--state-path", str(tmp_path / "nope.json"))
+    assert code == 3
+    assert lines == [
+        f"HETPATROL UNKNOWN - no state file {tmp_path}/nope.json: is the hetpatrol daemon running?"
+    ]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "hetpatrol.state/1", "fini')
+    code, lines = run_check(guarded_path, "--state-path", str(bad))
+    assert code == 3 and len(lines) == 1 and lines[0].startswith("HETPATROL UNKNOWN - cannot read")
+
+
+def test_state_path_from_a_config_with_slurm_enabled(base_config, tmp_path, guarded_path):
+    path = state_file(base_config, tmp_path / "state.json", [40.0])
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(
+        f"node: n1\nstate_path: {path}\nslurm: {{enabled: true, drain: {{enabled: true}}}}\n"
+    )
+    code, lines = run_check(guarded_path, "--config", str(cfg))
+    assert code == 0 and lines[0].startswith("HETPATROL OK")
+    cfg.write_text("node: n1\nslurm: {enabled: maybe}\n")
+    code, lines = run_check(guarded_path, "--config", str(cfg))
+    assert code == 3 and "slurm.enabled" in lines[0] and len(lines) == 1
+
+
+def test_check_function_unknown_and_unreadable(base_config, tmp_path):
+    path = state_file(base_config, tmp_path / "state.json", [40.0], mode="fail")
+    code, line = check(path)
+    assert code == 3 and line.startswith("HETPATROL UNKNOWN - n1: ")
+    assert "collector_failed" in line
+    if os.geteuid() != 0:  # root reads any file
+        path.chmod(0)
+        assert check(path)[0] == 3
+    doc = json.loads(path.read_text())
+    del doc["exit_code"]
+    path.write_text(json.dumps(doc))
+    assert check(path) == (3, f"HETPATROL UNKNOWN - state file {path} has no verdict")

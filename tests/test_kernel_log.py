@@ -1,0 +1,544 @@
+"""Kernel log: every recorded dmesg / kmsg / syslog sample parsed, classified and judged.
+
+Expected values (XID numbers, bus ids, pids, process names, NVLink units and links,
+UUIDs) were read off the sample files by eye, not taken from the parser's output.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from dataclasses import replace
+
+import jsonschema
+import pytest
+from conftest import NODES, samples_dir
+
+from hetpatrol.config import load_config
+from hetpatrol.kernel_log import (
+    KernelLog,
+    KmsgReader,
+    TextLogReader,
+    parse_text,
+)
+from hetpatrol.patrol import Patroller
+from hetpatrol.schema import CardRecord, jsonl_json_schema
+from hetpatrol.xid import KernelLogRules, apply_kernel_log, classify
+
+
+def sample(name: str) -> str:
+    return (samples_dir("nvidia") / name).read_text()
+
+
+def brief(events):
+    return [(e.kind, e.xid or e.reason, e.bus_id, e.pid, e.process) for e in events]
+
+
+def rfc(ts: float) -> str:
+    return f"T{ts:.0f}"
+
+
+# ------------------------------------------------------------------ every sample parsed
+
+
+def test_fallen_off_bus_multiline_without_xid():
+    events = parse_text(sample("dmesg_fallen-off-bus_multiline_no-xid.txt"))
+    # three lines, continuation lines indented: one event; "probe routine failed" and
+    # the module banner name no GPU fault of their own
+    assert brief(events) == [("kernel", "fallen_off_bus", "0000:b3:00.0", None, None)]
+    assert events[0].log_time == "1843.308145"
+    assert events[0].raw.count("\n") == 2  # the three lines kept as read
+
+
+def test_xid_119_dmesg_ctime_with_uuid_line():
+    events = parse_text(sample("dmesg_xid-119_gsp-rpc-timeout_H100.txt"))
+    assert brief(events) == [
+        ("xid", 119, "0000:9b:00.0", 2024380, "nvidia-smi"),
+        ("xid", 119, "0000:9b:00.0", 2024380, "nvidia-smi"),
+        ("xid", 119, "0000:9b:00.0", 2024380, "nvidia-smi"),
+        ("xid", 119, "0000:9b:00.0", 1263500, "cache_mgr_main"),
+        ("xid", 119, "0000:9b:00.0", 1240590, "gpud"),
+    ]
+    # "NVRM: GPU at PCI:0000:9b:00: GPU-f93d72bb-..." names the GPU of the later Xids
+    assert {e.uuid for e in events} == {"GPU-f93d72bb-6655-1c83-50ef-7a089581ec38"}
+    assert [e.log_time for e in events][:2] == [
+        "Sun Feb 23 16:24:18 2025",
+        "Sun Feb 23 16:24:24 2025",
+    ]
+    assert events[0].message.startswith(
+        "Timeout after 6s of waiting for RPC response from GPU4 GSP!"
+    )
+
+
+def test_xid_13_unknown_pid_then_109():
+    events = parse_text(sample("dmesg_xid-13-109_H100.txt"))
+    # pid='<unknown>' (quoted) and name=<unknown> (unquoted) are "not known", not text
+    assert brief(events) == [
+        ("xid", 13, "0000:cb:00.0", None, None),
+        ("xid", 13, "0000:cb:00.0", None, None),
+        ("xid", 13, "0000:cb:00.0", None, None),
+        ("xid", 109, "0000:cb:00.0", 1797828, "pt_main_thread"),
+    ]
+    assert events[3].message == "Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x58005"
+
+
+def test_old_xid_lines_without_pid_or_name():
+    events = parse_text(sample("dmesg_xid-32-31_2015.txt"))
+    assert brief(events) == [
+        ("xid", 32, "0000:01:00.0", None, None),
+        ("xid", 32, "0000:01:00.0", None, None),
+        ("xid", 31, "0000:01:00.0", None, None),
+    ]
+    assert events[2].message == "Ch 00000003, engmask 00000101, intr 10000000"
+    assert [e.clock for e in events][0] == ("boot", 24128.828315)
+
+
+def test_bare_grep_line_xid_63():
+    (ev,) = parse_text(sample("dmesg_xid-63_row-remapper.txt"))
+    assert brief([ev]) == [("xid", 63, "0000:10:1c.0", 1896, None)]
+    assert ev.log_time is None and ev.clock is None
+
+
+def test_nvlink5_subcodes_and_nonzero_pci_domains():
+    events = parse_text(sample("kmsg_xid-149-145-94_nvlink5-format.txt"))
+    got = [(e.xid, e.bus_id, e.nvlink_unit, e.fatal, e.link, e.pid, e.process) for e in events]
+    assert got == [
+        (149, "0019:01:00.0", "NETIR", True, -1, None, None),
+        (149, "0000:00:00.0", "NETIR_LINK_EVT", True, 0, None, None),
+        (145, "0018:01:00.0", "RLW_RXPIPE", False, 13, None, None),
+        (94, "0000:9b:00.0", None, None, None, 1234, "python3"),
+    ]
+
+
+def test_syslog_rm_init_adapter_and_xid_48_64():
+    events = parse_text(sample("syslog_xid-48-dbe_xid-64_rminitadapter-failed.txt"))
+    assert [(e.kind, e.xid or e.reason, e.bus_id) for e in events] == [
+        ("kernel", "rm_init_adapter_failed", "0000:0a:00.0"),  # rm_init_adapter failed
+        ("kernel", "rm_init_adapter_failed", "0000:0a:00.0"),  # RmInitAdapter failed!
+        ("kernel", "rm_init_adapter_failed", "0000:0a:00.0"),
+        ("xid", 48, "0000:07:00.0"),
+        ("xid", 64, "0000:07:00.0"),
+        ("kernel", "rm_init_adapter_failed", "0000:0a:00.0"),
+        ("kernel", "rm_init_adapter_failed", "0000:0a:00.0"),
+        ("kernel", "rm_init_adapter_failed", "0000:0a:00.0"),
+        ("kernel", "rm_init_adapter_failed", "0000:0a:00.0"),
+    ]
+    # the syslog time and the dmesg stamp inside it: the dmesg stamp is the clock
+    assert events[3].log_time == "219.470994"
+    assert events[3].clock == ("boot", 219.470994)
+
+
+# ------------------------------------------------------------------ other line shapes
+
+XID_13 = (
+    "NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp "
+    "Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter"
+)
+
+
+@pytest.mark.parametrize(
+    ("line", "log_time"),
+    [
+        (f"4,1234,5678901,-;{XID_13}", "5.678901"),  # /dev/kmsg record
+        (
+            f"kern: warning: [2024-08-30T11:43:09.123456789Z]: {XID_13}",
+            "2024-08-30T11:43:09.123456789Z",
+        ),  # Talos
+        (
+            f"2024-08-30T11:43:09.123456+00:00 node-01 kernel: {XID_13}",
+            "2024-08-30T11:43:09.123456+00:00",
+        ),
+        (f"Aug 30 11:43:09 node-01 kernel: {XID_13}", "Aug 30 11:43:09"),
+        (f"kernel: {XID_13}", None),
+        (f"<4>[ 1843.308145] {XID_13}", "1843.308145"),  # dmesg -r
+        (f"2024-08-30T11:43:09,123456+00:00 {XID_13}", "2024-08-30T11:43:09,123456+00:00"),
+    ],
+)
+def test_prefix_shapes(line, log_time):
+    (ev,) = parse_text(line + "\n")
+    assert (ev.xid, ev.bus_id, ev.pid, ev.process, ev.log_time) == (
+        13,
+        "0000:cb:00.0",
+        None,
+        None,
+        log_time,
+    )
+
+
+def test_kmsg_record_with_escaped_newlines_and_dictionary():
+    text = (
+        "3,2104,1843308160,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: (PCI ID: 10de:26b5) "
+        "installed in this system has\\x0aNVRM: fallen off the bus and is not responding to "
+        "commands.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:b3:00.0\n"
+    )
+    (ev,) = parse_text(text)
+    assert (ev.kind, ev.reason, ev.bus_id, ev.seq) == (
+        "kernel",
+        "fallen_off_bus",
+        "0000:b3:00.0",
+        2104,
+    )
+
+
+def test_reset_required_and_154_actions():
+    events = parse_text(
+        "NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x62:NV_ERR_RESET_REQUIRED:1696)\n"
+        "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to "
+        "0x1 (GPU Reset Required)\n"
+        "NVRM: Xid (PCI:0000:5d:00): 154, GPU recovery action changed from 0x1 (GPU Reset "
+        "Required) to 0x0 (None)\n"
+    )
+    assert [(e.kind, e.xid or e.reason, e.recovery_action) for e in events] == [
+        ("kernel", "reset_required", None),
+        ("xid", 154, "GPU Reset Required"),
+        ("xid", 154, "None"),
+    ]
+    rules = KernelLogRules()
+    severities = [classify(_occ(e), 1, rules)[0] for e in events]
+    assert severities == ["critical", "critical", "info"]
+
+
+# ------------------------------------------------------------------ classification
+
+
+def _occ(ev, count=1):
+    from hetpatrol.kernel_log import KernelOccurrence
+
+    return KernelOccurrence(1, ev, 0.0, 0.0, count)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("dmesg_fallen-off-bus_multiline_no-xid.txt", ["critical"]),
+        ("dmesg_xid-119_gsp-rpc-timeout_H100.txt", ["critical"] * 5),
+        ("dmesg_xid-13-109_H100.txt", ["warning", "warning", "warning", "critical"]),
+        ("dmesg_xid-32-31_2015.txt", ["warning", "warning", "warning"]),  # 32 unlisted
+        ("dmesg_xid-63_row-remapper.txt", ["info"]),
+        ("kmsg_xid-149-145-94_nvlink5-format.txt", ["critical", "critical", "warning", "warning"]),
+        (
+            "syslog_xid-48-dbe_xid-64_rminitadapter-failed.txt",
+            ["critical"] * 9,
+        ),
+    ],
+)
+def test_every_sample_classified(name, expected):
+    rules = KernelLogRules()
+    events = parse_text(sample(name))
+    assert [classify(_occ(e), 1, rules)[0] for e in events] == expected
+
+
+def test_xid_94_repeated_escalates_and_overrides():
+    (ev,) = [e for e in parse_text(sample("kmsg_xid-149-145-94_nvlink5-format.txt")) if e.xid == 94]
+    rules = KernelLogRules()
+    assert classify(_occ(ev), 1, rules) == ("warning", "application")
+    assert classify(_occ(ev), 3, rules) == ("critical", "drain")
+    quiet = KernelLogRules(xid_severity={94: "info"}, repeat_critical={})
+    assert classify(_occ(ev), 9, quiet) == ("info", "application")
+
+
+# ------------------------------------------------------------------ the source
+
+
+class _Clock:
+    def __init__(self, t=1_000_000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def test_burst_folding_window_and_totals(tmp_path):
+    log = tmp_path / "kmsg.txt"
+    log.write_text(sample("dmesg_xid-119_gsp-rpc-timeout_H100.txt"))
+    clock = _Clock()
+    src = KernelLog(TextLogReader(log), window_seconds=600, burst_seconds=10, clock=clock)
+    snap = src.poll()
+    # 16:24:18, :24, :30 chain within 10 s -> one episode of 3; 16:27:12; 16:30:13
+    assert [o.count for o in snap.new] == [3, 1, 1]
+    assert snap.window_counts == {("0000:9b:00.0", "xid", "119"): 5}
+    assert snap.totals == {("0000:9b:00.0", "xid", "119"): 5}
+    assert snap.uuids == {"0000:9b:00.0": "GPU-f93d72bb-6655-1c83-50ef-7a089581ec38"}
+    # nothing new: no event; the window still holds them until it passes
+    clock.t += 300
+    again = src.poll()
+    assert again.new == () and len(again.window) == 3
+    clock.t += 301
+    assert src.poll().window == ()
+    # an appended line is read on the next poll (the file is followed)
+    with log.open("a") as f:
+        f.write(
+            "[Sun Feb 23 17:30:13 2025] NVRM: Xid (PCI:0000:9b:00): 119, pid=1, name=x, Timeout\n"
+        )
+    snap = src.poll()
+    assert [(o.event.xid, o.count) for o in snap.new] == [(119, 1)]
+    assert snap.totals[("0000:9b:00.0", "xid", "119")] == 6
+
+
+def test_text_reader_missing_file_is_absent(tmp_path):
+    snap = KernelLog(TextLogReader(tmp_path / "kmsg.txt")).poll()
+    assert (snap.state, snap.new) == ("absent", ())
+    assert "kmsg.txt" in snap.error
+
+
+class _FakeKmsg:
+    """os.open/os.read for /dev/kmsg: one record per read, EAGAIN at the end."""
+
+    def __init__(self, records, error=None):
+        self.records = [r.encode() for r in records]
+        self.error = error
+        self.sizes = []
+
+    def open(self, path, flags):
+        if self.error:
+            raise OSError(self.error, os.strerror(self.error))
+        assert flags & os.O_NONBLOCK
+        return 99
+
+    def read(self, fd, size):
+        self.sizes.append(size)
+        if not self.records:
+            raise BlockingIOError(errno.EAGAIN, "again")
+        record = self.records.pop(0)
+        if record == b"EPIPE":
+            raise OSError(errno.EPIPE, "overwritten")
+        return record
+
+
+def test_kmsg_reader_one_record_per_read_and_boot_time(monkeypatch):
+    body = sample("kmsg_xid-149-145-94_nvlink5-format.txt").splitlines()
+    fake = _FakeKmsg(
+        [
+            f"4,{100 + i},{(50 + i) * 1_000_000},-;{line}\n SUBSYSTEM=pci\n"
+            for i, line in enumerate(body)
+        ]
+        + ["EPIPE", "4,90,1000,-;NVRM: Xid (PCI:0000:9b:00): 79, old record seen again\n"]
+    )
+    import hetpatrol.kernel_log as kl
+
+    monkeypatch.setattr(kl.os, "open", fake.open)
+    monkeypatch.setattr(kl.os, "read", fake.read)
+    monkeypatch.setattr(kl.os, "close", lambda fd: None)
+    result = KmsgReader("/dev/kmsg").read()
+    assert set(fake.sizes) == {8192}
+    assert result.lost == 1
+    # the record with an older sequence number than the last one read is skipped
+    assert [(e.xid, e.seq) for e, _ in result.events] == [
+        (149, 100),
+        (149, 101),
+        (145, 102),
+        (94, 103),
+    ]
+    whens = [w for _, w in result.events]
+    assert all(w is not None for w in whens) and whens[1] - whens[0] == pytest.approx(1.0)
+
+
+def test_kmsg_reader_without_permission_says_so_once(monkeypatch):
+    import hetpatrol.kernel_log as kl
+
+    fake = _FakeKmsg([], error=errno.EACCES)
+    monkeypatch.setattr(kl.os, "open", fake.open)
+    snap = KernelLog(KmsgReader("/dev/kmsg")).poll()
+    assert snap.state == "absent"
+    assert "root is needed" in snap.error
+
+
+def test_real_dev_kmsg_reads_without_blocking():
+    if not os.access("/dev/kmsg", os.R_OK):
+        pytest.skip("/dev/kmsg is not readable here")
+    reader = KmsgReader("/dev/kmsg")
+    try:
+        first = reader.read()
+        assert first.state == "ok"
+        assert reader.read().state == "ok"  # nothing new: returns at once
+    finally:
+        reader.close()
+
+
+# ------------------------------------------------------------------ judging onto cards
+
+
+def _cards():
+    return [
+        CardRecord(vendor="nvidia", index=4, bus_id="0000:9b:00.0", uuid="GPU-a", health="ok"),
+        CardRecord(vendor="nvidia", index=6, bus_id="0000:cb:00.0", uuid="GPU-b", health="ok"),
+    ]
+
+
+def test_findings_on_cards_and_node_and_event_lines(tmp_path):
+    log = tmp_path / "kmsg.txt"
+    log.write_text(
+        sample("dmesg_xid-13-109_H100.txt")
+        + sample("syslog_xid-48-dbe_xid-64_rminitadapter-failed.txt")
+    )
+    cards = _cards()
+    rules = KernelLogRules()
+    snap = KernelLog(TextLogReader(log), clock=_Clock()).poll()
+    lines, node = apply_kernel_log(snap, cards, rules, node="n1", seq=7, ts_format=rfc)
+    gpu6 = cards[1]
+    assert gpu6.health == "critical"  # XID 109
+    (f,) = [f for f in gpu6.findings if f.check == "xid"]
+    assert f.value == {"13": 3, "109": 1}
+    # GPUs 0000:07:00.0 (XID 48, 64) and 0000:0a:00.0 (RmInitAdapter) are not cards
+    assert sorted((x.check, x.severity) for x in node) == [
+        ("kernel_fault", "critical"),
+        ("xid", "critical"),
+    ]
+    assert "0000:07:00.0" in next(x.message for x in node if x.check == "xid")
+    schema = jsonl_json_schema()
+    for line in lines:
+        jsonschema.validate(line, schema)
+    by_xid = {(e["xid"], e["bus_id"]): e for e in lines if e["event"] == "xid"}
+    e13 = by_xid[(13, "0000:cb:00.0")]
+    assert (e13["severity"], e13["class"], e13["count"], e13["index"]) == (
+        "warning",
+        "application",
+        3,
+        6,
+    )
+    assert by_xid[(109, "0000:cb:00.0")]["pid"] == 1797828
+    assert by_xid[(48, "0000:07:00.0")]["index"] is None
+    assert cards[0].health == "ok" and cards[0].findings == []
+
+
+def test_events_before_the_window_make_no_finding():
+    ev = parse_text(sample("dmesg_xid-63_row-remapper.txt"))[0]
+    ev79 = replace(ev, xid=79, message="GPU has fallen off the bus.", bus_id="0000:9b:00.0")
+
+    class Reader:
+        path = "x"
+
+        def read(self):
+            from hetpatrol.kernel_log import ReadResult
+
+            return ReadResult(events=[(ev79, 1_000_000.0 - 7200)])  # two hours ago
+
+        def close(self):
+            pass
+
+    snap = KernelLog(Reader(), window_seconds=3600, clock=_Clock()).poll()
+    cards = _cards()
+    lines, node = apply_kernel_log(snap, cards, KernelLogRules(), node="n", seq=1, ts_format=rfc)
+    assert [(e["xid"], e["in_window"], e["window_count"]) for e in lines] == [(79, False, 0)]
+    assert cards[0].health == "ok" and node == []
+
+
+# ------------------------------------------------------------------ whole-node scenarios
+
+
+def _once(name):
+    config = replace(load_config(), node="n1")
+    patroller = Patroller(config, replay_dir=NODES / name)
+    try:
+        return patroller.run()
+    finally:
+        patroller.close()
+
+
+def test_xid_79_node():
+    report = _once("xid-79")
+    assert report.exit_code == 2
+    gpu6 = next(c for c in report.cards if c.index == 6)
+    assert gpu6.vendor_health == "gpu_is_lost"
+    checks = {f.check: f.severity for f in gpu6.findings}
+    assert checks == {"vendor_health": "critical", "xid": "critical", "kernel_fault": "critical"}
+    events = [json.loads(line) for line in report.event_lines]
+    assert [
+        (e["event"], e["xid"], e["reason"], e["bus_id"], e["index"], e["uuid"]) for e in events
+    ] == [
+        ("xid", 79, None, "0000:cb:00.0", 6, "GPU-d7051dd7-616a-cb6a-4aaf-7901dc199334"),
+        (
+            "kernel",
+            None,
+            "fallen_off_bus",
+            "0000:cb:00.0",
+            6,
+            "GPU-d7051dd7-616a-cb6a-4aaf-7901dc199334",
+        ),
+    ]
+    assert [e["kmsg_seq"] for e in events] == [2103, 2104]
+    others = [c.health for c in report.cards if c.index != 6]
+    assert others == ["ok"] * 7
+    # the JSONL sink writes cards, then events, then the patrol line
+    kinds = [json.loads(line)["kind"] for line in report.jsonl_lines()]
+    assert kinds == ["card"] * 8 + ["event", "event", "patrol"]
+    patrol = json.loads(report.patrol_line)
+    assert patrol["kernel_log"]["state"] == "ok" and patrol["kernel_log"]["new_events"] == 2
+
+
+def test_nvlink_storm_node():
+    report = _once("nvlink-storm")
+    assert report.exit_code == 2
+    health = {c.index: c.health for c in report.cards}
+    assert health == {
+        0: "warning",
+        1: "warning",
+        2: "critical",
+        3: "warning",
+        4: "ok",
+        5: "ok",
+        6: "ok",
+        7: "ok",
+    }
+    events = [json.loads(line) for line in report.event_lines]
+    assert [(e["xid"], e["index"], e["count"]) for e in events] == [
+        (145, 0, 6), (145, 1, 6), (145, 2, 6), (145, 3, 6),
+        (149, 2, 1),
+        (45, 0, 1), (45, 1, 1), (45, 2, 1), (45, 3, 1),
+    ]  # fmt: skip
+    e149 = events[4]
+    assert (e149["nvlink_unit"], e149["fatal"], e149["link"], e149["severity"]) == (
+        "NETIR_LINK_EVT",
+        True,
+        7,
+        "critical",
+    )
+    assert [(e["pid"], e["process"], e["class"]) for e in events[5:]] == [
+        (48213, "python3", "application"),
+        (48214, "python3", "application"),
+        (48215, "python3", "application"),
+        (48216, "python3", "application"),
+    ]
+    gpu0 = next(c for c in report.cards if c.index == 0)
+    (xf,) = [f for f in gpu0.findings if f.check == "xid"]
+    assert xf.value == {"145": 6, "45": 1}
+
+
+def test_healthy_node_without_kernel_log_is_still_ok():
+    report = _once("healthy-mixed")
+    assert report.exit_code == 0
+    assert report.event_lines == ()
+    assert json.loads(report.patrol_line)["kernel_log"]["state"] == "absent"
+
+
+def test_second_patrol_writes_no_event_again_but_keeps_the_finding():
+    config = replace(load_config(), node="n1")
+    patroller = Patroller(config, replay_dir=NODES / "xid-79")
+    try:
+        first, second = patroller.run(), patroller.run()
+    finally:
+        patroller.close()
+    assert len(first.event_lines) == 2 and second.event_lines == ()
+    gpu6 = next(c for c in second.cards if c.index == 6)
+    assert {"xid", "kernel_fault"} <= {f.check for f in gpu6.findings}
+
+
+def test_prometheus_xid_counter_and_kernel_log_up():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hetpatrol.exporters.prometheus import Exposition
+
+    report = _once("nvlink-storm")
+    text = Exposition(["nvidia"]).update(report, 1).decode()
+    samples = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            samples.setdefault(s.name, []).append(s)
+    assert samples["hetpatrol_kernel_log_up"][0].value == 1
+    got = {
+        (s.labels["index"], s.labels["xid"]): s.value
+        for s in samples["hetpatrol_card_xid_events_total"]
+    }
+    assert got[("2", "149")] == 1 and got[("0", "145")] == 6 and got[("3", "45")] == 1
+    assert len(got) == 9

@@ -1,0 +1,326 @@
+"""The drain / resume policy against a scripted scontrol: every rule, every state, dry run,
+event lines (schema), once-per-episode logging, and the daemon wiring."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import jsonschema
+import pytest
+from conftest import samples_dir
+from fakes import Scripted, make_patroller
+
+from hetpatrol.daemon import Daemon
+from hetpatrol.patrol import PatrolReport
+from hetpatrol.schema import CardRecord, Finding, jsonl_json_schema
+from hetpatrol.slurm.drain import REASON_MAX, DrainPolicy, drain_reason
+from hetpatrol.slurm.settings import DrainSettings, SlurmSettings
+from hetpatrol.tool import ToolOutput
+
+VALIDATOR = jsonschema.Draft202012Validator(jsonl_json_schema())
+NODE = "gpu07"
+
+
+class FakeSlurm:
+    """scontrol for one node: ``show node -o``, ``update ... State=DRAIN|RESUME``."""
+
+    def __init__(self, state: str = "IDLE", reason: str | None = None, user: str = "root"):
+        self.state, self.reason, self.user = state, reason, user
+        self.calls: list[list[str]] = []
+        self.updates: list[list[str]] = []
+        self.fail_updates = False
+        self.hang = False
+        self.text: str | None = None  # a recorded answer instead of the scripted one
+
+    def __call__(self, argv, timeout):
+        argv = list(argv)
+        self.calls.append(argv)
+        if self.hang:
+            return ToolOutput(tuple(argv), "", "", None, True, timeout)
+        args = argv[argv.index("scontrol") + 1 :] if "scontrol" in argv else argv[1:]
+        if args[:2] == ["show", "node"]:
+            if self.text is not None:
+                return ToolOutput(tuple(argv), self.text, "", 0, False, 0.01)
+            line = f"NodeName={NODE} Arch=x86_64 Gres=gpu:a100:8 State={self.state} Weight=1"
+            if self.reason:
+                line += f" Reason={self.reason} [{self.user}@2026-11-29T10:00:00]"
+            return ToolOutput(tuple(argv), line + "\n", "", 0, False, 0.01)
+        assert args[0] == "update" and args[1] == f"NodeName={NODE}", args
+        self.updates.append(args)
+        if self.fail_updates:
+            return ToolOutput(tuple(argv), "", "slurm_update error: Access denied", 1, False, 0.01)
+        if args[2] == "State=DRAIN":
+            self.state = self.state.split("+")[0] + "+DRAIN"
+            self.reason = args[3].removeprefix("Reason=")
+        elif args[2] == "State=RESUME":
+            self.state, self.reason = self.state.split("+")[0], None
+        return ToolOutput(tuple(argv), "", "", 0, False, 0.01)
+
+
+def settings(**drain) -> SlurmSettings:
+    return SlurmSettings(
+        enabled=True,
+        node_name=NODE,
+        scontrol=("sudo", "-n", "scontrol"),
+        gres_conf=None,
+        drain=DrainSettings(**({"enabled": True, "resume_after_patrols": 3} | drain)),
+    )
+
+
+@pytest.fixture
+def config(base_config):
+    return replace(base_config, node="host07", slurm=settings())
+
+
+def report(health: str, seq: int = 1, cards=(), findings=()) -> PatrolReport:
+    if health == "critical" and not cards and not findings:
+        lost = CardRecord(vendor="nvidia", index=3, health="critical")
+        lost.findings.append(Finding("vendor_health", "critical", "GPU is lost"))
+        cards = (lost,)
+    return PatrolReport(
+        seq=seq,
+        node="host07",
+        started=0.0,
+        finished=1.0,
+        cards=tuple(cards),
+        collectors=(),
+        node_findings=tuple(findings),
+        changes=(),
+        health=health,
+    )
+
+
+def decode(lines: list[str]) -> list[dict]:
+    out = [json.loads(line) for line in lines]
+    for event in out:
+        VALIDATOR.validate(event)
+    return out
+
+
+def test_off_by_default(base_config):
+    slurm = FakeSlurm()
+    assert DrainPolicy(slurm).on_report(report("critical"), base_config) == []
+    gres_only = replace(base_config, slurm=replace(settings(), drain=DrainSettings()))
+    assert DrainPolicy(slurm).on_report(report("critical"), gres_only) == []
+    assert slurm.calls == []
+
+
+def test_critical_drains_through_the_argv_prefix(config):
+    slurm = FakeSlurm()
+    policy = DrainPolicy(slurm)
+    (event,) = decode(policy.on_report(report("critical"), config))
+    assert slurm.updates == [
+        ["update", f"NodeName={NODE}", "State=DRAIN", "Reason=hetpatrol: vendor_health nvidia/3"]
+    ]
+    assert slurm.calls[0] == ["sudo", "-n", "scontrol", "show", "node", "-o", NODE]
+    assert slurm.calls[1][:3] == ["sudo", "-n", "scontrol"]
+    assert event["kind"] == "event" and event["schema"] == "hetpatrol.event/1"
+    assert event["event"] == "drain" and event["dry_run"] is False
+    assert event["reason"] == "hetpatrol: vendor_health nvidia/3"
+    assert (event["node"], event["slurm_node"], event["slurm_state"]) == ("host07", NODE, "IDLE")
+    assert event["command"] == slurm.calls[1]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", event["ts"])
+    # still critical, drained by us already: nothing run, nothing logged
+    assert policy.on_report(report("critical", 2), config) == []
+    assert len(slurm.updates) == 1
+    assert policy.counts["drain"] == 1
+
+
+@pytest.mark.parametrize(
+    "reason, user",
+    [
+        ("admin: DIMM swap", "root"),
+        ("Not responding", "slurm"),
+        ("hetpatrol-like but not ours", "root"),
+    ],
+)
+def test_foreign_reason_is_never_replaced_nor_resumed(config, reason, user):
+    slurm = FakeSlurm("IDLE+DRAIN", reason, user)
+    policy = DrainPolicy(slurm)
+    (event,) = decode(policy.on_report(report("critical"), config))
+    assert event["event"] == "drain_skipped"
+    assert event["slurm_reason"] == reason and reason in event["detail"]
+    assert f"by {user}" in event["detail"]
+    assert policy.on_report(report("critical", 2), config) == []  # logged once per episode
+    for seq in range(3, 10):
+        assert policy.on_report(report("ok", seq), config) == []
+    assert slurm.updates == [] and slurm.reason == reason
+    assert len(slurm.calls) == 3  # two looks while critical, one to see it is not ours
+
+
+def test_slurm_own_gres_drain_from_the_recording_is_left_alone(config):
+    name = "scontrol-show-node.slurm24.05.idle-drain-gres-count-mismatch.txt"
+    slurm = FakeSlurm()
+    slurm.text = (samples_dir("slurm") / name).read_text()
+    cfg = replace(config, slurm=replace(config.slurm, node_name="devhost-102-68"))
+    (event,) = decode(DrainPolicy(slurm).on_report(report("critical"), cfg))
+    assert event["event"] == "drain_skipped"
+    assert event["slurm_reason"] == "gres/gpu count reported lower than configured (0 < 1)"
+    assert event["slurm_state"] == "IDLE+DRAIN"
+    assert slurm.updates == []
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        "IDLE+REBOOT_ISSUED",  # sinfo "boot"
+        "IDLE+REBOOT_REQUESTED",  # "@"
+        "IDLE+POWERING_UP",  # "#"
+        "IDLE+RESERVED",  # "resv"
+        "IDLE+FAIL",  # "fail"
+        "ALLOCATED+MAINTENANCE",  # "maint"
+        "IDLE+NOT_RESPONDING",  # "*"
+        "DOWN",
+        "FUTURE",
+        "IDLE+CLOUD+POWERED_DOWN",
+    ],
+)
+def test_states_not_understood_are_skipped_and_said(config, state):
+    slurm = FakeSlurm(state)
+    (event,) = decode(DrainPolicy(slurm).on_report(report("critical"), config))
+    assert event["event"] == "drain_skipped"
+    assert event["slurm_state"] == state
+    assert f"Slurm state {state} is not one hetpatrol acts on" in event["detail"]
+    assert slurm.updates == []
+
+
+@pytest.mark.parametrize("state", ["IDLE", "ALLOCATED", "MIXED", "MIXED+COMPLETING"])
+def test_states_understood_are_drained(config, state):
+    slurm = FakeSlurm(state)
+    (event,) = decode(DrainPolicy(slurm).on_report(report("critical"), config))
+    assert event["event"] == "drain" and slurm.state.endswith("+DRAIN")
+
+
+def test_resume_only_after_n_consecutive_healthy_patrols(config):
+    slurm = FakeSlurm()
+    policy = DrainPolicy(slurm)
+    policy.on_report(report("critical", 1), config)
+    assert policy.on_report(report("ok", 2), config) == []
+    assert policy.on_report(report("warning", 3), config) == []  # warning counts as healthy
+    assert policy.on_report(report("unknown", 4), config) == []  # a hung tool: start over
+    assert policy.on_report(report("ok", 5), config) == []
+    assert policy.on_report(report("ok", 6), config) == []
+    assert slurm.state == "IDLE+DRAIN"
+    (event,) = decode(policy.on_report(report("ok", 7), config))
+    assert event["event"] == "resume"
+    assert event["reason"] == "healthy for 3 consecutive patrols"
+    assert event["slurm_reason"] == "hetpatrol: vendor_health nvidia/3"
+    assert slurm.updates[-1] == ["update", f"NodeName={NODE}", "State=RESUME"]
+    assert (slurm.state, slurm.reason) == ("IDLE", None)
+    calls = len(slurm.calls)
+    for seq in range(8, 20):
+        assert policy.on_report(report("ok", seq), config) == []
+    assert len(slurm.calls) == calls  # nothing of ours left: no scontrol per patrol
+
+
+def test_a_drain_of_ours_from_before_a_restart_is_resumed(config):
+    slurm = FakeSlurm("MIXED+DRAIN", "hetpatrol: temperature ascend/2/0")
+    policy = DrainPolicy(slurm)
+    for seq in (1, 2):
+        assert policy.on_report(report("ok", seq), config) == []
+    (event,) = decode(policy.on_report(report("ok", 3), config))
+    assert event["event"] == "resume" and slurm.state == "MIXED"
+
+
+def test_resume_skipped_in_a_state_not_understood(config):
+    slurm = FakeSlurm("IDLE+DRAIN+REBOOT_REQUESTED", "hetpatrol: vendor_health nvidia/3")
+    policy = DrainPolicy(slurm)
+    for seq in (1, 2):
+        policy.on_report(report("ok", seq), config)
+    (event,) = decode(policy.on_report(report("ok", 3), config))
+    assert event["event"] == "resume_skipped"
+    assert "REBOOT_REQUESTED" in event["detail"]
+    assert slurm.updates == []
+
+
+def test_dry_run_logs_every_decision_and_runs_no_update(config):
+    cfg = replace(config, slurm=settings(dry_run=True, resume_after_patrols=2))
+    slurm = FakeSlurm()
+    policy = DrainPolicy(slurm)
+    (drain,) = decode(policy.on_report(report("critical", 1), cfg))
+    assert (drain["event"], drain["dry_run"]) == ("drain", True)
+    assert drain["command"][-1] == "Reason=hetpatrol: vendor_health nvidia/3"
+    assert policy.on_report(report("critical", 2), cfg) == []  # once per episode
+    assert policy.on_report(report("ok", 3), cfg) == []
+    (resume,) = decode(policy.on_report(report("ok", 4), cfg))
+    assert (resume["event"], resume["dry_run"]) == ("resume", True)
+    assert "hetpatrol: vendor_health nvidia/3" in resume["detail"]
+    (again,) = decode(policy.on_report(report("critical", 5), cfg))  # a new episode
+    assert again["event"] == "drain"
+    assert slurm.updates == [] and slurm.state == "IDLE"
+
+
+def test_failures_are_logged_once_and_retried(config):
+    slurm = FakeSlurm()
+    slurm.fail_updates = True
+    policy = DrainPolicy(slurm)
+    (event,) = decode(policy.on_report(report("critical", 1), config))
+    assert event["event"] == "drain_failed" and "Access denied" in event["detail"]
+    assert policy.on_report(report("critical", 2), config) == []
+    assert len(slurm.updates) == 2  # tried again, not logged again
+    slurm.fail_updates = False
+    (event,) = decode(policy.on_report(report("critical", 3), config))
+    assert event["event"] == "drain"
+
+    slurm = FakeSlurm()
+    slurm.hang = True
+    (event,) = decode(DrainPolicy(slurm).on_report(report("critical"), config))
+    assert event["event"] == "drain_skipped" and "did not answer" in event["detail"]
+
+    missing = DrainPolicy(lambda argv, timeout: (_ for _ in ()).throw(FileNotFoundError(2, "x")))
+    (event,) = decode(missing.on_report(report("critical"), config))
+    assert event["event"] == "drain_skipped" and "cannot run sudo" in event["detail"]
+
+
+def test_drain_reason_names_checks_and_cards_and_is_bounded():
+    cards = []
+    for i in range(20):
+        rec = CardRecord(vendor="ascend", index=200 + i, chip=0, health="critical")
+        rec.findings.append(Finding("vendor_health", "critical", "Alarm"))
+        cards.append(rec)
+    held = CardRecord(vendor="nvidia", index=1, health="critical")
+    held.findings.append(Finding("recovering", "critical", "good for 1 of 3"))
+    gres = Finding(
+        "gres_mismatch",
+        "critical",
+        "gpu:a100: Slurm has 8 registered, 6 healthy on the node (6 found)",
+        value=6,
+        threshold=8,
+    )
+    text = drain_reason(report("critical", cards=[held, *cards], findings=[gres]))
+    assert text.startswith(
+        "hetpatrol: gres_mismatch gpu:a100 6/8, recovering nvidia/1, vendor_health ascend/200/0"
+    )
+    assert len(text) <= REASON_MAX
+    assert re.search(r" \(\+\d+ more\)$", text)
+
+
+def test_daemon_writes_event_lines_after_the_patrol_lines(base_config, tmp_path):
+    slurm = FakeSlurm()
+    config = replace(
+        base_config,
+        node="host07",
+        listen=None,
+        jsonl_path=tmp_path / "p.jsonl",
+        state_path=None,
+        slurm=settings(),
+    )
+    daemon = Daemon(config)
+    daemon.patroller.close()
+    scripted = Scripted("ascend")
+    scripted.temps = [40.0, 99.0]
+    daemon.patroller = make_patroller(config, {"ascend": scripted})
+    daemon.patroller.config = config
+    daemon.drain_policy.runner = slurm
+    try:
+        daemon.patrol_once()
+    finally:
+        daemon.shutdown()
+    lines = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [x["kind"] for x in lines] == ["card", "card", "patrol", "event"]
+    assert lines[-1]["reason"] == "hetpatrol: temperature ascend/1/0"
+    body = daemon.exposition.body.decode()
+    assert 'hetpatrol_slurm_events_total{event="drain"} 1.0' in body
+    assert 'hetpatrol_slurm_events_total{event="drain_skipped"} 0.0' in body

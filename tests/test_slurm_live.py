@@ -1,0 +1,220 @@
+"""hetpatrol against a real slurmctld + slurmd (tests/slurm_cluster.py): GRES check, drain,
+resume, an admin's drain left alone, dry run. The node is registered as
+``Gres=gpu:a100:8,ascend:910b:8`` under NodeName ``hp-gpu01`` (not the host name)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import pytest
+import slurm_cluster as cluster
+from prometheus_client.parser import text_string_to_metric_families
+
+from hetpatrol.config import load_config
+from hetpatrol.daemon import Daemon
+from hetpatrol.patrol import Patroller
+from hetpatrol.schema import jsonl_json_schema
+from hetpatrol.slurm.gres import gres_conf_for_node, parse_gres_conf
+from hetpatrol.slurm.settings import DrainSettings, SlurmSettings
+
+pytestmark = pytest.mark.slurm
+
+# the session's cluster (started once) and the per-test "node idle, no reason" fixture
+slurm_cluster = cluster.slurm_cluster
+slurm_node = cluster.slurm_node
+NODES, make_replay = cluster.NODES, cluster.make_replay
+
+VALIDATOR = jsonschema.Draft202012Validator(jsonl_json_schema())
+
+
+def slurm_config(cluster, tmp_path: Path, *, drain: bool = True, dry_run: bool = False):
+    config = load_config()
+    return replace(
+        config,
+        node="mixed-node",
+        listen=None,
+        jsonl_path=tmp_path / "patrol.jsonl",
+        state_path=tmp_path / "state.json",
+        slurm=SlurmSettings(
+            enabled=True,
+            node_name=cluster.node,
+            scontrol=tuple(cluster.scontrol_argv),
+            timeout_seconds=10,
+            gres_conf=cluster.gres_conf,
+            registration_cache_seconds=300,
+            drain=DrainSettings(enabled=drain, dry_run=dry_run, resume_after_patrols=2),
+        ),
+    )
+
+
+def read_lines(path: Path) -> list[dict]:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines:
+        VALIDATOR.validate(line)
+    return lines
+
+
+def events(path: Path) -> list[dict]:
+    return [line for line in read_lines(path) if line["kind"] == "event"]
+
+
+def use_replay(daemon: Daemon, replay: Path) -> None:
+    """The node's cards change: the patroller now reads another replay directory."""
+    daemon.patroller.close()
+    daemon.patroller = Patroller(daemon.config, replay_dir=replay)
+    daemon.replay_dir = replay
+
+
+@pytest.fixture(scope="module")
+def replays(tmp_path_factory):
+    base = tmp_path_factory.mktemp("replays")
+    return {
+        "healthy": make_replay(base / "a100x8", 8),
+        "six": make_replay(base / "a100x6", 6),
+        "sick": NODES / "sick-mixed",
+    }
+
+
+def test_gres_registration_matches_gres_conf(slurm_node):
+    """The cluster's own gres.conf (File= ranges) reads as the registration scontrol shows."""
+    reg = slurm_node.scontrol("show", "node", "-o", slurm_node.node)
+    assert "Gres=gpu:a100:8,ascend:910b:8" in reg
+    conf = gres_conf_for_node(parse_gres_conf(slurm_node.gres_conf.read_text()), slurm_node.node)
+    assert {(e.name, e.type, e.count) for e in conf.entries} == {
+        ("gpu", "a100", 8),
+        ("ascend", "910b", 8),
+    }
+
+
+def test_gres_mismatch_six_of_eight_gpus(slurm_node, replays, tmp_path):
+    with slurm_node.explain():
+        config = slurm_config(slurm_node, tmp_path, drain=False)
+        daemon = Daemon(config, replay_dir=replays["six"])
+        try:
+            report = daemon.patrol_once()
+        finally:
+            daemon.shutdown()
+        assert report.health == "critical"
+        assert all(c.health == "ok" for c in report.cards)
+        (finding,) = [f for f in report.node_findings if f.check == "gres_mismatch"]
+        assert finding.severity == "critical"
+        assert finding.message.startswith("gpu:a100: Slurm has 8 registered, 6 healthy")
+        assert (finding.value, finding.threshold) == (6, 8)
+        patrol = [x for x in read_lines(tmp_path / "patrol.jsonl") if x["kind"] == "patrol"][0]
+        assert patrol["gres"]["source"] == "scontrol"
+        assert patrol["gres"]["slurm_node"] == slurm_node.node
+        assert patrol["gres"]["entries"] == [
+            {"name": "gpu", "type": "a100", "configured": 8, "found": 6, "healthy": 6},
+            {"name": "ascend", "type": "910b", "configured": 8, "found": 8, "healthy": 8},
+        ]
+        metrics = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(daemon.exposition.body.decode())
+            for s in fam.samples
+        }
+        labels = (("gres", "gpu"), ("gres_type", "a100"))
+        assert metrics[("hetpatrol_gres_configured", labels)] == 8
+        assert metrics[("hetpatrol_gres_healthy", labels)] == 6
+        assert metrics[("hetpatrol_gres_registration_up", ())] == 1
+        # drain is off: Slurm untouched, no event line
+        assert slurm_node.state() == "idle"
+        assert events(tmp_path / "patrol.jsonl") == []
+
+        # all eight there: no finding, node ok
+        patroller = Patroller(config, replay_dir=replays["healthy"])
+        try:
+            ok = patroller.run()
+        finally:
+            patroller.close()
+        assert ok.health == "ok", ok.node_findings
+        assert [e["healthy"] for e in ok.node_checks["gres"]["entries"]] == [8, 8]
+
+
+def test_drain_on_critical_then_resume_when_healthy(slurm_node, replays, tmp_path):
+    with slurm_node.explain():
+        daemon = Daemon(slurm_config(slurm_node, tmp_path), replay_dir=replays["sick"])
+        try:
+            report = daemon.patrol_once()
+            assert report.health == "critical"
+            line = slurm_node.wait_for(lambda s: "drain" in s.split(" ")[1], what="drained")
+            state, reason = line.split(" ", 2)[1:]
+            assert state == "drained"
+            assert reason.startswith("hetpatrol: ")
+            assert "gres_mismatch gpu:a100 2/8" in reason  # 2 of 4 GPUs healthy, 8 registered
+            assert "vendor_health nvidia/3" in reason  # the lost GPU
+            assert "remapped_rows_pending nvidia/1" in reason
+            (drain,) = events(tmp_path / "patrol.jsonl")
+            assert drain["event"] == "drain" and drain["dry_run"] is False
+            assert drain["reason"] == reason
+            assert drain["slurm_node"] == slurm_node.node
+            assert drain["command"][-3:] == [
+                f"NodeName={slurm_node.node}",
+                "State=DRAIN",
+                f"Reason={reason}",
+            ]
+
+            daemon.patrol_once()  # still critical, already drained by us: nothing new
+            assert len(events(tmp_path / "patrol.jsonl")) == 1
+            assert slurm_node.reason() == reason
+
+            use_replay(daemon, replays["healthy"])
+            assert daemon.patrol_once().health == "ok"  # 1 of 2 healthy patrols
+            assert slurm_node.state() == "drained"
+            assert daemon.patrol_once().health == "ok"  # 2 of 2: resume
+            line = slurm_node.wait_for(lambda s: "drain" not in s, what="resumed")
+            assert line.split(" ", 2)[2] == "none"
+            resume = events(tmp_path / "patrol.jsonl")[-1]
+            assert resume["event"] == "resume" and resume["slurm_reason"] == reason
+            assert resume["command"][-2:] == [f"NodeName={slurm_node.node}", "State=RESUME"]
+            assert daemon.stats.slurm_events["drain"] == 1
+            assert daemon.stats.slurm_events["resume"] == 1
+        finally:
+            daemon.shutdown()
+
+
+def test_admin_drain_is_never_replaced_or_resumed(slurm_node, replays, tmp_path):
+    with slurm_node.explain():
+        slurm_node.admin_drain("admin: DIMM swap, ticket 4711")
+        daemon = Daemon(slurm_config(slurm_node, tmp_path), replay_dir=replays["sick"])
+        try:
+            assert daemon.patrol_once().health == "critical"
+            daemon.patrol_once()
+            (skipped,) = events(tmp_path / "patrol.jsonl")  # once, not once per patrol
+            assert skipped["event"] == "drain_skipped"
+            assert skipped["slurm_reason"] == "admin: DIMM swap, ticket 4711"
+            assert "admin: DIMM swap, ticket 4711" in skipped["detail"]
+            assert skipped["reason"].startswith("hetpatrol: ")  # what it would have set
+            assert slurm_node.reason() == "admin: DIMM swap, ticket 4711"
+
+            use_replay(daemon, replays["healthy"])
+            for _ in range(3):
+                assert daemon.patrol_once().health == "ok"
+            assert slurm_node.state() == "drained"
+            assert slurm_node.reason() == "admin: DIMM swap, ticket 4711"
+            assert len(events(tmp_path / "patrol.jsonl")) == 1
+        finally:
+            daemon.shutdown()
+
+
+def test_dry_run_logs_and_changes_nothing(slurm_node, replays, tmp_path):
+    with slurm_node.explain():
+        config = slurm_config(slurm_node, tmp_path, dry_run=True)
+        daemon = Daemon(config, replay_dir=replays["sick"])
+        try:
+            daemon.patrol_once()
+            daemon.patrol_once()
+            assert slurm_node.sinfo().split(" ", 1)[1] == "idle none"
+            use_replay(daemon, replays["healthy"])
+            daemon.patrol_once()
+            daemon.patrol_once()
+            assert slurm_node.sinfo().split(" ", 1)[1] == "idle none"
+        finally:
+            daemon.shutdown()
+        drain, resume = events(tmp_path / "patrol.jsonl")
+        assert (drain["event"], drain["dry_run"]) == ("drain", True)
+        assert drain["reason"].startswith("hetpatrol: ")
+        assert drain["slurm_state"] == "IDLE"
+        assert (resume["event"], resume["dry_run"]) == ("resume", True)

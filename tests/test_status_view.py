@@ -1,0 +1,215 @@
+"""`hetpatrol status`: the operator's view, on a terminal (pty) and through a pipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import NODES
+from test_end_to_end import HETPATROL, free_port, wait_for
+
+from hetpatrol.config import load_config
+from hetpatrol.exporters.state import write_state
+from hetpatrol.patrol import Patroller
+from hetpatrol.replay import load_scenario
+from hetpatrol.status_view import render, use_color
+
+ESC = "\x1b["
+
+
+def make_state(tmp_path: Path, scenario: str, *, age: float = 0.0) -> Path:
+    config = replace(load_config(), node=load_scenario(NODES / scenario)["node"])
+    patroller = Patroller(config, replay_dir=NODES / scenario)
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    path = tmp_path / f"{scenario}.state.json"
+    write_state(path, report, 10)
+    if age:
+        doc = json.loads(path.read_text())
+        doc["finished"] -= age
+        path.write_text(json.dumps(doc))
+    return path
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    env["TERM"] = "xterm-256color"
+    env.update(extra)
+    return env
+
+
+def run_on_pty(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run ``hetpatrol`` with its stdout on a pseudo-terminal; (exit code, output)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*HETPATROL, *args], stdout=slave, stderr=subprocess.PIPE, env=env, close_fds=True
+    )
+    os.close(slave)
+    chunks = []
+    try:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(master)
+        rc = proc.wait(timeout=30)
+    return rc, b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def run_piped(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([*HETPATROL, *args], capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_terminal_gets_colour(tmp_path):
+    state = make_state(tmp_path, "sick-mixed")
+    rc, out = run_on_pty(["status", "--state-path", str(state)], clean_env())
+    assert rc == 2  # the verdict's exit code: critical
+    assert ESC in out
+    assert "\x1b[1;31mCRITICAL\x1b[0m" in out  # the node verdict, bold red
+    assert "\x1b[32mOK\x1b[0m" in out  # healthy cards green
+
+
+def test_no_color_on_a_terminal(tmp_path):
+    state = make_state(tmp_path, "sick-mixed")
+    rc, out = run_on_pty(["status", "--state-path", str(state)], clean_env(NO_COLOR="1"))
+    assert rc == 2 and ESC not in out and "CRITICAL" in out
+
+
+def test_pipe_is_plain_and_complete(tmp_path):
+    state = make_state(tmp_path, "sick-mixed")
+    res = run_piped(["status", "--state-path", str(state)], clean_env())
+    assert res.returncode == 2, res.stderr
+    out = res.stdout
+    assert ESC not in out and "\x1b" not in out
+    lines = out.splitlines()
+    assert lines[0].startswith("node mixed-sick-01: CRITICAL")
+    assert "verdict 0 s old (every 10 s)" in lines[0] or "verdict 1 s old" in lines[0]
+    # grouped by vendor and card type, a row per card, findings under their card
+    assert "ascend 910b  (8 chips: 7 ok, 1 critical)" in out
+    row5 = next(i for i, x in enumerate(lines) if x.split()[:3] == ["5", "0", "CRITICAL"])
+    assert "38 C" in lines[row5] and "97.2 W" in lines[row5] and "0000:02:00.0" in lines[row5]
+    assert lines[row5 + 1].split()[:2] == ["critical", "vendor_health:"]
+    assert "Alarm" in lines[row5 + 1]
+    assert any("remapped_rows_pending:" in x for x in lines)
+    assert any("gpu" in x.lower() and "lost" in x.lower() for x in lines)
+    assert lines[-1].startswith("collectors: nvidia ok (4 cards") and "ascend ok (8 cards" in out
+
+
+def test_json_for_scripts(tmp_path):
+    state = make_state(tmp_path, "healthy-mixed")
+    res = run_piped(["status", "--state-path", str(state), "--json"], clean_env())
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["health"] == "ok" and doc["stale"] is False and doc["age_seconds"] < 30
+    assert doc["state_path"] == str(state)
+    assert len(doc["cards"]) == 16
+    npu4 = next(c for c in doc["cards"] if c["vendor"] == "ascend" and c["index"] == 4)
+    assert npu4["temperature_celsius"] == 39.0  # npu-smi Temp(C) of NPU 4
+
+
+def test_stale_verdict_is_unknown(tmp_path):
+    state = make_state(tmp_path, "healthy-mixed", age=3600)
+    res = run_piped(["status", "--state-path", str(state)], clean_env())
+    assert res.returncode == 3
+    assert "60 min old" in res.stdout and "STALE" in res.stdout
+    res = run_piped(["status", "--state-path", str(state), "--json"], clean_env())
+    assert json.loads(res.stdout)["stale"] is True and res.returncode == 3
+
+
+def test_missing_state_file(tmp_path):
+    res = run_piped(["status", "--state-path", str(tmp_path / "nope.json")], clean_env())
+    assert res.returncode == 3
+    assert "cannot read the state file" in res.stderr and res.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("mode", "isatty", "env", "expected"),
+    [
+        ("auto", True, {}, True),
+        ("auto", False, {}, False),
+        ("auto", True, {"NO_COLOR": "1"}, False),
+        ("auto", True, {"NO_COLOR": ""}, True),  # NO_COLOR only counts when non-empty
+        ("auto", True, {"TERM": "dumb"}, False),
+        ("always", False, {"NO_COLOR": "1"}, True),
+        ("never", True, {}, False),
+    ],
+)
+def test_use_color(mode, isatty, env, expected):
+    class Stream:
+        def isatty(self):
+            return isatty
+
+    assert use_color(Stream(), mode, env) is expected  # type: ignore[arg-type]
+
+
+def test_render_without_cards():
+    doc = {
+        "node": "n1",
+        "seq": 1,
+        "finished": time.time(),
+        "interval_seconds": 10,
+        "health": "unknown",
+        "collectors": {"ascend": {"state": "failed", "cards": 0, "error": "DCMI -8005"}},
+        "findings": [{"check": "collector_failed", "severity": "unknown", "message": "x"}],
+        "cards": [],
+    }
+    out = render(doc)
+    assert "collectors: ascend failed (0 cards, 0.000 s): DCMI -8005" in out
+    assert "node unknown collector_failed: x" in out
+
+
+def test_status_of_a_running_daemon_reads_the_configs_state_path(tmp_path):
+    """Without --state-path, status reads the state_path of the config the daemon runs."""
+    config = tmp_path / "hetpatrol.yaml"
+    text = Path(load_config().source).read_text()
+    config.write_text(
+        "\n".join(
+            f'state_path: "{tmp_path}/state.json"' if x.startswith("state_path:") else x
+            for x in text.splitlines()
+        )
+        + "\n"
+    )
+    env = clean_env(XDG_STATE_HOME=str(tmp_path / "xdg"))
+    proc = subprocess.Popen(
+        [
+            *HETPATROL,
+            "run",
+            "--config",
+            str(config),
+            "--replay",
+            str(NODES / "ascend-a3-only"),
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--interval",
+            "0.5",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for((tmp_path / "state.json").exists)
+        rc, out = run_on_pty(["status", "--config", str(config)], env)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert rc == 0, out
+    assert "node a3-01: \x1b[32mOK\x1b[0m" in out
+    assert "\x1b[1mascend 910_93\x1b[0m  (16 chips: \x1b[32m16 ok\x1b[0m)" in out
+    assert "error" not in out.replace("errors", "")  # chip 1 has no power: no news
