@@ -154,7 +154,7 @@ collectors: {{nvidia: {{}}, ascend: {{}}}}
 
 
 @pytest.fixture
-def daemons(tmp_path):
+def daemons(tmp_path, tmpfs):
     """Starts daemons; every one is stopped in teardown (before the tmpfs goes)."""
     started: list[RunningDaemon] = []
 

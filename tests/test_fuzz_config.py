@@ -162,7 +162,7 @@ def mutated_bundled(draw):
     return dump(data)
 
 
-@fuzz(150)
+@fuzz(80)
 @given(mutated_bundled())
 def test_mutations_of_the_bundled_config(text):
     check(text)

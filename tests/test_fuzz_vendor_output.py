@@ -337,8 +337,8 @@ def siblings_swapped(draw, data: bytes):
 
 
 def test_every_recorded_sample_is_fuzzed():
+    samples_dir("ascend"), samples_dir("nvidia")  # skip, or fail under CI, when absent
     assert len(ASCEND) >= 20 and len(NVIDIA) >= 15
-    samples_dir("ascend"), samples_dir("nvidia")
 
 
 @pytest.mark.parametrize("name", ASCEND)

@@ -233,6 +233,16 @@ collectors: {{nvidia: {{}}, ascend: {{}}}}
     assert daemon.stats.jsonl_lines_written == 150 * 17
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, and SIGKILL if it does not stop: no daemon outlives its test."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.slow
 def test_external_logrotate_is_followed_with_and_without_sighup(tmp_path):
     jsonl = tmp_path / "log" / "patrol.jsonl"
@@ -242,6 +252,7 @@ def test_external_logrotate_is_followed_with_and_without_sighup(tmp_path):
         config.read_text().replace("interval_seconds: 0.01", "interval_seconds: 0.02")
     )
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log = open(tmp_path / "daemon.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -254,8 +265,7 @@ def test_external_logrotate_is_followed_with_and_without_sighup(tmp_path):
             str(HEALTHY),
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        stderr=log,
         env=env,
     )
     exe = shutil.which("logrotate") or next(
@@ -294,9 +304,9 @@ def test_external_logrotate_is_followed_with_and_without_sighup(tmp_path):
                     os.kill(proc.pid, signal.SIGHUP)
         time.sleep(0.2)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
-    assert proc.returncode == 0, err
+        stop(proc)
+        log.close()
+    assert proc.returncode == 0, (tmp_path / "daemon.log").read_text()[-3000:]
     rotated = sorted(jsonl.parent.glob("patrol.jsonl.*"), key=lambda p: -int(p.suffix[1:]))
     assert len(rotated) == 12
     lines = []

@@ -9,7 +9,6 @@ import gc
 import http.client
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import psutil
 import pytest
 from conftest import NODES
 from test_end_to_end import free_port, scrape, wait_for
+from test_jsonl_crash import stop
 
 from hetpatrol.config import load_config
 from hetpatrol.exporters.jsonl import JsonlSink
@@ -47,6 +47,7 @@ def test_50_clients_scraping_for_30_s_fail_nothing_and_the_schedule_holds(
     port = free_port()
     jsonl = tmp_path / "patrol.jsonl"
     env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), PYTHONUNBUFFERED="1")
+    log = open(tmp_path / "daemon.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -63,8 +64,7 @@ def test_50_clients_scraping_for_30_s_fail_nothing_and_the_schedule_holds(
             str(INTERVAL),
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        stderr=log,
         env=env,
     )
     ok = [0] * CLIENTS
@@ -116,9 +116,10 @@ def test_50_clients_scraping_for_30_s_fail_nothing_and_the_schedule_holds(
         assert not any(t.is_alive() for t in threads)
         elapsed = time.time() - start
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
-    assert proc.returncode == 0, err
+        stop(proc)
+        log.close()
+    err = (tmp_path / "daemon.log").read_text()
+    assert proc.returncode == 0, err[-3000:]
     total = sum(ok)
     patrols = [
         json.loads(line)
@@ -197,6 +198,7 @@ def test_10000_patrols_keep_memory_and_descriptors_flat(tmp_path, record_propert
 
     t0 = time.monotonic()
     try:
+        sample("start")
         patrol(WARM_UP)
         rss0, fds0, threads0 = sample(f"after {WARM_UP} (warm-up)")
         for done in range(WARM_UP, SOAK_PATROLS, 2500):

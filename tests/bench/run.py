@@ -32,24 +32,30 @@ Figures (goal in brackets):
   connection, a late answer delays the next scrape); rate: the same 20 clients scrape
   back to back (the server's capacity; the latency under that load is an extra).
 - ``jsonl_lines_per_s`` [>= 50,000]: ``JsonlSink.write_lines`` of a patrol's lines into a
-  file in the temp directory (rotation as configured), wall time.
-- ``rss_start_mb`` [<= 40], ``rss_after_10k_patrols_mb`` [growth <= 1]: a fresh process
-  that imports the daemon, loads the config and builds the ``Daemon`` (collectors
-  loaded), then runs 10,000 ``patrol_once`` (sinks on ``/dev/shm`` when present).
+  file in the temp directory (a disk; rotation as configured), wall time.
+- ``rss_start_mb`` [<= 40], ``rss_after_10k_patrols_mb`` [growth <= 1]: a fresh
+  ``python -c`` process (none of this script's imports) that imports what
+  ``hetpatrol run`` imports, loads the bundled config and builds the ``Daemon``
+  (collectors loaded: the start figure), then runs 10,000 ``patrol_once`` (sinks on
+  ``/dev/shm`` when present). RSS after patrols 1, 100 and 1,000 is printed too.
 - ``vs_nvidia_smi_xml_cpu_ratio`` [>= 10]: CPU per patrol of spawning
   ``nvidia-smi -q -x`` and parsing its XML (telegraf's and netdata's way; here a ``sh``
   stand-in that ``exec``s ``cat`` of the same dump, the cheapest possible tool: a real
   nvidia-smi does every NVML query itself on top), child CPU included, / hetpatrol's
-  NVML path on the same 8 GPUs.
+  NVML path on the same 8 GPUs. Extra: the same ratio with NVML taken out of both sides
+  (the collector answered from a dict of the recorded answers).
 - ``vs_collect_on_scrape_p99_ratio`` [report]: scrape p99 when every scrape runs a patrol
   and renders it (same HTTP server code, same load) / the cached p99.
 - ``vs_per_card_npu_smi_calls`` [report]: processes spawned per patrol for 8 NPUs by a
-  per-card ``npu-smi info -t {health,common,usages,proc-mem} -i N`` sweep / by hetpatrol
-  (one ``npu-smi info``), counted on stand-in tools.
+  per-card ``npu-smi info -t {health,common,usages,proc-mem} -i N`` sweep / by hetpatrol's
+  Ascend collector as the bundled config sets it up (one ``npu-smi info`` a patrol, plus
+  its detail sweep amortised over the patrols between two sweeps), counted on stand-in
+  tools.
 
 ``--real-nvml`` (needs a GPU; not run where none is): per patrol time of
 ``NvidiaCollector`` on the real ``pynvml``, and of the same NVML calls replayed raw (the
-floor: no record is built), with their ratio.
+floor: no record is built), with their ratio; with ``nvidia-smi`` on the PATH, also the
+CPU of the real ``nvidia-smi -q -x`` + parse and the real ratio to the collector.
 """
 
 from __future__ import annotations
@@ -834,7 +840,7 @@ def write_standin(path: Path, body: str) -> Path:
     return path
 
 
-def smi_xml_cpu_ms(smi: str, gpus: int, repeats: int, patrols: int) -> tuple[list, list]:
+def smi_xml_cpu_ms(smi: str, gpus: int | None, repeats: int, patrols: int) -> tuple[list, list]:
     """CPU per patrol (ms) of spawning ``smi -q -x`` and parsing the XML, child included;
     and of the child alone. ``repeats`` values each."""
 
@@ -843,7 +849,7 @@ def smi_xml_cpu_ms(smi: str, gpus: int, repeats: int, patrols: int) -> tuple[lis
         for _ in range(patrols):
             out = subprocess.run([smi, "-q", "-x"], capture_output=True, check=True)
             rows = parse_smi_xml(out.stdout)
-        assert len(rows) == gpus, (len(rows), gpus)
+        assert gpus is None or len(rows) == gpus, (len(rows), gpus)
         return ((cpu() - t) + (children_cpu() - c)) / patrols * 1e3
 
     def child_only() -> float:
@@ -936,10 +942,6 @@ def bench_vs_npu_smi(repeats: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="hetpatrol-bench-npu-"))
     try:
         shutil.copyfile(NODE / "npu-smi-info.txt", tmp / "npu-smi_info.txt")
-        for kind, text in _PER_CARD.items():
-            for i in range(64):
-                (tmp / f"npu-smi_info_-t_{kind}_-i_{i}.txt").write_text(text)
-            (tmp / f"npu-smi_info_-t_{kind}_-i_0_-c_0.txt").write_text(text)
         body = _TOOL_STANDIN.format(first=tmp, second=DETAIL_NODE)
         npu = write_standin(tmp / "npu-smi", body)
         hccn = write_standin(tmp / "hccn_tool", body)
@@ -957,6 +959,9 @@ def bench_vs_npu_smi(repeats: int) -> dict[str, Any]:
         assert result.state == "ok", result.error
         first_patrol = spawned[0]
         npu_ids = sorted({r.index for r in result.records})
+        for kind, text in _PER_CARD.items():
+            for i in npu_ids:
+                (tmp / f"npu-smi_info_-t_{kind}_-i_{i}.txt").write_text(text)
 
         def sweep_patrol() -> None:
             for i in npu_ids:
@@ -1046,6 +1051,7 @@ def machine() -> dict[str, Any]:
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
+    load_start = os.getloadavg()[0]
     quiet_logging()
     r = args.repeats
     extra: dict[str, Any] = {}
@@ -1131,7 +1137,10 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     extra["rss_by_import_mb"] = bench_import_rss()
 
     progress(f"scrapes: {SCRAPE_CLIENTS} clients, {SCRAPE_OFFERED_PER_S:g}/s offered")
+    load_before = os.getloadavg()[0]
     sc = bench_scrapes(args.scrape_windows, args.scrape_seconds, args.scrape_seconds)
+    # wall-clock latency: other processes on the machine show up in it (CPU figures less)
+    extra["scrape_loadavg_1min_before_after"] = [load_before, os.getloadavg()[0]]
     cached = merge_windows(sc["cached_windows"])
     result["scrape_p50_ms"] = cached["p50_ms"]
     result["scrape_p99_ms"] = cached["p99_ms"]
@@ -1151,6 +1160,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     extra["bench_wall_s"] = time.perf_counter() - started
     meta = machine()
     meta.update(
+        loadavg_1min_start_end=[load_start, os.getloadavg()[0]],
         repeats=r,
         patrols_per_repeat=args.patrols,
         scrape_windows=args.scrape_windows,
@@ -1177,7 +1187,9 @@ def print_table(out: dict[str, Any]) -> None:
     meta, extra, spreads = out["meta"], out["extra"], out["spread"]
     print(
         f"hetpatrol benchmark {meta['date']}  Python {meta['python']}  "
-        f"{meta['cpus']} CPUs ({meta['cpu_model']})  repeats={meta['repeats']}"
+        f"{meta['cpus']} CPUs ({meta['cpu_model']})  repeats={meta['repeats']}  "
+        f"load avg {meta['loadavg_1min_start_end'][0]:.1f} -> "
+        f"{meta['loadavg_1min_start_end'][1]:.1f}"
     )
     print(f"{'figure':34} {'value':>12} {'goal':>12} {'':8} spread min / median / max")
     growth = extra["rss_growth_mb"]
@@ -1186,7 +1198,12 @@ def print_table(out: dict[str, Any]) -> None:
         if key == "rss_after_10k_patrols_mb":
             goal = f"+<= {RSS_GROWTH_GOAL_MB:g}"
             verdict = "met" if growth <= RSS_GROWTH_GOAL_MB else "MISSED"
-            note = f"growth {growth:+.2f} MB over {extra['rss_patrols']} patrols"
+            marks = extra["rss_marks_mb"]
+            first = marks["rss_after_1_mb"] - out["rss_start_mb"]
+            note = (
+                f"growth {growth:+.2f} MB: {first:+.2f} on patrol 1, "
+                f"{growth - first:+.2f} over patrols 2..{extra['rss_patrols']}"
+            )
         else:
             goal = GOALS[key][2] if key in GOALS else "report"
             verdict = meets(key, value)
@@ -1242,7 +1259,7 @@ def run_real_nvml(args: argparse.Namespace) -> int:
     smi = shutil.which("nvidia-smi")
     smi_cpu = None
     if smi is not None:  # the real alternative: spawn nvidia-smi -q -x and parse it
-        smi_cpu = statistics.median(smi_xml_cpu_ms(smi, gpus, args.repeats, 3)[0])
+        smi_cpu = statistics.median(smi_xml_cpu_ms(smi, None, min(args.repeats, 3), 3)[0])
     collector.close()
     cw = statistics.median(x[0] for x in coll)
     cc = statistics.median(x[1] for x in coll)
