@@ -22,8 +22,8 @@ def write_config(path, port, tool, extra=""):
 interval_seconds: 0.3
 recovery_patrols: 1
 listen: "127.0.0.1:{port}"
-jsonl: {{path: "{path.parent / 'patrol.jsonl'}"}}
-state_path: "{path.parent / 'state.json'}"
+jsonl: {{path: "{path.parent / "patrol.jsonl"}"}}
+state_path: "{path.parent / "state.json"}"
 collectors:
   nvidia: {{enabled: false}}
   ascend:
@@ -49,13 +49,20 @@ def fake_npu_smi(tmp_path):
 
 
 def start(config):
-    return subprocess.Popen([*HETPATROL, "run", "--config", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*HETPATROL, "run", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def health_of(found, index):
-    return next(s.labels["hetpatrol_card_health"] for s in found["hetpatrol_card_health"]
-                if s.labels["index"] == str(index) and s.value == 1)
+    return next(
+        s.labels["hetpatrol_card_health"]
+        for s in found["hetpatrol_card_health"]
+        if s.labels["index"] == str(index) and s.value == 1
+    )
 
 
 def test_hung_npu_smi_makes_npus_unknown_and_recovers(tmp_path, fake_npu_smi):
@@ -70,9 +77,11 @@ def test_hung_npu_smi_makes_npus_unknown_and_recovers(tmp_path, fake_npu_smi):
 
         def hung():
             found = scrape(port)
-            state = {s.labels["hetpatrol_collector_state"] for s in
-                     found["hetpatrol_collector_state"]
-                     if s.value == 1 and s.labels["collector"] == "ascend"}
+            state = {
+                s.labels["hetpatrol_collector_state"]
+                for s in found["hetpatrol_collector_state"]
+                if s.value == 1 and s.labels["collector"] == "ascend"
+            }
             return state == {"hung"} and found
 
         found = wait_for(lambda: _try(hung))
@@ -100,19 +109,27 @@ def test_sighup_reload_applies_good_config_and_keeps_running_on_bad(tmp_path, fa
     try:
         wait_for(lambda: _try(lambda: health_of(scrape(port), 4) == "ok"))
         # NPU 4 reads 39 C: a 910B warning level of 35 C makes it warning after reload
-        write_config(cfg, port, tool, extra="""profiles:
+        write_config(
+            cfg,
+            port,
+            tool,
+            extra="""profiles:
   - name: strict-910b
     vendor: ascend
     card_types: ["910b"]
     temperature_celsius: {warning: 35, critical: 90}
-""")
+""",
+        )
         proc.send_signal(signal.SIGHUP)
         wait_for(lambda: _try(lambda: health_of(scrape(port), 4) == "warning"))
         assert health_of(scrape(port), 0) == "ok"  # NPU 0 reads 33 C
         cfg.write_text(cfg.read_text() + "bogus_key: 1\n")
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: _try(lambda: scrape(port)[
-            "hetpatrol_config_reload_failures_total"][0].value == 1))
+        wait_for(
+            lambda: _try(
+                lambda: scrape(port)["hetpatrol_config_reload_failures_total"][0].value == 1
+            )
+        )
         time.sleep(0.7)
         assert proc.poll() is None
         assert health_of(scrape(port), 4) == "warning"  # the running config was kept

@@ -37,8 +37,9 @@ def test_missing_program_raises_file_not_found(tmp_path):
 def test_hung_tool_and_its_children_are_killed(tmp_path):
     pidfile = tmp_path / "child.pid"
     # ignores SIGTERM, spawns a grandchild that also sleeps, then hangs
-    exe = script(tmp_path, "hang",
-                 f"trap '' TERM\nsleep 300 &\necho $! > {pidfile}\necho partial\nwait\n")
+    exe = script(
+        tmp_path, "hang", f"trap '' TERM\nsleep 300 &\necho $! > {pidfile}\necho partial\nwait\n"
+    )
     t0 = time.monotonic()
     res = run_tool([exe], 0.5)
     assert time.monotonic() - t0 < 3
@@ -64,7 +65,8 @@ def test_replay_tool_file_names(tmp_path):
     tool = ReplayTool(tmp_path)
     assert tool.run(["/usr/local/bin/npu-smi", "info"], 1).stdout == "table\n"
     assert tool.run(["npu-smi", "info", "-t", "health", "-i", "0"], 1).stdout == "health\n"
-    assert replay_file_name(["hccn_tool", "-i", "0", "-link", "-g"]) == \
-        "hccn_tool_-i_0_-link_-g.txt"
+    assert (
+        replay_file_name(["hccn_tool", "-i", "0", "-link", "-g"]) == "hccn_tool_-i_0_-link_-g.txt"
+    )
     with pytest.raises(FileNotFoundError):
         tool.run(["nvidia-smi"], 1)
