@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,25 @@ def samples_dir(vendor: str) -> Path:
             pytest.fail(f"{path} is missing: CI must have ../shared beside the clone")
         pytest.skip(f"{path} not found (run from a checkout with ../shared beside it)")
     return path
+
+
+def require_program(*names: str, package: str) -> str:
+    """Path of the first of ``names`` on PATH (or in /usr/sbin).
+
+    A test that talks to a real program (Prometheus, node_exporter, logrotate,
+    systemd-analyze...) skips when it is not installed, with the Debian package to
+    install, but fails under CI=true: ``.ci/run`` installs them all.
+    """
+    for name in names:
+        exe = shutil.which(name) or (
+            f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None
+        )
+        if exe:
+            return exe
+    message = f"{names[0]} is not installed (Debian package {package}; .ci/run installs it)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 @pytest.fixture

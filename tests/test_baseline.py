@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import NODES
+from conftest import NODES, require_program
 
 from hetpatrol.cli import main
 from hetpatrol.config import ConfigError, load_config
@@ -197,16 +197,10 @@ FLEET_QUERY = (
 
 def test_readme_fleet_query_finds_the_odd_node_out(tmp_path):
     """The query the README documents, run by promtool on three nodes' card_info."""
-    import os
-    import shutil
     import subprocess
 
     assert FLEET_QUERY in Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool missing: .ci/run installs the prometheus package")
-        pytest.skip("promtool not installed")
+    promtool = require_program("promtool", package="prometheus")
     (tmp_path / "r.yml").write_text(
         yaml.safe_dump(
             {"groups": [{"name": "t", "rules": [{"record": "odd", "expr": FLEET_QUERY}]}]}

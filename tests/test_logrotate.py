@@ -5,14 +5,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-import pytest
-from conftest import NODES, REPO
+from conftest import NODES, REPO, require_program
 from test_end_to_end import HETPATROL, free_port, wait_for
 
 SNIPPET = REPO / "systemd" / "hetpatrol.logrotate"
@@ -20,12 +18,7 @@ INSTALLED_PATH = "/var/log/hetpatrol/patrol.jsonl"
 
 
 def logrotate() -> str:
-    exe = shutil.which("logrotate") or (
-        "/usr/sbin/logrotate" if Path("/usr/sbin/logrotate").exists() else None
-    )
-    if exe is None:
-        pytest.fail("logrotate is missing: .ci/run installs it")
-    return exe
+    return require_program("logrotate", package="logrotate")
 
 
 def local_copy(tmp_path: Path, jsonl: Path) -> Path:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import NODES, REPO
+from conftest import NODES, REPO, require_program
 from prometheus_client.parser import text_string_to_metric_families
 from test_end_to_end import HETPATROL, free_port
 
@@ -42,10 +41,7 @@ GRES_CONF = (
 
 
 def tool(name: str) -> str:
-    exe = shutil.which(name)
-    if exe is None:
-        pytest.fail(f"{name} is missing: .ci/run installs it (Debian package prometheus)")
-    return exe
+    return require_program(name, package="prometheus")
 
 
 def http_json(url: str) -> dict:
@@ -346,8 +342,7 @@ def test_fleet_recording_rules_on_real_series(fleet):
 
 
 def test_gres_rule_on_real_series(fleet):
-    if not fleet.query("hetpatrol_gres_configured"):
-        pytest.skip("this tree's daemon exports no hetpatrol_gres_* series")
+    assert fleet.query("hetpatrol_gres_configured"), "no hetpatrol_gres_* series scraped"
     sick = fleet.instance("sick-mixed")
 
     def missing():

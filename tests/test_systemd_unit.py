@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_program
 
 UNIT = Path(__file__).resolve().parents[1] / "systemd" / "hetpatrol.service"
 
@@ -19,9 +20,7 @@ def test_unit_runs_the_daemon_with_the_etc_config():
 
 
 def test_systemd_analyze_verify(tmp_path):
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.fail("systemd-analyze is missing: .ci/run installs it")
+    analyze = require_program("systemd-analyze", package="systemd")
     # verify checks that ExecStart exists: point it at this checkout's entry point.
     exe = shutil.which("hetpatrol") or str(Path(sys.executable).with_name("hetpatrol"))
     unit = tmp_path / "hetpatrol.service"
@@ -38,9 +37,7 @@ HELPER_SERVICE = SYSTEMD / "hetpatrol-scontrol@.service"
 
 
 def _analyze() -> str:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.fail("systemd-analyze is missing: .ci/run installs it")
+    analyze = require_program("systemd-analyze", package="systemd")
     return analyze
 
 
@@ -118,9 +115,7 @@ def test_security_exposure_is_2_or_lower(unit):
 
 
 def test_sysusers_creates_the_user(tmp_path):
-    sysusers = shutil.which("systemd-sysusers")
-    if sysusers is None:
-        pytest.fail("systemd-sysusers is missing: .ci/run installs systemd")
+    sysusers = require_program("systemd-sysusers", package="systemd")
     root = tmp_path / "root"
     (root / "etc").mkdir(parents=True)
     res = subprocess.run(

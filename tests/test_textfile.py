@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import urllib.request
 
 import pytest
-from conftest import NODES
+from conftest import NODES, require_program
 from prometheus_client.parser import text_string_to_metric_families
 from test_end_to_end import HETPATROL, free_port, wait_for
 from test_prometheus_real import sick_config
@@ -80,9 +79,9 @@ def test_config_key_and_its_checks(tmp_path):
 
 @pytest.fixture
 def node_exporter(tmp_path):
-    exe = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-    if exe is None:
-        pytest.fail("prometheus-node-exporter is missing: .ci/run installs it")
+    exe = require_program(
+        "prometheus-node-exporter", "node_exporter", package="prometheus-node-exporter"
+    )
     directory = tmp_path / "textfile"
     directory.mkdir()
     port = free_port()
