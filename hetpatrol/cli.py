@@ -7,6 +7,9 @@ Commands:
   validate-config  check a config file; exit 78 (EX_CONFIG) when it is bad
   check            Slurm HealthCheckProgram: the daemon's last verdict, exit 0/1/2/3
   status           this node at a glance, from the running daemon's state file
+  baseline         record the driver/firmware versions per card type as a baseline
+
+Usage errors exit 64 (EX_USAGE).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
@@ -209,6 +212,11 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_validate_config(args: argparse.Namespace) -> int:
     config = load_config(args.path)
+    if not any(c.enabled for c in config.collectors):
+        print(
+            f"{config.source}: warning: no collector is enabled: nothing will be patrolled",
+            file=sys.stderr,
+        )
     print(
         f"{config.source}: ok ({len(config.profiles)} profiles, "
         f"collectors: {', '.join(c.name for c in config.collectors if c.enabled) or 'none'})"
@@ -216,18 +224,39 @@ def cmd_validate_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hetpatrol", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+EX_USAGE = 64
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors exit 64 (EX_USAGE): never 2, which Nagios reads as CRITICAL."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EX_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _add_log_options(p: argparse.ArgumentParser, default: Any) -> None:
+    """--log-format/--log-level, accepted before and after the command."""
+    p.add_argument(
+        "--log-format",
+        choices=("console", "json"),
+        default="console" if default is None else default,
+        help="stderr log format: console key=value lines or json (journald)",
     )
-    parser.add_argument("--version", action="version", version=f"hetpatrol {__version__}")
-    parser.add_argument("--log-format", choices=("console", "json"), default="console")
-    parser.add_argument(
+    p.add_argument(
         "--log-level",
-        default=None,
+        default=default,
         choices=("debug", "info", "warning", "error"),
         help="default: info for run, warning for the other commands",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="hetpatrol", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"hetpatrol {__version__}")
+    _add_log_options(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="patrol forever (the daemon)")
@@ -282,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_parser(sub)
 
     add_status_parser(sub)
+    for command in sub.choices.values():
+        _add_log_options(command, argparse.SUPPRESS)
     return parser
 
 
@@ -300,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a replay scenario that cannot be read
         print(f"hetpatrol: {exc}", file=sys.stderr)
         return EX_CONFIG
+    except OSError as exc:  # e.g. the metrics port is taken
+        print(f"hetpatrol: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0
 

@@ -39,6 +39,10 @@ THRESHOLD_KEYS = (
 STATE_CHECK_KEYS = ("remapped_rows_pending", "remapped_rows_failure", "retired_pages_pending")
 
 
+#: Collectors run when the config has no ``collectors:`` section.
+DEFAULT_COLLECTORS = ("nvidia", "ascend")
+
+
 class ConfigError(Exception):
     """A configuration that cannot be used. ``str()`` names file, line and key path."""
 
@@ -464,7 +468,13 @@ def _build(data: dict, src: str, lines: dict) -> Config:
         )
 
     collectors = []
-    for name, section in (data.get("collectors") or {}).items():
+    # No `collectors:` section means every built-in collector with its defaults (a node
+    # without a vendor's stack reports that collector `absent`); an explicit empty
+    # mapping means none.
+    sections = data.get("collectors")
+    if sections is None:
+        sections = {name: {} for name in DEFAULT_COLLECTORS}
+    for name, section in sections.items():
         section = section or {}
         options = {k: v for k, v in section.items() if k != "enabled"}
         collectors.append(

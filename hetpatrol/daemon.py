@@ -112,6 +112,7 @@ class Daemon:
             new = self._apply_overrides(load_config(self.config_path))
         except ConfigError as exc:
             self.stats.config_reload_failures += 1
+            self.exposition.update(self.last_report)  # the counter is visible at once
             log.error("config_reload_failed", error=str(exc), action="keeping running config")
             return False
         if new.collectors != self.config.collectors or new.node != self.config.node:
@@ -181,7 +182,12 @@ class Daemon:
         """Serve metrics and patrol until stopped. Returns the process exit code (0)."""
         if self.config.listen:
             host, port = parse_listen(self.config.listen)
-            self.server = MetricsServer(host, port, self.exposition)
+            try:
+                self.server = MetricsServer(host, port, self.exposition)
+            except OSError as exc:
+                raise OSError(
+                    exc.errno, f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
+                ) from exc
             self.server.start()
             log.info("metrics_listening", address=f"{host}:{self.server.port}")
         log.info(

@@ -611,6 +611,10 @@ def write_baseline(report, path: Path | None, out, err) -> int:
     from hetpatrol.patrol import rfc3339
 
     doc = baseline_document(report.cards, report.node, rfc3339(report.finished))
+    if not doc["baseline"]:
+        # never replace a good baseline file with an empty one
+        err.write("no card type could be read: no baseline written\n")
+        return 3
     text = dump_baseline(doc)
     if path is None or str(path) == "-":
         out.write(text)
@@ -619,13 +623,12 @@ def write_baseline(report, path: Path | None, out, err) -> int:
     for row in doc["baseline"]:
         mixed = [n for n in ("driver_version", "firmware_version") if isinstance(row[n], list)]
         note = f" (cards disagree on {', '.join(mixed)}: all their versions kept)" if mixed else ""
+        driver = row["driver_version"] or "unknown"
+        firmware = row["firmware_version"] or "unknown"
         err.write(
             f"{row['vendor']} {row['card_type']}: {row['cards']} cards, driver "
-            f"{row['driver_version']}, firmware {row['firmware_version']}{note}\n"
+            f"{driver}, firmware {firmware}{note}\n"
         )
-    if not doc["baseline"]:
-        err.write("no card type could be read: no baseline written\n" if path else "")
-        return 3
     if path is not None and str(path) != "-":
         err.write(f"baseline written to {path}\n")
     return 0

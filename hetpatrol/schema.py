@@ -358,6 +358,22 @@ def patrol_json_schema() -> dict[str, Any]:
             "findings": {"type": "array"},
             "changes": {"type": "array"},
             "gres": gres_json_schema(),
+            "kernel_log": {
+                "description": "the kernel-log reader: where it read and what it found",
+                "type": "object",
+                "properties": {
+                    "state": {"type": "string"},
+                    "error": {"type": ["string", "null"]},
+                    "source": {"type": ["string", "null"]},
+                    "new_events": {"type": "integer", "minimum": 0},
+                    "window_events": {"type": "integer", "minimum": 0},
+                },
+            },
+            "environment": {
+                "description": "the library-path crosstalk check (ok, absent, ...)",
+                "type": "object",
+                "properties": {"state": {"type": "string"}, "root": {"type": ["string", "null"]}},
+            },
         },
     }
 

@@ -114,7 +114,9 @@ class ReplayTool:
     def run(self, argv: Sequence[str], timeout_seconds: float) -> ToolOutput:
         path = self.path_for(argv)
         if path is None:
-            raise FileNotFoundError(f"no recording {replay_file_name(argv)} in {self.directory}")
+            name = replay_file_name(argv)
+            also = f" (or {REPLAY_ALIASES[name]})" if name in REPLAY_ALIASES else ""
+            raise FileNotFoundError(f"no recording {name}{also} in {self.directory}")
         start = time.monotonic()
         text = _decode(path.read_bytes())
         return ToolOutput(tuple(argv), text, "", 0, False, time.monotonic() - start)

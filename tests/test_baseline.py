@@ -247,3 +247,17 @@ def test_readme_fleet_query_finds_the_odd_node_out(tmp_path):
         [promtool, "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_write_never_replaces_a_baseline_with_an_empty_one(tmp_path, capsys):
+    target = tmp_path / "baseline.yaml"
+    assert main(["baseline", "--replay", str(NODES / "healthy-mixed"), "--write", str(target)]) == 0
+    good = target.read_text()
+    assert "535.161.08" in good  # the H100 dump's driver version
+    # a node whose only stack fails (npu-smi DCMI -8005) reads no card type
+    assert (
+        main(["baseline", "--replay", str(NODES / "ascend-dcmi-error"), "--write", str(target)])
+        == 3
+    )
+    assert target.read_text() == good
+    assert "no baseline written" in capsys.readouterr().err

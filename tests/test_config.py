@@ -149,3 +149,17 @@ def test_validate_config_cli_exit_codes(tmp_path):
     assert res.returncode == EX_CONFIG
     assert f"{bad}:3: jsonl.max_bytes:" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_no_collectors_section_means_the_built_in_collectors():
+    cfg = load_config("min.yaml", text="node: x\n")
+    assert [(c.name, c.enabled) for c in cfg.collectors] == [("nvidia", True), ("ascend", True)]
+    assert load_config("none.yaml", text="collectors: {}\n").collectors == ()
+
+
+def test_usage_errors_exit_64_not_a_nagios_verdict():
+    res = subprocess.run(
+        [sys.executable, "-m", "hetpatrol.cli", "check", "--bogus"], capture_output=True, text=True
+    )
+    assert res.returncode == 64
+    assert "unrecognized arguments: --bogus" in res.stderr

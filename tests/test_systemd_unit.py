@@ -142,3 +142,18 @@ def test_helper_socket_is_for_the_hetpatrol_group_only():
     assert "--serve" in svc["ExecStart"] and svc["StandardInput"] == "socket"
     assert "User" not in svc  # root: slurmctld lets only root/SlurmUser drain
     assert svc["CapabilityBoundingSet"] == ""
+
+
+def test_exec_start_argv_is_accepted_by_the_cli():
+    """The unit's command line parses: a typo there would restart-loop the service."""
+    import shlex
+
+    from hetpatrol.cli import build_parser
+
+    line = next(x for x in UNIT.read_text().splitlines() if x.startswith("ExecStart="))
+    argv = shlex.split(line.split("=", 1)[1])
+    assert argv[0] == "/usr/local/bin/hetpatrol"
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "run"
+    assert str(args.config) == "/etc/hetpatrol/hetpatrol.yaml"
+    assert args.log_format == "json"
