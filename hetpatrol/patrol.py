@@ -436,37 +436,13 @@ class Patroller:
     def _records_for(self, result: CollectResult) -> list[CardRecord]:
         """Fresh records, or the last known cards marked unknown when the collector failed."""
         if result.state == STATE_OK:
-            self._last_cards[result.collector] = [
-                CardRecord(
-                    vendor=r.vendor,
-                    index=r.index,
-                    chip=r.chip,
-                    model=r.model,
-                    card_type=r.card_type,
-                    uuid=r.uuid,
-                    serial=r.serial,
-                    bus_id=r.bus_id,
-                    gres=r.gres,
-                )
-                for r in result.records
-            ]
+            self._last_cards[result.collector] = [r.identity() for r in result.records]
             return list(result.records)
         if result.state in (STATE_FAILED, STATE_HUNG):
             check = "collector_hung" if result.state == STATE_HUNG else "collector_failed"
             kept = []
             for ident in self._last_cards.get(result.collector, []):
-                rec = CardRecord(
-                    vendor=ident.vendor,
-                    index=ident.index,
-                    chip=ident.chip,
-                    model=ident.model,
-                    card_type=ident.card_type,
-                    uuid=ident.uuid,
-                    serial=ident.serial,
-                    bus_id=ident.bus_id,
-                    gres=ident.gres,
-                    read_ok=False,
-                )
+                rec = ident.identity(read_ok=False)
                 rec.add_error(result.collector, result.error or result.state)
                 rec.findings.append(
                     Finding(check, HEALTH_UNKNOWN, f"{result.collector}: {result.error}")

@@ -178,6 +178,21 @@ class CardRecord:
         """Record why a value is missing: ``source`` is the NVML call or npu-smi column."""
         self.errors.append({"source": source, "error": error})
 
+    def identity(self, *, read_ok: bool = True) -> CardRecord:
+        """A new record with only this card's identity (no values, findings or errors)."""
+        return CardRecord(
+            vendor=self.vendor,
+            index=self.index,
+            chip=self.chip,
+            model=self.model,
+            card_type=self.card_type,
+            uuid=self.uuid,
+            serial=self.serial,
+            bus_id=self.bus_id,
+            gres=self.gres,
+            read_ok=read_ok,
+        )
+
     @property
     def key(self) -> tuple[str, int, int | None]:
         """Stable identity inside one node: (vendor, index, chip)."""
