@@ -91,7 +91,6 @@ _MAX_PROBLEMS = 50
 _INT_RE = re.compile(r"[0-9]{1,12}")
 _FLOAT_RE = re.compile(r"-?[0-9]{1,9}(?:\.[0-9]{1,9})?")
 _PAIR_RE = re.compile(r"([0-9]{1,12}|NA|N/A|-)/([0-9]{1,12}|NA|N/A|-)")
-_SLASH_RE = re.compile(r"\s*/\s*")
 _VERSION_RE = re.compile(r"npu-smi\s+(\S+)\s+Version:\s*(\S+)")
 _NO_PROC_RE = re.compile(r"No running processes found in NPU\s+([0-9]{1,12})\s*$")
 _BUS_RE = re.compile(r"[0-9a-fA-Fx]{2,8}:[0-9a-fA-Fx]{2}(?::[0-9a-fA-Fx]{2})?\.[0-7x]")
@@ -634,7 +633,9 @@ class _Parser:
             return out
         text = row.cells[idx]
         if "/" in text:
-            text = _SLASH_RE.sub("/", text)
+            # "0    / 0" -> "0/0"; split and strip, not a regex (\s*/\s* is quadratic on
+            # a cell of many spaces)
+            text = "/".join(part.strip() for part in text.split("/"))
         scalars: list[str] = []
         pairs: list[str] = []
         for tok in text.split():

@@ -265,7 +265,9 @@ class DetailReader:
         self.runner = runner
         self._clock = clock
         self._wall = wall
-        self._logic: dict[tuple[int, int], int] | None = None
+        self._logic: dict[tuple[int, int], int] | None = None  # only a usable -m answer
+        self._map_errors: list[dict[str, str]] = []
+        self._map_sweep: object = object()  # sweep of the last -m try
         self._details: dict[tuple[int, int], _ChipDetail] = {}
         self._queue: list[tuple[int, int]] = []
         self._last_sweep: float | None = None
@@ -303,12 +305,42 @@ class DetailReader:
         return out.stdout
 
     def _chip_map(self) -> dict[tuple[int, int], int]:
-        if self._logic is None:
-            holder = _ChipDetail()
-            text = self._run("map", [*self.npu_smi, "-m"], holder)
-            rows = parse_chip_map(text) if text else []
-            self._logic = {(n, c): lg for n, c, lg, _name in rows if lg is not None}
-        return self._logic
+        """Chip -> logic id from ``npu-smi info -m``; only a usable answer is kept.
+
+        A failed, hung or unusable answer is not cached: it is tried again at the next
+        sweep (once per sweep, not per chip), and its error is kept in
+        :attr:`_map_errors` for :meth:`_sweep_one` to put on every chip (the RoCE checks
+        did not run)."""
+        if self._logic is not None:
+            return self._logic
+        if self._map_sweep == self._last_sweep:
+            return {}  # already failed in this sweep
+        self._map_sweep = self._last_sweep
+        holder = _ChipDetail()
+        argv = [*self.npu_smi, "-m"]
+        text = self._run("map", argv, holder)
+        if text is None:
+            # absent (a recording without -m): nothing to report; else the run's error
+            self._map_errors = [
+                {"source": e["source"], "error": f"{e['error']} (RoCE checks not run)"}
+                for e in holder.errors
+            ]
+            return {}
+        rows = parse_chip_map(text)
+        logic = {(n, c): lg for n, c, lg, _name in rows if lg is not None}
+        if not logic:
+            first = text.strip().splitlines()[:1]
+            self._map_errors = [
+                {
+                    "source": " ".join(argv),
+                    "error": "no chip with a logic id in the output (RoCE checks not "
+                    f"run): {first[0][:200] if first else 'empty'!r}",
+                }
+            ]
+            return {}
+        self._map_errors = []
+        self._logic = logic
+        return logic
 
     def _read_health(self, key: tuple[int, int], chip: _ChipDetail) -> None:
         argv = [*self.npu_smi, "-t", "health", "-i", str(key[0]), "-c", str(key[1])]
@@ -360,6 +392,8 @@ class DetailReader:
         chip = _ChipDetail()
         self._read_health(key, chip)
         logic = self._chip_map().get(key)
+        if self._logic is None:
+            chip.errors.extend(dict(e) for e in self._map_errors)
         if logic is not None:
             self._read_roce(key, logic, chip)
         self._details[key] = chip

@@ -201,7 +201,13 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         report = patroller.run()
     finally:
         patroller.close()
-    return deep_health.write_baseline(report, args.write, sys.stdout, sys.stderr)
+    try:
+        return deep_health.write_baseline(report, args.write, sys.stdout, sys.stderr)
+    except OSError as exc:
+        print(
+            f"hetpatrol baseline: cannot write {args.write}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return EX_CANTCREAT
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -225,6 +231,7 @@ def cmd_validate_config(args: argparse.Namespace) -> int:
 
 
 EX_USAGE = 64
+EX_CANTCREAT = 73
 
 
 class _Parser(argparse.ArgumentParser):
@@ -321,8 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = args.log_level or ("info" if args.command == "run" else "warning")
     setup_logging(args.log_format, level)
-    if getattr(args, "interval", None) is not None and args.interval <= 0:
-        parser.error("--interval must be positive")
+    interval = getattr(args, "interval", None)
+    if interval is not None and not 0 < interval <= 86400:  # also refuses nan
+        parser.error("--interval must be a number of seconds in (0, 86400]")
     try:
         return int(args.func(args))
     except ConfigError as exc:

@@ -12,6 +12,7 @@ expression). Every error names the key path and the line of the file, e.g.::
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -73,12 +74,42 @@ _SEVERITY = {"enum": [SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL]}
 _THRESHOLDS = {k: _THRESHOLD for k in THRESHOLD_KEYS} | {k: _SEVERITY for k in STATE_CHECK_KEYS}
 _THRESHOLDS |= deep_health.PROFILE_SCHEMA  # baseline, clock events, PCIe, NVLink, RoCE...
 
+_SECONDS = {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}
+_ARGV = {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}}
+_COLLECTOR_COMMON: dict[str, Any] = {
+    "enabled": {"type": "boolean"},
+    "timeout_seconds": _SECONDS,
+    "command": _ARGV,
+}
+_NVIDIA_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "enabled": {"type": "boolean"},
+        "timeout_seconds": _SECONDS,
+        "nvlink": {"type": "boolean"},
+        "nvlink_interval_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
+    },
+}
+_ASCEND_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        **_COLLECTOR_COMMON,
+        "detail": {"type": "boolean"},
+        "detail_interval_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
+        "detail_timeout_seconds": _SECONDS,
+        "detail_budget_seconds": _SECONDS,
+        "hccn_tool": _ARGV,
+    },
+}
+
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
         "node": {"type": ["string", "null"], "minLength": 1},
-        "interval_seconds": {"type": "number", "exclusiveMinimum": 0},
+        "interval_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
         "recovery_patrols": {"type": "integer", "minimum": 1},
         "listen": {"type": ["string", "null"]},
         "state_path": {"type": ["string", "null"]},
@@ -89,23 +120,15 @@ CONFIG_SCHEMA: dict[str, Any] = {
             "properties": {
                 "path": {"type": ["string", "null"]},
                 "max_bytes": {"type": "integer", "minimum": 0},
-                "backups": {"type": "integer", "minimum": 0},
+                "backups": {"type": "integer", "minimum": 0, "maximum": 1000},
             },
         },
         "collectors": {
             "type": "object",
-            "additionalProperties": {
-                "type": "object",
-                "properties": {
-                    "enabled": {"type": "boolean"},
-                    "timeout_seconds": {"type": "number", "exclusiveMinimum": 0},
-                    "command": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {"type": "string", "minLength": 1},
-                    },
-                },
-            },
+            # the built-in collectors' options are checked key by key; a third-party
+            # plugin's section may carry options of its own
+            "properties": {"nvidia": _NVIDIA_SCHEMA, "ascend": _ASCEND_SCHEMA},
+            "additionalProperties": {"type": "object", "properties": _COLLECTOR_COMMON},
         },
         "defaults": {"type": "object", "additionalProperties": False, "properties": _THRESHOLDS},
         "slurm": SLURM_SCHEMA,
@@ -129,8 +152,6 @@ CONFIG_SCHEMA: dict[str, Any] = {
         },
     },
 }
-
-_COLLECTOR_KNOWN_KEYS = {"enabled", "timeout_seconds", "command"}
 
 
 # ----------------------------------------------------------------------- data model
@@ -289,6 +310,27 @@ def _check_numbers(value: Any, path: tuple, src: str, lines: dict) -> None:
             _check_numbers(v, (*path, i), src, lines)
 
 
+#: A configuration is a few hundred values; aliases expanding past this are refused
+#: before anything walks the expanded tree (an "alias bomb" would take minutes and GBs).
+MAX_CONFIG_VALUES = 100_000
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Number of values ``node`` stands for once every alias is expanded (memoised)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1  # a self-referencing alias counts once (it is refused later)
+    if isinstance(node, yaml.MappingNode):
+        total = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        total = 1 + sum(_expanded_size(v, memo) for v in node.value)
+    else:
+        total = 1
+    memo[key] = total
+    return total
+
+
 def _line_map(
     node: yaml.Node, path: tuple = (), out: dict | None = None, src: str = ""
 ) -> dict[tuple, int]:
@@ -363,6 +405,13 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     try:
         _check_structure(text, src)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None and _expanded_size(node, {}) > MAX_CONFIG_VALUES:
+            raise ConfigError(
+                f"the configuration expands to more than {MAX_CONFIG_VALUES} values "
+                "(YAML anchors and aliases nested too far)",
+                path=src,
+                line=1,
+            )
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).split("\n")[0]
@@ -512,15 +561,28 @@ def _build(data: dict, src: str, lines: dict) -> Config:
     )
 
 
+_HOSTNAME_RE = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+
+
 def parse_listen(listen: str) -> tuple[str, int]:
     """Split ``host:port`` (``[::1]:9477`` for IPv6) into (host, port). ValueError if bad."""
     host, sep, port_text = listen.rpartition(":")
-    if not sep or not port_text.isdigit():
+    if not sep or not (port_text.isascii() and port_text.isdigit()):
         raise ValueError(f"{listen!r} is not host:port")
     port = int(port_text)
     if not 0 <= port <= 65535:
         raise ValueError(f"port {port} is out of range")
-    return host.strip("[]") or "0.0.0.0", port
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        # a name must be a plausible host name; it is resolved when the server binds
+        if host != "localhost" and not _HOSTNAME_RE.match(host):
+            raise ValueError(f"{host!r} is not an IP address or host name") from None
+    return host, port
 
 
 def _check_listen(listen: str, src: str, line: int | None) -> None:

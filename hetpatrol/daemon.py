@@ -68,7 +68,8 @@ class Daemon:
         self._state_failures = WriteFailures("state")
         self._textfile_failures = WriteFailures("textfile")
         self.server: MetricsServer | None = None
-        self._stop = threading.Event()
+        self._wake = threading.Event()  # set by any signal to end the current wait
+        self._stop_requested = False
         self._reload = False
         self.patrols = 0
         self.last_report: PatrolReport | None = None
@@ -90,11 +91,12 @@ class Daemon:
     # ------------------------------------------------------------------- signals
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         log.info("signal", signal=signal.Signals(signum).name, action="stop")
-        self._stop.set()
+        self._stop_requested = True
+        self._wake.set()
 
     def _on_hup(self, signum: int, frame: FrameType | None) -> None:
         self._reload = True
-        self._stop.set()  # wake the wait; the loop tells reload from stop
+        self._wake.set()  # wake the wait; the loop tells reload from stop
 
     def install_signals(self) -> None:
         signal.signal(signal.SIGTERM, self._on_stop)
@@ -102,7 +104,8 @@ class Daemon:
         signal.signal(signal.SIGHUP, self._on_hup)
 
     def request_stop(self) -> None:
-        self._stop.set()
+        self._stop_requested = True
+        self._wake.set()
 
     def reload(self) -> bool:
         """Reload the config file; keep the running config if it is bad. True if applied."""
@@ -248,24 +251,31 @@ class Daemon:
         return f"patrol {report.seq}: {report.health}, {len(report.cards)} cards"
 
     def _wait_until(self, due: float) -> bool:
-        """Sleep until ``due``; handle SIGHUP reloads. True when a stop was requested."""
+        """Sleep until ``due``; handle SIGHUP reloads. True when a stop was requested.
+
+        A stop request is never lost to a reload, and a storm of SIGHUPs cannot starve
+        the patrols: once ``due`` has passed the patrol runs, and a pending reload waits
+        for the next sleep.
+        """
         while True:
+            if self._stop_requested:
+                return True
             remaining = due - time.monotonic()
-            self.watchdog.alive_until(max(due, time.monotonic()) + self._patrol_budget())
-            woke = self._stop.wait(max(0.0, remaining))
-            if not woke:
+            if remaining <= 0:
                 return False
+            self.watchdog.alive_until(max(due, time.monotonic()) + self._patrol_budget())
+            self._wake.wait(remaining)
+            self._wake.clear()
+            if self._stop_requested:
+                return True
             if self._reload:
                 self._reload = False
-                self._stop.clear()
                 self.notifier.reloading()
                 self.watchdog.alive_for(self._patrol_budget())
                 self.reload()
                 self.notifier.ready(
                     self._status_line(self.last_report) if self.last_report else None
                 )
-                continue
-            return True
 
     def shutdown(self) -> None:
         self.notifier.stopping()

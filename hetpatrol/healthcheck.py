@@ -15,6 +15,7 @@ intervals + 10 s, the interval read from the state file).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpatrol.exporters.state import read_state
+from hetpatrol.schema import EXIT_CODES
 
 EXIT_UNKNOWN = 3
 STATE_WORDS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
@@ -67,10 +69,27 @@ def summarize(doc: Mapping[str, Any], age: float) -> str:
     return f"{doc.get('node')}: {'; '.join(parts)} (patrol {doc.get('seq')}, {age:.0f} s ago)"
 
 
+#: A patrol time this far in the future is refused (a clock step, a forged file).
+CLOCK_SLACK_SECONDS = 300
+#: Staleness limit used when the state file's interval is unusable.
+DEFAULT_MAX_AGE_SECONDS = 60.0
+
+
 def check(
     state_path: Path, max_age: float | None = None, now: float | None = None
 ) -> tuple[int, str]:
-    """(exit code, one line) for the state file at ``state_path``."""
+    """(exit code, one line) for the state file at ``state_path``. Never raises."""
+    try:
+        return _check(state_path, max_age, now)
+    except Exception as exc:  # noqa: BLE001 - a damaged file is UNKNOWN, never a traceback
+        return EXIT_UNKNOWN, (
+            f"HETPATROL UNKNOWN - cannot use state file {state_path}: {type(exc).__name__}"
+        )
+
+
+def _check(
+    state_path: Path, max_age: float | None = None, now: float | None = None
+) -> tuple[int, str]:
     now = time.time() if now is None else now
     try:
         doc = read_state(state_path)
@@ -83,12 +102,20 @@ def check(
         return EXIT_UNKNOWN, f"HETPATROL UNKNOWN - cannot read state file {state_path}: {reason}"
     try:
         finished = float(doc["finished"])
-        code = int(doc["exit_code"])
+        code = EXIT_CODES[doc["health"]]  # the verdict itself, not a copied number
     except (KeyError, TypeError, ValueError):
         return EXIT_UNKNOWN, f"HETPATROL UNKNOWN - state file {state_path} has no verdict"
-    if code not in STATE_WORDS:
-        code = EXIT_UNKNOWN
-    limit = default_max_age(doc) if max_age is None else max_age
+    if not math.isfinite(finished) or finished > now + CLOCK_SLACK_SECONDS:
+        return EXIT_UNKNOWN, (
+            f"HETPATROL UNKNOWN - state file {state_path} has an impossible patrol time "
+            f"({doc['finished']!r}); is the clock right?"
+        )
+    try:
+        limit = default_max_age(doc) if max_age is None else max_age
+    except (TypeError, ValueError):
+        limit = float("nan")
+    if not math.isfinite(limit):
+        limit = DEFAULT_MAX_AGE_SECONDS
     age = max(0.0, now - finished)
     if age > limit:
         return EXIT_UNKNOWN, (
@@ -119,8 +146,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _positive(text: str) -> float:
     value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
+    if not 0 < value < 10**9:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
     return value
 
 

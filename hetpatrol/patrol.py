@@ -353,6 +353,7 @@ class Patroller:
                 rec.ts = ts
                 if self.enrich_processes:
                     processes.enrich(rec.processes)
+                rec.drop_implausible()
                 judge(rec, self.config)
             cards.extend(records)
             node_findings.extend(result.node_findings)
@@ -402,6 +403,18 @@ class Patroller:
             if result is not None:
                 node_findings.extend(result.findings)
         check_data["kernel_log"] = kernel.summary
+        if not cards and not any(
+            f.severity in (HEALTH_CRITICAL, HEALTH_UNKNOWN) for f in node_findings
+        ):
+            # a patrol that found nothing to patrol is no proof of health
+            states = ", ".join(f"{s.name} {s.state}" for s in statuses) or "no collector"
+            node_findings.append(
+                Finding(
+                    "no_cards",
+                    HEALTH_UNKNOWN,
+                    f"no card was found on this node ({states}): nothing was patrolled",
+                )
+            )
         health = worst(*(c.health for c in cards), *(f.severity for f in node_findings))
         finished = time.time()
         summary = patrol_summary(

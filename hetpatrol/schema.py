@@ -75,6 +75,26 @@ def normalize_bus_id(raw: str | None) -> str | None:
     return f"{domain}:{m.group('bus')}:{m.group('dev')}.{m.group('fn')}".lower()
 
 
+#: Ranges a real card's values fall in (anything outside is a broken read).
+_PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "utilization_ratio": (0.0, 1.0),
+    "temperature_celsius": (-60.0, 250.0),
+    "power_watts": (0.0, 10_000.0),
+    "power_limit_watts": (0.0, 10_000.0),
+    "memory_used_bytes": (0, 2**50),
+    "memory_total_bytes": (0, 2**50),
+    "clock_sm_hertz": (0.0, 1e11),
+    "ecc_corrected_total": (0, 2**63),
+    "ecc_uncorrected_total": (0, 2**63),
+    "pcie_link_gen": (1, 16),
+    "pcie_link_gen_max": (1, 16),
+    "pcie_link_width": (1, 64),
+    "pcie_link_width_max": (1, 64),
+    "hugepages_used": (0, 2**40),
+    "hugepages_total": (0, 2**40),
+}
+
+
 @dataclass
 class Finding:
     """One judgement about a card (or the node).
@@ -177,6 +197,22 @@ class CardRecord:
     def add_error(self, source: str, error: str) -> None:
         """Record why a value is missing: ``source`` is the NVML call or npu-smi column."""
         self.errors.append({"source": source, "error": error})
+
+    def drop_implausible(self) -> None:
+        """Replace values no real card can report by ``None``, with an error naming them.
+
+        A garbled vendor output must not become a healthy-looking card: -300 C, a
+        negative power or 1 TB used on an 80 GB card are a broken read, not a reading.
+        """
+        for name, (low, high) in _PLAUSIBLE.items():
+            value = getattr(self, name)
+            if value is not None and not (low <= value <= high):
+                setattr(self, name, None)
+                self.add_error(name, f"implausible value {value!r} dropped")
+        used, total = self.memory_used_bytes, self.memory_total_bytes
+        if used is not None and total is not None and used > total * 1.05:
+            self.memory_used_bytes = None
+            self.add_error("memory_used_bytes", f"implausible: {used} used of {total}")
 
     def identity(self, *, read_ok: bool = True) -> CardRecord:
         """A new record with only this card's identity (no values, findings or errors)."""

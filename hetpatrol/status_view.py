@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -213,15 +214,23 @@ def cmd_status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_UNKNOWN
-    age, stale = verdict_age(doc)
-    if args.json:
-        out = dict(doc)
-        out.update(state_path=str(path), age_seconds=round(age, 3), stale=stale)
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        color = use_color(sys.stdout, args.color)
-        sys.stdout.write(render(doc, color=color, source=str(path)))
+    try:
+        age, stale = verdict_age(doc)
+        if not math.isfinite(age) or float(doc["finished"]) > time.time() + 300:
+            stale = True  # a patrol time in the future or not a number: not trusted
+        if args.json:
+            out = dict(doc)
+            out.update(state_path=str(path), age_seconds=round(age, 3), stale=stale)
+            text = json.dumps(out, indent=2) + "\n"
+        else:
+            text = render(doc, color=use_color(sys.stdout, args.color), source=str(path))
+    except Exception as exc:  # noqa: BLE001 - a damaged state file is UNKNOWN, no traceback
+        print(
+            f"hetpatrol status: the state file {path} is damaged: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+        return EXIT_UNKNOWN
+    sys.stdout.write(text)
     if stale:
         return EXIT_UNKNOWN
     code = doc.get("exit_code")

@@ -354,3 +354,43 @@ def test_ascend_node_with_roce_link_down_and_health_alarm():
     schema = jsonl_json_schema()
     for line in report.jsonl_lines():
         jsonschema.validate(json.loads(line), schema)
+
+
+def test_failed_chip_map_is_reported_and_retried_next_sweep(tmp_path):
+    """A garbage ``npu-smi info -m`` answer is an error on the cards (the RoCE checks did
+    not run) and is not cached: once -m answers again, the RoCE findings come back."""
+    import shutil
+
+    from hetpatrol.config import bundled_config_path
+
+    node = tmp_path / "node"
+    shutil.copytree(ROCE, node)
+    good = (node / "npu-smi_info_-m.txt").read_text()
+    (node / "npu-smi_info_-m.txt").write_text("garbage\n")
+    text = bundled_config_path().read_text()
+    assert "detail_interval_seconds: 300" in text
+    cfg = load_config(
+        text=text.replace("detail_interval_seconds: 300", "detail_interval_seconds: 0")
+    )
+    p = Patroller(replace(cfg, node="n1"), replay_dir=node)
+    try:
+        report = p.run()
+        by = {c.index: c for c in report.cards}
+        for card in report.cards:
+            assert card.links == []
+            errs = [e for e in card.errors if e["source"] == "npu-smi info -m"]
+            assert len(errs) == 1 and "RoCE checks not run" in errs[0]["error"]
+        assert "roce_link_down" not in {f.check for f in by[5].findings}
+        (node / "npu-smi_info_-m.txt").write_text(good)
+        report = p.run()
+    finally:
+        p.close()
+    by = {c.index: c for c in report.cards}
+    checks = {i: {f.check: f.severity for f in c.findings} for i, c in by.items()}
+    assert by[5].health == "critical"
+    assert checks[5] == {
+        "roce_link_down": "critical",
+        "roce_net_health": "warning",
+        "roce_link_flaps": "warning",
+    }
+    assert all(not [e for e in c.errors if "-m" in e["source"]] for c in report.cards)

@@ -146,3 +146,46 @@ def _try(fn):
         return fn()
     except (OSError, KeyError, StopIteration):
         return None
+
+
+def test_sigterm_is_not_lost_to_a_following_sighup(tmp_path, fake_npu_smi):
+    tool, set_mode = fake_npu_smi
+    port = free_port()
+    cfg = tmp_path / "hetpatrol.yaml"
+    write_config(cfg, port, tool)
+    proc = start(cfg)
+    try:
+        wait_for(lambda: _try(lambda: health_of(scrape(port), 0) == "ok"))
+        set_mode("hang")  # the next patrols block for the 0.5 s timeout
+        time.sleep(0.4)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "stopped" in err
+
+
+def test_sighup_storm_does_not_starve_patrols(tmp_path, fake_npu_smi):
+    tool, _ = fake_npu_smi
+    port = free_port()
+    cfg = tmp_path / "hetpatrol.yaml"
+    write_config(cfg, port, tool)
+    proc = start(cfg)
+    try:
+        wait_for(lambda: _try(lambda: scrape(port)["hetpatrol_patrols_total"][0].value >= 1))
+        before = scrape(port)["hetpatrol_patrols_total"][0].value
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # bounded: about 400 signals
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(0.005)
+        after = scrape(port)["hetpatrol_patrols_total"][0].value
+        assert after >= before + 3  # 0.3 s interval: about 6 patrols in 2 s
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=15)
+    assert proc.returncode == 0

@@ -120,6 +120,42 @@ def test_check_function_unknown_and_unreadable(base_config, tmp_path):
         path.chmod(0)
         assert check(path)[0] == 3
     doc = json.loads(path.read_text())
-    del doc["exit_code"]
+    del doc["health"]
     path.write_text(json.dumps(doc))
     assert check(path) == (3, f"HETPATROL UNKNOWN - state file {path} has no verdict")
+
+
+def test_check_distrusts_damaged_state_files(tmp_path):
+    """A forged or damaged state file is UNKNOWN (3), never OK and never a traceback."""
+    import time as _time
+
+    from fakes import Scripted, make_patroller
+
+    from hetpatrol.config import load_config
+    from hetpatrol.exporters.state import write_state
+
+    path = tmp_path / "state.json"
+    write_state(path, make_patroller(load_config(), {"ascend": Scripted()}).run(), 10)
+    good = json.loads(path.read_text())
+    assert check(path)[0] == 0
+    cases = {
+        "future": {**good, "finished": _time.time() + 86400},
+        "nan": {**good, "finished": float("nan")},
+        "exit_code lies": {**good, "exit_code": 0, "health": "critical"},
+        "interval nan": {**good, "interval_seconds": float("nan"), "finished": 1.0},
+        "cards not a list": {**good, "cards": 5, "health": "warning"},
+    }
+    expected = {
+        "future": 3,
+        "nan": 3,
+        "exit_code lies": 2,
+        "interval nan": 3,
+        "cards not a list": 3,
+    }
+    for name, doc in cases.items():
+        path.write_text(json.dumps(doc))
+        code, line = check(path)
+        assert code == expected[name], (name, line)
+        assert "\n" not in line
+    path.write_text("[" * 100000 + "]" * 100000)  # deeper than the JSON parser allows
+    assert check(path)[0] == 3

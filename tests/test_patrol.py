@@ -119,3 +119,12 @@ def test_vanished_card_is_a_change(base_config):
     c.temps = [40.0]
     report = p.run()
     assert {"card": "ascend/1/0", "from": "ok", "to": None} in report.changes
+
+
+def test_a_patrol_that_finds_no_card_is_not_ok(base_config, tmp_path):
+    from hetpatrol.patrol import Patroller
+
+    report = Patroller(base_config, replay_dir=tmp_path).run()  # an empty replay dir
+    assert report.cards == ()
+    assert [f.check for f in report.node_findings] == ["no_cards"]
+    assert report.health == "unknown" and report.exit_code == 3

@@ -145,3 +145,22 @@ def test_worst_finding_wins(base_config):
     )
     assert r.health == "critical"
     assert checks(r) == {"vendor_health": "warning", "temperature": "critical"}
+
+
+def test_implausible_values_are_dropped_not_judged_ok(base_config):
+    r = rec(
+        temperature_celsius=-300.0,
+        power_watts=-50.0,
+        utilization_ratio=2.5,
+        memory_used_bytes=2**40,
+        memory_total_bytes=80 * GIB,
+    )
+    r.drop_implausible()
+    assert (r.temperature_celsius, r.power_watts, r.utilization_ratio) == (None, None, None)
+    assert r.memory_used_bytes is None and r.memory_total_bytes == 80 * GIB
+    assert {e["source"] for e in r.errors} == {
+        "temperature_celsius",
+        "power_watts",
+        "utilization_ratio",
+        "memory_used_bytes",
+    }

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -422,6 +423,9 @@ class _Handler(BaseHTTPRequestHandler):
     # TCP_NODELAY: headers and body are two writes; with Nagle the body waits for the
     # client's delayed ACK of the headers (40 ms on Linux) on a keep-alive connection.
     disable_nagle_algorithm = True
+    # An idle or half-open client is dropped after this many seconds, so slow or stuck
+    # peers cannot pile up threads.
+    timeout = 10
 
     def do_GET(self) -> None:  # noqa: N802 - http.server API
         path = self.path.split("?", 1)[0]
@@ -446,6 +450,9 @@ class _MetricsHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that resets or times out is routine: no traceback on stderr."""
 
     def __init__(self, address: tuple[str, int], exposition: Exposition):
         if ":" in address[0]:
