@@ -119,8 +119,10 @@ class Daemon:
             log.error("config_reload_failed", error=str(exc), action="keeping running config")
             return False
         if new.collectors != self.config.collectors or new.node != self.config.node:
+            replacement = Patroller(new, replay_dir=self.replay_dir)
+            replacement.adopt(self.patroller)
             self.patroller.close()
-            self.patroller = Patroller(new, replay_dir=self.replay_dir)
+            self.patroller = replacement
         else:
             self.patroller.config = new
         if new.jsonl_path != self.config.jsonl_path and self.sink is not None:

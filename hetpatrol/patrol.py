@@ -317,6 +317,23 @@ class Patroller:
                 continue
             self._collectors[cc.name] = _BoundedCollector(cc.name, collector, cc.timeout_seconds)
 
+    def adopt(self, previous: Patroller) -> None:
+        """Carry the running state over from the patroller this one replaces (reload).
+
+        The patrol sequence, the published verdicts with their recovery holds and the
+        last known cards go on; so does the kernel-log reader when its settings did not
+        change, so events already reported are not read and written a second time.
+        """
+        self.seq = previous.seq
+        self._published = previous._published
+        self._good_streak = previous._good_streak
+        self._last_cards = previous._last_cards
+        self._last_collector_state = previous._last_collector_state
+        if previous.config.kernel_log == self.config.kernel_log:
+            if self.kernel_log is not None:
+                self.kernel_log.close()
+            self.kernel_log, previous.kernel_log = previous.kernel_log, None
+
     def close(self) -> None:
         for bc in self._collectors.values():
             bc.close()

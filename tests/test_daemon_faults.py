@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -189,3 +190,40 @@ def test_sighup_storm_does_not_starve_patrols(tmp_path, fake_npu_smi):
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=15)
     assert proc.returncode == 0
+
+
+def test_reload_that_rebuilds_collectors_keeps_seq_and_reports_no_event_twice(tmp_path):
+    port = free_port()
+    cfg = tmp_path / "hetpatrol.yaml"
+    jsonl = tmp_path / "patrol.jsonl"
+
+    def write(timeout):
+        cfg.write_text(
+            f'interval_seconds: 0.3\nlisten: "127.0.0.1:{port}"\n'
+            f'jsonl: {{path: "{jsonl}"}}\nstate_path: null\n'
+            f"collectors:\n  nvidia: {{timeout_seconds: {timeout}}}\n"
+            "  ascend: {enabled: false}\n"
+        )
+
+    write(10)
+    proc = subprocess.Popen(
+        [*HETPATROL, "run", "--config", str(cfg), "--replay", str(NODES / "xid-79")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: jsonl.exists() and jsonl.read_text().count('"kind":"patrol"') >= 2)
+        write(9)  # a collector setting: the patroller is rebuilt
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.5)  # several patrols after the reload
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert "config_reloaded" in err
+    lines = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    seqs = [d["seq"] for d in lines if d["kind"] == "patrol"]
+    assert seqs == list(range(1, len(seqs) + 1))  # the sequence goes on across the reload
+    xid79 = [d for d in lines if d["kind"] == "event" and d.get("xid") == 79]
+    assert len(xid79) == 1  # the kernel log was not read a second time
