@@ -88,6 +88,8 @@ _NA = frozenset({"NA", "N/A", "-", "--"})
 _HEALTH_WORDS = frozenset({"ok", "warning", "alarm", "critical", "unknown", "minor", "major"})
 _MAX_PROBLEMS = 50
 
+#: How much of a runaway (size-capped) tool output is kept as ``raw``.
+RAW_KEEP = 64 * 1024
 _INT_RE = re.compile(r"[0-9]{1,12}")
 _FLOAT_RE = re.compile(r"-?[0-9]{1,9}(?:\.[0-9]{1,9})?")
 _PAIR_RE = re.compile(r"([0-9]{1,12}|NA|N/A|-)/([0-9]{1,12}|NA|N/A|-)")
@@ -852,6 +854,12 @@ class AscendCollector(Collector):
                 f"npu-smi info hung: killed after {self.timeout_seconds:g}s",
                 raw=out.stdout,
                 hung=True,
+            )
+        if getattr(out, "truncated", False):
+            raise CollectorError(
+                f"npu-smi info printed more than {len(out.stdout)} bytes: killed, output "
+                "cut (first part kept as raw)",
+                raw=out.stdout[:RAW_KEEP],
             )
         raw = out.stdout + (("\n" + out.stderr) if out.stderr.strip() else "")
         if out.returncode != 0:

@@ -49,6 +49,14 @@ Error mapping (DESIGN section 4):
   ``vendor_health`` that the thresholds turn into critical (see :data:`VENDOR_HEALTH`).
   After ``GpuIsLost`` or ``ResetRequired`` no further call is made on that GPU in this
   patrol (each may block for seconds); identity already read is kept.
+- No handle (``nvmlDeviceGetHandleByIndex`` fails with any error: ``NoPermission``,
+  ``Timeout``, ``IrqIssue``...): ``read_ok=False`` with the error, so the card is judged
+  ``unknown``, never ``ok`` (unless a ``vendor_health`` marker below already makes it
+  critical). ``InsufficientPower`` (on the handle or any call) also marks
+  ``vendor_health`` ``insufficient_power``, which the thresholds make critical: the card
+  lacks its external power and cannot work, whatever else it reports.
+- A card from which no value at all could be read (every call failed or answered
+  NotSupported) is ``read_ok=False`` too: no data is not "healthy".
 - ``FunctionNotFound`` (older driver): the older call is used (memory v2 -> v1, clocks
   event reasons -> throttle reasons, remapped rows -> retired pages).
 - Anything else: ``{"source": <call>, "error": <NVML error name or exception text>}``.
@@ -116,8 +124,37 @@ __all__ = [
 VH_GPU_IS_LOST = "gpu_is_lost"  #: NVMLError_GpuIsLost: fell off the bus
 VH_RESET_REQUIRED = "reset_required"  #: NVMLError_ResetRequired: needs a GPU reset
 VH_UNKNOWN_ERROR = "unknown_error"  #: NVMLError_Unknown on some call
-VENDOR_HEALTH = (VH_GPU_IS_LOST, VH_RESET_REQUIRED, VH_UNKNOWN_ERROR)
-_VH_RANK = {None: 0, VH_UNKNOWN_ERROR: 1, VH_RESET_REQUIRED: 2, VH_GPU_IS_LOST: 3}
+VH_INSUFFICIENT_POWER = "insufficient_power"  #: NVMLError_InsufficientPower
+VENDOR_HEALTH = (VH_GPU_IS_LOST, VH_RESET_REQUIRED, VH_UNKNOWN_ERROR, VH_INSUFFICIENT_POWER)
+_VH_RANK = {
+    None: 0,
+    VH_UNKNOWN_ERROR: 1,
+    VH_INSUFFICIENT_POWER: 2,
+    VH_RESET_REQUIRED: 3,
+    VH_GPU_IS_LOST: 4,
+}
+
+#: Record fields read from the card itself: a card with none of them was not read.
+_CARD_VALUES = (
+    "model",
+    "uuid",
+    "serial",
+    "bus_id",
+    "firmware_version",
+    "utilization_ratio",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "temperature_celsius",
+    "power_watts",
+    "power_limit_watts",
+    "clock_sm_hertz",
+    "ecc_corrected_total",
+    "ecc_uncorrected_total",
+    "pcie_link_gen",
+    "pcie_link_gen_max",
+    "pcie_link_width",
+    "pcie_link_width_max",
+)
 
 REPLAY_XML = "nvidia-smi-q.xml"
 
@@ -240,6 +277,9 @@ class _Reader:
         except pynvml.NVMLError_Unknown:
             self.error(source, "Unknown")
             self.mark(VH_UNKNOWN_ERROR)
+        except pynvml.NVMLError_InsufficientPower:
+            self.error(source, "InsufficientPower")
+            self.mark(VH_INSUFFICIENT_POWER)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error entry
             self.error(source, _error_name(exc))
         return _MISSING
@@ -456,6 +496,9 @@ class NvidiaCollector(Collector):
                     "nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, index
                 )
                 if handle is _MISSING:
+                    # no handle: nothing about this card is known (a marker such as
+                    # gpu_is_lost already makes it critical and says why)
+                    rec.read_ok = rec.vendor_health is not None
                     raise _CardGone
                 self._handles[index] = handle  # valid until nvmlShutdown
             self._read_identity(nvml, handle, reader)
@@ -466,6 +509,8 @@ class NvidiaCollector(Collector):
                 for name, value in cached[0].items():
                     if getattr(rec, name) is None:
                         setattr(rec, name, value)
+        if rec.vendor_health is None and all(getattr(rec, f, None) is None for f in _CARD_VALUES):
+            rec.read_ok = False  # every call failed or answered NotSupported
         # A card whose name could not be read (lost before its first read) has no type.
         rec.card_type = card_type_from_name(rec.model) if rec.model is not None else None
         rec.memory_kind = memory_kind_for(rec.card_type)

@@ -296,6 +296,9 @@ class DetailReader:
                 {"source": source, "error": f"hung: killed after {self.timeout:g} s"}
             )
             return None
+        if getattr(out, "truncated", False):
+            chip.errors.append({"source": source, "error": "output over the size cap: killed"})
+            return None
         if out.returncode != 0:
             text = (out.stdout + out.stderr).strip().splitlines()
             chip.errors.append(

@@ -32,12 +32,15 @@ VENDOR_HEALTH_SEVERITY = {
     "gpu_is_lost": HEALTH_CRITICAL,
     "reset_required": HEALTH_CRITICAL,
     "unknown_error": HEALTH_CRITICAL,
+    "insufficient_power": HEALTH_CRITICAL,
 }
 
 _VENDOR_HEALTH_TEXT = {
     "gpu_is_lost": "GPU is lost (fell off the bus): NVML answers GpuIsLost",
     "reset_required": "GPU requires a reset: NVML answers ResetRequired",
     "unknown_error": "NVML answers Unknown error for this GPU",
+    "insufficient_power": "GPU has insufficient power (external power cable?): NVML "
+    "answers InsufficientPower",
 }
 
 

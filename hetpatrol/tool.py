@@ -3,13 +3,19 @@
 A vendor tool may hang forever on a dying card. :func:`run_tool` starts it in its own
 process group and kills the whole group (SIGKILL) at the timeout, so neither the tool
 nor anything it spawned survives, and reaps it so no zombie is left behind.
+
+Its output is read in chunks up to a cap (:data:`STDOUT_CAP`, :data:`STDERR_CAP`): a tool
+that prints more (a runaway loop printing gigabytes) is killed the same way, and the
+result keeps what was read with ``truncated=True``, so the daemon's memory stays bounded.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +29,8 @@ class ToolOutput:
     ``stdout``/``stderr`` are decoded as UTF-8 with undecodable bytes replaced (garbage
     must reach the parser, which keeps it as raw text, not crash the decode).
     ``returncode`` is ``None`` when the tool hung and was killed (``hung`` is then True).
+    ``truncated`` is True when the tool printed more than the cap and was killed: only
+    the first part of its output is kept (a real vendor table is far below the cap).
     """
 
     argv: tuple[str, ...]
@@ -31,19 +39,60 @@ class ToolOutput:
     returncode: int | None
     hung: bool
     duration_seconds: float
+    truncated: bool = False
+
+
+#: Most bytes of a tool's stdout / stderr kept; a tool printing more is killed.
+STDOUT_CAP = 16 * 1024 * 1024
+STDERR_CAP = 1024 * 1024
+_CHUNK = 64 * 1024
 
 
 def _decode(data: bytes | None) -> str:
     return (data or b"").decode("utf-8", errors="replace")
 
 
-def run_tool(argv: Sequence[str], timeout_seconds: float) -> ToolOutput:
-    """Run ``argv`` with no stdin, capture its output, kill its process group on timeout.
+def _read_capped(pipe, cap: int, buf: bytearray, over: threading.Event, done: queue.Queue):
+    """Read ``pipe`` into ``buf`` in chunks until EOF or ``cap`` bytes (``over`` set)."""
+    try:
+        while True:
+            chunk = pipe.read1(_CHUNK)
+            if not chunk:
+                break
+            room = cap - len(buf)
+            if len(chunk) > room:
+                buf += chunk[:room]
+                over.set()
+                break
+            buf += chunk
+    except (OSError, ValueError):  # pragma: no cover - pipe closed under us
+        pass
+    finally:
+        done.put(None)
+
+
+def _killpg(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_tool(
+    argv: Sequence[str],
+    timeout_seconds: float,
+    *,
+    stdout_cap: int = STDOUT_CAP,
+    stderr_cap: int = STDERR_CAP,
+) -> ToolOutput:
+    """Run ``argv`` with no stdin, capture its output (capped), kill its process group
+    on timeout or when it prints more than the cap.
 
     Raises ``FileNotFoundError`` when the program does not exist (the vendor stack is
     absent) and ``PermissionError`` when it cannot be executed.
     """
     start = time.monotonic()
+    deadline = start + timeout_seconds
     proc = subprocess.Popen(
         list(argv),
         stdin=subprocess.DEVNULL,
@@ -51,31 +100,53 @@ def run_tool(argv: Sequence[str], timeout_seconds: float) -> ToolOutput:
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    try:
-        out, err = proc.communicate(timeout=timeout_seconds)
-        hung = False
-        code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        hung = True
-        code = None
+    out, err = bytearray(), bytearray()
+    over = threading.Event()
+    done: queue.Queue = queue.Queue()
+    readers = [
+        threading.Thread(target=_read_capped, args=(pipe, cap, buf, over, done), daemon=True)
+        for pipe, cap, buf in ((proc.stdout, stdout_cap, out), (proc.stderr, stderr_cap, err))
+    ]
+    for t in readers:
+        t.start()
+    hung = False
+    finished = 0
+    while finished < 2 and not over.is_set():  # a reader ends at EOF or at its cap
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            done.get(timeout=max(0.0, deadline - time.monotonic()))
+            finished += 1
+        except queue.Empty:
+            hung = True
+            break
+    code: int | None = None
+    if not hung and not over.is_set():
+        try:
+            code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            hung = True
+    if hung or over.is_set():
+        _killpg(proc)
         # Children in the group may hold the pipes open; after SIGKILL they close.
+        for t in readers:
+            t.join(timeout=5)
         try:
-            out, err = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:  # pragma: no cover - pipe held by an escapee
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover
             proc.kill()
-            out, err = b"", b""
             proc.wait()
+        code = None if hung else proc.returncode
+    for pipe, t in zip((proc.stdout, proc.stderr), readers, strict=True):
+        if not t.is_alive():  # a reader still blocked (an escapee holds the pipe) keeps it
+            pipe.close()
+    # copies: a reader abandoned above (pipe held by an escapee) may still append
     return ToolOutput(
         argv=tuple(argv),
-        stdout=_decode(out),
-        stderr=_decode(err),
+        stdout=_decode(bytes(out[:stdout_cap])),
+        stderr=_decode(bytes(err[:stderr_cap])),
         returncode=code,
         hung=hung,
         duration_seconds=time.monotonic() - start,
+        truncated=over.is_set(),
     )
 
 

@@ -869,3 +869,32 @@ def test_collector_not_supported_is_absent() -> None:
     result = collector.collect()
     assert result.state == STATE_ABSENT
     assert "-8255" in result.error
+
+
+def test_huge_whitespace_cell_parses_in_linear_time(tmp_path):
+    """A value cell with 200,000 spaces around a ``/`` (``\\s*/\\s*`` backtracked
+    quadratically: 36 s for 160k, the daemon frozen). Run in a child with a 10 s
+    limit, so a regression fails instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    from conftest import NODES
+
+    text = (NODES / "ascend-roce-alarm" / "npu-smi-info.txt").read_text()
+    old = "| 0     910B4               | OK            | 87.2        33                0    / 0"
+    assert old in text
+    bad = text.replace(old, old.replace("87.2        33", "87.2" + " " * 200_000 + "33"), 1)
+    src = tmp_path / "info.txt"
+    src.write_text(bad)
+    code = (
+        "import sys\n"
+        "from hetpatrol.collectors.ascend import parse_npu_smi_info\n"
+        "info = parse_npu_smi_info(open(sys.argv[1]).read())\n"
+        "c = [c for c in info.chips if c.npu_id == 0][0]\n"
+        "print(len(info.chips), c.power_watts, c.temperature_celsius)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(src)], capture_output=True, text=True, timeout=10
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["8", "87.2", "33.0"]

@@ -698,3 +698,47 @@ def test_a_read_stuck_in_nvml_is_reported_hung_not_queued():
         nvml.release.set()
         worker.join(5)
     assert collector.collect().state == STATE_OK
+
+
+def _patrol(directory: Path):
+    from dataclasses import replace
+
+    from hetpatrol.config import load_config
+    from hetpatrol.patrol import Patroller
+
+    p = Patroller(replace(load_config(), node="n1"), replay_dir=directory)
+    try:
+        return p.run()
+    finally:
+        p.close()
+
+
+def test_any_handle_error_makes_the_card_unreadable_never_ok(tmp_path):
+    (tmp_path / "nvidia-smi-q.xml").write_bytes(HEALTHY_XML.read_bytes())
+    (tmp_path / "scenario.yaml").write_text(
+        "node: x\nnvml:\n  gpus:\n"
+        "    0: {errors: {nvmlDeviceGetHandleByIndex: InsufficientPower}}\n"
+        "    1: {errors: {nvmlDeviceGetHandleByIndex: NoPermission}}\n"
+        "    2: {errors: {nvmlDeviceGetHandleByIndex: Timeout}}\n"
+        "    3: {errors: {nvmlDeviceGetHandleByIndex: IrqIssue}}\n"
+    )
+    report = _patrol(tmp_path)
+    by = {c.index: c for c in report.cards if c.vendor == "nvidia"}
+    assert by[0].health == "critical" and by[0].vendor_health == "insufficient_power"
+    for i, err in ((0, "InsufficientPower"), (1, "NoPermission"), (2, "Timeout"), (3, "IrqIssue")):
+        assert by[i].read_ok is (i == 0)  # 0: its marker says why (critical)
+        assert {"source": "nvmlDeviceGetHandleByIndex", "error": err} in by[i].errors
+    assert [by[i].health for i in (1, 2, 3)] == ["unknown"] * 3
+    assert all(by[i].health == "ok" for i in range(4, 8))
+
+
+def test_gpu_with_no_readable_value_is_not_ok(tmp_path):
+    xml = (
+        "<?xml version='1.0'?><nvidia_smi_log><attached_gpus>2</attached_gpus>"
+        "<gpu/><gpu/></nvidia_smi_log>"
+    )
+    (tmp_path / "nvidia-smi-q.xml").write_text(xml)
+    report = _patrol(tmp_path)
+    cards = [c for c in report.cards if c.vendor == "nvidia"]
+    assert len(cards) == 2
+    assert all(c.read_ok is False and c.health != "ok" for c in cards)

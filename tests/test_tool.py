@@ -70,3 +70,41 @@ def test_replay_tool_file_names(tmp_path):
     )
     with pytest.raises(FileNotFoundError):
         tool.run(["nvidia-smi"], 1)
+
+
+def test_runaway_output_is_capped_flagged_and_the_tool_killed(tmp_path):
+    """A tool printing ~50 MB (2 GB in the field drove RSS to 5.9 GB): only the cap is
+    kept, the result says it was cut, the tool is killed, memory stays bounded."""
+    from hetpatrol.tool import STDERR_CAP, STDOUT_CAP
+
+    exe = script(
+        tmp_path,
+        "flood",
+        "head -c 500000 /dev/zero | tr '\\0' e >&2\n"
+        "head -c 50000000 /dev/zero | tr '\\0' x\necho done\n",
+    )
+    me = psutil.Process(os.getpid())
+    rss0 = me.memory_info().rss
+    t0 = time.monotonic()
+    res = run_tool([exe], 20)
+    assert time.monotonic() - t0 < 15  # killed at the cap, not run to the timeout
+    assert res.truncated and not res.hung
+    assert len(res.stdout) <= STDOUT_CAP and len(res.stderr) <= STDERR_CAP
+    assert res.stdout[:10] == "x" * 10 and "done" not in res.stdout
+    assert me.memory_info().rss - rss0 < 3 * STDOUT_CAP  # not the 50 MB (x2 decoded)
+    small = run_tool([script(tmp_path, "ok", "echo hi\n")], 5)
+    assert not small.truncated and small.stdout == "hi\n"
+
+
+def test_ascend_collector_turns_a_cut_output_into_an_error(tmp_path):
+    from hetpatrol.collector import CollectorError
+    from hetpatrol.collectors.ascend import RAW_KEEP, AscendCollector
+
+    exe = script(tmp_path, "npu-smi", "yes '| NPU garbage |' | head -c 40000000\n")
+    collector = AscendCollector({})
+    collector.runner = lambda argv, timeout: run_tool(argv, timeout, stdout_cap=1 << 20)
+    collector.command = [exe, "info"]
+    with pytest.raises(CollectorError, match="cut") as exc:
+        collector.collect()
+    assert exc.value.raw and len(exc.value.raw) <= RAW_KEEP
+    assert exc.value.raw.startswith("| NPU garbage |")
