@@ -35,6 +35,7 @@ import calendar
 import errno
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -490,7 +491,11 @@ class TextLogReader:
 
     def read(self) -> ReadResult:
         try:
-            with open(self.path, "rb") as f:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                return ReadResult(state="failed", error=f"{self.path} is not a regular file")
+            with os.fdopen(fd, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if size < self._offset:  # replaced or truncated: start again
                     self._offset, self._partial = 0, ""

@@ -98,3 +98,19 @@ def test_unwritable_directory_counts_errors_and_resumes(tmp_path):
     assert sink.write_lines(lines(1)) == 1
     sink.close()
     assert [d["seq"] for d in read(blocker / "patrol.jsonl")] == [0]
+
+
+def test_a_fifo_at_the_path_is_refused_without_blocking(tmp_path):
+    import signal
+
+    fifo = tmp_path / "patrol.jsonl"
+    os.mkfifo(fifo)
+    old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError()))
+    signal.alarm(10)  # a blocking open would hang the test: fail it instead
+    try:
+        sink = JsonlSink(fifo)
+        assert sink.write_lines(lines(2)) == 0
+        assert sink.write_errors == 2
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

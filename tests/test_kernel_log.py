@@ -542,3 +542,22 @@ def test_prometheus_xid_counter_and_kernel_log_up():
     }
     assert got[("2", "149")] == 1 and got[("0", "145")] == 6 and got[("3", "45")] == 1
     assert len(got) == 9
+
+
+def test_a_fifo_as_recorded_kernel_log_is_refused_without_blocking(tmp_path):
+    import os
+    import signal
+
+    from hetpatrol.kernel_log import TextLogReader
+
+    fifo = tmp_path / "kmsg.txt"
+    os.mkfifo(fifo)
+    old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError()))
+    signal.alarm(10)
+    try:
+        result = TextLogReader(fifo).read()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert result.state == "failed"
+    assert "not a regular file" in result.error

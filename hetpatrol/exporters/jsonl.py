@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,9 +38,12 @@ def repair_torn_tail(path: Path) -> int:
     missing). Lines before the torn one are untouched.
     """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return 0
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return 0  # not a file: the sink's open refuses it
     try:
         size = os.fstat(fd).st_size
         if size == 0:
@@ -92,8 +96,14 @@ class JsonlSink:
         if removed:
             self.repaired_bytes += removed
             log.warning("jsonl_torn_tail_repaired", path=str(self.path), bytes_removed=removed)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        # O_NONBLOCK: a FIFO (or device) put at the path must not block the daemon
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+        fd = os.open(self.path, flags, 0o640)
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, f"{self.path} is not a regular file")
+        os.set_blocking(fd, True)
         self._fd, self._ino, self._size = fd, (st.st_dev, st.st_ino), st.st_size
 
     def close(self) -> None:
