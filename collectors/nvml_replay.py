@@ -296,11 +296,18 @@ def _parse_faults(faults: Mapping[str, Any] | None) -> tuple[Any, dict, dict[int
     sys_errors = {fn: nvml_error_class(err) for fn, err in (faults.get("errors") or {}).items()}
     gpus: dict[int, _GpuFault] = {}
     for key, spec in (faults.get("gpus") or {}).items():
-        try:
-            index = int(key)
-        except (TypeError, ValueError):
-            raise ReplayFormatError(f"nvml fault gpu key {key!r} is not an index") from None
+        if isinstance(key, bool) or not isinstance(key, int) or key < 0:
+            raise ReplayFormatError(f"nvml fault gpu key {key!r} is not an NVML index (0, 1, ...)")
+        index = key
         spec = spec or {}
+        if not isinstance(spec, Mapping):
+            raise ReplayFormatError(f"gpu {index}: faults must be a mapping")
+        for flag in ("lost", "handle_ok", "reset_required"):
+            if not isinstance(spec.get(flag, False), bool):
+                raise ReplayFormatError(f"gpu {index}: {flag} must be true or false")
+        hang = spec.get("hang_seconds", 0.0) or 0.0
+        if isinstance(hang, bool) or not isinstance(hang, int | float) or not 0 <= hang <= 3600:
+            raise ReplayFormatError(f"gpu {index}: hang_seconds must be 0..3600")
         bad = set(spec) - _FAULT_KEYS
         if bad:
             raise ReplayFormatError(f"unknown fault keys for gpu {index}: {sorted(bad)}")
@@ -318,7 +325,7 @@ def _parse_faults(faults: Mapping[str, Any] | None) -> tuple[Any, dict, dict[int
             retired_pages_pending=spec.get("retired_pages_pending"),
             errors={fn: nvml_error_class(err) for fn, err in (spec.get("errors") or {}).items()},
             xml_overrides=dict(overrides),
-            hang_seconds=float(spec.get("hang_seconds", 0.0) or 0.0),
+            hang_seconds=float(hang),
             nvlink=_parse_nvlink(spec.get("nvlink"), f"gpu {index}: nvlink"),
         )
     return init_cls, sys_errors, gpus

@@ -588,6 +588,14 @@ def test_bad_faults_are_refused():
         load_replay_nvml(HEALTHY_XML, {"init_error": "Melted"})
     with pytest.raises(ReplayFormatError, match="dump has 8 GPU"):
         load_replay_nvml(HEALTHY_XML, {"gpus": {9: {"lost": True}}})
+    # a negative or fractional index must not silently pick another GPU
+    for key in (-1, 1.9, "1", True):
+        with pytest.raises(ReplayFormatError, match="not an NVML index"):
+            load_replay_nvml(HEALTHY_XML, {"gpus": {key: {"lost": True}}})
+    with pytest.raises(ReplayFormatError, match="lost must be true or false"):
+        load_replay_nvml(HEALTHY_XML, {"gpus": {0: {"lost": "false"}}})
+    with pytest.raises(ReplayFormatError, match="hang_seconds"):
+        load_replay_nvml(HEALTHY_XML, {"gpus": {0: {"hang_seconds": float("inf")}}})
 
 
 def test_xml_overrides_and_hang():
