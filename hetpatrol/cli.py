@@ -171,13 +171,17 @@ def format_table(report: PatrolReport) -> str:
     return "\n".join(out) + "\n"
 
 
-def cmd_once(args: argparse.Namespace) -> int:
-    config = _load(args)
-    patroller = Patroller(config, replay_dir=args.replay)
+def _one_patrol(args: argparse.Namespace) -> PatrolReport:
+    """One patrol with the command's config and replay directory, collectors closed after."""
+    patroller = Patroller(_load(args), replay_dir=args.replay)
     try:
-        report = patroller.run()
+        return patroller.run()
     finally:
         patroller.close()
+
+
+def cmd_once(args: argparse.Namespace) -> int:
+    report = _one_patrol(args)
     if args.format == "jsonl":
         sys.stdout.write("".join(report.jsonl_lines()))
     elif args.format == "json":
@@ -195,12 +199,7 @@ def cmd_once(args: argparse.Namespace) -> int:
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     """Record this node's driver and firmware versions per card type as a baseline."""
-    config = _load(args)
-    patroller = Patroller(config, replay_dir=args.replay)
-    try:
-        report = patroller.run()
-    finally:
-        patroller.close()
+    report = _one_patrol(args)
     try:
         return deep_health.write_baseline(report, args.write, sys.stdout, sys.stderr)
     except OSError as exc:
