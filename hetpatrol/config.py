@@ -391,7 +391,8 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     Raises :class:`ConfigError` naming file, line and key path on any problem.
     """
     src_path = Path(path) if path is not None else bundled_config_path()
-    src = str(src_path)
+    # text given without a path is named <config>, never the bundled file's path
+    src = "<config>" if text is not None and path is None else str(src_path)
     if text is None:
         try:
             raw = src_path.read_bytes()

@@ -48,3 +48,26 @@ def base_config():
     from hetpatrol.config import load_config
 
     return load_config()
+
+
+def replay_run_argv(
+    scenario: str, port: int, jsonl: Path, interval: float, *extra: str
+) -> list[str]:
+    """argv of ``hetpatrol run`` on a bundled scenario: loopback port, given JSONL path."""
+    import sys
+
+    return [
+        sys.executable,
+        "-m",
+        "hetpatrol.cli",
+        "run",
+        "--replay",
+        str(NODES / scenario),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--jsonl-path",
+        str(jsonl),
+        "--interval",
+        str(interval),
+        *extra,
+    ]

@@ -103,11 +103,11 @@ def test_bundled_config_profiles_match_card_types(base_config):
         assert p.gres == ("gpu" if vendor == "nvidia" else "ascend")
 
 
-def test_bundled_default_paths_are_user_writable(base_config, monkeypatch):
-    home = Path.home()
-    for path in (base_config.jsonl_path, base_config.state_path):
-        assert path is not None
-        assert str(path).startswith(str(home)) or "XDG_STATE_HOME" in str(path)
+def test_bundled_default_paths_are_user_writable(monkeypatch):
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    cfg = load_config()
+    state = Path.home() / ".local" / "state" / "hetpatrol"
+    assert (cfg.jsonl_path, cfg.state_path) == (state / "patrol.jsonl", state / "state.json")
 
 
 def test_xdg_state_home_expands(monkeypatch, tmp_path):

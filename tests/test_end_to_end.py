@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import NODES
+from conftest import NODES, replay_run_argv
 from prometheus_client.parser import text_string_to_metric_families
 
 HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
@@ -58,18 +58,7 @@ def test_run_serves_metrics_writes_jsonl_and_stops_cleanly(tmp_path, env):
     port = free_port()
     jsonl = tmp_path / "patrol.jsonl"
     proc = subprocess.Popen(
-        [
-            *HETPATROL,
-            "run",
-            "--replay",
-            str(NODES / "healthy-mixed"),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--jsonl-path",
-            str(jsonl),
-            "--interval",
-            "0.5",
-        ],
+        replay_run_argv("healthy-mixed", port, jsonl, 0.5),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -215,4 +204,4 @@ def test_run_with_bad_config_exits_78(tmp_path, env):
         timeout=30,
     )
     assert res.returncode == 78
-    assert f"{bad}:3: profiles[0]:" in res.stderr or f"{bad}:4:" in res.stderr
+    assert f"{bad}:4: profiles[0].vendr: unknown key" in res.stderr

@@ -10,8 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import NODES, REPO, require_program
-from test_end_to_end import HETPATROL, free_port, wait_for
+from conftest import REPO, replay_run_argv, require_program
+from test_end_to_end import free_port, wait_for
 
 SNIPPET = REPO / "systemd" / "hetpatrol.logrotate"
 INSTALLED_PATH = "/var/log/hetpatrol/patrol.jsonl"
@@ -70,18 +70,7 @@ def test_forced_rotations_under_a_running_daemon_lose_no_line(tmp_path):
     conf = local_copy(tmp_path, jsonl)
     env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [
-            *HETPATROL,
-            "run",
-            "--replay",
-            str(NODES / "healthy-mixed"),
-            "--listen",
-            f"127.0.0.1:{free_port()}",
-            "--jsonl-path",
-            str(jsonl),
-            "--interval",
-            "0.1",
-        ],
+        replay_run_argv("healthy-mixed", free_port(), jsonl, 0.1),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

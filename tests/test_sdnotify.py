@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import NODES
-from test_end_to_end import HETPATROL, free_port
+from conftest import NODES, replay_run_argv
+from test_end_to_end import free_port
 
 from hetpatrol.config import load_config
 from hetpatrol.daemon import Daemon
@@ -131,18 +131,7 @@ def test_daemon_ready_watchdog_reload_stopping(tmp_path, notify_path):
     )
     env.pop("WATCHDOG_PID", None)
     proc = subprocess.Popen(
-        [
-            *HETPATROL,
-            "run",
-            "--replay",
-            str(NODES / "healthy-mixed"),
-            "--listen",
-            f"127.0.0.1:{free_port()}",
-            "--jsonl-path",
-            str(jsonl),
-            "--interval",
-            "0.5",
-        ],
+        replay_run_argv("healthy-mixed", free_port(), jsonl, 0.5),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

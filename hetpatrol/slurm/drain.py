@@ -276,19 +276,17 @@ class DrainPolicy:
         event: str,
         reason: str | None,
         info: NodeInfo | None,
-        *,
-        command: Sequence[str] | None = None,
-        detail: str | None = None,
-        dry: bool = False,
+        **fields: Any,
     ) -> list[dict[str, Any]]:
-        """An event that changes nothing: written once until the situation changes."""
-        key = (event, f"{reason}|{detail}|{info.reason if info else None}")
+        """An event that changes nothing: written once until the situation changes.
+
+        ``fields`` are :meth:`_event`'s keyword arguments (command, detail, dry).
+        """
+        key = (event, f"{reason}|{fields.get('detail')}|{info.reason if info else None}")
         if key == self._last_quiet:
             return []
         self._last_quiet = key
-        return [
-            self._event(report, node, event, reason, info, command=command, detail=detail, dry=dry)
-        ]
+        return [self._event(report, node, event, reason, info, **fields)]
 
     def _event(
         self,
