@@ -48,7 +48,7 @@ STDERR_CAP = 1024 * 1024
 _CHUNK = 64 * 1024
 
 
-def _decode(data: bytes | None) -> str:
+def _decode(data: bytes | bytearray | None) -> str:
     return (data or b"").decode("utf-8", errors="replace")
 
 
@@ -135,14 +135,17 @@ def run_tool(
             proc.kill()
             proc.wait()
         code = None if hung else proc.returncode
-    for pipe, t in zip((proc.stdout, proc.stderr), readers, strict=True):
-        if not t.is_alive():  # a reader still blocked (an escapee holds the pipe) keeps it
+    texts = []
+    for pipe, t, buf in zip((proc.stdout, proc.stderr), readers, (out, err), strict=True):
+        if t.is_alive():  # a reader still blocked (an escapee holds the pipe) keeps it,
+            buf = buf[:]  # and may still append: decode a copy
+        else:
             pipe.close()
-    # copies: a reader abandoned above (pipe held by an escapee) may still append
+        texts.append(_decode(buf))
     return ToolOutput(
         argv=tuple(argv),
-        stdout=_decode(bytes(out[:stdout_cap])),
-        stderr=_decode(bytes(err[:stderr_cap])),
+        stdout=texts[0],
+        stderr=texts[1],
         returncode=code,
         hung=hung,
         duration_seconds=time.monotonic() - start,
