@@ -17,7 +17,7 @@ import math
 import os
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ import yaml
 from hetpatrol import deep_health
 from hetpatrol.schema import HEALTH_CRITICAL, HEALTH_WARNING, SEVERITY_INFO
 from hetpatrol.slurm.settings import SLURM_SCHEMA, SlurmSettings, build_slurm_settings
+from hetpatrol.yaml_document import DocumentError, parse_document, read_document
 
 EX_CONFIG = 78
 
@@ -218,13 +219,17 @@ class Config:
     #: expected versions per (vendor, card type) from ``baseline_file``
     baselines: deep_health.BaselineTable = field(default_factory=dict)
     baseline_file: Path | None = None
+    #: what a card no profile applies to is judged by: the ``defaults`` section
+    defaults: Profile | None = None
 
     def profile_for(self, vendor: str, card_type: str | None, model: str | None) -> Profile:
-        """The first profile that applies; a built-in empty one when none does."""
+        """The first profile that applies; when none does, ``<vendor>-defaults``: the
+        ``defaults`` section's thresholds, with no GRES name."""
         for profile in self.profiles:
             if profile.matches(vendor, card_type, model):
                 return profile
-        return Profile(name=f"{vendor}-builtin", vendor=vendor)
+        base = self.defaults or Profile(name="defaults", vendor=vendor)
+        return replace(base, name=f"{vendor}-defaults", vendor=vendor)
 
 
 # --------------------------------------------------------------------------- loading
@@ -251,46 +256,6 @@ def expand_path(text: str) -> Path:
 
 #: YAML tags a mapping key may have: a string, or the merge key ``<<``.
 _KEY_TAGS = ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")
-#: Deepest nesting a config may have (the schema needs 5 levels).
-MAX_DEPTH = 32
-
-
-def _yaml_error_line(exc: yaml.YAMLError, text: str) -> int | None:
-    """1-based line of a YAML error (reader errors carry a character position)."""
-    for attr in ("problem_mark", "context_mark"):
-        mark = getattr(exc, attr, None)
-        if mark is not None:
-            return mark.line + 1
-    position = getattr(exc, "position", None)
-    if isinstance(position, int):
-        return text.count("\n", 0, position) + 1
-    return None
-
-
-def _check_structure(text: str, src: str) -> None:
-    """Refuse nesting deeper than :data:`MAX_DEPTH` and self-referencing aliases.
-
-    Runs over the parser's events (iterative), before the recursive composer could hit
-    Python's recursion limit on such input. Raises ``yaml.YAMLError`` for bad syntax.
-    """
-    open_anchors: list[str | None] = []
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, yaml.CollectionStartEvent):
-            open_anchors.append(event.anchor)
-            if len(open_anchors) > MAX_DEPTH:
-                raise ConfigError(
-                    f"nested deeper than {MAX_DEPTH} levels",
-                    path=src,
-                    line=event.start_mark.line + 1,
-                )
-        elif isinstance(event, yaml.CollectionEndEvent):
-            open_anchors.pop()
-        elif isinstance(event, yaml.AliasEvent) and event.anchor in open_anchors:
-            raise ConfigError(
-                f"alias *{event.anchor} refers to a node that contains it",
-                path=src,
-                line=event.start_mark.line + 1,
-            )
 
 
 def _check_numbers(value: Any, path: tuple, src: str, lines: dict) -> None:
@@ -308,27 +273,6 @@ def _check_numbers(value: Any, path: tuple, src: str, lines: dict) -> None:
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _check_numbers(v, (*path, i), src, lines)
-
-
-#: A configuration is a few hundred values; aliases expanding past this are refused
-#: before anything walks the expanded tree (an "alias bomb" would take minutes and GBs).
-MAX_CONFIG_VALUES = 100_000
-
-
-def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
-    """Number of values ``node`` stands for once every alias is expanded (memoised)."""
-    key = id(node)
-    if key in memo:
-        return memo[key]
-    memo[key] = 1  # a self-referencing alias counts once (it is refused later)
-    if isinstance(node, yaml.MappingNode):
-        total = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
-    elif isinstance(node, yaml.SequenceNode):
-        total = 1 + sum(_expanded_size(v, memo) for v in node.value)
-    else:
-        total = 1
-    memo[key] = total
-    return total
 
 
 def _line_map(
@@ -393,33 +337,15 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     src_path = Path(path) if path is not None else bundled_config_path()
     # text given without a path is named <config>, never the bundled file's path
     src = "<config>" if text is not None and path is None else str(src_path)
-    if text is None:
-        try:
-            raw = src_path.read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"cannot read: {exc}", path=src) from exc
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = raw.count(b"\n", 0, exc.start) + 1
-            raise ConfigError(f"not UTF-8: {exc.reason}", path=src, line=line) from exc
     try:
-        _check_structure(text, src)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        if node is not None and _expanded_size(node, {}) > MAX_CONFIG_VALUES:
-            raise ConfigError(
-                f"the configuration expands to more than {MAX_CONFIG_VALUES} values "
-                "(YAML anchors and aliases nested too far)",
-                path=src,
-                line=1,
-            )
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or str(exc).split("\n")[0]
-        line = _yaml_error_line(exc, text)
-        raise ConfigError(f"invalid YAML: {problem}", path=src, line=line) from exc
-    except RecursionError as exc:  # guard: _check_structure bounds the depth first
-        raise ConfigError("invalid YAML: nested too deeply", path=src) from exc
+        if text is None:
+            try:
+                text = read_document(src_path)
+            except OSError as exc:
+                raise ConfigError(f"cannot read: {exc}", path=src) from exc
+        data, node = parse_document(text)
+    except DocumentError as exc:
+        raise ConfigError(exc.message, path=src, line=exc.line) from None
     if data is None:
         data = {}
     lines = _line_map(node, src=src) if node is not None else {}
@@ -454,15 +380,44 @@ def _check_threshold(value: dict, path: tuple, src: str, lines: dict) -> Thresho
         )
     for level in ("warning", "critical"):
         v = getattr(t, level)
+        problem = None
         if v is not None and v < 0:
+            problem = f"{v} is negative"
+        elif v is not None and v > 1 and path[-1] in _AT_MOST_ONE:
+            problem = f"{v} is above 1: a ratio (0.95 is 95 %)"
+        if problem:
             key_path = (*path, level)
             raise ConfigError(
-                f"{v} is negative",
+                problem, path=src, line=_line_for(lines, key_path), key=_fmt_path(key_path)
+            )
+    return t
+
+
+#: Thresholds that are a share of a whole (``power_ratio`` may pass 1: power over limit).
+_AT_MOST_ONE = ("memory_used_ratio",)
+#: Deep-health settings with a warning and a critical level, as key paths in a profile.
+_DEEP_LEVELS = (("nvlink", "errors_total"), ("roce", "link_flaps"))
+
+
+def _check_deep_levels(
+    section: dict, built: deep_health.DeepThresholds, path: tuple, src: str, lines: dict
+) -> None:
+    """Each level pair of ``section`` as written, then as merged over the defaults."""
+    for keys in _DEEP_LEVELS:
+        value = section.get(keys[0]) or {}
+        if keys[1] in value:
+            _check_threshold(value[keys[1]] or {}, (*path, *keys), src, lines)
+        levels = getattr(built, "_".join(keys))
+        warning, critical = levels.warning, levels.critical
+        if warning is not None and critical is not None and warning > critical:
+            key_path = (*path, *keys)
+            raise ConfigError(
+                f"warning {warning} is above critical {critical} "
+                "(merged with the levels it inherits)",
                 path=src,
                 line=_line_for(lines, key_path),
                 key=_fmt_path(key_path),
             )
-    return t
 
 
 def _build(data: dict, src: str, lines: dict) -> Config:
@@ -474,9 +429,29 @@ def _build(data: dict, src: str, lines: dict) -> Config:
     }
     default_states = {k: defaults[k] for k in STATE_CHECK_KEYS if k in defaults}
 
+    sections = data.get("collectors")
+    if sections is None:
+        sections = {name: {} for name in DEFAULT_COLLECTORS}
+    vendors = sorted(set(DEFAULT_COLLECTORS) | set(sections))
+    fallback = Profile(
+        name="defaults",
+        vendor="",
+        thresholds=dict(default_thresholds),
+        state_checks={k: HEALTH_CRITICAL for k in STATE_CHECK_KEYS} | default_states,
+        deep=deep_health.build_thresholds(defaults, {}),
+    )
+    _check_deep_levels(defaults, fallback.deep, ("defaults",), src, lines)
+
     profiles = []
     names: set[str] = set()
     for i, p in enumerate(data.get("profiles", []) or []):
+        if p["vendor"] not in vendors:
+            raise ConfigError(
+                f"unknown vendor {p['vendor']!r}: a collector's name, one of " + ", ".join(vendors),
+                path=src,
+                line=_line_for(lines, ("profiles", i, "vendor")),
+                key=_fmt_path(("profiles", i, "vendor")),
+            )
         if p["name"] in names:
             raise ConfigError(
                 f"profile name {p['name']!r} used twice",
@@ -516,14 +491,12 @@ def _build(data: dict, src: str, lines: dict) -> Config:
                 deep=deep_health.build_thresholds(defaults, p),
             )
         )
+        _check_deep_levels(p, profiles[-1].deep, ("profiles", i), src, lines)
 
     collectors = []
     # No `collectors:` section means every built-in collector with its defaults (a node
     # without a vendor's stack reports that collector `absent`); an explicit empty
     # mapping means none.
-    sections = data.get("collectors")
-    if sections is None:
-        sections = {name: {} for name in DEFAULT_COLLECTORS}
     for name, section in sections.items():
         section = section or {}
         options = {k: v for k, v in section.items() if k != "enabled"}
@@ -557,6 +530,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
         textfile_path=expand_path(textfile_path) if textfile_path else None,
         collectors=tuple(collectors),
         profiles=tuple(profiles),
+        defaults=fallback,
         slurm=build_slurm_settings(data.get("slurm"), expand_path),
         **deep_health.build_config_fields(data, src, lines),
     )

@@ -41,6 +41,7 @@ from hetpatrol.schema import (
     worst,
 )
 from hetpatrol.xid import KernelLogRules
+from hetpatrol.yaml_document import DocumentError, parse_document, read_document
 
 if TYPE_CHECKING:
     from hetpatrol.config import Config, Profile
@@ -367,11 +368,11 @@ def load_baseline_file(path: Path) -> dict[tuple[str, str], dict[str, tuple[str,
     """Read a baseline file written by ``hetpatrol baseline --write``. ``ValueError``
     (naming the file) when it cannot be read or is not a baseline file."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
+        data, _ = parse_document(read_document(path))
+    except OSError as exc:
         raise ValueError(f"cannot read baseline file {path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"baseline file {path}: invalid YAML: {exc}") from None
+    except DocumentError as exc:
+        raise ValueError(f"baseline file {path}: {exc}") from None
     return parse_baseline(data, str(path))
 
 

@@ -61,6 +61,9 @@ __all__ = [
 KMSG_PATH = "/dev/kmsg"
 #: The kernel log of a replay directory (any of the line shapes above).
 REPLAY_FILE = "kmsg.txt"
+#: Most bytes one patrol reads from a kernel log text file.
+TEXT_READ_MAX = 8 * 1024 * 1024
+
 #: One ``read()`` of ``/dev/kmsg`` returns one record; a smaller buffer than the record
 #: fails with EINVAL. Records are at most about 1 KiB of text plus the dictionary.
 KMSG_READ_SIZE = 8192
@@ -478,6 +481,11 @@ class TextLogReader:
     The file is followed like ``tail -f``: the first read takes it whole, later reads
     only what was appended (a test appends lines to make new events). A missing file is
     a node without a recorded kernel log (``absent``).
+
+    One read takes at most :data:`TEXT_READ_MAX` bytes, so a huge file never sits in
+    memory whole: a first read of a larger file starts at its last ``TEXT_READ_MAX``
+    bytes (as ``tail`` does; the skipped bytes are said in ``error``), and a burst
+    appended between two patrols is read over the next patrols.
     """
 
     def __init__(self, path: str | os.PathLike[str]):
@@ -490,6 +498,7 @@ class TextLogReader:
         pass
 
     def read(self) -> ReadResult:
+        skipped = 0
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -499,8 +508,11 @@ class TextLogReader:
                 size = os.fstat(f.fileno()).st_size
                 if size < self._offset:  # replaced or truncated: start again
                     self._offset, self._partial = 0, ""
+                if self._offset == 0 and size > TEXT_READ_MAX:
+                    skipped = size - TEXT_READ_MAX
+                    self._offset = skipped
                 f.seek(self._offset)
-                data = f.read()
+                data = f.read(TEXT_READ_MAX)
         except FileNotFoundError:
             return ReadResult(state="absent", error=f"no recorded kernel log {self.path}")
         except OSError as exc:
@@ -509,7 +521,15 @@ class TextLogReader:
         text = self._partial + data.decode("utf-8", errors="replace")
         lines = text.split("\n")
         self._partial = lines.pop()  # an unfinished last line waits for its newline
+        if len(self._partial) > TEXT_READ_MAX:  # no newline in sight: not a log line
+            self._partial = ""
         result = ReadResult()
+        if skipped:
+            del lines[:1]  # the line the skip cut in two
+            result.error = (
+                f"{self.path} is {size} bytes: read from its last {TEXT_READ_MAX} "
+                f"({skipped} bytes at its start skipped)"
+            )
         for item in _events(_logical_lines(lines)):
             if isinstance(item, tuple):
                 self._uuids[item[0]] = item[1]

@@ -170,6 +170,38 @@ def test_bad_baseline_files(tmp_path):
     assert main(["once", "--baseline", str(tmp_path / "missing.yaml")]) == 78
 
 
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("baseline:\n  - " + "[" * 100_000 + "]" * 100_000 + "\n", "line 2: nested deeper"),
+        (
+            "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+            + "".join(
+                f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+                for p, c in zip("abcdef", "bcdefg", strict=True)
+            )
+            + "baseline: []\n",
+            "line 1: the document expands to more than 100000 values",
+        ),
+        ("baseline: []\n# " + "x" * (5 * 1024 * 1024) + "\n", "larger than 4194304 bytes"),
+        ("baseline:\n  - vendor: nvidia\n    card_type: \xff\n", None),
+    ],
+    ids=["deep", "alias-bomb", "huge", "latin-1"],
+)
+def test_hostile_baseline_files_are_refused_by_name(tmp_path, body, message):
+    """Deep nesting, an alias bomb, a huge file and a non-UTF-8 byte: a ValueError naming
+    the file (the config turns it into a ConfigError at baseline_file), no traceback."""
+    bad = tmp_path / "bad.yaml"
+    if message is None:
+        bad.write_bytes(body.encode("latin-1"))
+        message = "line 3: not UTF-8: invalid start byte"
+    else:
+        bad.write_text(body)
+    with pytest.raises(ValueError) as exc:
+        load_baseline_file(bad)
+    assert str(exc.value).startswith(f"baseline file {bad}: {message}")
+
+
 def test_card_info_carries_the_versions_for_fleet_queries():
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hetpatrol.config import EX_CONFIG, ConfigError, load_config
+from hetpatrol.config import EX_CONFIG, ConfigError, Threshold, load_config
 
 BAD_CONFIGS = [
     # (text, line, key path, words in the message)
@@ -51,7 +51,57 @@ BAD_CONFIGS = [
         "defaults.retired_pages_pending",
         "is not one of",
     ),
+    (
+        "profiles:\n  - name: a100\n    vendor: nvidai\n",
+        3,
+        "profiles[0].vendor",
+        "unknown vendor 'nvidai': a collector's name, one of ascend, nvidia",
+    ),
+    (
+        "defaults:\n  memory_used_ratio: {warning: 0.9, critical: 95}\n",
+        2,
+        "defaults.memory_used_ratio.critical",
+        "95 is above 1: a ratio (0.95 is 95 %)",
+    ),
+    (
+        "defaults:\n  nvlink:\n    errors_total: {warning: 500, critical: 50}\n",
+        3,
+        "defaults.nvlink.errors_total.warning",
+        "warning 500 is above critical 50",
+    ),
+    (
+        "defaults:\n  roce:\n    link_flaps: {critical: 3}\n"
+        "profiles:\n  - name: x\n    vendor: ascend\n"
+        "    roce:\n      link_flaps: {warning: 5}\n",
+        8,
+        "profiles[0].roce.link_flaps",
+        "warning 5 is above critical 3 (merged with the levels it inherits)",
+    ),
 ]
+
+
+def test_a_plugin_collector_names_a_vendor_for_profiles():
+    text = "collectors:\n  gaudi: {}\nprofiles:\n  - name: g3\n    vendor: gaudi\n"
+    assert [p.vendor for p in load_config("ok.yaml", text=text).profiles] == ["gaudi"]
+    cfg = load_config("ok.yaml", text="defaults:\n  power_ratio: {warning: 1.05, critical: 1.2}\n")
+    assert cfg.profile_for("nvidia", "a100", None).thresholds["power_ratio"].critical == 1.2
+
+
+def test_a_card_no_profile_applies_to_is_judged_by_the_defaults_section():
+    """A config without a catch-all profile: a new card type still gets the defaults'
+    thresholds and deep settings, not none at all."""
+    cfg = load_config(
+        "ok.yaml",
+        text="defaults:\n  temperature_celsius: {warning: 80, critical: 90}\n"
+        "  retired_pages_pending: warning\n  nvlink:\n    errors_total: {warning: 3, critical: 7}\n"
+        "profiles:\n  - name: a100\n    vendor: nvidia\n    card_types: [a100]\n",
+    )
+    p = cfg.profile_for("nvidia", "b300", "NVIDIA B300")
+    assert (p.name, p.vendor, p.gres) == ("nvidia-defaults", "nvidia", None)
+    assert p.thresholds["temperature_celsius"] == Threshold(warning=80, critical=90)
+    assert p.state_checks["retired_pages_pending"] == "warning"
+    assert p.deep.nvlink_errors_total.critical == 7
+    assert cfg.profile_for("nvidia", "a100", None).name == "a100"
 
 
 @pytest.mark.parametrize(("text", "line", "key", "words"), BAD_CONFIGS)

@@ -561,3 +561,38 @@ def test_a_fifo_as_recorded_kernel_log_is_refused_without_blocking(tmp_path):
         signal.signal(signal.SIGALRM, old)
     assert result.state == "failed"
     assert "not a regular file" in result.error
+
+
+def test_a_huge_text_log_is_read_from_its_tail_a_bounded_read_at_a_time(tmp_path, monkeypatch):
+    """A 100 KB log with a 4 KB read bound: the first read takes only its last 4 KB
+    (the XID there is seen, the one before is skipped and the skip said); 10 KB appended
+    at once are read over three patrols; a line with no newline is never held whole."""
+    import hetpatrol.kernel_log as kl
+
+    monkeypatch.setattr(kl, "TEXT_READ_MAX", 4096)
+    xid = "NVRM: Xid (PCI:0000:9b:00): {}, pid=1, name=x, Timeout\n"
+    filler = "kernel: unrelated line padding the log to size.....\n"  # 52 bytes
+    log = tmp_path / "kern.log"
+    log.write_text(xid.format(13) + filler * 2000 + xid.format(119))
+    size = log.stat().st_size
+    reader = kl.TextLogReader(log)
+    first = reader.read()
+    assert first.state == "ok"
+    assert [e.xid for e, _ in first.events] == [119]
+    assert first.error == (
+        f"{log} is {size} bytes: read from its last 4096 ({size - 4096} bytes at its start skipped)"
+    )
+    with log.open("a") as f:
+        f.write(filler * 100 + xid.format(79) + filler * 100)  # 10,454 bytes
+    seen = []
+    for _ in range(3):
+        got = reader.read()
+        assert got.error is None
+        seen += [e.xid for e, _ in got.events]
+    assert seen == [79]
+    assert reader.read().events == []
+    with log.open("a") as f:
+        f.write("x" * 9000)  # no newline: dropped once over the bound, not kept growing
+    for _ in range(3):
+        reader.read()
+    assert len(reader._partial) <= 4096
