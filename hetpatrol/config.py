@@ -258,21 +258,22 @@ def expand_path(text: str) -> Path:
 _KEY_TAGS = ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")
 
 
-def _check_numbers(value: Any, path: tuple, src: str, lines: dict) -> None:
-    """Refuse NaN and infinities (``.nan``, ``.inf``) anywhere: no setting means them."""
+def _check_values(value: Any, path: tuple, src: str, lines: dict) -> None:
+    """Refuse NaN and infinities (``.nan``, ``.inf``) and strings with a NUL byte
+    anywhere: no setting means them (a path with a NUL cannot be opened)."""
+    problem = None
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(
-            f"{value} is not a finite number",
-            path=src,
-            line=_line_for(lines, path),
-            key=_fmt_path(path),
-        )
+        problem = f"{value} is not a finite number"
+    elif isinstance(value, str) and "\0" in value:
+        problem = "contains a NUL byte"
+    if problem:
+        raise ConfigError(problem, path=src, line=_line_for(lines, path), key=_fmt_path(path))
     if isinstance(value, dict):
         for k, v in value.items():
-            _check_numbers(v, (*path, k), src, lines)
+            _check_values(v, (*path, k), src, lines)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _check_numbers(v, (*path, i), src, lines)
+            _check_values(v, (*path, i), src, lines)
 
 
 def _line_map(
@@ -351,7 +352,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     lines = _line_map(node, src=src) if node is not None else {}
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping of keys", path=src, line=1)
-    _check_numbers(data, (), src, lines)
+    _check_values(data, (), src, lines)
 
     validator = jsonschema.Draft202012Validator(CONFIG_SCHEMA)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))

@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -114,10 +115,29 @@ def _groups(cards: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Ma
     return dict(sorted(groups.items()))
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _printable(value: Any) -> Any:
+    """``value`` with control characters in every string (keys too) shown as escapes
+    (``\\x1b``, ``\\n``): a vendor tool's text must not drive the operator's terminal."""
+    if isinstance(value, str):
+        return _CONTROL.sub(lambda m: _ESCAPES.get(m[0], f"\\x{ord(m[0]):02x}"), value)
+    if isinstance(value, Mapping):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
+
+
 def render(
     doc: Mapping[str, Any], *, color: bool = False, now: float | None = None, source: str = ""
 ) -> str:
-    """The human view of a state document."""
+    """The human view of a state document. Control characters in its strings (a model
+    name or tool error with ANSI escapes) are printed escaped, never sent raw."""
+    doc = _printable(doc)
+    source = _printable(source)
     paint = _Painter(color)
     health = str(doc.get("health") or "unknown")
     age, stale = verdict_age(doc, now)

@@ -51,6 +51,7 @@ BAD_CONFIGS = [
         "defaults.retired_pages_pending",
         "is not one of",
     ),
+    ('jsonl:\n  path: "/var/log/a\\0b"\n', 2, "jsonl.path", "contains a NUL byte"),
     (
         "profiles:\n  - name: a100\n    vendor: nvidai\n",
         3,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import signal
 import subprocess
 import time
@@ -213,3 +214,20 @@ def test_status_of_a_running_daemon_reads_the_configs_state_path(tmp_path):
     assert "node a3-01: \x1b[32mOK\x1b[0m" in out
     assert "\x1b[1mascend 910_93\x1b[0m  (16 chips: \x1b[32m16 ok\x1b[0m)" in out
     assert "error" not in out.replace("errors", "")  # chip 1 has no power: no news
+
+
+def test_control_characters_from_a_vendor_string_are_printed_escaped(tmp_path):
+    """A model name and a collector error carrying ANSI escapes and a newline (a garbled
+    tool output kept in the state file): shown as escapes, never sent to the terminal."""
+    path = make_state(tmp_path, "healthy-mixed")
+    doc = json.loads(path.read_text())
+    doc["cards"][0]["model"] = "A100\x1b[2J\x1b]0;owned\x07"
+    doc["collectors"]["ascend"]["error"] = "npu-smi said:\nline two\x9b31m"
+    path.write_text(json.dumps(doc))
+    proc = run_piped(["status", "--state-path", str(path), "--color", "always"], clean_env())
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "A100\\x1b[2J\\x1b]0;owned\\x07" in out
+    assert "npu-smi said:\\nline two\\x9b31m" in out
+    # the only escapes left are the view's own colours (ESC [ digits m)
+    assert all(c == "\n" or c.isprintable() for c in re.sub(r"\x1b\[[0-9;]*m", "", out))
