@@ -52,6 +52,7 @@ is lost`` (see the vendor sample). ``nvmlDeviceGetCount`` still counts it.
 from __future__ import annotations
 
 import copy
+import io
 import re
 import time
 import xml.etree.ElementTree as ET
@@ -73,6 +74,8 @@ __all__ = [
 
 #: How much of an unreadable dump is kept for the collector's ``raw``.
 RAW_LIMIT = 64 * 1024
+#: A real dump nests 5 elements deep; far deeper is refused while parsing.
+MAX_XML_DEPTH = 64
 
 _MIB = 1024 * 1024
 _NA_UINT = 0xFFFFFFFF  # what NVML puts in gpuInstanceId/computeInstanceId without MIG
@@ -863,12 +866,22 @@ def parse_replay_nvml(
 ) -> ReplayNvml:
     """Build a :class:`ReplayNvml` from the text of a dump. See :func:`load_replay_nvml`."""
     raw = data if isinstance(data, bytes) else data.encode("utf-8")
+    depth, root = 0, None
     try:
-        root = ET.fromstring(raw)
+        for event, element in ET.iterparse(io.BytesIO(raw), events=("start", "end")):
+            depth += 1 if event == "start" else -1
+            if depth > MAX_XML_DEPTH:  # the tree is deep-copied: C recursion, no guard
+                raise ReplayFormatError(
+                    f"{source}: nested deeper than {MAX_XML_DEPTH} elements: not an "
+                    "nvidia-smi -q -x XML dump",
+                    _decode(raw[:RAW_LIMIT]),
+                )
+            root = element
     except ET.ParseError as exc:
         raise ReplayFormatError(
             f"{source}: not an nvidia-smi -q -x XML dump ({exc})", _decode(raw[:RAW_LIMIT])
         ) from None
+    assert root is not None  # a document without an element is a ParseError
     if root.tag != "nvidia_smi_log":
         raise ReplayFormatError(
             f"{source}: root element is <{root.tag}>, expected <nvidia_smi_log>",

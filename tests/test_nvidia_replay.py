@@ -569,6 +569,20 @@ def test_xml_without_gpu_is_an_error_not_a_healthy_gpu():
         parse_replay_nvml(b"<html><gpu/></html>")
 
 
+def test_a_150000_deep_xml_is_refused_while_parsing_not_a_crash(tmp_path):
+    """Deep-copying such a tree recursed in C and killed the process (SIGSEGV)."""
+    deep = (
+        b"<nvidia_smi_log><gpu>" + b"<a>" * 150_000 + b"</a>" * 150_000 + b"</gpu></nvidia_smi_log>"
+    )
+    (tmp_path / "nvidia-smi-q.xml").write_bytes(deep)
+    with pytest.raises(CollectorError) as info:
+        NvidiaCollector({}, replay_dir=tmp_path).collect()
+    assert str(info.value).endswith(
+        "nested deeper than 64 elements: not an nvidia-smi -q -x XML dump"
+    )
+    assert info.value.raw.startswith("<nvidia_smi_log><gpu><a><a>")
+
+
 def test_replay_dir_without_xml_is_absent(tmp_path):
     result = NvidiaCollector({}, replay_dir=tmp_path).collect()
     assert result.state == STATE_ABSENT and result.records == []
