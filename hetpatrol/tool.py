@@ -2,7 +2,10 @@
 
 A vendor tool may hang forever on a dying card. :func:`run_tool` starts it in its own
 process group and kills the whole group (SIGKILL) at the timeout, so neither the tool
-nor anything it spawned survives, and reaps it so no zombie is left behind.
+nor anything it spawned survives, and reaps it so no zombie is left behind. A descendant
+that left the group (``setsid``) is killed too while its parent chain to the tool still
+stands; one orphaned before the timeout is out of reach (the unit's cgroup ends it at
+stop).
 
 Its output is read in chunks up to a cap (:data:`STDOUT_CAP`, :data:`STDERR_CAP`): a tool
 that prints more (a runaway loop printing gigabytes) is killed the same way, and the
@@ -20,6 +23,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 
 @dataclass(frozen=True)
@@ -71,11 +76,23 @@ def _read_capped(pipe, cap: int, buf: bytearray, over: threading.Event, done: qu
         done.put(None)
 
 
-def _killpg(proc: subprocess.Popen) -> None:
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the tool's process group, and every descendant found through the process
+    table first: one that moved itself into a session of its own (``setsid``) has left
+    the group but is still the tool's child."""
+    try:
+        escaped = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        escaped = []
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for child in escaped:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
 
 
 def run_tool(
@@ -125,7 +142,7 @@ def run_tool(
         except subprocess.TimeoutExpired:
             hung = True
     if hung or over.is_set():
-        _killpg(proc)
+        _kill_tree(proc)
         # Children in the group may hold the pipes open; after SIGKILL they close.
         for t in readers:
             t.join(timeout=5)

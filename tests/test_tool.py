@@ -51,6 +51,21 @@ def test_hung_tool_and_its_children_are_killed(tmp_path):
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
 
 
+def test_a_hung_tools_child_in_a_session_of_its_own_is_killed_too(tmp_path):
+    """``setsid`` takes the child out of the tool's process group: killpg alone would
+    leave it running (and holding the output pipe)."""
+    pidfile = tmp_path / "child.pid"
+    exe = script(tmp_path, "hang", f"setsid sleep 300 &\necho $! > {pidfile}\nsleep 300\n")
+    res = run_tool([exe], 3)  # time for the script to write the pid on a loaded machine
+    assert res.hung
+    child = psutil.Process(int(pidfile.read_text()))
+    assert child.name() in ("sleep", "setsid") or child.status() == "zombie"
+    try:
+        child.wait(timeout=5)
+    except psutil.TimeoutExpired:
+        pytest.fail(f"the setsid child {child.pid} survived")
+
+
 def test_no_children_or_zombies_after_many_hung_runs(tmp_path):
     exe = script(tmp_path, "hang", "sleep 300 & sleep 300\n")
     me = psutil.Process(os.getpid())
