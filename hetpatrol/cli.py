@@ -49,7 +49,8 @@ def setup_logging(fmt: str = "console", level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             getattr(logging, level.upper(), logging.INFO)
         ),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # one write() per line (print() makes two: a kill between them tears the line)
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
 

@@ -315,3 +315,33 @@ def test_external_logrotate_is_followed_with_and_without_sighup(tmp_path):
     seqs = check_patrols(lines)
     assert seqs == list(range(1, len(seqs) + 1))  # every patrol, in order, none lost
     assert len(seqs) > 40
+
+
+def test_each_daemon_log_line_leaves_in_one_write(monkeypatch):
+    """A daemon killed between two writes of one log line left it without its newline,
+    glued to the next daemon's line in the journal (print() writes the text and the
+    newline separately)."""
+    import io
+
+    import structlog
+
+    from hetpatrol.cli import setup_logging
+
+    class Counting(io.StringIO):
+        writes: list[str] = []
+
+        def write(self, s):
+            self.writes.append(s)
+            return super().write(s)
+
+    stream = Counting()
+    monkeypatch.setattr(sys, "stderr", stream)
+    before = structlog.get_config()
+    try:
+        setup_logging("json", "info")
+        structlog.get_logger().info("first_patrol", health="ok", cards=16)
+        structlog.get_logger().warning("collector_state", collector="ascend", state="hung")
+    finally:
+        structlog.configure(**before)
+    assert [json.loads(w)["event"] for w in stream.writes] == ["first_patrol", "collector_state"]
+    assert all(w.endswith("}\n") and w.count("\n") == 1 for w in stream.writes)
