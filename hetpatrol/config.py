@@ -28,7 +28,12 @@ import yaml
 from hetpatrol import deep_health
 from hetpatrol.schema import HEALTH_CRITICAL, HEALTH_WARNING, SEVERITY_INFO
 from hetpatrol.slurm.settings import SLURM_SCHEMA, SlurmSettings, build_slurm_settings
-from hetpatrol.yaml_document import DocumentError, parse_document, read_document
+from hetpatrol.yaml_document import (
+    DocumentError,
+    format_key_path,
+    parse_document,
+    read_document,
+)
 
 EX_CONFIG = 78
 
@@ -258,16 +263,24 @@ def expand_path(text: str) -> Path:
 _KEY_TAGS = ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")
 
 
+#: Control characters no setting holds (a tab may sit in a path or a command).
+_CONTROL_RE = re.compile(r"[\x01-\x08\x0a-\x1f\x7f]")
+
+
 def _check_values(value: Any, path: tuple, src: str, lines: dict) -> None:
-    """Refuse NaN and infinities (``.nan``, ``.inf``) and strings with a NUL byte
-    anywhere: no setting means them (a path with a NUL cannot be opened)."""
+    """Refuse NaN and infinities (``.nan``, ``.inf``) and strings with a NUL byte or
+    another control character anywhere: no setting means them (a path with a NUL cannot
+    be opened; ``"x.prom\\n"`` is not a ``.prom`` file; a newline would split a drain
+    reason)."""
     problem = None
     if isinstance(value, float) and not math.isfinite(value):
         problem = f"{value} is not a finite number"
     elif isinstance(value, str) and "\0" in value:
         problem = "contains a NUL byte"
+    elif isinstance(value, str) and (m := _CONTROL_RE.search(value)):
+        problem = f"contains a control character (U+{ord(m[0]):04X})"
     if problem:
-        raise ConfigError(problem, path=src, line=_line_for(lines, path), key=_fmt_path(path))
+        raise ConfigError(problem, path=src, line=_line_for(lines, path), key=format_key_path(path))
     if isinstance(value, dict):
         for k, v in value.items():
             _check_values(v, (*path, k), src, lines)
@@ -279,12 +292,12 @@ def _check_values(value: Any, path: tuple, src: str, lines: dict) -> None:
 def _line_map(
     node: yaml.Node, path: tuple = (), out: dict | None = None, src: str = ""
 ) -> dict[tuple, int]:
-    """Map every key path of a composed YAML tree to its 1-based line; refuse duplicates."""
+    """Map every key path of a composed YAML tree to its 1-based line; refuse keys that
+    are not strings. (Duplicate keys were refused by the document reader.)"""
     if out is None:
         out = {}
     out.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
-        seen: set = set()
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag not in _KEY_TAGS:
                 shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else "<complex>"
@@ -292,17 +305,9 @@ def _line_map(
                     f"key {shown!r} is not a string (quote it)",
                     path=src,
                     line=key_node.start_mark.line + 1,
-                    key=_fmt_path((*path, str(shown))),
+                    key=format_key_path((*path, str(shown))),
                 )
             key = key_node.value
-            if key in seen:
-                raise ConfigError(
-                    "duplicate key",
-                    path=src,
-                    line=key_node.start_mark.line + 1,
-                    key=_fmt_path((*path, key)),
-                )
-            seen.add(key)
             out[(*path, key)] = key_node.start_mark.line + 1
             _line_map(value_node, (*path, key), out, src)
     elif isinstance(node, yaml.SequenceNode):
@@ -310,13 +315,6 @@ def _line_map(
             out[(*path, i)] = item.start_mark.line + 1
             _line_map(item, (*path, i), out, src)
     return out
-
-
-def _fmt_path(path: tuple | list) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "<top>"
 
 
 def _line_for(lines: dict[tuple, int], path: tuple) -> int | None:
@@ -346,7 +344,8 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
                 raise ConfigError(f"cannot read: {exc}", path=src) from exc
         data, node = parse_document(text)
     except DocumentError as exc:
-        raise ConfigError(exc.message, path=src, line=exc.line) from None
+        key = format_key_path(exc.key_path) if exc.key_path else None
+        raise ConfigError(exc.message, path=src, line=exc.line, key=key) from None
     if data is None:
         data = {}
     lines = _line_map(node, src=src) if node is not None else {}
@@ -365,7 +364,9 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
             if extra:
                 epath = (*epath, extra[0])
                 message = "unknown key"
-        raise ConfigError(message, path=src, line=_line_for(lines, epath), key=_fmt_path(epath))
+        raise ConfigError(
+            message, path=src, line=_line_for(lines, epath), key=format_key_path(epath)
+        )
     return _build(data, src, lines)
 
 
@@ -377,7 +378,7 @@ def _check_threshold(value: dict, path: tuple, src: str, lines: dict) -> Thresho
             f"warning {t.warning} is above critical {t.critical}",
             path=src,
             line=_line_for(lines, key_path),
-            key=_fmt_path(key_path),
+            key=format_key_path(key_path),
         )
     for level in ("warning", "critical"):
         v = getattr(t, level)
@@ -389,7 +390,7 @@ def _check_threshold(value: dict, path: tuple, src: str, lines: dict) -> Thresho
         if problem:
             key_path = (*path, level)
             raise ConfigError(
-                problem, path=src, line=_line_for(lines, key_path), key=_fmt_path(key_path)
+                problem, path=src, line=_line_for(lines, key_path), key=format_key_path(key_path)
             )
     return t
 
@@ -417,7 +418,7 @@ def _check_deep_levels(
                 "(merged with the levels it inherits)",
                 path=src,
                 line=_line_for(lines, key_path),
-                key=_fmt_path(key_path),
+                key=format_key_path(key_path),
             )
 
 
@@ -451,14 +452,14 @@ def _build(data: dict, src: str, lines: dict) -> Config:
                 f"unknown vendor {p['vendor']!r}: a collector's name, one of " + ", ".join(vendors),
                 path=src,
                 line=_line_for(lines, ("profiles", i, "vendor")),
-                key=_fmt_path(("profiles", i, "vendor")),
+                key=format_key_path(("profiles", i, "vendor")),
             )
         if p["name"] in names:
             raise ConfigError(
                 f"profile name {p['name']!r} used twice",
                 path=src,
                 line=_line_for(lines, ("profiles", i, "name")),
-                key=_fmt_path(("profiles", i, "name")),
+                key=format_key_path(("profiles", i, "name")),
             )
         names.add(p["name"])
         pattern = None
@@ -471,12 +472,14 @@ def _build(data: dict, src: str, lines: dict) -> Config:
                     f"invalid regular expression: {exc}",
                     path=src,
                     line=_line_for(lines, key_path),
-                    key=_fmt_path(key_path),
+                    key=format_key_path(key_path),
                 ) from exc
         thresholds = dict(default_thresholds)
         for k in THRESHOLD_KEYS:
-            if k in p:
-                thresholds[k] = _check_threshold(p[k], ("profiles", i, k), src, lines)
+            if k in p:  # a level the profile leaves unset comes from `defaults`
+                base = default_thresholds.get(k, Threshold())
+                levels = {"warning": base.warning, "critical": base.critical} | (p[k] or {})
+                thresholds[k] = _check_threshold(levels, ("profiles", i, k), src, lines)
         states = {k: HEALTH_CRITICAL for k in STATE_CHECK_KEYS} | default_states
         states |= {k: p[k] for k in STATE_CHECK_KEYS if k in p}
         profiles.append(

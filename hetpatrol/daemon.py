@@ -113,13 +113,16 @@ class Daemon:
             self.sink.reopen()
         try:
             new = self._apply_overrides(load_config(self.config_path))
-        except ConfigError as exc:
+            replacement = None
+            if new.collectors != self.config.collectors or new.node != self.config.node:
+                replacement = Patroller(new, replay_dir=self.replay_dir)
+        except Exception as exc:  # noqa: BLE001 - whatever the cause, the daemon goes on
+            error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             self.stats.config_reload_failures += 1
             self.exposition.update(self.last_report)  # the counter is visible at once
-            log.error("config_reload_failed", error=str(exc), action="keeping running config")
+            log.error("config_reload_failed", error=error, action="keeping running config")
             return False
-        if new.collectors != self.config.collectors or new.node != self.config.node:
-            replacement = Patroller(new, replay_dir=self.replay_dir)
+        if replacement is not None:
             replacement.adopt(self.patroller)
             self.patroller.close()
             self.patroller = replacement
@@ -159,7 +162,7 @@ class Daemon:
     def _write_textfile(self, path: Path, body: bytes) -> None:
         """node_exporter textfile: the same bytes as /metrics, via ``.*.tmp`` + rename."""
         try:
-            write_atomic(path, body)
+            write_atomic(path, body, make_parents=True)
         except OSError as exc:  # logged once per episode, like the JSONL sink
             self._textfile_failures.failed(path, exc)
             self.stats.textfile_write_errors = self._textfile_failures.errors

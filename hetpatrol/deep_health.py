@@ -142,8 +142,19 @@ TOP_SCHEMA: dict[str, Any] = {
     },
 }
 
+#: A version as a card reports it: printable, no control character, not empty.
+_VERSION_TEXT = {"type": "string", "pattern": "^[^\\x00-\\x1f\\x7f]+$"}
+#: A baseline file's version: one, any of a non-empty list, or null (not checked).
+_FILE_VERSIONS = {
+    "oneOf": [
+        {"type": "null"},
+        _VERSION_TEXT,
+        {"type": "array", "minItems": 1, "items": _VERSION_TEXT},
+    ]
+}
 BASELINE_FILE_SCHEMA: dict[str, Any] = {
     "type": "object",
+    "additionalProperties": False,
     "required": ["baseline"],
     "properties": {
         "node": {"type": ["string", "null"]},
@@ -152,12 +163,14 @@ BASELINE_FILE_SCHEMA: dict[str, Any] = {
             "type": "array",
             "items": {
                 "type": "object",
+                "additionalProperties": False,
                 "required": ["vendor", "card_type"],
                 "properties": {
-                    "vendor": {"type": "string"},
-                    "card_type": {"type": "string"},
-                    "driver_version": _VERSIONS,
-                    "firmware_version": _VERSIONS,
+                    # as the collectors write them: lower case (nvidia, ascend, 910b)
+                    "vendor": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]*$"},
+                    "card_type": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]*$"},
+                    "driver_version": _FILE_VERSIONS,
+                    "firmware_version": _FILE_VERSIONS,
                     "cards": {"type": "integer", "minimum": 0},
                 },
             },

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
+from hetpatrol.yaml_document import DocumentError, parse_document, read_document
 
 SCENARIO_FILE = "scenario.yaml"
 
@@ -27,15 +27,16 @@ SCENARIO_FILE = "scenario.yaml"
 def load_scenario(directory: Path) -> dict[str, Any]:
     """The parsed ``scenario.yaml`` of a replay directory, ``{}`` when there is none.
 
-    Raises ``ValueError`` naming the file when it is not a YAML mapping.
+    Raises ``ValueError`` naming the file when it cannot be read or is not a YAML
+    mapping (the guards of :mod:`hetpatrol.yaml_document` apply).
     """
     path = Path(directory) / SCENARIO_FILE
     if not path.is_file():
         return {}
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: invalid YAML: {exc}") from exc
+        data, _ = parse_document(read_document(path))
+    except (OSError, DocumentError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

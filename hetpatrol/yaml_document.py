@@ -10,7 +10,10 @@ the tree:
   refused from the parser's events, which is iterative, before PyYAML's recursive
   composer could hit Python's recursion limit;
 - aliases that expand to more than :data:`MAX_VALUES` values (an "alias bomb", minutes
-  and gigabytes to walk) are refused.
+  and gigabytes to walk) or deeper than :data:`MAX_DEPTH` (a chain of aliases) are
+  refused;
+- a value YAML cannot build (``2024-13-45`` as a date) is an error with its line;
+- a key repeated in one mapping is refused (PyYAML would keep the last, silently).
 
 Every refusal is a :class:`DocumentError` with the 1-based line where it can tell.
 """
@@ -18,6 +21,7 @@ Every refusal is a :class:`DocumentError` with the 1-based line where it can tel
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 import yaml
@@ -27,6 +31,7 @@ __all__ = [
     "MAX_DOCUMENT_BYTES",
     "MAX_VALUES",
     "DocumentError",
+    "format_key_path",
     "parse_document",
     "read_document",
 ]
@@ -40,21 +45,76 @@ MAX_VALUES = 100_000
 
 
 class DocumentError(ValueError):
-    """A document that cannot be parsed: ``message`` and the 1-based ``line`` (or None)."""
+    """A document that cannot be parsed: ``message``, the 1-based ``line`` (or None) and
+    the ``key_path`` (keys and list indexes from the top) where it can tell."""
 
-    def __init__(self, message: str, line: int | None = None):
-        super().__init__(message if line is None else f"line {line}: {message}")
-        self.message, self.line = message, line
+    def __init__(self, message: str, line: int | None = None, key_path: tuple = ()):
+        where = "" if line is None else f"line {line}: "
+        where += f"{format_key_path(key_path)}: " if key_path else ""
+        super().__init__(where + message)
+        self.message, self.line, self.key_path = message, line, key_path
+
+
+def format_key_path(path: tuple | list) -> str:
+    """``("profiles", 0, "name")`` as ``profiles[0].name``; ``<top>`` for ``()``."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "<top>"
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_duplicate_keys(root: yaml.Node) -> None:
+    """Refuse a mapping that repeats a key (PyYAML keeps the last one, silently)."""
+    seen_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, tuple]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                    if key_node.value in keys:
+                        raise DocumentError(
+                            "duplicate key",
+                            key_node.start_mark.line + 1,
+                            (*path, key_node.value),
+                        )
+                    keys.add(key_node.value)
+                    stack.append((value_node, (*path, key_node.value)))
+                else:
+                    stack.append((value_node, path))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, (*path, i)) for i, item in enumerate(node.value))
 
 
 def read_document(path: str | os.PathLike[str]) -> str:
-    """The text of the file at ``path``, read up to :data:`MAX_DOCUMENT_BYTES`.
+    """The text of the regular file at ``path``, read up to :data:`MAX_DOCUMENT_BYTES`.
 
-    Raises ``OSError`` when it cannot be read, :class:`DocumentError` when it is larger
-    or not UTF-8.
+    Opened without blocking: a FIFO or a device is refused, never waited on. Raises
+    ``OSError`` when it cannot be read, :class:`DocumentError` when it is not a regular
+    file, is larger, or is not UTF-8.
     """
-    with open(path, "rb") as f:
-        raw = f.read(MAX_DOCUMENT_BYTES + 1)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise DocumentError(
+                "a directory, not a file" if stat.S_ISDIR(mode) else "not a regular file"
+            )
+        raw = b""
+        while len(raw) <= MAX_DOCUMENT_BYTES:
+            chunk = os.read(fd, MAX_DOCUMENT_BYTES + 1 - len(raw))
+            if not chunk:
+                break
+            raw += chunk
+    finally:
+        os.close(fd)
     if len(raw) > MAX_DOCUMENT_BYTES:
         raise DocumentError(f"larger than {MAX_DOCUMENT_BYTES} bytes: not a YAML document")
     try:
@@ -96,20 +156,53 @@ def _check_structure(text: str) -> None:
             )
 
 
-def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
-    """Number of values ``node`` stands for once every alias is expanded (memoised)."""
-    key = id(node)
-    if key in memo:
-        return memo[key]
-    memo[key] = 1  # a self-referencing alias counts once (it is refused before this)
+def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.MappingNode):
-        total = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
-    elif isinstance(node, yaml.SequenceNode):
-        total = 1 + sum(_expanded_size(v, memo) for v in node.value)
-    else:
-        total = 1
-    memo[key] = total
-    return total
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _expanded_shape(root: yaml.Node) -> tuple[int, int]:
+    """(values, depth) of ``root`` once every alias is expanded: an alias is the node it
+    names, so a chain of aliases nests far deeper than the text. Iterative, memoised per
+    node (the composed graph has no cycles: :func:`_check_structure` refused those)."""
+    shape: dict[int, tuple[int, int]] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in shape:
+            continue
+        kids = _children(node)
+        if children_done or not kids:
+            sizes = [shape[id(k)] for k in kids]
+            shape[id(node)] = (
+                1 + sum(s for s, _ in sizes),
+                1 + max((d for _, d in sizes), default=0),
+            )
+            continue
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in shape)
+    return shape[id(root)]
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader whose value errors (``2024-13-45`` as a date, a 5,000-digit integer,
+    ``!!float abc``) carry the line of the value, as its YAML errors do."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, OverflowError) as exc:
+            shown = str(node.value) if isinstance(node, yaml.ScalarNode) else "this node"
+            shown = repr(shown if len(shown) <= 40 else shown[:40] + "...")
+            kind = node.tag.rsplit(":", 1)[-1]  # tag:yaml.org,2002:timestamp -> timestamp
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {shown} as {kind}: {exc}", node.start_mark
+            ) from None
 
 
 def parse_document(text: str) -> tuple[Any, yaml.Node | None]:
@@ -118,13 +211,21 @@ def parse_document(text: str) -> tuple[Any, yaml.Node | None]:
     try:
         _check_structure(text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        if node is not None and _expanded_size(node, {}) > MAX_VALUES:
-            raise DocumentError(
-                f"the document expands to more than {MAX_VALUES} values "
-                "(YAML anchors and aliases nested too far)",
-                1,
-            )
-        data = yaml.safe_load(text)
+        if node is not None:
+            values, depth = _expanded_shape(node)
+            if values > MAX_VALUES:
+                raise DocumentError(
+                    f"the document expands to more than {MAX_VALUES} values "
+                    "(YAML anchors and aliases nested too far)",
+                    1,
+                )
+            if depth > MAX_DEPTH + 1:  # + the scalars at the bottom
+                raise DocumentError(
+                    f"nested deeper than {MAX_DEPTH} levels once its YAML aliases are expanded",
+                    1,
+                )
+            _check_duplicate_keys(node)
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).split("\n")[0]
         raise DocumentError(f"invalid YAML: {problem}", _error_line(exc, text)) from None

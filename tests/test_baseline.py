@@ -171,6 +171,39 @@ def test_bad_baseline_files(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "entry, message",
+    [
+        (
+            "    driver_versoin: 550.90.07\n",
+            "{bad}: baseline/0: Additional properties are not allowed "
+            "('driver_versoin' was unexpected)",
+        ),
+        (
+            "    driver_version: 550.90.07\n    driver_version: 535.1\n",
+            "baseline file {bad}: line 5: baseline[0].driver_version: duplicate key",
+        ),
+        ("    driver_version: []\n", "{bad}: baseline/0/driver_version: [] should be non-empty"),
+        (
+            '    driver_version: "550.90\\0"\n',
+            "{bad}: baseline/0/driver_version: '550.90\\x00' does not match",
+        ),
+    ],
+    ids=["typo", "duplicate", "empty-list", "nul"],
+)
+def test_a_baseline_entry_that_would_check_nothing_is_refused(tmp_path, entry, message):
+    """Each of these once switched the drift check off with exit 0: a misspelt key, a
+    key given twice (the last one won), an empty list, a NUL byte in a version."""
+    bad = tmp_path / "b.yaml"
+    bad.write_text("baseline:\n  - vendor: nvidia\n    card_type: h100\n" + entry)
+    with pytest.raises(ValueError) as exc:
+        load_baseline_file(bad)
+    assert str(exc.value).startswith(message.format(bad=bad)), str(exc.value)
+    bad.write_text("baseline:\n  - vendor: Nvidia\n    card_type: h100\n")
+    with pytest.raises(ValueError, match="baseline/0/vendor: 'Nvidia' does not match"):
+        load_baseline_file(bad)
+
+
+@pytest.mark.parametrize(
     "body, message",
     [
         ("baseline:\n  - " + "[" * 100_000 + "]" * 100_000 + "\n", "line 2: nested deeper"),

@@ -53,6 +53,12 @@ BAD_CONFIGS = [
     ),
     ('jsonl:\n  path: "/var/log/a\\0b"\n', 2, "jsonl.path", "contains a NUL byte"),
     (
+        'node: a\ntextfile_path: "/var/lib/node_exporter/hetpatrol.prom\\n"\n',
+        2,
+        "textfile_path",
+        "contains a control character (U+000A)",
+    ),
+    (
         "profiles:\n  - name: a100\n    vendor: nvidai\n",
         3,
         "profiles[0].vendor",
@@ -214,3 +220,82 @@ def test_usage_errors_exit_64_not_a_nagios_verdict():
     )
     assert res.returncode == 64
     assert "unrecognized arguments: --bogus" in res.stderr
+
+
+def test_a_profile_level_left_unset_comes_from_defaults():
+    """`{warning: 95}` in a profile keeps the critical level of `defaults` (a card at
+    120 °C is critical, not merely a warning); an explicit null switches it off."""
+    cfg = load_config(
+        "ok.yaml",
+        text="defaults:\n  temperature_celsius: {warning: 85, critical: 98}\n"
+        "profiles:\n  - name: hot\n    vendor: nvidia\n    card_types: [a]\n"
+        "    temperature_celsius: {warning: 95}\n"
+        "  - name: cool\n    vendor: nvidia\n    card_types: [b]\n"
+        "    temperature_celsius: {critical: null}\n",
+    )
+    assert cfg.profile_for("nvidia", "a", None).thresholds["temperature_celsius"] == Threshold(
+        warning=95, critical=98
+    )
+    assert cfg.profile_for("nvidia", "b", None).thresholds["temperature_celsius"] == Threshold(
+        warning=85, critical=None
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            "bad.yaml",
+            text="defaults:\n  temperature_celsius: {warning: 85, critical: 92}\n"
+            "profiles:\n  - name: hot\n    vendor: nvidia\n"
+            "    temperature_celsius: {warning: 95}\n",
+        )
+    assert str(info.value) == (
+        "bad.yaml:6: profiles[0].temperature_celsius.warning: warning 95 is above critical 92"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "node: 2024-13-45\n",
+            "bad.yaml:1: invalid YAML: cannot read '2024-13-45' as "
+            "timestamp: month must be in 1..12",
+        ),
+        (
+            "node: a\ninterval_seconds: !!float abc\n",
+            "bad.yaml:2: invalid YAML: cannot read "
+            "'abc' as float: could not convert string to float: 'abc'",
+        ),
+        (
+            "recovery_patrols: " + "9" * 5000 + "\n",
+            "bad.yaml:1: invalid YAML: cannot read "
+            "'" + "9" * 40 + "...' as int: Exceeds the limit (4300 digits)",
+        ),
+        (
+            "collectors:\n  foo:\n"
+            + "".join(
+                f"    k{k}: &a{k} " + "[" * 28 + (f"*a{k - 1}" if k else "1") + "]" * 28 + "\n"
+                for k in range(40)
+            ),
+            "bad.yaml:1: nested deeper than 32 levels once its YAML aliases are expanded",
+        ),
+    ],
+    ids=["bad-date", "bad-float", "5000-digits", "alias-chain"],
+)
+def test_values_yaml_cannot_build_are_config_errors_with_a_line(text, message):
+    """These escaped as a bare ValueError or a RecursionError (and a SIGHUP reload with
+    them stopped the daemon)."""
+    with pytest.raises(ConfigError) as info:
+        load_config("bad.yaml", text=text)
+    assert str(info.value).startswith(message)
+
+
+def test_a_fifo_or_a_directory_as_config_is_refused_at_once(tmp_path):
+    import os
+
+    fifo = tmp_path / "hetpatrol.yaml"
+    os.mkfifo(fifo)  # no writer: an open() that waits would never return
+    with pytest.raises(ConfigError) as info:
+        load_config(fifo)
+    assert str(info.value) == f"{fifo}: not a regular file"
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path)
+    assert str(info.value) == f"{tmp_path}: a directory, not a file"

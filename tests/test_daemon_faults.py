@@ -223,3 +223,32 @@ def test_reload_that_rebuilds_collectors_keeps_seq_and_reports_no_event_twice(tm
     assert seqs == list(range(1, len(seqs) + 1))  # the sequence goes on across the reload
     xid79 = [d for d in lines if d["kind"] == "event" and d.get("xid") == 79]
     assert len(xid79) == 1  # the kernel log was not read a second time
+
+
+def test_a_reload_that_fails_in_any_way_keeps_the_running_config(tmp_path, monkeypatch):
+    """A config YAML cannot build (a bad date) is a config error; an unexpected failure
+    inside the loader (here a RecursionError) is refused the same way: the daemon keeps
+    its config and patrols on, where it once stopped with a traceback."""
+    import hetpatrol.daemon as daemon_module
+    from hetpatrol.config import load_config
+    from hetpatrol.daemon import Daemon
+
+    path = tmp_path / "hetpatrol.yaml"
+    path.write_text("node: reload-node\nlisten: null\njsonl: {path: null}\nstate_path: null\n")
+    daemon = Daemon(load_config(path), config_path=path, replay_dir=NODES / "healthy-mixed")
+    try:
+        daemon.patrol_once()
+        path.write_text("node: 2024-13-45\n")
+        assert daemon.reload() is False
+        assert daemon.stats.config_reload_failures == 1
+
+        def broken(_path):
+            raise RecursionError("maximum recursion depth exceeded")
+
+        monkeypatch.setattr(daemon_module, "load_config", broken)
+        assert daemon.reload() is False
+        assert daemon.stats.config_reload_failures == 2
+        assert daemon.config.node == "reload-node"
+        assert daemon.patrol_once().node == "reload-node"
+    finally:
+        daemon.shutdown()

@@ -764,3 +764,22 @@ def test_gpu_with_no_readable_value_is_not_ok(tmp_path):
     cards = [c for c in report.cards if c.vendor == "nvidia"]
     assert len(cards) == 2
     assert all(c.read_ok is False and c.health != "ok" for c in cards)
+
+
+def test_a_hostile_scenario_file_is_a_value_error_naming_it(tmp_path):
+    """scenario.yaml gets the config's YAML guards: 5,000-deep nesting was a
+    RecursionError traceback, a bad date a message without the file."""
+    from hetpatrol.replay import load_scenario
+
+    path = tmp_path / "scenario.yaml"
+    path.write_text("node: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ValueError) as info:
+        load_scenario(tmp_path)
+    assert str(info.value) == f"{path}: line 1: nested deeper than 32 levels"
+    path.write_text("node: x\nrecorded: 2024-13-45\n")
+    with pytest.raises(ValueError) as info:
+        load_scenario(tmp_path)
+    assert str(info.value) == (
+        f"{path}: line 2: invalid YAML: cannot read '2024-13-45' as timestamp: "
+        "month must be in 1..12"
+    )
