@@ -40,6 +40,12 @@ Cut output (a tool killed mid-write, a pipe closed early) is handled this way:
   error, so it is judged ``unknown``, never healthy;
 - a chip row (line 2) without its NPU row (line 1) cannot be attributed and is dropped
   with a ``problems`` entry;
+- a chip listed twice (a second block with the same NPU ID and Chip ID) is garbage: the
+  first block is kept with ``complete=False`` and ``damage`` naming the duplicate, the
+  repeat is dropped with a ``problems`` entry, so chips stay unique by (NPU, Chip);
+- an empty (or NUL-filled) ``Health`` cell gives ``health=""`` and a ``problems`` entry:
+  the record gets an ``npu-smi info Health`` error and the thresholds judge it
+  ``unknown``, never ``ok``;
 - ``truncated`` is set when the top ``npu-smi ... Version:`` line is missing (head cut),
   when a row or border is cut, or when the output does not end on a closing border;
 - a missing process table means the processes are *unknown*, not "none"
@@ -140,6 +146,8 @@ class NpuChip:
     damaged: a value cell holding something that is neither a number nor ``NA``/``-``,
     more values than columns, a Chip ID that is not a number, a Bus-Id that is not one
     (``damage`` then says what). Such a chip is never reported healthy.
+    ``health`` is the ``Health`` cell as printed: ``""`` when that cell was closed but
+    empty (health not read), ``None`` when the row ended before it.
     """
 
     npu_id: int
@@ -357,6 +365,7 @@ class _Parser:
         self.section = "devices"
         self.pending: NpuChip | None = None
         self.pending_line_no = 0
+        self.chips_seen: dict[tuple[int, int | None], NpuChip] = {}
         self.last_structural = ""  # "border", "cut-border", "row", "cut-row", "other"
         # process-table state
         self.group_npus: set[int] = set()
@@ -378,8 +387,25 @@ class _Parser:
             return
         self.pending = None
         chip.complete = False
-        self.info.chips.append(chip)
         self.problem(f"line {self.pending_line_no}: NPU {chip.npu_id}: {why}")
+        self.add_chip(chip, self.pending_line_no)
+
+    def add_chip(self, chip: NpuChip, no: int) -> None:
+        """Append ``chip`` unless an earlier block had the same (NPU ID, Chip ID).
+
+        npu-smi lists each chip once: a repeat is garbage. The first block is kept but
+        marked damaged (so judged ``unknown``), the repeat is dropped.
+        """
+        key = (chip.npu_id, chip.chip_id)
+        first = self.chips_seen.get(key)
+        if first is None:
+            self.chips_seen[key] = chip
+            self.info.chips.append(chip)
+            return
+        dup = f"duplicate: NPU {chip.npu_id} Chip {chip.chip_id} listed again at line {no}"
+        first.damage = f"{first.damage}; {dup}" if first.damage else dup
+        first.complete = False
+        self.problem(f"line {no}: duplicate NPU {chip.npu_id} Chip {chip.chip_id}: dropped")
 
     # -- main loop
     def run(self) -> NpuSmiInfo:
@@ -540,7 +566,7 @@ class _Parser:
             chip = self.pending
             self.pending = None
             self.parse_line2(chip, row, no)
-            self.info.chips.append(chip)
+            self.add_chip(chip, self.pending_line_no)  # named by its NPU row's line
         else:
             self.flush_pending("chip row (line 2) missing")
             chip = self.parse_line1(row, no, flat)
@@ -560,8 +586,10 @@ class _Parser:
         chip = NpuChip(npu_id=npu, name=" ".join(first[1:]) or None)
         if not row.complete or len(row.cells) < 3:
             chip.complete = False
-        if len(row.cells) >= 2:
-            chip.health = " ".join(row.cells[1].split()) or None
+        if len(row.cells) >= 2:  # a closed Health cell; "" when empty (NULs are spaces)
+            chip.health = " ".join(row.cells[1].split())
+            if not chip.health:
+                self.problem(f"line {no}: NPU {npu}: Health cell empty")
         values = self.values(row, 2, self.line1_cols or _DEFAULT_LINE1, chip, no)
         chip.power_watts = values.get("power")
         chip.temperature_celsius = values.get("temp")
@@ -924,6 +952,8 @@ def _record(info: NpuSmiInfo, chip: NpuChip, chips_per_npu: int, has_phy: bool) 
         rec.read_ok = False
         why = f"table row damaged: {chip.damage}" if chip.damage else "table row cut or missing"
         rec.add_error("npu-smi info", f"{why}: chip not fully read")
+    if chip.health == "":
+        rec.add_error(src + COLUMN_TITLES["health"], "empty: health not read")
     raw = chip.raw_values
 
     def column_error(key: str, reason: str | None = None) -> None:

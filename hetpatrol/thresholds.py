@@ -79,6 +79,8 @@ def evaluate_card(record: CardRecord, profile: Profile) -> list[Finding]:
         severity = VENDOR_HEALTH_SEVERITY.get(raw.lower(), HEALTH_UNKNOWN)
         if severity != HEALTH_OK:
             text = _VENDOR_HEALTH_TEXT.get(raw.lower(), f"vendor health is {raw}")
+            if not raw:  # an empty/unreadable cell (the collector's error says where)
+                text = "vendor health could not be read: empty value"
             findings.append(Finding("vendor_health", severity, text, value=raw))
     th = profile.thresholds
     candidates = [

@@ -898,3 +898,75 @@ def test_huge_whitespace_cell_parses_in_linear_time(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["8", "87.2", "33.0"]
+
+
+# ----------------------------------------------------------------------------- hostile input
+
+_NPU0_LINE1 = "| 0     910B4               | OK            | 87.2        33                0    / 0"
+
+
+def _healthy_mixed_with(old: str, new: str) -> str:
+    from conftest import NODES
+
+    text = (NODES / "healthy-mixed" / "npu-smi-info.txt").read_text()
+    assert old in text
+    return text.replace(old, new, 1)
+
+
+@pytest.mark.parametrize("blank", ["  ", "\x00\x00"], ids=["spaces", "nuls"])
+def test_empty_health_cell_is_unknown_never_ok(tmp_path: Path, base_config, blank: str) -> None:
+    """An empty or NUL-filled Health cell (alignment kept) is not a healthy card."""
+    from hetpatrol.thresholds import judge
+
+    line = _NPU0_LINE1.replace("| OK ", f"| {blank} ")
+    (tmp_path / "npu-smi-info.txt").write_text(_healthy_mixed_with(_NPU0_LINE1, line))
+    result = AscendCollector({"detail": False}, replay_dir=tmp_path).collect()
+    assert result.error == "npu-smi info: line 7: NPU 0: Health cell empty"
+    assert result.raw is not None
+    rec = result.records[0]
+    assert (rec.index, rec.chip, rec.vendor_health, rec.read_ok) == (0, 0, "", True)
+    assert (rec.power_watts, rec.temperature_celsius) == (87.2, 33.0)
+    assert rec.errors == [{"source": "npu-smi info Health", "error": "empty: health not read"}]
+    judge(rec, base_config)
+    assert rec.health == "unknown"
+    assert [(f.check, f.severity, f.value, f.message) for f in rec.findings] == [
+        ("vendor_health", "unknown", "", "vendor health could not be read: empty value")
+    ]
+    others = [judge(r, base_config).health for r in result.records[1:]]
+    assert others == ["ok"] * 7
+
+
+def test_duplicate_npu_block_keeps_first_marked_unknown(tmp_path: Path, base_config) -> None:
+    """A second block with the same NPU ID / Chip ID is vendor garbage: one record per
+    (index, chip), the first kept but unknown, the repeat dropped and reported."""
+    from hetpatrol.thresholds import judge
+
+    block = (
+        "| 0     910B4               | Alarm         | 90.0        50                0    / 0"
+        "             |\n"
+        "| 0                         | 0000:C1:00.0  | 0           0    / 0          2654 / 32768"
+        "         |\n"
+        "+===========================+===============+=============================="
+        "======================+\n"
+    )
+    npu1 = "| 1     910B4               | OK            | 82.7"
+    (tmp_path / "npu-smi-info.txt").write_text(_healthy_mixed_with(npu1, block + npu1))
+    result = AscendCollector({"detail": False}, replay_dir=tmp_path).collect()
+    keys = [(r.index, r.chip) for r in result.records]
+    assert keys == [(i, 0) for i in range(8)]
+    assert result.error == "npu-smi info: line 10: duplicate NPU 0 Chip 0: dropped"
+    assert result.raw is not None
+    rec = result.records[0]
+    # the first block's values are kept, the repeat (Alarm, 90 W) is not mixed in
+    assert (rec.vendor_health, rec.power_watts, rec.read_ok) == ("OK", 87.2, False)
+    assert rec.errors == [
+        {
+            "source": "npu-smi info",
+            "error": "table row damaged: duplicate: NPU 0 Chip 0 listed again at line 10: "
+            "chip not fully read",
+        }
+    ]
+    judge(rec, base_config)
+    assert rec.health == "unknown"
+    assert [(f.check, f.severity) for f in rec.findings] == [("card_unreadable", "unknown")]
+    assert [judge(r, base_config).health for r in result.records[1:]] == ["ok"] * 7

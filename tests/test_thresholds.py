@@ -87,6 +87,26 @@ def test_npu_smi_health_column(base_config, raw, health):
         assert r.findings[0].value == raw
 
 
+@pytest.mark.parametrize("raw", ["", "   "], ids=["empty", "spaces"])
+def test_empty_vendor_health_is_unknown_never_ok(base_config, raw):
+    """An empty Health cell (read but blank) is unknown, whatever the other values say."""
+    r = judge(
+        rec(
+            vendor="ascend",
+            model="910B4",
+            card_type="910b",
+            vendor_health=raw,
+            temperature_celsius=33.0,
+            power_watts=87.2,
+        ),
+        base_config,
+    )
+    assert r.health == "unknown"
+    assert [(f.check, f.severity, f.value, f.message) for f in r.findings] == [
+        ("vendor_health", "unknown", "", "vendor health could not be read: empty value")
+    ]
+
+
 @pytest.mark.parametrize("marker", ["gpu_is_lost", "reset_required", "unknown_error"])
 def test_nvml_failure_markers_are_critical(base_config, marker):
     r = judge(rec(vendor_health=marker), base_config)
