@@ -25,12 +25,13 @@ from typing import Any, NoReturn
 import structlog
 
 from hetpatrol import __version__, deep_health
-from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config
+from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from hetpatrol.healthcheck import add_check_parser
+from hetpatrol.output import silence_stdout, write_stdout
 from hetpatrol.patrol import Patroller, PatrolReport
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import jsonl_json_schema
-from hetpatrol.status_view import add_status_parser
+from hetpatrol.status_view import _printable, add_status_parser
 
 
 def setup_logging(fmt: str = "console", level: str = "info") -> None:
@@ -71,6 +72,15 @@ def _existing_dir(text: str) -> Path:
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: not a directory")
     return path
+
+
+def _listen(text: str) -> str:
+    """``--listen``: checked here, so that a bad flag is a usage error (64), not 78."""
+    try:
+        parse_listen(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _prom_path(text: str) -> Path:
@@ -114,7 +124,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def format_table(report: PatrolReport) -> str:
-    """Human-readable table of one patrol: a row per card, findings under it."""
+    """Human-readable table of one patrol: a row per card, findings under it.
+
+    Control characters and bidi controls in any text (a vendor tool's error, a model
+    name) are shown escaped (``\\x1b``, ``\\u202e``), never sent to the terminal raw."""
     head = (
         "VENDOR",
         "TYPE",
@@ -138,21 +151,20 @@ def format_table(report: PatrolReport) -> str:
         mem = "-"
         if c.memory_used_bytes is not None and c.memory_total_bytes:
             mem = f"{c.memory_used_bytes / 2**30:.1f}/{c.memory_total_bytes / 2**30:.1f} GiB"
-        rows.append(
-            (
-                c.vendor,
-                c.card_type or "-",
-                str(c.index),
-                "-" if c.chip is None else str(c.chip),
-                c.model or "-",
-                c.bus_id or "-",
-                c.health.upper(),
-                num(c.temperature_celsius, " C"),
-                num(c.power_watts, " W", "{:.1f}"),
-                num(None if c.utilization_ratio is None else c.utilization_ratio * 100, "%"),
-                mem,
-            )
+        row = (
+            c.vendor,
+            c.card_type or "-",
+            str(c.index),
+            "-" if c.chip is None else str(c.chip),
+            c.model or "-",
+            c.bus_id or "-",
+            c.health.upper(),
+            num(c.temperature_celsius, " C"),
+            num(c.power_watts, " W", "{:.1f}"),
+            num(None if c.utilization_ratio is None else c.utilization_ratio * 100, "%"),
+            mem,
         )
+        rows.append(tuple(_printable(v) for v in row))
         notes.append([f"{f.severity}: {f.check}: {f.message}" for f in c.findings])
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     out = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
@@ -169,7 +181,7 @@ def format_table(report: PatrolReport) -> str:
         what = f"xid {e['xid']}" if e["xid"] is not None else str(e["reason"])
         out.append(f"event {e['severity']}: {what} on {e['bus_id']} x{e['count']}")
     out.append(f"node {report.node}: {report.health.upper()} (exit {report.exit_code})")
-    return "\n".join(out) + "\n"
+    return "\n".join(_printable(line) for line in out) + "\n"
 
 
 def _one_patrol(args: argparse.Namespace) -> PatrolReport:
@@ -184,17 +196,17 @@ def _one_patrol(args: argparse.Namespace) -> PatrolReport:
 def cmd_once(args: argparse.Namespace) -> int:
     report = _one_patrol(args)
     if args.format == "jsonl":
-        sys.stdout.write("".join(report.jsonl_lines()))
+        text = "".join(report.jsonl_lines())
     elif args.format == "json":
         doc = {
             "patrol": json.loads(report.patrol_line),
             "cards": [json.loads(line) for line in report.card_lines],
             "events": [json.loads(line) for line in report.event_lines],
         }
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        text = json.dumps(doc, indent=2) + "\n"
     else:
-        sys.stdout.write(format_table(report))
+        text = format_table(report)
+    write_stdout(text)  # a reader gone (`| head`) leaves the exit code the verdict's
     return report.exit_code
 
 
@@ -203,6 +215,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     report = _one_patrol(args)
     try:
         return deep_health.write_baseline(report, args.write, sys.stdout, sys.stderr)
+    except BrokenPipeError:  # stdout, not the file: main() handles it
+        raise
     except OSError as exc:
         print(
             f"hetpatrol baseline: cannot write {args.write}: {exc.strerror or exc}", file=sys.stderr
@@ -211,8 +225,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    json.dump(jsonl_json_schema(), sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    write_stdout(json.dumps(jsonl_json_schema(), indent=2) + "\n")
     return 0
 
 
@@ -269,7 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="patrol forever (the daemon)")
     _add_common(p)
     p.add_argument(
-        "--listen", default=None, metavar="ADDR:PORT", help="metrics address (overrides the config)"
+        "--listen",
+        type=_listen,
+        default=None,
+        metavar="ADDR:PORT",
+        help="metrics address (overrides the config)",
     )
     p.add_argument("--jsonl-path", type=Path, default=None, help="JSONL patrol log path")
     p.add_argument("--state-path", type=Path, default=None, help="state file path")
@@ -332,7 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     if interval is not None and not 0 < interval <= 86400:  # also refuses nan
         parser.error("--interval must be a number of seconds in (0, 86400]")
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        write_stdout("")  # flush now: a reader gone (`| head`) keeps the command's code
+        return code
+    except BrokenPipeError:  # an OSError: must come first; stdout's reader has gone
+        silence_stdout()
+        return 0
     except ConfigError as exc:
         print(f"hetpatrol: configuration error: {exc}", file=sys.stderr)
         return EX_CONFIG
@@ -342,8 +364,6 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # e.g. the metrics port is taken
         print(f"hetpatrol: {exc}", file=sys.stderr)
         return 1
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

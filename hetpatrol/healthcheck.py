@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hetpatrol.exporters.state import read_state
+from hetpatrol.output import write_stdout
 from hetpatrol.schema import EXIT_CODES
 
 EXIT_UNKNOWN = 3
@@ -75,6 +75,59 @@ CLOCK_SLACK_SECONDS = 300
 DEFAULT_MAX_AGE_SECONDS = 60.0
 
 
+def verdict_code(doc: Mapping[str, Any]) -> int | None:
+    """The exit code (0-3) of the state's ``health`` word; None when there is no such
+    word, or when ``exit_code`` is there but no valid code (a bool, out of 0-3): a
+    damaged file. The word wins over a valid but different ``exit_code``."""
+    health = doc.get("health")
+    code = EXIT_CODES.get(health) if isinstance(health, str) else None
+    copied = doc.get("exit_code", code)
+    if code is None or isinstance(copied, bool) or not isinstance(copied, int):
+        return None
+    return code if 0 <= copied <= 3 else None
+
+
+def patrol_time(doc: Mapping[str, Any], now: float) -> float | None:
+    """The state's ``finished`` (s since the epoch) when usable: a finite number, not
+    more than :data:`CLOCK_SLACK_SECONDS` after ``now``; else None (not to be trusted)."""
+    value = doc.get("finished")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        finished = float(value)
+    except ValueError:
+        return None
+    if not math.isfinite(finished) or finished > now + CLOCK_SLACK_SECONDS:
+        return None
+    return finished
+
+
+def stale_limit(doc: Mapping[str, Any], max_age: float | None = None) -> float:
+    """Seconds after which the verdict is stale: ``max_age``, else
+    :func:`default_max_age`; :data:`DEFAULT_MAX_AGE_SECONDS` when that is not finite."""
+    try:
+        limit = default_max_age(doc) if max_age is None else float(max_age)
+    except (TypeError, ValueError, OverflowError):
+        limit = float("nan")
+    return limit if math.isfinite(limit) else DEFAULT_MAX_AGE_SECONDS
+
+
+def verdict_age(
+    doc: Mapping[str, Any], now: float | None = None, max_age: float | None = None
+) -> tuple[float, bool]:
+    """(age in seconds, stale?) of a state document, for ``check`` and ``status`` alike.
+
+    A missing, non-finite or future (see :func:`patrol_time`) patrol time gives
+    ``(nan, True)``: stale, whatever the interval says.
+    """
+    now = time.time() if now is None else now
+    finished = patrol_time(doc, now)
+    if finished is None:
+        return math.nan, True
+    age = max(0.0, now - finished)
+    return age, age > stale_limit(doc, max_age)
+
+
 def check(
     state_path: Path, max_age: float | None = None, now: float | None = None
 ) -> tuple[int, str]:
@@ -101,23 +154,20 @@ def _check(
         reason = getattr(exc, "strerror", None) or str(exc)
         return EXIT_UNKNOWN, f"HETPATROL UNKNOWN - cannot read state file {state_path}: {reason}"
     try:
-        finished = float(doc["finished"])
-        code = EXIT_CODES[doc["health"]]  # the verdict itself, not a copied number
+        float(doc["finished"])
     except (KeyError, TypeError, ValueError):
         return EXIT_UNKNOWN, f"HETPATROL UNKNOWN - state file {state_path} has no verdict"
-    if not math.isfinite(finished) or finished > now + CLOCK_SLACK_SECONDS:
+    code = verdict_code(doc)  # the verdict itself, not a copied number
+    if code is None:
+        return EXIT_UNKNOWN, f"HETPATROL UNKNOWN - state file {state_path} has no verdict"
+    age, stale = verdict_age(doc, now, max_age)
+    if not math.isfinite(age):
         return EXIT_UNKNOWN, (
             f"HETPATROL UNKNOWN - state file {state_path} has an impossible patrol time "
             f"({doc['finished']!r}); is the clock right?"
         )
-    try:
-        limit = default_max_age(doc) if max_age is None else max_age
-    except (TypeError, ValueError):
-        limit = float("nan")
-    if not math.isfinite(limit):
-        limit = DEFAULT_MAX_AGE_SECONDS
-    age = max(0.0, now - finished)
-    if age > limit:
+    if stale:
+        limit = stale_limit(doc, max_age)
         return EXIT_UNKNOWN, (
             f"HETPATROL UNKNOWN - stale verdict: last patrol {age:.0f} s ago (max {limit:.0f} s), "
             f"it said {STATE_WORDS[code]}; is the hetpatrol daemon running?"
@@ -139,8 +189,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             print("HETPATROL UNKNOWN - the configuration sets no state_path")
             return EXIT_UNKNOWN
     code, line = check(Path(state_path), args.max_age)
-    print(line.replace("\n", " "))
-    sys.stdout.flush()
+    write_stdout(line.replace("\n", " ") + "\n")  # a reader gone keeps the exit code
     return code
 
 

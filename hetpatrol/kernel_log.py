@@ -69,6 +69,9 @@ TEXT_READ_MAX = 8 * 1024 * 1024
 KMSG_READ_SIZE = 8192
 #: At most this many records are taken per poll (a storm must not stall a patrol).
 MAX_RECORDS_PER_POLL = 20000
+#: (major, minor) of the kernel log character device ``/dev/kmsg`` on Linux: no other
+#: device is read as one (``/dev/urandom`` would never run dry).
+KMSG_DEVICE = (1, 11)
 #: Episodes kept per (bus, XID or reason) for the window.
 MAX_OCCURRENCES_PER_KEY = 64
 
@@ -422,8 +425,24 @@ class KmsgReader:
             os.close(self._fd)
             self._fd = None
 
+    def _not_kmsg(self, st: os.stat_result) -> str | None:
+        """Why ``st`` is not the kernel log device; None when it is."""
+        rdev = (os.major(st.st_rdev), os.minor(st.st_rdev))
+        if stat.S_ISCHR(st.st_mode) and rdev == KMSG_DEVICE:
+            return None
+        return (
+            f"{self.path} is not the kernel log device (character device "
+            f"{KMSG_DEVICE[0]}:{KMSG_DEVICE[1]}, /dev/kmsg): not read"
+        )
+
     def read(self) -> ReadResult:
         if self._fd is None:
+            try:  # never open another device: opening one may act (a tape rewinds)
+                why = self._not_kmsg(os.stat(self.path))
+            except OSError:
+                why = None  # the open below says why
+            if why is not None:
+                return ReadResult(state="failed", error=why)
             try:
                 self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError as exc:
@@ -431,6 +450,10 @@ class KmsgReader:
                 if exc.errno in (errno.EACCES, errno.EPERM):
                     self._error += " (root is needed to see XIDs)"
                 return ReadResult(state="absent", error=self._error)
+            why = self._not_kmsg(os.fstat(self._fd))  # replaced since the stat above
+            if why is not None:
+                self.close()
+                return ReadResult(state="failed", error=why)
         result = ReadResult()
         raw_records: list[str] = []
         for _ in range(MAX_RECORDS_PER_POLL):

@@ -19,17 +19,15 @@ import math
 import os
 import re
 import sys
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 from hetpatrol.exporters.state import read_state
+from hetpatrol.healthcheck import verdict_age, verdict_code
+from hetpatrol.output import write_stdout
 
 EXIT_UNKNOWN = 3
-#: a verdict older than STALE_INTERVALS intervals + STALE_GRACE_SECONDS is stale
-STALE_INTERVALS = 3
-STALE_GRACE_SECONDS = 10.0
 
 _RESET = "\033[0m"
 _STYLE = {
@@ -76,12 +74,8 @@ class _Painter:
         return f"{_STYLE[style]}{text}{_RESET}"
 
 
-def verdict_age(doc: Mapping[str, Any], now: float | None = None) -> tuple[float, bool]:
-    """(age in seconds, stale?) of a state document."""
-    now = time.time() if now is None else now
-    age = max(0.0, now - float(doc.get("finished") or 0.0))
-    interval = float(doc.get("interval_seconds") or 10.0)
-    return age, age > STALE_INTERVALS * interval + STALE_GRACE_SECONDS
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _human_age(seconds: float) -> str:
@@ -115,15 +109,22 @@ def _groups(cards: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Ma
     return dict(sorted(groups.items()))
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: C0/C1 control characters and the Unicode bidi controls (LRM, RLM, LRE..RLO, LRI..PDI)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return _ESCAPES.get(char, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
 def _printable(value: Any) -> Any:
     """``value`` with control characters in every string (keys too) shown as escapes
-    (``\\x1b``, ``\\n``): a vendor tool's text must not drive the operator's terminal."""
+    (``\\x1b``, ``\\n``, bidi controls as ``\\u202e``): a vendor tool's text must not
+    drive the operator's terminal nor reorder what it shows."""
     if isinstance(value, str):
-        return _CONTROL.sub(lambda m: _ESCAPES.get(m[0], f"\\x{ord(m[0]):02x}"), value)
+        return _CONTROL.sub(lambda m: _escape(m[0]), value)
     if isinstance(value, Mapping):
         return {_printable(k): _printable(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -144,8 +145,9 @@ def render(
     interval = doc.get("interval_seconds")
     out: list[str] = []
     head = f"node {doc.get('node')}: " + paint(health.upper(), health)
-    when = f"patrol {doc.get('seq')}, verdict {_human_age(age)} old"
-    if interval:
+    old = f"{_human_age(age)} old" if math.isfinite(age) else "time unknown"
+    when = f"patrol {doc.get('seq')}, verdict {old}"
+    if _finite_number(interval) and interval:
         when += f" (every {float(interval):g} s)"
     if stale:
         when += "  " + paint("STALE: is the daemon running?", "critical")
@@ -227,7 +229,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_UNKNOWN
     try:
         doc = read_state(path)
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:  # not JSON, nested too deep, too large, not a state file
+        print(f"hetpatrol status: the state file {path} is damaged: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    except OSError as exc:
         print(
             f"hetpatrol status: cannot read the state file {path}: {exc}\n"
             "  (is `hetpatrol run` running with this config? see `systemctl status hetpatrol`)",
@@ -235,12 +240,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         return EXIT_UNKNOWN
     try:
-        age, stale = verdict_age(doc)
-        if not math.isfinite(age) or float(doc["finished"]) > time.time() + 300:
-            stale = True  # a patrol time in the future or not a number: not trusted
+        age, stale = verdict_age(doc)  # the same test as `hetpatrol check`
         if args.json:
             out = dict(doc)
-            out.update(state_path=str(path), age_seconds=round(age, 3), stale=stale)
+            age_seconds = round(age, 3) if math.isfinite(age) else None
+            out.update(state_path=str(path), age_seconds=age_seconds, stale=stale)
             text = json.dumps(out, indent=2) + "\n"
         else:
             text = render(doc, color=use_color(sys.stdout, args.color), source=str(path))
@@ -250,11 +254,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_UNKNOWN
-    sys.stdout.write(text)
+    write_stdout(text)  # a reader gone (`| head`) keeps the exit code below
     if stale:
         return EXIT_UNKNOWN
-    code = doc.get("exit_code")
-    return code if isinstance(code, int) and 0 <= code <= 3 else EXIT_UNKNOWN
+    code = verdict_code(doc)  # the same verdict as `hetpatrol check`
+    if code is None:
+        print(f"hetpatrol status: the state file {path} has no valid verdict", file=sys.stderr)
+        return EXIT_UNKNOWN
+    return code
 
 
 def add_status_parser(sub: Any) -> argparse.ArgumentParser:

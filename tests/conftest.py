@@ -71,3 +71,14 @@ def replay_run_argv(
         str(interval),
         *extra,
     ]
+
+
+@pytest.fixture(autouse=True)
+def _structlog_config_restored():
+    """``main()`` in a test points structlog at that test's captured stderr, which pytest
+    closes afterwards: every test starts and ends with the same logging configuration."""
+    import structlog
+
+    before = structlog.get_config()
+    yield
+    structlog.configure(**before)

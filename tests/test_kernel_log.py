@@ -296,6 +296,15 @@ class _FakeKmsg:
         assert flags & os.O_NONBLOCK
         return 99
 
+    #: what os.stat/os.fstat say of the fake /dev/kmsg: character device 1:11
+    KMSG_STAT = os.stat_result((0o20444, 0, 0, 1, 0, 0, 0, 0, 0, 0), {"st_rdev": os.makedev(1, 11)})
+
+    def stat(self, path, *args, real=os.stat, **kwargs):
+        return self.KMSG_STAT if str(path) == "/dev/kmsg" else real(path, *args, **kwargs)
+
+    def fstat(self, fd, real=os.fstat):
+        return self.KMSG_STAT if fd == 99 else real(fd)
+
     def read(self, fd, size):
         self.sizes.append(size)
         if not self.records:
@@ -320,6 +329,8 @@ def test_kmsg_reader_one_record_per_read_and_boot_time(monkeypatch):
     monkeypatch.setattr(kl.os, "open", fake.open)
     monkeypatch.setattr(kl.os, "read", fake.read)
     monkeypatch.setattr(kl.os, "close", lambda fd: None)
+    monkeypatch.setattr(kl.os, "stat", fake.stat)
+    monkeypatch.setattr(kl.os, "fstat", fake.fstat)
     result = KmsgReader("/dev/kmsg").read()
     assert set(fake.sizes) == {8192}
     assert result.lost == 1
@@ -596,3 +607,48 @@ def test_a_huge_text_log_is_read_from_its_tail_a_bounded_read_at_a_time(tmp_path
     for _ in range(3):
         reader.read()
     assert len(reader._partial) <= 4096
+
+
+@pytest.mark.parametrize("device", ["/dev/urandom", "/dev/null"])
+def test_a_char_device_other_than_kmsg_is_refused_unread(device, monkeypatch):
+    """``kernel_log.path: /dev/urandom`` is a character device but not /dev/kmsg (1:11):
+    it is neither opened nor read, and the source says so."""
+    import hetpatrol.kernel_log as kl
+
+    if not os.path.exists(device):
+        pytest.skip(f"{device} is missing here")
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(kl.os, "open", lambda p, *a: opened.append(p) or real_open(p, *a))
+    log = kl.open_kernel_log(True, device, window_seconds=3600.0, burst_seconds=5.0)
+    assert isinstance(log.reader, KmsgReader)
+    try:
+        snap = log.poll()
+        again = log.poll()
+    finally:
+        log.close()
+    error = f"{device} is not the kernel log device (character device 1:11, /dev/kmsg): not read"
+    assert (snap.state, snap.error, snap.new, snap.totals) == ("failed", error, (), {})
+    assert (again.state, again.error) == ("failed", error)
+    assert device not in opened
+
+
+def test_a_device_swapped_in_after_the_check_is_closed_unread(monkeypatch):
+    """The open file is checked too: a path that stat()s as /dev/kmsg but opens as
+    /dev/null (swapped between the two) is closed without a read."""
+    import hetpatrol.kernel_log as kl
+
+    kmsg = os.stat_result((0o20444, 0, 0, 1, 0, 0, 0, 0, 0, 0), {"st_rdev": os.makedev(1, 11)})
+    real_stat = os.stat
+    monkeypatch.setattr(
+        kl.os, "stat", lambda p, *a, **k: kmsg if p == "/dev/null" else real_stat(p, *a, **k)
+    )
+    reads = []
+    monkeypatch.setattr(kl.os, "read", lambda fd, n: reads.append(fd) or b"")
+    reader = KmsgReader("/dev/null")
+    result = reader.read()
+    assert (result.state, result.error) == (
+        "failed",
+        "/dev/null is not the kernel log device (character device 1:11, /dev/kmsg): not read",
+    )
+    assert reads == [] and reader._fd is None

@@ -231,3 +231,19 @@ def test_control_characters_from_a_vendor_string_are_printed_escaped(tmp_path):
     assert "npu-smi said:\\nline two\\x9b31m" in out
     # the only escapes left are the view's own colours (ESC [ digits m)
     assert all(c == "\n" or c.isprintable() for c in re.sub(r"\x1b\[[0-9;]*m", "", out))
+
+
+def test_bidi_controls_are_printed_escaped():
+    """Unicode bidi controls (a Trojan Source reordering) are escaped like C0/C1
+    controls; other non-ASCII text is kept."""
+    from hetpatrol.status_view import _printable
+
+    bidi = "\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+    doc = {"key\u202e": [f"a{bidi}b", "caf\u00e9 \u4e2d\x1b[2J", 3.5]}
+    assert _printable(doc) == {
+        "key\\u202e": [
+            "a\\u200e\\u200f\\u202a\\u202b\\u202c\\u202d\\u202e\\u2066\\u2067\\u2068\\u2069b",
+            "caf\u00e9 \u4e2d\\x1b[2J",
+            3.5,
+        ]
+    }

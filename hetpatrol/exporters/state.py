@@ -9,9 +9,11 @@ process first writes the file.
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -57,9 +59,23 @@ def _sweep_stale_temps(path: Path) -> None:
     _swept.add(path)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file and ``rename`` (atomic on POSIX)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_atomic(path: Path, data: bytes, *, make_parents: bool = False) -> None:
+    """Write ``data`` to ``path`` via a temporary file and ``rename`` (atomic on POSIX).
+
+    Only a regular file (or nothing) at ``path`` is replaced: a device, FIFO, socket or
+    directory there (also behind a symlink) raises ``OSError`` (EEXIST) and is left
+    alone. A missing parent directory raises ``FileNotFoundError`` unless
+    ``make_parents`` (the daemon's own state and textfile directories) creates it.
+    """
+    if make_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        pass  # nothing there yet (or a dangling symlink, which the rename replaces)
+    else:
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EEXIST, "not a regular file: refusing to replace it", str(path))
     _sweep_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -80,12 +96,30 @@ def write_atomic(path: Path, data: bytes) -> None:
 def write_state(path: Path, report: PatrolReport, interval_seconds: float) -> None:
     """Write the state document of ``report`` to ``path`` atomically. Raises OSError."""
     doc = state_document(report, interval_seconds)
-    write_atomic(path, json.dumps(doc, separators=(",", ":")).encode() + b"\n")
+    write_atomic(path, json.dumps(doc, separators=(",", ":")).encode() + b"\n", make_parents=True)
+
+
+#: Most bytes a state file may have (a real one is tens of KB).
+STATE_READ_MAX = 64 * 1024 * 1024
 
 
 def read_state(path: Path) -> dict[str, Any]:
-    """Read a state file. Raises OSError or ValueError (not JSON / wrong schema)."""
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    """Read a state file without blocking: at most :data:`STATE_READ_MAX` bytes.
+
+    Raises OSError (missing, unreadable, not a regular file: a FIFO or device is never
+    read) or ValueError (larger than the bound, not JSON, nested too deep, wrong schema).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        data = fh.read(STATE_READ_MAX + 1)
+    if len(data) > STATE_READ_MAX:
+        raise ValueError(f"{path} is larger than {STATE_READ_MAX} bytes")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deep to be a state file") from None
     if not isinstance(doc, dict) or doc.get("schema") != STATE_SCHEMA:
         raise ValueError(f"{path} is not a hetpatrol state file")
     return doc

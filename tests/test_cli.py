@@ -1,0 +1,115 @@
+"""The command line against hostile input: a tool's escape sequences in ``once``'s
+table, bad ``--listen`` flags, a reader that closes stdout early (``| head``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import structlog
+from conftest import NODES
+
+from hetpatrol.cli import main
+from hetpatrol.exporters.state import write_state
+from hetpatrol.patrol import Patroller
+
+HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
+
+
+@pytest.fixture(autouse=True)
+def _keep_structlog_config():
+    """main() points structlog at this test's captured stderr: put it back after."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+def test_once_table_escapes_a_tools_control_and_bidi_characters(tmp_path):
+    tool = tmp_path / "npu-smi"
+    tool.write_text(r"#!/bin/sh" "\n" r'printf "\033]0;PWNED\007\033[2J\342\200\256x"' "\nexit 3\n")
+    tool.chmod(0o755)
+    config = tmp_path / "hetpatrol.yaml"
+    config.write_text(
+        f'node: n1\ncollectors:\n  nvidia: {{enabled: false}}\n  ascend: {{command: ["{tool}"]}}\n'
+    )
+    res = subprocess.run(
+        [*HETPATROL, "once", "--config", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 3, res.stderr
+    shown = "\\x1b]0;PWNED\\x07\\x1b[2J\\u202ex"
+    lines = [re.sub(r"\d+\.\d{3} s", "T s", line) for line in res.stdout.splitlines()]
+    assert lines[1:] == [
+        f"collector ascend: failed, 0 cards, T s (npu-smi info exited with code 3: "
+        f"npu-smi info: output: {shown})",
+        "collector nvidia: disabled, 0 cards, T s",
+        f"node unknown: collector_failed: ascend: npu-smi info exited with code 3: "
+        f"npu-smi info: output: {shown}",
+        "node n1: UNKNOWN (exit 3)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("listen", "why"),
+    [
+        ("bogus", "'bogus' is not host:port"),
+        ("127.0.0.1:99999", "port 99999 is out of range"),
+    ],
+)
+def test_a_bad_listen_flag_is_a_usage_error(capsys, listen, why):
+    with pytest.raises(SystemExit) as caught:
+        main(["run", "--listen", listen])
+    assert caught.value.code == 64
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"hetpatrol run: error: argument --listen: {why}"
+    )
+
+
+def test_a_bad_listen_in_the_config_file_stays_a_config_error(tmp_path, capsys):
+    config = tmp_path / "hetpatrol.yaml"
+    config.write_text("listen: 127.0.0.1:99999\n")
+    assert main(["run", "--config", str(config)]) == 78
+
+
+def _into_a_closed_pipe(*args: str) -> tuple[int, str]:
+    """Run ``hetpatrol`` with stdout a pipe whose reader has already gone."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run(
+            [*HETPATROL, *args], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(write_end)
+    return res.returncode, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (("schema",), 0),
+        (("once", "--replay", str(NODES / "sick-mixed")), 2),
+        (("once", "--replay", str(NODES / "sick-mixed"), "--format", "json"), 2),
+        (("once", "--replay", str(NODES / "sick-mixed"), "--format", "jsonl"), 2),
+    ],
+)
+def test_a_closed_stdout_keeps_the_commands_exit_code(args, code):
+    assert _into_a_closed_pipe(*args) == (code, "")
+
+
+def test_check_and_status_into_a_closed_stdout_keep_the_verdict(tmp_path, base_config):
+    from dataclasses import replace
+
+    patroller = Patroller(replace(base_config, node="n1"), replay_dir=NODES / "sick-mixed")
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    path = tmp_path / "state.json"
+    write_state(path, report, 10)
+    assert json.loads(path.read_text())["health"] == "critical"
+    assert _into_a_closed_pipe("check", "--state-path", str(path)) == (2, "")
+    assert _into_a_closed_pipe("status", "--state-path", str(path)) == (2, "")

@@ -1,0 +1,225 @@
+"""The state file (and the baseline file) against hostile paths and contents: FIFOs and
+devices where a file should be, missing directories, forged times and verdicts.
+``check`` and ``status`` read the same file the same way and agree on every case."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import structlog
+from conftest import NODES
+from fakes import Scripted, make_patroller
+
+from hetpatrol.cli import main
+from hetpatrol.config import load_config
+from hetpatrol.daemon import Daemon
+from hetpatrol.exporters import state
+from hetpatrol.exporters.state import read_state, write_atomic, write_state
+from hetpatrol.healthcheck import check
+
+HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
+REFUSED = "not a regular file: refusing to replace it"
+
+
+@pytest.fixture(autouse=True)
+def _keep_structlog_config():
+    """main() points structlog at this test's captured stderr: put it back after."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    # the timeout only turns a hang into a failure; nothing here measures time
+    return subprocess.run([*HETPATROL, *args], capture_output=True, text=True, timeout=60)
+
+
+def good_state(path: Path) -> dict:
+    write_state(path, make_patroller(load_config(), {"ascend": Scripted()}).run(), 10)
+    return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------------------ writes
+
+
+def test_write_atomic_leaves_a_fifo_and_a_symlink_to_it_alone(tmp_path):
+    fifo, link = tmp_path / "fifo", tmp_path / "link"
+    os.mkfifo(fifo)
+    link.symlink_to(fifo)
+    for target in (fifo, link):
+        with pytest.raises(OSError) as caught:
+            write_atomic(target, b"{}\n")
+        assert (caught.value.errno, caught.value.strerror) == (errno.EEXIST, REFUSED)
+        assert caught.value.filename == str(target)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.readlink(link) == str(fifo)
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "link"]  # no temporary file left
+
+
+def test_write_atomic_makes_parent_directories_only_when_asked(tmp_path):
+    target = tmp_path / "a" / "b" / "x.yaml"
+    with pytest.raises(FileNotFoundError):
+        write_atomic(target, b"x\n")
+    assert not (tmp_path / "a").exists()
+    write_atomic(target, b"x\n", make_parents=True)  # the daemon's own directories
+    assert target.read_bytes() == b"x\n"
+
+
+def test_baseline_write_to_a_fifo_or_a_missing_directory_exits_73(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    res = run("baseline", "--replay", str(NODES / "healthy-mixed"), "--write", str(fifo))
+    assert res.returncode == 73
+    assert res.stderr == f"hetpatrol baseline: cannot write {fifo}: {REFUSED}\n"
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    missing = tmp_path / "missing" / "dir" / "x.yaml"
+    res = run("baseline", "--replay", str(NODES / "healthy-mixed"), "--write", str(missing))
+    assert res.returncode == 73
+    assert res.stderr == f"hetpatrol baseline: cannot write {missing}: No such file or directory\n"
+    assert sorted(os.listdir(tmp_path)) == ["fifo"]
+
+
+def _daemon(state_path: Path) -> Daemon:
+    return Daemon(
+        load_config(),
+        replay_dir=NODES / "healthy-mixed",
+        overrides={
+            "listen": "127.0.0.1:0",
+            "jsonl_path": state_path.parent / "patrol.jsonl",
+            "state_path": state_path,
+        },
+    )
+
+
+def test_daemon_counts_a_fifo_state_path_as_a_write_error_and_keeps_patrolling(tmp_path):
+    fifo = tmp_path / "state.json"
+    os.mkfifo(fifo)
+    daemon = _daemon(fifo)
+    try:
+        daemon.patrol_once()
+        daemon.patrol_once()
+        assert (daemon.patrols, daemon.stats.state_write_errors) == (2, 2)
+    finally:
+        daemon.shutdown()
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    fresh = tmp_path / "new" / "state" / "state.json"  # its own directory: still made
+    daemon = _daemon(fresh)
+    try:
+        daemon.patrol_once()
+    finally:
+        daemon.shutdown()
+    assert read_state(fresh)["seq"] == 1
+
+
+# ------------------------------------------------------------------------------- reads
+
+
+def test_check_and_status_refuse_a_fifo_at_once(tmp_path):
+    fifo = tmp_path / "state.json"
+    os.mkfifo(fifo)
+    res = run("check", "--state-path", str(fifo))
+    assert (res.returncode, res.stdout) == (
+        3,
+        f"HETPATROL UNKNOWN - cannot read state file {fifo}: not a regular file\n",
+    )
+    res = run("status", "--state-path", str(fifo))
+    assert (res.returncode, res.stdout) == (3, "")
+    assert res.stderr.splitlines()[0] == (
+        f"hetpatrol status: cannot read the state file {fifo}: "
+        f"[Errno 22] not a regular file: '{fifo}'"
+    )
+
+
+def test_check_refuses_a_character_device():
+    assert check(Path("/dev/null")) == (
+        3,
+        "HETPATROL UNKNOWN - cannot read state file /dev/null: not a regular file",
+    )
+
+
+def test_read_state_reads_a_bounded_size(tmp_path, monkeypatch):
+    path = tmp_path / "state.json"
+    doc = good_state(path)
+    text = json.dumps(doc)
+    monkeypatch.setattr(state, "STATE_READ_MAX", len(text) + 10)
+    path.write_text(text + " " * 10)  # at the bound: read
+    assert read_state(path) == doc
+    path.write_text(text + " " * 11)  # one byte over
+    with pytest.raises(ValueError) as caught:
+        read_state(path)
+    assert str(caught.value) == f"{path} is larger than {len(text) + 10} bytes"
+
+
+# ------------------------------------------------------------- status agrees with check
+
+
+STALE = "  STALE: is the daemon running?"
+
+
+def _status(capsys, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()  # what came before (a patrol's log lines) is not status's
+    code = main(["status", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize(
+    ("case", "expected", "when"),
+    [
+        ("interval nan, old", 3, "OK   patrol 1, verdict 60 min old" + STALE),
+        ("interval inf, old", 3, "OK   patrol 1, verdict 60 min old" + STALE),
+        ("finished nan", 3, "OK   patrol 1, verdict time unknown (every 10 s)" + STALE),
+        ("finished missing", 3, "OK   patrol 1, verdict time unknown (every 10 s)" + STALE),
+        ("finished in a day", 3, "OK   patrol 1, verdict time unknown (every 10 s)" + STALE),
+        ("exit_code true", 3, "OK   patrol 1, verdict 0 s old (every 10 s)"),
+        ("exit_code lies", 2, "CRITICAL   patrol 1, verdict 0 s old (every 10 s)"),
+    ],
+)
+def test_status_and_check_agree_on_a_forged_state_file(tmp_path, capsys, case, expected, when):
+    path = tmp_path / "state.json"
+    doc = good_state(path)
+    now = time.time()
+    doc.update(
+        {
+            "interval nan, old": {"interval_seconds": float("nan"), "finished": now - 3600},
+            "interval inf, old": {"interval_seconds": float("inf"), "finished": now - 3600},
+            "finished nan": {"finished": float("nan")},
+            "finished missing": {},
+            "finished in a day": {"finished": now + 86400},
+            "exit_code true": {"exit_code": True, "finished": now},
+            "exit_code lies": {"exit_code": 0, "health": "critical", "finished": now},
+        }[case]
+    )
+    if case == "finished missing":
+        del doc["finished"]
+    path.write_text(json.dumps(doc))
+    assert check(path)[0] == expected
+    code, out, _ = _status(capsys, "--state-path", str(path), "--color", "never")
+    assert code == expected
+    assert out.splitlines()[0] == f"node n1: {when}"
+    code, out, _ = _status(capsys, "--state-path", str(path), "--json")
+    assert code == expected
+    shown = json.loads(out)
+    assert shown["stale"] is (case not in ("exit_code true", "exit_code lies"))
+    if "finished" in case:
+        assert shown["age_seconds"] is None
+
+
+def test_a_state_file_nested_too_deep_is_damaged_in_one_line(tmp_path, capsys):
+    path = tmp_path / "state.json"
+    path.write_text("[" * 200000 + "]" * 200000)
+    why = f"{path} is nested too deep to be a state file"
+    assert check(path) == (3, f"HETPATROL UNKNOWN - cannot read state file {path}: {why}")
+    code, out, err = _status(capsys, "--state-path", str(path))
+    assert (code, out, err) == (
+        3,
+        "",
+        f"hetpatrol status: the state file {path} is damaged: {why}\n",
+    )
