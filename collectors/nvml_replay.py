@@ -132,7 +132,8 @@ _STATUS_TEXT = {
     "[insufficient permissions]": pynvml.NVMLError_NoPermission,
 }
 
-_NUM_RE = re.compile(r"^(-?\d+(?:\.\d+)?)\s*([A-Za-z%/]*)$")
+# "(?a)": ASCII digits only; "٩٩ C" is garbage, not 99 (float() would read it).
+_NUM_RE = re.compile(r"(?a)^(-?\d+(?:\.\d+)?)\s*([A-Za-z%/]*)$")
 
 #: Suffix of the ``clocks_event_reason_*`` / ``clocks_throttle_reason_*`` elements -> bit.
 _REASON_BITS = {
@@ -253,7 +254,7 @@ class _Gpu:
 
     def link_width(self, path: str) -> int:
         text = self.text(path)
-        m = re.match(r"^(\d+)x$", text)
+        m = re.match(r"(?a)^(\d+)x$", text)
         if not m:
             raise ReplayFormatError(f"cannot read {path} = {text!r} as a link width")
         return int(m.group(1))

@@ -45,7 +45,11 @@ NET_HEALTH_OK = ("success", "init")
 # ------------------------------------------------------------------------------ parsers
 
 _KV_RE = re.compile(r"^\s*(?P<key>[^:]*?)\s*:\s?(?P<value>.*?)\s*$")
-_CODE_RE = re.compile(r"^[0-9A-Fa-f]{8}$")
+_CODE_RE = re.compile(r"^(?:0[xX])?(?P<code>[0-9A-Fa-f]{8})$")
+#: Plain separators between error codes (``A4025021 8C03A000``, ``8C03A000,8C084E00``).
+_CODE_SEP_RE = re.compile(r"[\s,;|/]+")
+#: An ``Error Code`` value that means no code at all.
+_NO_CODES = ("", "na", "n/a", "-", "none")
 _PREFIX_RE = re.compile(r"^\[(?:devid|device)\s+\d+\]")
 _RECORD_RE = re.compile(
     r"^\s*(?P<ts>[A-Z][a-z]{2}\s+[A-Z][a-z]{2}\s+\d{1,2}\s+\d\d:\d\d:\d\d\s+\d{4})\s+LINK\s+(?P<state>UP|DOWN)\s*$"
@@ -70,17 +74,20 @@ def parse_chip_map(text: str) -> list[tuple[int, int, int | None, str]]:
 @dataclass(frozen=True)
 class HealthDetail:
     """``npu-smi info -t health``: status, 8-hex-digit error codes, error information
-    (one entry per information line; the continuation lines start with spaces + ``:``)."""
+    (one entry per information line; the continuation lines start with spaces + ``:``).
+    ``bad_codes``: the ``Error Code`` tokens that are not an 8-hex-digit code, as printed."""
 
     status: str | None
     codes: tuple[str, ...]
     info: tuple[str, ...]
+    bad_codes: tuple[str, ...] = ()
 
 
 def parse_health(text: str) -> HealthDetail:
     """Parse ``npu-smi info -t health -i N -c C``. ``ValueError`` when no Health Status."""
     status: str | None = None
     codes: list[str] = []
+    bad: list[str] = []
     info: list[str] = []
     current = None
     for line in text.splitlines():
@@ -94,7 +101,14 @@ def parse_health(text: str) -> HealthDetail:
         if low == "health status":
             status, current = value or None, None
         elif low == "error code":
-            codes = [c.upper() for c in value.split() if _CODE_RE.match(c)]
+            codes, bad = [], []
+            if value.strip().lower() not in _NO_CODES:
+                for token in _CODE_SEP_RE.split(value.strip()):
+                    code = _CODE_RE.match(token)
+                    if code:
+                        codes.append(code.group("code").upper())
+                    elif token:
+                        bad.append(token)
             current = None
         elif low == "error information":
             current = info
@@ -104,7 +118,7 @@ def parse_health(text: str) -> HealthDetail:
             current.append(value)  # "                 : node type=..., event state=..."
     if status is None:
         raise ValueError("no 'Health Status' in npu-smi info -t health output")
-    return HealthDetail(status, tuple(codes), tuple(info))
+    return HealthDetail(status, tuple(codes), tuple(info), tuple(bad))
 
 
 def _value_after(text: str, key: str) -> str | None:
@@ -355,6 +369,13 @@ class DetailReader:
         except ValueError as exc:
             chip.errors.append({"source": " ".join(argv), "error": str(exc)})
             return
+        source = f"{' '.join(argv)}: Error Code"
+        for token in h.bad_codes[:8]:  # kept, not dropped: the card has a code we cannot read
+            error = f"not an 8-hex-digit error code: {token[:80]!r}"
+            chip.errors.append({"source": source, "error": error})
+        if len(h.bad_codes) > 8:
+            error = f"{len(h.bad_codes) - 8} more tokens that are not an error code"
+            chip.errors.append({"source": source, "error": error})
         chip.health = {
             "status": h.status,
             "codes": list(h.codes),

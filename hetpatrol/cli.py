@@ -74,6 +74,16 @@ def _existing_dir(text: str) -> Path:
     return path
 
 
+def _node_name(text: str) -> str:
+    """``--node``: a name as Slurm's NodeName, never empty, no space or control character
+    (it lands in the JSONL, the state file and ``check``'s one-line verdict)."""
+    if not text or any(c.isspace() or not c.isprintable() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a node name, not empty, without spaces or control characters"
+        )
+    return text
+
+
 def _listen(text: str) -> str:
     """``--listen``: checked here, so that a bad flag is a usage error (64), not 78."""
     try:
@@ -103,7 +113,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="replay recorded vendor output from DIR instead of the hardware",
     )
-    p.add_argument("--node", default=None, help="node name (overrides the config)")
+    p.add_argument("--node", type=_node_name, default=None, help="node name (overrides the config)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

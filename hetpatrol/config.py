@@ -117,14 +117,14 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "node": {"type": ["string", "null"], "minLength": 1},
         "interval_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
         "recovery_patrols": {"type": "integer", "minimum": 1},
-        "listen": {"type": ["string", "null"]},
-        "state_path": {"type": ["string", "null"]},
+        "listen": {"type": ["string", "null"], "minLength": 1},
+        "state_path": {"type": ["string", "null"], "minLength": 1},  # null: off; "" is no path
         "textfile_path": {"type": ["string", "null"], "pattern": "\\.prom$"},
         "jsonl": {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "path": {"type": ["string", "null"]},
+                "path": {"type": ["string", "null"], "minLength": 1},
                 "max_bytes": {"type": "integer", "minimum": 0},
                 "backups": {"type": "integer", "minimum": 0, "maximum": 1000},
             },

@@ -13,8 +13,9 @@
 
 from __future__ import annotations
 
+import os
+import select
 import signal
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -68,8 +69,9 @@ class Daemon:
         self._state_failures = WriteFailures("state")
         self._textfile_failures = WriteFailures("textfile")
         self.server: MetricsServer | None = None
-        self._wake = threading.Event()  # set by any signal to end the current wait
+        self._wake = _Wakeup()  # poked by any signal to end the current wait
         self._stop_requested = False
+        self._stop_signal: int | None = None
         self._reload = False
         self.patrols = 0
         self.last_report: PatrolReport | None = None
@@ -89,14 +91,17 @@ class Daemon:
         )
 
     # ------------------------------------------------------------------- signals
+    # A handler runs between two bytecodes of the main thread, maybe while that thread
+    # holds a lock (a log line half written, a wait being set up): it only sets flags and
+    # writes a byte to a pipe, and takes no lock. The loop does the logging.
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
-        log.info("signal", signal=signal.Signals(signum).name, action="stop")
+        self._stop_signal = signum
         self._stop_requested = True
-        self._wake.set()
+        self._wake.poke()
 
     def _on_hup(self, signum: int, frame: FrameType | None) -> None:
         self._reload = True
-        self._wake.set()  # wake the wait; the loop tells reload from stop
+        self._wake.poke()  # wake the wait; the loop tells reload from stop
 
     def install_signals(self) -> None:
         signal.signal(signal.SIGTERM, self._on_stop)
@@ -104,8 +109,16 @@ class Daemon:
         signal.signal(signal.SIGHUP, self._on_hup)
 
     def request_stop(self) -> None:
+        """Stop after the current patrol; callable from any thread."""
         self._stop_requested = True
-        self._wake.set()
+        self._wake.poke()
+
+    def _stopping(self) -> bool:
+        """True once a stop was requested (logged once, with the signal that asked)."""
+        if self._stop_requested and self._stop_signal is not None:
+            log.info("signal", signal=signal.Signals(self._stop_signal).name, action="stop")
+            self._stop_signal = None
+        return self._stop_requested
 
     def reload(self) -> bool:
         """Reload the config file; keep the running config if it is bad. True if applied."""
@@ -263,15 +276,14 @@ class Daemon:
         for the next sleep.
         """
         while True:
-            if self._stop_requested:
+            if self._stopping():
                 return True
             remaining = due - time.monotonic()
             if remaining <= 0:
                 return False
             self.watchdog.alive_until(max(due, time.monotonic()) + self._patrol_budget())
             self._wake.wait(remaining)
-            self._wake.clear()
-            if self._stop_requested:
+            if self._stopping():
                 return True
             if self._reload:
                 self._reload = False
@@ -293,3 +305,36 @@ class Daemon:
             self.sink.close()
         log.info("stopped", patrols=self.patrols)
         self.notifier.close()
+        self._wake.close()
+
+
+class _Wakeup:
+    """A self-pipe: :meth:`poke` from a signal handler or any thread ends a
+    :meth:`wait`. Unlike ``threading.Event.set``, poking takes no lock, so a handler
+    that interrupts the main thread inside a wait cannot deadlock on it."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def poke(self) -> None:
+        try:
+            os.write(self._w, b"\0")
+        except (BlockingIOError, OSError):  # full: a wake is already pending (or closed)
+            pass
+
+    def wait(self, timeout: float) -> None:
+        """Return after ``timeout`` seconds, or at once when poked (pokes are consumed)."""
+        try:
+            select.select([self._r], [], [], max(0.0, timeout))
+            while os.read(self._r, 4096):
+                pass
+        except (BlockingIOError, OSError, ValueError):  # drained (or closed at shutdown)
+            pass
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._r = self._w = -1

@@ -83,15 +83,16 @@ REASON_RESET_REQUIRED = "reset_required"
 REASON_RM_INIT_FAILED = "rm_init_adapter_failed"
 
 # ------------------------------------------------------------------------------ parsing
+# "(?a)": \d is an ASCII digit only (not "٧٩", which int() would read as 79).
 
 _BUS = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 _XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<bus>" + _BUS + r")[^)]*\):\s*(?P<xid>\d+)(?:,\s*(?P<rest>.*))?$"
+    r"(?a)NVRM: Xid \((?:PCI:)?(?P<bus>" + _BUS + r")[^)]*\):\s*(?P<xid>\d+)(?:,\s*(?P<rest>.*))?$"
 )
-_PID_RE = re.compile(r"^pid=(?:'?<unknown>'?|(?P<pid>\d+)),\s*")
+_PID_RE = re.compile(r"(?a)^pid=(?:'?<unknown>'?|(?P<pid>\d+)),\s*")
 _NAME_RE = re.compile(r"^name=(?P<name>[^,]*),\s*")
 _NVLINK5_RE = re.compile(
-    r"^(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<sev>Fatal|Non-?[Ff]atal)\s+XC(?P<xc>\d+)\s+"
+    r"(?a)^(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<sev>Fatal|Non-?[Ff]atal)\s+XC(?P<xc>\d+)\s+"
     r"i(?P<inst>\d+)\s+Link\s+(?P<link>-?\d+)"
 )
 _RECOVERY_RE = re.compile(r"to\s+0x(?P<code>[0-9a-fA-F]+)\s*\((?P<action>[^)]*)\)")
@@ -106,21 +107,21 @@ _KERNEL_REASONS = (
 )
 
 # Prefixes, tried in this order; each may appear once.
-_KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
-_PRIO_RE = re.compile(r"^<\d{1,3}>")
+_KMSG_RE = re.compile(r"(?a)^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
+_PRIO_RE = re.compile(r"(?a)^<\d{1,3}>")
 _TALOS_RE = re.compile(
-    r"^(?P<fac>[a-z]+):\s*(?P<lvl>[a-z]+):\s*\[(?P<ts>\d{4}-\d\d-\d\dT[^\]]+)\]:\s?"
+    r"(?a)^(?P<fac>[a-z]+):\s*(?P<lvl>[a-z]+):\s*\[(?P<ts>\d{4}-\d\d-\d\dT[^\]]+)\]:\s?"
 )
 _SYSLOG_BSD_RE = re.compile(
-    r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)\s+\S+\s+kernel(?:\[\d+\])?:\s?"
+    r"(?a)^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)\s+\S+\s+kernel(?:\[\d+\])?:\s?"
 )
-_SYSLOG_ISO_RE = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\S+)\s+\S+\s+kernel(?:\[\d+\])?:\s?")
+_SYSLOG_ISO_RE = re.compile(r"(?a)^(?P<ts>\d{4}-\d\d-\d\dT\S+)\s+\S+\s+kernel(?:\[\d+\])?:\s?")
 _KERNEL_TAG_RE = re.compile(r"^kernel:\s?")
-_DMESG_SECS_RE = re.compile(r"^\[\s*(?P<secs>\d+\.\d+)\]\s?")
+_DMESG_SECS_RE = re.compile(r"(?a)^\[\s*(?P<secs>\d+\.\d+)\]\s?")
 _DMESG_CTIME_RE = re.compile(
-    r"^\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?"
+    r"(?a)^\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?"
 )
-_DMESG_ISO_RE = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d+[+-]\d\d:?\d\d)\s")
+_DMESG_ISO_RE = re.compile(r"(?a)^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d+[+-]\d\d:?\d\d)\s")
 _DICT_LINE_RE = re.compile(r"^\s+[A-Z_]+=")
 
 
@@ -195,7 +196,7 @@ def _iso(text: str) -> float | None:
     if value.endswith("Z"):
         value = value[:-1] + "+00:00"
     # Python < 3.11 accepts at most 6 fractional digits; Talos prints 9.
-    value = re.sub(r"(\.\d{6})\d+", r"\1", value)
+    value = re.sub(r"(?a)(\.\d{6})\d+", r"\1", value)
     try:
         return datetime.fromisoformat(value).timestamp()
     except ValueError:

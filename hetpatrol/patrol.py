@@ -289,6 +289,8 @@ class Patroller:
         self._collectors: dict[str, _BoundedCollector] = {}
         self._load_errors: dict[str, str] = {}
         self._last_cards: dict[str, list[CardRecord]] = {}
+        #: every card each collector listed since start, by identity (see _missing_finding)
+        self._seen_cards: dict[str, dict[tuple, CardRecord]] = {}
         self._published: dict[tuple, str] = {}
         self._good_streak: dict[tuple, int] = {}
         self._last_collector_state: dict[str, str] = {}
@@ -328,6 +330,7 @@ class Patroller:
         self._published = previous._published
         self._good_streak = previous._good_streak
         self._last_cards = previous._last_cards
+        self._seen_cards = previous._seen_cards
         self._last_collector_state = previous._last_collector_state
         if previous.config.kernel_log == self.config.kernel_log:
             if self.kernel_log is not None:
@@ -374,6 +377,9 @@ class Patroller:
                 judge(rec, self.config)
             cards.extend(records)
             node_findings.extend(result.node_findings)
+            missing = self._missing_finding(result)
+            if missing is not None:
+                node_findings.append(missing)
             if result.state in (STATE_FAILED, STATE_HUNG) and not records:
                 check = "collector_hung" if result.state == STATE_HUNG else "collector_failed"
                 node_findings.append(
@@ -481,6 +487,48 @@ class Patroller:
             return kept
         return []
 
+    def _missing_finding(self, result: CollectResult) -> Finding | None:
+        """``card_missing`` when a card this collector listed before is no longer listed
+        (an NPU gone from ``npu-smi info``, a GPU gone from NVML's count): ``critical``,
+        or ``unknown`` when this patrol's output was itself damaged (``result.error`` on
+        an ok collector: a dropped row is no proof the card is gone). Cards are matched
+        by UUID, serial or bus id (indexes may shift when one goes); it stays until the
+        card is listed again or the daemon restarts."""
+        if result.state != STATE_OK:
+            return None
+        seen = self._seen_cards.get(result.collector, {})
+        present: set[tuple] = set()
+        anonymous = set()  # keys of cards read without any identity (a garbled row)
+        for rec in result.records:
+            ids = _identities(rec)
+            present.update(ids)
+            if ids[0][0] == "key":
+                anonymous.add(rec.key)
+        gone = [
+            c
+            for c in seen.values()
+            if not present.intersection(_identities(c)) and c.key not in anonymous
+        ]
+        # this patrol's cards, by what names them now, and the ones gone, kept
+        self._seen_cards[result.collector] = {
+            _identities(r)[0]: r.identity() for r in result.records
+        } | {_identities(c)[0]: c for c in gone}
+        if not gone:
+            return None
+        names = ", ".join(
+            f"{c.vendor}/{c.index}"
+            + (f"/{c.chip}" if c.chip is not None else "")
+            + (f" ({c.bus_id})" if c.bus_id else "")
+            for c in gone
+        )
+        severity = HEALTH_UNKNOWN if result.error else HEALTH_CRITICAL
+        return Finding(
+            "card_missing",
+            severity,
+            f"{result.collector}: {len(gone)} card(s) listed before no longer listed: {names}",
+            value=len(gone),
+        )
+
     def _apply_recovery(self, cards: Iterable[CardRecord]) -> list[dict[str, Any]]:
         """Hold a card at its bad verdict until ``recovery_patrols`` good patrols in a row."""
         need = self.config.recovery_patrols
@@ -534,3 +582,11 @@ def _encode(obj: dict[str, Any]) -> str:
 
 
 __all__ = ["PatrolReport", "Patroller", "CollectorStatus", "rfc3339", "HEALTH_CRITICAL"]
+
+
+def _identities(rec: CardRecord) -> list[tuple]:
+    """What names a card across patrols, most specific first: its UUID, serial and bus
+    id (each with the chip; one call failing in a patrol must not make it another card),
+    or its (index, chip) when it was read without any of them (a garbled row)."""
+    found = [(kind, getattr(rec, kind), rec.chip) for kind in ("uuid", "serial", "bus_id")]
+    return [i for i in found if i[1]] or [("key", rec.index, rec.chip)]

@@ -95,6 +95,41 @@ def test_health_ok():
     assert (h.status, h.codes, h.info) == ("OK", (), ())
 
 
+@pytest.mark.parametrize(
+    "value, codes, bad",
+    [
+        ("8C03A000,8C084E00", ("8C03A000", "8C084E00"), ()),
+        ("0x8C03A000", ("8C03A000",), ()),
+        ("A4025021, 0X8c084e00;8C03A000", ("A4025021", "8C084E00", "8C03A000"), ()),
+        ("8C03A000 8C03A0 zz", ("8C03A000",), ("8C03A0", "zz")),
+        ("N/A", (), ()),
+    ],
+)
+def test_health_error_code_separators_prefix_and_bad_tokens(value, codes, bad):
+    h = parse_health(f"Health Status : Alarm\nError Code : {value}\nError Information : NA\n")
+    assert (h.codes, h.bad_codes) == (codes, bad)
+
+
+def test_reader_keeps_an_unreadable_error_code_as_a_card_error():
+    answer = "\tHealth Status : Alarm\n\tError Code : 0x8C03A000,8C03A0G0\n"
+
+    def runner(argv, timeout):
+        if "health" not in argv:
+            raise FileNotFoundError(argv[0])
+        return ToolOutput(tuple(argv), answer, "", 0, False, 0.01)
+
+    reader = DetailReader({"detail": True}, ["npu-smi", "info"], runner, clock=Clock())
+    recs = records(1)
+    reader.attach(recs)
+    assert recs[0].health_detail["codes"] == ["8C03A000"]
+    assert recs[0].errors == [
+        {
+            "source": "npu-smi info -t health -i 0 -c 0: Error Code",
+            "error": "not an 8-hex-digit error code: '8C03A0G0'",
+        }
+    ]
+
+
 def test_health_without_status_is_refused():
     with pytest.raises(ValueError):
         parse_health(text("npu-smi-info-t-board-i0_error_InvalidCardId_card-missing_v23.0.7.txt"))

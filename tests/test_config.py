@@ -52,6 +52,7 @@ BAD_CONFIGS = [
         "is not one of",
     ),
     ('jsonl:\n  path: "/var/log/a\\0b"\n', 2, "jsonl.path", "contains a NUL byte"),
+    ('node: a\nstate_path: ""\n', 2, "state_path", "'' should be non-empty"),
     (
         'node: a\ntextfile_path: "/var/lib/node_exporter/hetpatrol.prom\\n"\n',
         2,

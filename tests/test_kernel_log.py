@@ -166,6 +166,18 @@ def test_prefix_shapes(line, log_time):
     )
 
 
+def test_non_ascii_digits_are_not_an_xid_or_a_pid():
+    arabic = "NVRM: Xid (PCI:0000:9b:00): \u0667\u0669, pid=1, name=python3, GPU gone\n"
+    assert parse_text(arabic) == []  # not Xid 79: an Xid line that does not parse
+    (ev,) = parse_text("NVRM: Xid (PCI:0000:9b:00): 79, pid=\u0667, name=x, GPU gone\n")
+    assert (ev.xid, ev.bus_id, ev.pid, ev.message) == (
+        79,
+        "0000:9b:00.0",
+        None,
+        "pid=\u0667, name=x, GPU gone",
+    )
+
+
 def test_kmsg_record_with_escaped_newlines_and_dictionary():
     text = (
         "3,2104,1843308160,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: (PCI ID: 10de:26b5) "

@@ -624,6 +624,16 @@ def test_xml_overrides_and_hang():
     assert time.monotonic() - start >= 0.1
 
 
+def test_non_ascii_digits_in_the_xml_are_refused_not_read_as_numbers():
+    faults = {"gpus": {0: {"xml_overrides": {"temperature/gpu_temp": "\u0669\u0669 C"}}}}
+    nvml = load_replay_nvml(HEALTHY_XML, faults)
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(ReplayFormatError) as info:
+        nvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+    assert str(info.value) == "cannot read temperature/gpu_temp = '\u0669\u0669 C' as C"
+
+
 # ---------------------------------------------------------------------------------------
 # the fake module itself, and the bounded work of a patrol
 

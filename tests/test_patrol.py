@@ -128,3 +128,50 @@ def test_a_patrol_that_finds_no_card_is_not_ok(base_config, tmp_path):
     assert report.cards == ()
     assert [f.check for f in report.node_findings] == ["no_cards"]
     assert report.health == "unknown" and report.exit_code == 3
+
+
+def test_an_npu_gone_from_npu_smi_is_a_card_missing_finding(tmp_path):
+    """NPU 5 (bus 0000:02:00.0) listed, then gone: the node is not ok (it went straight
+    to ok, 7 cards); a row garbled so it cannot be read makes it unknown, not critical;
+    listed again, the finding goes."""
+    import shutil
+    from dataclasses import replace
+
+    from conftest import NODES
+
+    from hetpatrol.config import load_config
+    from hetpatrol.patrol import Patroller
+
+    node = tmp_path / "node"
+    node.mkdir()
+    table = node / "npu-smi-info.txt"
+    shutil.copy(NODES / "healthy-mixed" / "npu-smi-info.txt", table)
+    text = table.read_text()
+    lines = text.splitlines(keepends=True)
+    assert lines[21].startswith("| 5     910B4") and "0000:02:00.0" in lines[22]
+    config = replace(load_config(), node="n", collectors=load_config().collectors[1:])
+    patroller = Patroller(config, replay_dir=node)
+    try:
+        assert patroller.run().health == "ok"
+        table.write_text("".join(lines[:21] + lines[24:]))  # NPU 5's block deleted
+        report = patroller.run()
+        assert (report.health, len(report.cards)) == ("critical", 7)
+        assert [(f.check, f.severity, f.message, f.value) for f in report.node_findings] == [
+            (
+                "card_missing",
+                "critical",
+                "ascend: 1 card(s) listed before no longer listed: ascend/5/0 (0000:02:00.0)",
+                1,
+            )
+        ]
+        table.write_text(text.replace("| 5     910B4", "| X     910B4"))  # garbled
+        report = patroller.run()
+        assert [(f.check, f.severity) for f in report.node_findings] == [
+            ("card_missing", "unknown")
+        ]
+        assert report.health == "unknown"
+        table.write_text(text)
+        report = patroller.run()
+        assert (report.node_findings, len(report.cards)) == ((), 8)
+    finally:
+        patroller.close()

@@ -17,10 +17,12 @@ from hetpatrol.config import ConfigError, load_config
 from hetpatrol.patrol import CollectorStatus, Patroller
 from hetpatrol.schema import CardRecord, jsonl_json_schema
 from hetpatrol.slurm.gres import (
+    HOSTLIST_MAX,
     GresEntry,
     expand_hostlist,
     find_node,
     gres_conf_for_node,
+    hostlist_contains,
     parse_gres,
     parse_gres_conf,
     parse_scontrol_nodes,
@@ -218,6 +220,44 @@ def test_gres_conf_manpage_examples():
     assert conf_entries(mixed, "tux12") == ([("gpu", None, 4)], None)
     assert conf_entries(bandwidth, "tux7") == ([("bandwidth", "lustre", 4 * G)], None)
     assert conf_entries(bandwidth, "tux8") == ([], None)
+
+
+def test_gres_conf_huge_nodename_range_is_matched_without_expanding():
+    text = "NodeName=gpu[0000000-9999999] Name=gpu Type=a100 File=/dev/nvidia[0-3]\n"
+    assert conf_entries(text, "gpu0004217") == ([("gpu", "a100", 4)], None)
+    assert conf_entries(text, "gpu9999999") == ([("gpu", "a100", 4)], None)
+    assert conf_entries(text, "gpu4217") == ([], None)  # width 7, as Slurm pads it
+    assert conf_entries(text, "gpu10000000") == ([], None)
+    assert conf_entries(text, "gpu000421x") == ([], None)
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ["node[01-03,7],gpu1", "r[1-2]n[1-2]", "n[10-8]", "a[0-12]0", "x[1,abc]y", "tux[0-15]", "q[]"],
+)
+def test_hostlist_contains_agrees_with_the_expansion(expr):
+    names = set(expand_hostlist(expr))
+    probes = names | {"node1", "node003", "node07", "r1n3", "n7", "a1", "a00", "a120", "tux016"}
+    for name in sorted(probes):
+        assert hostlist_contains(expr, name) == (name in names), name
+    assert hostlist_contains("node[٠١-٠٣]", "node01") is False  # ASCII digits only
+
+
+def test_expand_hostlist_refuses_a_list_over_the_cap(base_config, tmp_path):
+    assert HOSTLIST_MAX == 65536
+    assert len(expand_hostlist("n[1-65536]")) == 65536
+    with pytest.raises(ValueError, match=r"expands to 65537 names \(limit 65536\)"):
+        expand_hostlist("n[1-65537]")
+    gres_conf = tmp_path / "gres.conf"
+    gres_conf.write_text("NodeName=gpu07 Name=gpu Type=a100 File=/dev/nvidia[0-99999999]\n")
+    fake = FakeScontrol(returncode=1, stderr="slurm_load_node: Unable to contact")
+    result = GresCheck(fake).run([], statuses(), slurm_on(base_config, gres_conf=gres_conf))
+    assert result.data["source"] is None
+    assert result.data["error"] == (
+        f"scontrol exited 1: slurm_load_node: Unable to contact; fallback {gres_conf}: "
+        "line 1: host list '/dev/nvidia[0-99999999]' expands to 100000000 names "
+        "(limit 65536)"
+    )
 
 
 # ------------------------------------------------------------------- comparison

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 
 _SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 _COUNT_RE = re.compile(r"^(\d+)([KMGTP]?)$", re.IGNORECASE)
@@ -107,12 +108,108 @@ def sum_gres(entries: Iterable[GresEntry]) -> tuple[GresEntry, ...]:
 
 
 # ----------------------------------------------------------------------- host lists
-def expand_hostlist(text: str) -> list[str]:
+#: Most names :func:`expand_hostlist` builds; a larger list is refused (``ValueError``).
+HOSTLIST_MAX = 65536
+_GROUP_RE = re.compile(r"\[([^\[\]]*)\]")
+_ASCII_DIGITS = frozenset("0123456789")
+
+
+def _is_num(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes ``٧`` and ``²``)."""
+    return bool(text) and set(text) <= _ASCII_DIGITS
+
+
+def _alternatives(group: str) -> list[str | tuple[int, int, int]]:
+    """The items of one ``[...]``: a literal string, or (low, high, zero-pad width)."""
+    out: list[str | tuple[int, int, int]] = []
+    for rng in group.split(","):
+        rng = rng.strip()
+        if not rng:
+            continue
+        lo, sep, hi = rng.partition("-")
+        if sep and _is_num(lo) and _is_num(hi):
+            out.append((int(lo), int(hi), len(lo) if lo.startswith("0") else 0))
+        else:
+            out.append(rng)
+    return out
+
+
+def _segments(text: str) -> list[str | list[str | tuple[int, int, int]]]:
+    """One host list item as literal strings and bracket groups, in order."""
+    segs: list[str | list[str | tuple[int, int, int]]] = []
+    while (m := _GROUP_RE.search(text)) is not None:
+        segs.append(text[: m.start()])
+        segs.append(_alternatives(m.group(1)))
+        text = text[m.end() :]
+    segs.append(text)
+    return segs
+
+
+def hostlist_count(text: str) -> int:
+    """How many names :func:`expand_hostlist` gives for ``text``, without building them."""
+    total = 0
+    for part in split_top(text):
+        n = 1
+        for seg in _segments(part):
+            if isinstance(seg, list):
+                n *= sum(1 if isinstance(a, str) else abs(a[1] - a[0]) + 1 for a in seg)
+        total += n
+    return total
+
+
+def hostlist_contains(text: str, name: str) -> bool:
+    """True when ``name`` is one of the names of host list ``text``, without expanding it.
+
+    Same answer as ``name in expand_hostlist(text)``: a range matches a number inside it
+    written at the range's zero-pad width (``gpu[0000-9999]`` holds ``gpu0042``, not
+    ``gpu42``), ASCII digits only.
+    """
+    for part in split_top(text):
+        segs = _segments(part)
+
+        @cache
+        def match(pos: int, i: int, segs=segs) -> bool:
+            if i == len(segs):
+                return pos == len(name)
+            seg = segs[i]
+            if isinstance(seg, str):
+                return name.startswith(seg, pos) and match(pos + len(seg), i + 1)
+            for alt in seg:
+                if isinstance(alt, str):
+                    if name.startswith(alt, pos) and match(pos + len(alt), i + 1):
+                        return True
+                    continue
+                lo, hi, width = alt
+                end = pos
+                while end < len(name) and name[end] in _ASCII_DIGITS:
+                    end += 1
+                for stop in range(pos + 1, end + 1):
+                    token = name[pos:stop]
+                    n = int(token)
+                    if (
+                        min(lo, hi) <= n <= max(lo, hi)
+                        and str(n).zfill(width) == token
+                        and match(stop, i + 1)
+                    ):
+                        return True
+            return False
+
+        if match(0, 0):
+            return True
+    return False
+
+
+def expand_hostlist(text: str, limit: int = HOSTLIST_MAX) -> list[str]:
     """Expand a Slurm host list: ``node[01-03,7],gpu1`` -> node01 node02 node03 node07 gpu1.
 
     Several bracket groups multiply (``r[1-2]n[1-2]``). Zero padding follows the width of
-    the lower bound (``[01-10]`` -> 01 ... 10). Used for ``NodeName=`` and ``File=``.
+    the lower bound (``[01-10]`` -> 01 ... 10). Used for ``File=``; a list of more than
+    ``limit`` names is refused with ``ValueError`` before any is built (a node's name is
+    looked up with :func:`hostlist_contains`, which expands nothing).
     """
+    count = hostlist_count(text)
+    if count > limit:
+        raise ValueError(f"host list {text[:80]!r} expands to {count} names (limit {limit})")
     out: list[str] = []
     for part in split_top(text):
         out.extend(_expand_one(part))
@@ -120,23 +217,29 @@ def expand_hostlist(text: str) -> list[str]:
 
 
 def _expand_one(text: str) -> list[str]:
-    m = re.search(r"\[([^\[\]]*)\]", text)
+    m = _GROUP_RE.search(text)
     if not m:
         return [text]
     head, tail = text[: m.start()], text[m.end() :]
     values: list[str] = []
-    for rng in m.group(1).split(","):
-        rng = rng.strip()
-        if not rng:
+    for alt in _alternatives(m.group(1)):
+        if isinstance(alt, str):
+            values.append(alt)
             continue
-        lo, sep, hi = rng.partition("-")
-        if sep and lo.isdigit() and hi.isdigit():
-            width = len(lo) if lo.startswith("0") else 0
-            step = 1 if int(hi) >= int(lo) else -1
-            values.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + step, step))
-        else:
-            values.append(rng)
+        lo, hi, width = alt
+        step = 1 if hi >= lo else -1
+        values.extend(str(n).zfill(width) for n in range(lo, hi + step, step))
     return [head + v + rest for v in values for rest in _expand_one(tail)]
+
+
+@dataclass(frozen=True)
+class HostList:
+    """A host list expression kept as text; ``name in hostlist`` expands nothing."""
+
+    text: str
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and hostlist_contains(self.text, name)
 
 
 # ------------------------------------------------------------------ scontrol show node
@@ -246,13 +349,14 @@ def find_node(text: str, name: str) -> NodeInfo | None:
 class GresConfLine:
     """One meaningful ``gres.conf`` line.
 
-    ``nodes`` is None for a line without ``NodeName=`` (it applies to every node);
+    ``nodes`` is None for a line without ``NodeName=`` (it applies to every node), else
+    the ``NodeName=`` host list (``node in line.nodes`` tests it without expanding it);
     ``count`` is ``Count=``, else the number of ``File=``/``MultipleFiles=`` devices,
     else 1. ``autodetect`` is set on ``AutoDetect=`` lines.
     """
 
     line: int
-    nodes: tuple[str, ...] | None
+    nodes: HostList | None
     name: str | None
     type: str | None
     count: int
@@ -274,7 +378,10 @@ class GresConf:
 
 
 def parse_gres_conf(text: str) -> list[GresConfLine]:
-    """Every ``Name=`` or ``AutoDetect=`` line of a ``gres.conf`` (keys case-insensitive)."""
+    """Every ``Name=`` or ``AutoDetect=`` line of a ``gres.conf`` (keys case-insensitive).
+
+    ``ValueError`` (naming the line) when a ``File=`` list expands past ``HOSTLIST_MAX``.
+    """
     out = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
@@ -287,11 +394,14 @@ def parse_gres_conf(text: str) -> list[GresConfLine]:
                 kv[key.lower()] = value
         if "name" not in kv and "autodetect" not in kv:
             continue
-        nodes = tuple(expand_hostlist(kv["nodename"])) if "nodename" in kv else None
+        nodes = HostList(kv["nodename"]) if "nodename" in kv else None
         files: tuple[str, ...] = ()
         for key in ("file", "files", "multiplefiles"):
             if key in kv:
-                files = tuple(expand_hostlist(kv[key]))
+                try:
+                    files = tuple(expand_hostlist(kv[key]))
+                except ValueError as exc:
+                    raise ValueError(f"line {lineno}: {exc}") from None
         count = parse_count(kv["count"]) if "count" in kv else None
         if count is None:
             count = len(files) if files else 1

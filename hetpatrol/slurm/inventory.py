@@ -117,10 +117,10 @@ def read_registration(settings: SlurmSettings, node: str, runner: Runner) -> Reg
         conf_error = None
         try:
             lines = parse_gres_conf(Path(settings.gres_conf).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as exc:
+            conf = gres_conf_for_node(lines, node)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a huge File=
             conf_error = f"{settings.gres_conf}: {getattr(exc, 'strerror', None) or exc}"
         else:
-            conf = gres_conf_for_node(lines, node)
             if conf.complete:
                 return Registration(node, SOURCE_GRES_CONF, conf.entries, error, now)
             conf_error = (
