@@ -392,6 +392,22 @@ def parse_text(text: str) -> list[KernelEvent]:
 # ------------------------------------------------------------------------------ readers
 
 
+def _named_events(
+    lines: Iterable[str], uuids: dict[str, str], result: ReadResult
+) -> Iterator[KernelEvent]:
+    """The events of ``lines``, each with its GPU's UUID when a ``GPU UUID`` line (of this
+    read or an earlier one: ``uuids``, updated) named the bus id; new names go into
+    ``result.uuids`` too."""
+    for item in _events(_logical_lines(lines)):
+        if isinstance(item, tuple):
+            uuids[item[0]] = item[1]
+            result.uuids[item[0]] = item[1]
+            continue
+        if item.bus_id in uuids and item.uuid is None:
+            item = replace(item, uuid=uuids[item.bus_id])
+        yield item
+
+
 @dataclass
 class ReadResult:
     """What one read of a kernel log gave.
@@ -485,13 +501,7 @@ class KmsgReader:
             if m:
                 self._last_seq = int(m.group("seq"))
             lines.append(first)
-        for item in _events(_logical_lines(lines)):
-            if isinstance(item, tuple):
-                self._uuids[item[0]] = item[1]
-                result.uuids[item[0]] = item[1]
-                continue
-            if item.bus_id in self._uuids and item.uuid is None:
-                item = replace(item, uuid=self._uuids[item.bus_id])
+        for item in _named_events(lines, self._uuids, result):
             when = None
             if item.clock is not None and item.clock[0] == "boot":
                 when = now_wall - (now_boot - item.clock[1])
@@ -554,13 +564,7 @@ class TextLogReader:
                 f"{self.path} is {size} bytes: read from its last {TEXT_READ_MAX} "
                 f"({skipped} bytes at its start skipped)"
             )
-        for item in _events(_logical_lines(lines)):
-            if isinstance(item, tuple):
-                self._uuids[item[0]] = item[1]
-                result.uuids[item[0]] = item[1]
-                continue
-            if item.bus_id in self._uuids and item.uuid is None:
-                item = replace(item, uuid=self._uuids[item.bus_id])
+        for item in _named_events(lines, self._uuids, result):
             result.events.append((item, None))
         return result
 
