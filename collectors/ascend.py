@@ -283,6 +283,10 @@ def _pair(tok: str) -> tuple[int | None, int | None] | None:
 
 
 def _column_key(title: str) -> str:
+    """The value kind a column title names (``power``, ``hbm``...), or the title itself
+    when unknown. A title whose unit in parentheses is not the one npu-smi prints
+    (``HBM-Usage(GB)``, ``Temp(F)``) is unknown too: read as MB or °C it would be wrong
+    by a factor, so its values are not read (and the problem is said)."""
     low = title.lower()
     for needle, key in (
         ("power", "power"),
@@ -293,8 +297,15 @@ def _column_key(title: str) -> str:
         ("memory", "memory"),
     ):
         if needle in low:
+            unit = _UNIT_RE.search(title)
+            expected = _UNIT_RE.search(COLUMN_TITLES[key])
+            if unit and expected and unit[1].lower() != expected[1].lower():
+                return title
             return key
     return title  # unknown column: kept by its title
+
+
+_UNIT_RE = re.compile(r"\(([^)]*)\)\s*$")
 
 
 def _column_kind(key: str) -> str:

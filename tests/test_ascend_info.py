@@ -970,3 +970,22 @@ def test_duplicate_npu_block_keeps_first_marked_unknown(tmp_path: Path, base_con
     assert rec.health == "unknown"
     assert [(f.check, f.severity) for f in rec.findings] == [("card_unreadable", "unknown")]
     assert [judge(r, base_config).health for r in result.records[1:]] == ["ok"] * 7
+
+
+def test_a_column_title_with_another_unit_is_not_read(tmp_path: Path) -> None:
+    """`HBM-Usage(GB)` and `Temp(F)` were read as MB and °C (HBM 2654 GB "used" of
+    32768 GB, 33 °C): such a column is unknown, its values not read, the reason said."""
+    text = _healthy_mixed_with("HBM-Usage(MB)", "HBM-Usage(GB)").replace("Temp(C) ", "Temp(F) ")
+    (tmp_path / "npu-smi-info.txt").write_text(text)
+    result = AscendCollector({"detail": False}, replay_dir=tmp_path).collect()
+    assert result.error == (
+        "npu-smi info: unknown column 'Temp(F)': its values are not read; "
+        "unknown column 'HBM-Usage(GB)': its values are not read"
+    )
+    rec = result.records[0]
+    assert (rec.temperature_celsius, rec.memory_used_bytes, rec.memory_total_bytes) == (
+        None,
+        None,
+        None,
+    )
+    assert (rec.power_watts, rec.utilization_ratio) == (87.2, 0.0)
