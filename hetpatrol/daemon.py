@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import select
 import signal
@@ -200,7 +202,13 @@ class Daemon:
         return report
 
     def run(self) -> int:
-        """Serve metrics and patrol until stopped. Returns the process exit code (0)."""
+        """Serve metrics and patrol until stopped. Returns the process exit code (0).
+
+        Raises ``OSError`` when the metrics address cannot be bound, or when another
+        daemon already writes the same JSONL log or state file (see :func:`claim_path`).
+        """
+        claims = (claim_path(p) for p in (self.config.jsonl_path, self.config.state_path) if p)
+        self._claims = [fd for fd in claims if fd is not None]
         if self.config.listen:
             host, port = parse_listen(self.config.listen)
             try:
@@ -306,6 +314,9 @@ class Daemon:
         log.info("stopped", patrols=self.patrols)
         self.notifier.close()
         self._wake.close()
+        for fd in getattr(self, "_claims", ()):
+            os.close(fd)
+        self._claims = []
 
 
 class _Wakeup:
@@ -338,3 +349,36 @@ class _Wakeup:
             except OSError:
                 pass
         self._r = self._w = -1
+
+
+def claim_path(path: Path) -> int | None:
+    """Take ``.<name>.lock`` beside ``path`` (``flock``, held while the returned file
+    descriptor stays open; the kernel drops it when the process dies, even by SIGKILL).
+
+    Two daemons writing one JSONL log or state file would interleave their patrols and
+    flip the verdict ``check`` reads between them. Raises ``OSError`` (EBUSY) naming
+    the other daemon's pid when it holds the claim; None (logged) when the lock file
+    cannot be made at all (a read-only directory: writing the file fails too, and that
+    is counted where it happens).
+    """
+    lock = path.parent / f".{path.name}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:  # a read-only or full directory: the sink counts its errors
+        log.warning("claim_failed", path=str(lock), error=exc.strerror or str(exc))
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise OSError(
+            errno.EBUSY, f"another hetpatrol daemon (pid {other}) already writes {path}"
+        ) from None
+    try:  # the pid is for the other daemon's message; the lock is what counts
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
+    return fd

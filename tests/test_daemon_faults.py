@@ -280,3 +280,34 @@ def test_a_reload_that_fails_in_any_way_keeps_the_running_config(tmp_path, monke
         assert daemon.patrol_once().node == "reload-node"
     finally:
         daemon.shutdown()
+
+
+def test_a_second_daemon_on_the_same_log_and_state_is_refused(tmp_path, fake_npu_smi):
+    """Two daemons on one state file flipped `check` between their verdicts and mixed
+    their patrols in one JSONL log: the second exits 1 naming the first's pid; with the
+    first stopped (its claim dies with it, even by SIGKILL) a new one starts."""
+    tool, _ = fake_npu_smi
+    port, cfg, first = start_daemon(tmp_path, tool)
+    second_cfg = tmp_path / "second.yaml"
+    try:
+        wait_for(lambda: _try(lambda: scrape(port)["hetpatrol_patrols_total"][0].value >= 1))
+        write_config(second_cfg, free_port(), tool)  # same directory: same log and state
+        second = start(second_cfg)
+        _, err = second.communicate(timeout=30)
+        assert second.returncode == 1
+        assert err.strip().splitlines()[-1] == (
+            f"hetpatrol: [Errno 16] another hetpatrol daemon (pid {first.pid}) already "
+            f"writes {tmp_path / 'patrol.jsonl'}"
+        )
+        assert first.poll() is None
+    finally:
+        first.kill()
+        first.communicate(timeout=15)
+    third = start(second_cfg)
+    try:
+        wait_for(lambda: (tmp_path / ".state.json.lock").read_text() == f"{third.pid}\n")
+        assert third.poll() is None
+    finally:
+        third.send_signal(signal.SIGTERM)
+        third.communicate(timeout=15)
+    assert third.returncode == 0

@@ -57,7 +57,7 @@ def test_logrotate_debug_accepts_the_snippet(tmp_path):
 
 def read_lines(directory: Path) -> list[dict]:
     lines = []
-    for path in directory.iterdir():
+    for path in directory.glob("patrol.jsonl*"):  # not the daemon's .patrol.jsonl.lock
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
         assert raw == b"" or raw.endswith(b"\n"), path  # no torn line anywhere
         lines.extend(json.loads(x) for x in raw.decode().splitlines())
@@ -92,7 +92,7 @@ def test_forced_rotations_under_a_running_daemon_lose_no_line(tmp_path):
         _, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err
 
-    names = sorted(p.name for p in logdir.iterdir())
+    names = sorted(p.name for p in logdir.iterdir() if p.name != ".patrol.jsonl.lock")
     # four rotations: .1 plain (delaycompress), .2 .. .4 compressed, and the new file
     assert names == [
         "patrol.jsonl",
