@@ -20,7 +20,9 @@ replay reads ``<replay dir>/root`` when present, and nothing otherwise.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,8 +54,14 @@ class EnvironmentFacts:
 
 
 def _read(path: Path, facts: EnvironmentFacts, shown: str) -> list[str]:
+    """The meaningful lines of a regular file (opened without blocking: a FIFO or a
+    device there is noted as unreadable, never waited on), up to ``_MAX_FILE_BYTES``."""
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                facts.unreadable[shown] = "not a regular file"
+                return []
             data = f.read(_MAX_FILE_BYTES)
     except FileNotFoundError:
         return []

@@ -109,3 +109,14 @@ def test_replay_without_root_and_switched_off(tmp_path):
     assert check.run([], [], load_config()).data == {"state": "absent", "root": None}
     cfg = replace(load_config(), environment=EnvironmentSettings(enabled=False))
     assert check.run([], [], cfg) is None
+
+
+def test_a_fifo_in_the_scanned_root_is_noted_not_waited_on(tmp_path):
+    """A FIFO at /etc/environment hung the scan (a blocking open with no writer)."""
+    import os
+
+    root = make_root(tmp_path, {"etc/ld.so.conf.d/cuda.conf": CUDA})
+    os.mkfifo(root / "etc" / "environment")
+    facts = scan(root)
+    assert facts.unreadable == {"/etc/environment": "not a regular file"}
+    assert facts.ld_paths == {"/etc/ld.so.conf.d/cuda.conf": [CUDA.strip()]}
