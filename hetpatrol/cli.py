@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 import structlog
 
 from hetpatrol import __version__, deep_health
+from hetpatrol.collector import discover
 from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from hetpatrol.healthcheck import add_check_parser
 from hetpatrol.output import silence_stdout, write_stdout
@@ -241,6 +242,16 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_validate_config(args: argparse.Namespace) -> int:
     config = load_config(args.path)
+    installed = discover()
+    unknown = [c.name for c in config.collectors if c.enabled and c.name not in installed]
+    if unknown:  # the daemon would report them failed, patrol after patrol
+        raise ConfigError(
+            f"no collector plugin named {unknown[0]!r} is installed "
+            f"(installed: {', '.join(sorted(installed)) or 'none'})",
+            path=config.source,
+            line=config.key_lines.get(("collectors", unknown[0])),
+            key=f"collectors.{unknown[0]}",
+        )
     if not any(c.enabled for c in config.collectors):
         print(
             f"{config.source}: warning: no collector is enabled: nothing will be patrolled",

@@ -226,6 +226,8 @@ class Config:
     baseline_file: Path | None = None
     #: what a card no profile applies to is judged by: the ``defaults`` section
     defaults: Profile | None = None
+    #: 1-based line of each key path in the file (for errors found after loading)
+    key_lines: dict[tuple, int] = field(default_factory=dict, compare=False, repr=False)
 
     def profile_for(self, vendor: str, card_type: str | None, model: str | None) -> Profile:
         """The first profile that applies; when none does, ``<vendor>-defaults``: the
@@ -265,6 +267,48 @@ _KEY_TAGS = ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")
 
 #: Control characters no setting holds (a tab may sit in a path or a command).
 _CONTROL_RE = re.compile(r"[\x01-\x08\x0a-\x1f\x7f]")
+
+
+#: ``1e308``: a float to the eye, text to YAML 1.1 (PyYAML wants ``1.0e+308``).
+_YAML11_TEXT_FLOAT = re.compile(r"([-+]?[0-9]+)[eE]([-+]?[0-9]+)")
+
+#: Mappings whose keys are read as numbers or case-folded codes: (path pattern, how a
+#: key is read). "0079" and "79" are one XID; 8c03a000 and 8C03A000 one fault code.
+_NORMALISED_KEYS: tuple[tuple[tuple[str, ...], Any], ...] = (
+    (("kernel_log", "xid_severity"), int),
+    (("kernel_log", "repeat_critical"), int),
+    (("ascend_fault_codes", "overrides"), str.upper),
+)
+
+
+def _check_normalised_keys(data: dict, src: str, lines: dict) -> None:
+    """Refuse two keys of one mapping that are read as the same one (one would silently
+    win): top-level ``kernel_log`` maps, and fault-code overrides in ``defaults`` and
+    every profile."""
+    places: list[tuple[tuple, Any, Any]] = []
+    for keys, read in _NORMALISED_KEYS:
+        if keys[0] == "kernel_log":
+            places.append((keys, (data.get(keys[0]) or {}).get(keys[1]), read))
+        else:
+            sections = [(("defaults",), data.get("defaults") or {})] + [
+                (("profiles", i), p) for i, p in enumerate(data.get("profiles") or [])
+            ]
+            for where, section in sections:
+                value = (section.get(keys[0]) or {}).get(keys[1])
+                places.append(((*where, *keys), value, read))
+    for path, mapping, read in places:
+        seen: dict[Any, Any] = {}
+        for key in mapping or {}:
+            norm = read(str(key))
+            if norm in seen:
+                key_path = (*path, key)
+                raise ConfigError(
+                    f"the same key as {seen[norm]!r} (both read as {norm!r})",
+                    path=src,
+                    line=_line_for(lines, key_path),
+                    key=format_key_path(key_path),
+                )
+            seen[norm] = key
 
 
 def _check_values(value: Any, path: tuple, src: str, lines: dict) -> None:
@@ -364,9 +408,13 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
             if extra:
                 epath = (*epath, extra[0])
                 message = "unknown key"
+        elif isinstance(err.instance, str) and (m := _YAML11_TEXT_FLOAT.fullmatch(err.instance)):
+            exp = m[2] if m[2][0] in "+-" else f"+{m[2]}"
+            message += f" (YAML reads an exponent without a dot as text: write {m[1]}.0e{exp})"
         raise ConfigError(
             message, path=src, line=_line_for(lines, epath), key=format_key_path(epath)
         )
+    _check_normalised_keys(data, src, lines)
     return _build(data, src, lines)
 
 
@@ -535,6 +583,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
         collectors=tuple(collectors),
         profiles=tuple(profiles),
         defaults=fallback,
+        key_lines=lines,
         slurm=build_slurm_settings(data.get("slurm"), expand_path),
         **deep_health.build_config_fields(data, src, lines),
     )

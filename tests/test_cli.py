@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-import structlog
 from conftest import NODES
 
 from hetpatrol.cli import main
@@ -18,14 +17,6 @@ from hetpatrol.exporters.state import write_state
 from hetpatrol.patrol import Patroller
 
 HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
-
-
-@pytest.fixture(autouse=True)
-def _keep_structlog_config():
-    """main() points structlog at this test's captured stderr: put it back after."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 def test_once_table_escapes_a_tools_control_and_bidi_characters(tmp_path):
@@ -113,3 +104,16 @@ def test_check_and_status_into_a_closed_stdout_keep_the_verdict(tmp_path, base_c
     assert json.loads(path.read_text())["health"] == "critical"
     assert _into_a_closed_pipe("check", "--state-path", str(path)) == (2, "")
     assert _into_a_closed_pipe("status", "--state-path", str(path)) == (2, "")
+
+
+def test_validate_config_refuses_a_collector_no_plugin_provides(tmp_path, capsys):
+    """`nvidai` passed as ok; the daemon then reported it failed every patrol."""
+    path = tmp_path / "hetpatrol.yaml"
+    path.write_text("node: a\ncollectors:\n  nvidia: {}\n  nvidai: {}\n")
+    assert main(["validate-config", str(path)]) == 78
+    assert capsys.readouterr().err == (
+        f"hetpatrol: configuration error: {path}:4: collectors.nvidai: no collector plugin "
+        "named 'nvidai' is installed (installed: ascend, nvidia)\n"
+    )
+    path.write_text("node: a\ncollectors:\n  nvidia: {}\n  nvidai: {enabled: false}\n")
+    assert main(["validate-config", str(path)]) == 0

@@ -54,6 +54,26 @@ BAD_CONFIGS = [
     ('jsonl:\n  path: "/var/log/a\\0b"\n', 2, "jsonl.path", "contains a NUL byte"),
     ('node: a\nstate_path: ""\n', 2, "state_path", "'' should be non-empty"),
     (
+        "interval_seconds: 1e1\n",
+        1,
+        "interval_seconds",
+        "'1e1' is not of type 'number' (YAML reads an exponent without a dot as text: "
+        "write 1.0e+1)",
+    ),
+    (
+        'kernel_log:\n  xid_severity:\n    "0079": info\n    "79": critical\n',
+        4,
+        "kernel_log.xid_severity.79",
+        "the same key as '0079' (both read as 79)",
+    ),
+    (
+        "profiles:\n  - name: a\n    vendor: ascend\n    ascend_fault_codes:\n"
+        "      overrides: {8c03a000: info, 8C03A000: critical}\n",
+        5,
+        "profiles[0].ascend_fault_codes.overrides.8C03A000",
+        "the same key as '8c03a000' (both read as '8C03A000')",
+    ),
+    (
         'node: a\ntextfile_path: "/var/lib/node_exporter/hetpatrol.prom\\n"\n',
         2,
         "textfile_path",

@@ -339,12 +339,8 @@ def test_each_daemon_log_line_leaves_in_one_write(monkeypatch):
 
     stream = Counting()
     monkeypatch.setattr(sys, "stderr", stream)
-    before = structlog.get_config()
-    try:
-        setup_logging("json", "info")
-        structlog.get_logger().info("first_patrol", health="ok", cards=16)
-        structlog.get_logger().warning("collector_state", collector="ascend", state="hung")
-    finally:
-        structlog.configure(**before)
+    setup_logging("json", "info")  # conftest puts the configuration back afterwards
+    structlog.get_logger().info("first_patrol", health="ok", cards=16)
+    structlog.get_logger().warning("collector_state", collector="ascend", state="hung")
     assert [json.loads(w)["event"] for w in stream.writes] == ["first_patrol", "collector_state"]
     assert all(w.endswith("}\n") and w.count("\n") == 1 for w in stream.writes)
