@@ -254,8 +254,8 @@ class _OutOfTime(Exception):
 class DetailReader:
     """Runs the Ascend detail commands for the collector and keeps their last answers.
 
-    Options (``collectors.ascend``): ``detail`` (off unless set; the bundled config sets
-    it), ``detail_interval_seconds``
+    Options (``collectors.ascend``): ``detail`` (on unless set to false),
+    ``detail_interval_seconds``
     (300; 0 = every patrol), ``detail_timeout_seconds`` (5, per command),
     ``detail_budget_seconds`` (5: a sweep that runs out of time goes on where it stopped
     at the next patrol), ``hccn_tool`` (argv, ``["hccn_tool"]``).
@@ -269,7 +269,7 @@ class DetailReader:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ):
-        self.enabled = bool(options.get("detail", False))  # the bundled config: true
+        self.enabled = bool(options.get("detail", True))
         self.interval = float(options.get("detail_interval_seconds", 300))
         self.timeout = float(options.get("detail_timeout_seconds", 5))
         self.budget = float(options.get("detail_budget_seconds", 5))

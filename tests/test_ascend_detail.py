@@ -349,9 +349,14 @@ def test_reader_hung_command_is_an_error_absent_tool_is_not():
     assert sum(1 for c in runner.calls if c[0] == "hccn_tool") == 4
 
 
-def test_collector_without_the_detail_option_runs_no_detail_command():
+def test_the_detail_sweep_is_on_unless_switched_off():
+    """A config of one's own that leaves `detail` unset still gets the RoCE and
+    fault-code checks (it was off, and a RoCE link down read ok); `detail: false` runs
+    npu-smi info alone."""
     calls = []
     collector = AscendCollector({})
+    assert collector.detail.enabled
+    collector = AscendCollector({"detail": False})
 
     def runner(argv, timeout):
         calls.append(tuple(argv))

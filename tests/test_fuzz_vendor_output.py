@@ -81,6 +81,7 @@ VALUES = (
 def fuzz(n: int):
     return settings(
         max_examples=max(1, int(n * SCALE)),
+        derandomize=True,  # the same examples in every run: CI never meets a new one
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
@@ -211,10 +212,17 @@ def damaged(draw, data: bytes, drop_lines: bool = True):
     """
     out = bytearray(data)
     ops = ["truncate", "flip", "swap_cells", "high"] + (["drop_line"] if drop_lines else [])
+    dropped = 0
     for _ in range(draw(st.integers(1, 3))):
         if not out:
             break
         op = draw(st.sampled_from(ops))
+        if op == "drop_line" and dropped == 2:
+            # a third dropped line can take exactly the tail of one chip block (its chip
+            # row and border) and the head of the next (its NPU row): what is left is a
+            # well-formed block naming the next chip's bus id, which no parser can tell
+            op = "flip"
+        dropped += op == "drop_line"
         pos = draw(st.integers(0, len(out) - 1))
         if op == "truncate":
             del out[pos:]
