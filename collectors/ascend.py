@@ -380,6 +380,7 @@ class _Parser:
         self.last_structural = ""  # "border", "cut-border", "row", "cut-row", "other"
         # process-table state
         self.group_npus: set[int] = set()
+        self.process_table_npus: set[int] = set()  # every NPU the process table names
         self.group_damaged = False
         self.proc_damaged = False
         self.proc_cols: list[str] = []
@@ -486,6 +487,7 @@ class _Parser:
             self.enter_processes()
             if m and row.complete:  # a whole statement: known at once, no border needed
                 self.group_npus.add(int(m.group(1)))
+                self.process_table_npus.add(int(m.group(1)))
                 if not self.group_damaged:
                     self.info.process_npus_closed.add(int(m.group(1)))
             else:
@@ -750,6 +752,7 @@ class _Parser:
             return
         self.info.processes.append(NpuProcess(npu, chip, pid, name, mem, in_container))
         self.group_npus.add(npu)
+        self.process_table_npus.add(npu)
 
     # -- end
     def finish(self) -> NpuSmiInfo:
@@ -768,6 +771,13 @@ class _Parser:
         if self.last_structural != "border":
             info.truncated = True
             self.problem("output does not end on a closing border: tail missing")
+        lost = sorted(self.process_table_npus - {c.npu_id for c in info.chips})
+        if lost:  # npu-smi lists every NPU in both tables: device rows were lost
+            info.truncated = True
+            self.problem(
+                f"NPU {', '.join(map(str, lost))} in the process table but not in the "
+                "device table: its rows were lost"
+            )
         if info.process_table_seen:
             info.process_table_complete = not self.proc_damaged and (
                 self.last_structural == "border" and self.section == "processes"

@@ -485,7 +485,7 @@ EXPECTED: dict[str, Sample] = {
         truncated=True,
         procs=((0, 0, 632268, "python3.1", 197, None),),
         known=frozenset({0, 1}),
-        problems=4,
+        problems=5,  # + NPU 0, 1 named by the process table, their device rows cut
     ),
     "npu-smi-info_910_93-A3_1npu-2chip_ProcIdInContainer_DOC-EDITED_vxxx.txt": Sample(
         "xxx.xxx.xxx",
@@ -989,3 +989,18 @@ def test_a_column_title_with_another_unit_is_not_read(tmp_path: Path) -> None:
         None,
     )
     assert (rec.power_watts, rec.utilization_ratio) == (87.2, 0.0)
+
+
+def test_an_npu_named_only_by_the_process_table_lost_its_device_rows() -> None:
+    """NPU 5's block gone from the device table, its "No running processes" row still
+    there: rows were lost (a first patrol has no earlier list to miss it from)."""
+    from conftest import NODES
+
+    lines = (NODES / "healthy-mixed" / "npu-smi-info.txt").read_text().splitlines(True)
+    assert lines[21].startswith("| 5     910B4")
+    info = parse_npu_smi_info("".join(lines[:21] + lines[24:]))
+    assert [c.npu_id for c in info.chips] == [0, 1, 2, 3, 4, 6, 7]
+    assert info.truncated
+    assert info.problems == [
+        "NPU 5 in the process table but not in the device table: its rows were lost"
+    ]

@@ -153,7 +153,9 @@ def test_an_npu_gone_from_npu_smi_is_a_card_missing_finding(tmp_path):
     patroller = Patroller(config, replay_dir=node)
     try:
         assert patroller.run().health == "ok"
-        table.write_text("".join(lines[:21] + lines[24:]))  # NPU 5's block deleted
+        assert lines[43].startswith("| No running processes found in NPU 5 ")
+        # gone from both tables, as when the driver no longer sees it
+        table.write_text("".join(lines[:21] + lines[24:43] + lines[45:]))
         report = patroller.run()
         assert (report.health, len(report.cards)) == ("critical", 7)
         assert [(f.check, f.severity, f.message, f.value) for f in report.node_findings] == [
