@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: ../shared/vendor-samples beside the checkout (read in place, never copied wholesale).
 SAMPLES = REPO.parent / "shared" / "vendor-samples"
 NODES = REPO / "fixtures" / "nodes"
+#: argv prefix of the ``hetpatrol`` command, run by this interpreter
+HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
 
 
 def samples_dir(vendor: str) -> Path:
@@ -54,12 +57,8 @@ def replay_run_argv(
     scenario: str, port: int, jsonl: Path, interval: float, *extra: str
 ) -> list[str]:
     """argv of ``hetpatrol run`` on a bundled scenario: loopback port, given JSONL path."""
-    import sys
-
     return [
-        sys.executable,
-        "-m",
-        "hetpatrol.cli",
+        *HETPATROL,
         "run",
         "--replay",
         str(NODES / scenario),

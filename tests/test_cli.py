@@ -7,16 +7,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
-from conftest import NODES
+from conftest import HETPATROL, NODES
 
 from hetpatrol.cli import main
 from hetpatrol.exporters.state import write_state
 from hetpatrol.patrol import Patroller
-
-HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
 
 
 def test_once_table_escapes_a_tools_control_and_bidi_characters(tmp_path):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import HETPATROL
 
 from hetpatrol.config import EX_CONFIG, ConfigError, Threshold, load_config
 
@@ -206,9 +206,7 @@ def test_card_type_that_yaml_reads_as_number_is_refused():
 def test_validate_config_cli_exit_codes(tmp_path):
     good = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "hetpatrol.cli",
+            *HETPATROL,
             "validate-config",
             str(Path(__file__).parents[1] / "config" / "hetpatrol.yaml"),
         ],
@@ -220,7 +218,7 @@ def test_validate_config_cli_exit_codes(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("interval_seconds: 10\njsonl:\n  max_bytes: -5\n")
     res = subprocess.run(
-        [sys.executable, "-m", "hetpatrol.cli", "validate-config", str(bad)],
+        [*HETPATROL, "validate-config", str(bad)],
         capture_output=True,
         text=True,
     )
@@ -236,9 +234,7 @@ def test_no_collectors_section_means_the_built_in_collectors():
 
 
 def test_usage_errors_exit_64_not_a_nagios_verdict():
-    res = subprocess.run(
-        [sys.executable, "-m", "hetpatrol.cli", "check", "--bogus"], capture_output=True, text=True
-    )
+    res = subprocess.run([*HETPATROL, "check", "--bogus"], capture_output=True, text=True)
     assert res.returncode == 64
     assert "unrecognized arguments: --bogus" in res.stderr
 

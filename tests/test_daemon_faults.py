@@ -6,14 +6,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from conftest import NODES
+from conftest import HETPATROL, NODES
 from test_end_to_end import free_port, scrape, wait_for
 
-HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
 TABLE = NODES / "healthy-mixed" / "npu-smi-info.txt"
 
 

@@ -7,17 +7,14 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import NODES, replay_run_argv
+from conftest import HETPATROL, NODES, replay_run_argv
 from prometheus_client.parser import text_string_to_metric_families
-
-HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
 
 
 def free_port() -> int:

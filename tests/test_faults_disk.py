@@ -23,13 +23,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from conftest import NODES
+from conftest import HETPATROL, NODES
 from prometheus_client.parser import text_string_to_metric_families
 from test_end_to_end import free_port, scrape
 
@@ -101,9 +100,7 @@ collectors: {{nvidia: {{}}, ascend: {{}}}}
             self.proc = subprocess.Popen(
                 [
                     *prefix,
-                    sys.executable,
-                    "-m",
-                    "hetpatrol.cli",
+                    *HETPATROL,
                     "--log-format",
                     "json",
                     "run",

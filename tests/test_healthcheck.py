@@ -8,17 +8,17 @@ import os
 import re
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import HETPATROL
 from fakes import Scripted, make_patroller
 
 from hetpatrol.exporters.state import write_state
 from hetpatrol.healthcheck import check
 
-CHECK = [sys.executable, "-m", "hetpatrol.cli", "check"]
+CHECK = [*HETPATROL, "check"]
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import NODES
+from conftest import HETPATROL, NODES
 
 from hetpatrol.config import load_config
 from hetpatrol.daemon import Daemon
@@ -257,16 +257,7 @@ def test_external_logrotate_is_followed_with_and_without_sighup(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log = open(tmp_path / "daemon.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hetpatrol.cli",
-            "run",
-            "--config",
-            str(config),
-            "--replay",
-            str(HEALTHY),
-        ],
+        [*HETPATROL, "run", "--config", str(config), "--replay", str(HEALTHY)],
         stdout=subprocess.DEVNULL,
         stderr=log,
         env=env,

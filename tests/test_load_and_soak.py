@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import NODES
+from conftest import NODES, replay_run_argv
 from test_end_to_end import free_port, scrape, wait_for
 from test_jsonl_crash import stop
 
@@ -49,20 +49,7 @@ def test_50_clients_scraping_for_30_s_fail_nothing_and_the_schedule_holds(
     env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), PYTHONUNBUFFERED="1")
     log = open(tmp_path / "daemon.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hetpatrol.cli",
-            "run",
-            "--replay",
-            str(NODES / "healthy-mixed"),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--jsonl-path",
-            str(jsonl),
-            "--interval",
-            str(INTERVAL),
-        ],
+        replay_run_argv("healthy-mixed", port, jsonl, INTERVAL),
         stdout=subprocess.DEVNULL,
         stderr=log,
         env=env,

@@ -9,13 +9,12 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import structlog
-from conftest import NODES
+from conftest import HETPATROL, NODES
 from fakes import Scripted, make_patroller
 
 from hetpatrol.cli import main
@@ -25,7 +24,6 @@ from hetpatrol.exporters import state
 from hetpatrol.exporters.state import read_state, write_atomic, write_state
 from hetpatrol.healthcheck import check
 
-HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
 REFUSED = "not a regular file: refusing to replace it"
 
 
