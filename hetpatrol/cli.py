@@ -382,8 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a replay scenario that cannot be read
         print(f"hetpatrol: {exc}", file=sys.stderr)
         return EX_CONFIG
-    except OSError as exc:  # e.g. the metrics port is taken
-        print(f"hetpatrol: {exc}", file=sys.stderr)
+    except OSError as exc:  # e.g. the metrics port is taken, another daemon's log
+        # the message itself, not "[Errno 98] ..."; a bare errno keeps its system text
+        text = exc.strerror if exc.strerror and exc.filename is None else str(exc)
+        print(f"hetpatrol: {text}", file=sys.stderr)
         return 1
 
 

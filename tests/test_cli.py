@@ -114,3 +114,34 @@ def test_validate_config_refuses_a_collector_no_plugin_provides(tmp_path, capsys
     )
     path.write_text("node: a\ncollectors:\n  nvidia: {}\n  nvidai: {enabled: false}\n")
     assert main(["validate-config", str(path)]) == 0
+
+
+def test_a_taken_metrics_port_exits_1_with_a_plain_message(tmp_path):
+    """No "[Errno 98]" noise: the address and why, for the journal and the operator."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = subprocess.run(
+            [
+                *HETPATROL,
+                "run",
+                "--replay",
+                str(NODES / "healthy-mixed"),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--jsonl-path",
+                str(tmp_path / "patrol.jsonl"),
+                "--state-path",
+                str(tmp_path / "state.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == (
+        f"hetpatrol: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+    )

@@ -294,7 +294,7 @@ def test_a_second_daemon_on_the_same_log_and_state_is_refused(tmp_path, fake_npu
         _, err = second.communicate(timeout=30)
         assert second.returncode == 1
         assert err.strip().splitlines()[-1] == (
-            f"hetpatrol: [Errno 16] another hetpatrol daemon (pid {first.pid}) already "
+            f"hetpatrol: another hetpatrol daemon (pid {first.pid}) already "
             f"writes {tmp_path / 'patrol.jsonl'}"
         )
         assert first.poll() is None
