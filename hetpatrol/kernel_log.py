@@ -46,6 +46,7 @@ from hetpatrol.schema import normalize_bus_id
 
 __all__ = [
     "KMSG_PATH",
+    "kmsg_denied_why",
     "REPLAY_FILE",
     "KernelEvent",
     "KernelLog",
@@ -74,6 +75,25 @@ MAX_RECORDS_PER_POLL = 20000
 KMSG_DEVICE = (1, 11)
 #: Episodes kept per (bus, XID or reason) for the window.
 MAX_OCCURRENCES_PER_KEY = 64
+
+# Who may open /dev/kmsg for reading. The node is root:root 0644, but devkmsg_open()
+# also calls check_syslog_permissions(SYSLOG_ACTION_READ_ALL): while the sysctl
+# kernel.dmesg_restrict is 1 (CONFIG_SECURITY_DMESG_RESTRICT, e.g. Debian's and Ubuntu's
+# kernels) the opener needs CAP_SYSLOG, else EPERM; group membership (adm,
+# systemd-journal) does not count. torvalds/linux kernel/printk/printk.c
+# (devkmsg_open, check_syslog_permissions; "kmsg: honor dmesg_restrict sysctl on
+# /dev/kmsg", Linux 3.11) and Documentation/admin-guide/sysctl/kernel.rst (dmesg_restrict).
+#: The sysctl that makes reading the kernel log need CAP_SYSLOG (``1``) or not (``0``).
+DMESG_RESTRICT_PATH = "/proc/sys/kernel/dmesg_restrict"
+#: Bit of CAP_SYSLOG in the ``CapEff`` mask of ``/proc/<pid>/status``
+#: (include/uapi/linux/capability.h).
+CAP_SYSLOG_BIT = 34
+#: systemd hides a path (ProtectKernelLogs=yes does so to /dev/kmsg and /proc/kmsg,
+#: InaccessiblePaths= to any) by mounting its "inaccessible" node of the same type over
+#: it: for a character device that is one with device number 0:0 and mode 0000
+#: (systemd src/core/namespace.c protect_kernel_logs_dev_table, MOUNT_INACCESSIBLE;
+#: src/shared/dev-setup.c make_inaccessible_nodes).
+INACCESSIBLE_DEVICE = (0, 0)
 
 KIND_XID = "xid"
 KIND_KERNEL = "kernel"
@@ -408,6 +428,56 @@ def _named_events(
         yield item
 
 
+def _dmesg_restrict(path: str) -> int | None:
+    """``kernel.dmesg_restrict`` (0 or 1); None when it cannot be read."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _has_cap_syslog(status_path: str) -> bool | None:
+    """Whether CAP_SYSLOG is in this process's effective set; None when unknown."""
+    try:
+        with open(status_path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYSLOG_BIT & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+#: Where this process's capability masks are read (``CapEff``).
+PROC_STATUS_PATH = "/proc/self/status"
+
+
+def kmsg_denied_why(
+    err: int,
+    *,
+    dmesg_restrict_path: str | None = None,
+    status_path: str | None = None,
+) -> str:
+    """Why opening ``/dev/kmsg`` failed with ``err`` (EPERM or EACCES), in words an
+    operator can act on: the missing CAP_SYSLOG while ``kernel.dmesg_restrict=1`` (read
+    from ``dmesg_restrict_path`` and the ``CapEff`` mask of ``status_path``), else the
+    device cgroup (systemd's ``DevicePolicy=`` without ``DeviceAllow=/dev/kmsg r``) or a
+    security module (EPERM), else the file mode (EACCES)."""
+    restrict = _dmesg_restrict(dmesg_restrict_path or DMESG_RESTRICT_PATH)
+    if restrict == 1 and _has_cap_syslog(status_path or PROC_STATUS_PATH) is False:
+        return (
+            "kernel.dmesg_restrict=1 and this process lacks CAP_SYSLOG; "
+            "the shipped unit grants it (AmbientCapabilities=CAP_SYSLOG)"
+        )
+    if err == errno.EPERM:
+        return (
+            "the device cgroup or a security module refuses it; "
+            "the shipped unit allows it (DeviceAllow=/dev/kmsg r)"
+        )
+    return "its file mode refuses this user"
+
+
 @dataclass
 class ReadResult:
     """What one read of a kernel log gave.
@@ -447,6 +517,12 @@ class KmsgReader:
         rdev = (os.major(st.st_rdev), os.minor(st.st_rdev))
         if stat.S_ISCHR(st.st_mode) and rdev == KMSG_DEVICE:
             return None
+        if stat.S_ISCHR(st.st_mode) and rdev == INACCESSIBLE_DEVICE:
+            return (
+                f"{self.path} is systemd's inaccessible placeholder (character device "
+                f"{rdev[0]}:{rdev[1]}), not the kernel log: the unit hides it "
+                "(ProtectKernelLogs=yes or InaccessiblePaths=)"
+            )
         return (
             f"{self.path} is not the kernel log device (character device "
             f"{KMSG_DEVICE[0]}:{KMSG_DEVICE[1]}, /dev/kmsg): not read"
@@ -465,7 +541,7 @@ class KmsgReader:
             except OSError as exc:
                 self._error = f"cannot read {self.path}: {exc.strerror or exc}"
                 if exc.errno in (errno.EACCES, errno.EPERM):
-                    self._error += " (root is needed to see XIDs)"
+                    self._error += f" ({kmsg_denied_why(exc.errno)})"
                 return ReadResult(state="absent", error=self._error)
             why = self._not_kmsg(os.fstat(self._fd))  # replaced since the stat above
             if why is not None:
@@ -631,6 +707,9 @@ class KernelLog:
     ``burst_seconds`` of the episode's last record are folded into that episode: they
     count, but make no new event. Records read together without a time stamp of their
     own fold the same way.
+
+    ``replay``: the source is the ``kmsg.txt`` of a replay directory (a recording, not
+    this host's kernel log: a recording without one is no fault of the node).
     """
 
     def __init__(
@@ -640,8 +719,10 @@ class KernelLog:
         window_seconds: float = 3600.0,
         burst_seconds: float = 5.0,
         clock=time.time,
+        replay: bool = False,
     ):
         self.reader = reader
+        self.replay = replay
         self.window_seconds = float(window_seconds)
         self.burst_seconds = float(burst_seconds)
         self._clock = clock
@@ -729,4 +810,9 @@ def open_kernel_log(
         reader = KmsgReader(path)
     else:
         reader = TextLogReader(path)  # a log file (tests, or a forwarded kernel log)
-    return KernelLog(reader, window_seconds=window_seconds, burst_seconds=burst_seconds)
+    return KernelLog(
+        reader,
+        window_seconds=window_seconds,
+        burst_seconds=burst_seconds,
+        replay=replay_dir is not None,
+    )

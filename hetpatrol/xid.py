@@ -380,6 +380,37 @@ def kernel_event_properties() -> dict[str, Any]:
     }
 
 
+CHECK_UNREADABLE = "kernel_log_unreadable"
+
+
+def unreadable_finding(
+    snapshot: KernelLogSnapshot, cards: Sequence[CardRecord], *, replay: bool = False
+) -> Finding | None:
+    """The ``kernel_log_unreadable`` warning node finding, or None.
+
+    A kernel log that cannot be read (``state`` ``absent`` or ``failed``) on a node with
+    NVIDIA cards blinds the XID checks (79, 48, 95, 119...) and "fallen off the bus":
+    warning, ``value`` the state, the message naming the source and the reader's error
+    (why: no CAP_SYSLOG, the device cgroup, systemd's placeholder...). None on a node
+    without NVIDIA cards (Ascend faults are not read from the kernel log) and for a
+    replay directory without a ``kmsg.txt`` (a recording without a kernel log).
+    """
+    if snapshot.state == "ok":
+        return None
+    if replay and snapshot.state == "absent":
+        return None
+    gpus = sum(1 for c in cards if c.vendor == "nvidia")
+    if not gpus:
+        return None
+    return Finding(
+        CHECK_UNREADABLE,
+        HEALTH_WARNING,
+        f"kernel log {snapshot.source or '?'} cannot be read ({snapshot.error or snapshot.state}):"
+        f" XIDs and GPUs fallen off the bus are not seen on this node's {gpus} NVIDIA GPU(s)",
+        value=snapshot.state,
+    )
+
+
 @dataclass(frozen=True)
 class KernelLogResult:
     """What the kernel log added to one patrol: event lines, node findings, the
@@ -405,7 +436,8 @@ def patrol_kernel_log(
 
     A source that cannot read (no ``/dev/kmsg``, no permission, no ``kmsg.txt`` in a
     replay) is said once in the daemon log and in every patrol line's ``kernel_log``
-    summary (``state: absent``), never as a finding.
+    summary (``state: absent`` or ``failed``, ``error`` says why); on a node with NVIDIA
+    cards it is also a node finding (:func:`unreadable_finding`).
     """
     if source is None:
         return KernelLogResult(summary={"state": "disabled"})
@@ -429,6 +461,9 @@ def patrol_kernel_log(
     events, findings = apply_kernel_log(
         snapshot, cards, rules, node=node, seq=seq, ts_format=ts_format, lookup_process=lookup
     )
+    blind = unreadable_finding(snapshot, cards, replay=bool(getattr(source, "replay", False)))
+    if blind is not None:
+        findings.append(blind)
     summary = {
         "state": snapshot.state,
         "error": snapshot.error,
