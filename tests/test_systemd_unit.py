@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import require_program
+from conftest import REPO, require_program
 
 UNIT = Path(__file__).resolve().parents[1] / "systemd" / "hetpatrol.service"
 
@@ -69,7 +71,8 @@ def test_unit_is_notify_with_watchdog_as_a_dedicated_user():
     assert d["Type"] == "notify" and d["NotifyAccess"] == "main"
     assert d["WatchdogSec"] == "30s"
     assert d["User"] == "hetpatrol" and d["SupplementaryGroups"] == "HwHiAiUser"
-    assert d["NoNewPrivileges"] == "yes" and d["CapabilityBoundingSet"] == ""
+    # one capability: CAP_SYSLOG, to open /dev/kmsg under kernel.dmesg_restrict=1
+    assert d["NoNewPrivileges"] == "yes" and d["CapabilityBoundingSet"] == "CAP_SYSLOG"
 
 
 def test_vendor_device_nodes_stay_reachable():
@@ -157,3 +160,224 @@ def test_exec_start_argv_is_accepted_by_the_cli():
     assert args.command == "run"
     assert str(args.config) == "/etc/hetpatrol/hetpatrol.yaml"
     assert args.log_format == "json"
+
+
+# ------------------------------------------- the sandbox against what the daemon reads
+# What the daemon reads comes from the code (hetpatrol.kernel_log, hetpatrol.host_access)
+# and the shipped config, never from a list copied here: a hardening change that hides
+# one of them (ProtectKernelLogs=yes hid /dev/kmsg: XIDs were never seen) fails here.
+
+# systemd.exec(5), "Environment variables in spawned processes": $PATH of the system
+# manager when the unit sets none (":/sbin:/bin" appended on unmerged-/usr builds).
+SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# ProtectHome=yes makes these inaccessible.
+PROTECT_HOME_DIRS = ("/home", "/root", "/run/user")
+
+
+def _all(pairs: list[tuple[str, str]], key: str) -> list[str]:
+    """Every value of a directive, split on blanks (systemd merges repeated ones)."""
+    out: list[str] = []
+    for k, v in pairs:
+        if k == key:
+            out = [] if v == "" else out + v.split()
+    return out
+
+
+def _under(path: str, dirs: list[str]) -> bool:
+    return any(
+        path == d.lstrip("-") or path.startswith(d.lstrip("-").rstrip("/") + "/") for d in dirs
+    )
+
+
+def _device_allowed(pairs: list[tuple[str, str]], node) -> list[str]:
+    """The concrete paths of ``node`` the unit's device ACL does not let it use."""
+    from hetpatrol.host_access import device_paths
+
+    acl: dict[str, str] = {}
+    for k, v in pairs:
+        if k == "DeviceAllow" and v:
+            spec, _, access = v.partition(" ")
+            acl[spec] = acl.get(spec, "") + access.strip()
+    missing = []
+    for path in device_paths(node):
+        granted = acl.get(path, "") + (acl.get(f"char-{node.group}", "") if node.group else "")
+        if not set(node.access) <= set(granted):
+            missing.append(f"{path} ({node.access}, for {node.user})")
+    return missing
+
+
+def _tools_the_daemon_runs() -> set[str]:
+    """Program names the Ascend collector runs, with the shipped config and with none."""
+    from collectors.ascend import AscendCollector
+    from hetpatrol.config import load_config
+
+    config = load_config(Path(__file__).resolve().parents[1] / "config" / "hetpatrol.yaml")
+    options = [c.options for c in config.collectors if c.name == "ascend"] + [{}]
+    names = set()
+    for opts in options:
+        collector = AscendCollector(opts)
+        names |= {collector.command[0], collector.detail.hccn[0]}
+    return names
+
+
+def _device_acl(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    return {v.split()[0]: v.split()[1] for k, v in pairs if k == "DeviceAllow" and v}
+
+
+def test_sandbox_keeps_the_kernel_log_readable():
+    """ProtectKernelLogs=yes put a 0:0 placeholder over /dev/kmsg, DevicePolicy=closed
+    had no /dev/kmsg and the bounding set no CAP_SYSLOG: XIDs were never seen."""
+    from hetpatrol.host_access import DEVICE_NODES
+    from hetpatrol.kernel_log import KMSG_PATH
+    from hetpatrol.xid import KernelLogRules
+
+    pairs = _directives(UNIT)
+    d = dict(pairs)
+    assert KernelLogRules().path == KMSG_PATH  # what the daemon opens by default
+    (kmsg,) = [n for n in DEVICE_NODES if n.path == KMSG_PATH]
+    assert d.get("ProtectKernelLogs", "no") == "no"
+    assert d.get("PrivateDevices", "no") == "no"  # a private /dev has no /dev/kmsg
+    assert _device_allowed(pairs, kmsg) == []
+    assert not _under(KMSG_PATH, _all(pairs, "InaccessiblePaths"))
+    # kernel.dmesg_restrict=1 (Debian, Ubuntu) lets only CAP_SYSLOG open it
+    for key in ("CapabilityBoundingSet", "AmbientCapabilities"):
+        assert "CAP_SYSLOG" in _all(pairs, key), key
+    # ...and CAP_SYSLOG buys nothing else: /proc/kmsg (a consuming reader) stays hidden,
+    # the device ACL is read only, and syslog(2) is outside the syscall allow-list
+    assert _under("/proc/kmsg", _all(pairs, "InaccessiblePaths"))
+    assert _device_acl(pairs)[KMSG_PATH] == "r"
+    allow = [v for k, v in pairs if k == "SystemCallFilter" and not v.startswith("~")]
+    assert allow == ["@system-service"]
+    allowed = _syscall_group("@system-service")
+    assert "read" in allowed and "openat" in allowed and "syslog" not in allowed
+
+
+def _syscall_group(name: str) -> set[str]:
+    """The system calls of a systemd syscall group, nested groups expanded, as the
+    installed systemd defines them (`systemd-analyze syscall-filter`)."""
+    text = subprocess.run(
+        [_analyze(), "syscall-filter", "--no-pager"], capture_output=True, text=True
+    ).stdout
+    groups: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("@"):
+            current = groups.setdefault(line.split()[0], [])
+        elif current is not None and line.strip() and not line.strip().startswith("#"):
+            current.append(line.split()[0])
+
+    def expand(group: str) -> set[str]:
+        out: set[str] = set()
+        for item in groups.get(group, []):
+            out |= expand(item) if item.startswith("@") else {item}
+        return out
+
+    return expand(name)
+
+
+def test_sandbox_keeps_every_vendor_device_node_reachable():
+    from hetpatrol.host_access import DEVICE_NODES
+
+    pairs = _directives(UNIT)
+    hidden = _all(pairs, "InaccessiblePaths")
+    missing = [m for node in DEVICE_NODES for m in _device_allowed(pairs, node)]
+    assert missing == []
+    assert [n.path for n in DEVICE_NODES if _under(n.path.split("{")[0], hidden)] == []
+
+
+def test_sandbox_lets_the_vendor_tools_run():
+    """npu-smi and hccn_tool are found on the unit's PATH and may be executed there
+    (hccn_tool lives in /usr/local/Ascend/driver/tools, off systemd's default PATH)."""
+    import shlex
+
+    from hetpatrol.host_access import TOOL_DIRS
+
+    pairs = _directives(UNIT)
+    env = dict(
+        item.split("=", 1) for k, v in pairs if k == "Environment" for item in shlex.split(v)
+    )
+    path = env.get("PATH", SYSTEMD_DEFAULT_PATH).split(":")
+    blocked = _all(pairs, "InaccessiblePaths") + _all(pairs, "NoExecPaths")
+    if dict(pairs).get("ProtectHome", "no") in ("yes", "tmpfs"):
+        blocked += list(PROTECT_HOME_DIRS)
+    exec_only = _all(pairs, "ExecPaths")
+    tools = _tools_the_daemon_runs()
+    assert {"npu-smi", "hccn_tool"} <= tools
+    for tool in sorted(tools):
+        if tool.startswith("/"):  # an absolute argv[0] in the config: its own directory
+            dirs = [str(Path(tool).parent)]
+        else:
+            assert tool in TOOL_DIRS, f"{tool}: declare its install directory in host_access"
+            dirs = [x for x in TOOL_DIRS[tool] if x in path]
+            assert dirs, f"{tool}: none of {TOOL_DIRS[tool]} is on the unit's PATH {path}"
+        usable = [
+            x for x in dirs if not _under(x, blocked) and (not exec_only or _under(x, exec_only))
+        ]
+        assert usable, f"{tool}: {dirs} hidden or not executable under the unit"
+
+
+def _unit_credentials_argv() -> list[str]:
+    """setpriv(1) arguments giving a process the unit's privileges, as user nobody
+    (the unit's User= does not exist here): its capability sets and NoNewPrivileges."""
+    pairs = _directives(UNIT)
+    caps = {
+        key: ",".join(["-all", *(f"+{c.lower().removeprefix('cap_')}" for c in _all(pairs, key))])
+        for key in ("CapabilityBoundingSet", "AmbientCapabilities")
+    }
+    argv = [
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        f"--bounding-set={caps['CapabilityBoundingSet']}",
+        f"--inh-caps={caps['AmbientCapabilities']}",
+        f"--ambient-caps={caps['AmbientCapabilities']}",
+    ]
+    if dict(pairs).get("NoNewPrivileges") == "yes":
+        argv.append("--no-new-privs")
+    return argv
+
+
+READ_KMSG = (
+    "import json, sys; sys.path.insert(0, sys.argv[1]);"
+    "from hetpatrol.kernel_log import KmsgReader;"
+    "r = KmsgReader().read(); print(json.dumps([r.state, r.error]))"
+)
+
+
+def _read_kmsg_as(argv: list[str]) -> tuple[str, str | None]:
+    res = subprocess.run(
+        [shutil.which("setpriv"), *argv, "/usr/bin/python3", "-I", "-c", READ_KMSG, str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    state, error = json.loads(res.stdout)
+    return state, error
+
+
+def _require_restricted_kmsg():
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
+        pytest.skip("needs root, setpriv (util-linux) and /usr/bin/python3")
+    st = os.stat("/dev/kmsg")
+    if (os.major(st.st_rdev), os.minor(st.st_rdev)) != (1, 11):
+        pytest.skip("no kernel log device here")
+    if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1":
+        pytest.skip("kernel.dmesg_restrict is 0 here: any user may read the kernel log")
+
+
+def test_the_units_privileges_open_the_real_kernel_log():
+    """The real kernel decides: an unprivileged process with exactly the unit's
+    capabilities and NoNewPrivileges reads /dev/kmsg under kernel.dmesg_restrict=1."""
+    _require_restricted_kmsg()
+    state, error = _read_kmsg_as(_unit_credentials_argv())
+    assert (state, error) == ("ok", None)
+
+
+def test_without_cap_syslog_the_kernel_log_is_refused_and_says_why():
+    _require_restricted_kmsg()
+    bare = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--bounding-set=-all"]
+    state, error = _read_kmsg_as([*bare, "--no-new-privs"])
+    assert state == "absent"
+    assert error.startswith("cannot read /dev/kmsg: Operation not permitted (")
+    assert "kernel.dmesg_restrict=1 and this process lacks CAP_SYSLOG" in error
