@@ -468,12 +468,12 @@ def kmsg_denied_why(
     if restrict == 1 and _has_cap_syslog(status_path or PROC_STATUS_PATH) is False:
         return (
             "kernel.dmesg_restrict=1 and this process lacks CAP_SYSLOG; "
-            "the shipped unit grants it (AmbientCapabilities=CAP_SYSLOG)"
+            "the shipped unit grants it with AmbientCapabilities=CAP_SYSLOG"
         )
     if err == errno.EPERM:
         return (
             "the device cgroup or a security module refuses it; "
-            "the shipped unit allows it (DeviceAllow=/dev/kmsg r)"
+            "the shipped unit allows it with DeviceAllow=/dev/kmsg r"
         )
     return "its file mode refuses this user"
 

@@ -402,11 +402,11 @@ def unreadable_finding(
     gpus = sum(1 for c in cards if c.vendor == "nvidia")
     if not gpus:
         return None
+    why = snapshot.error or f"kernel log {snapshot.source} {snapshot.state}"
     return Finding(
         CHECK_UNREADABLE,
         HEALTH_WARNING,
-        f"kernel log {snapshot.source or '?'} cannot be read ({snapshot.error or snapshot.state}):"
-        f" XIDs and GPUs fallen off the bus are not seen on this node's {gpus} NVIDIA GPU(s)",
+        f"{why}; XIDs and GPUs fallen off the bus are not seen on this node's {gpus} NVIDIA GPU(s)",
         value=snapshot.state,
     )
 
