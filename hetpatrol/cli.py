@@ -28,7 +28,7 @@ from hetpatrol import __version__, deep_health
 from hetpatrol.collector import discover
 from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from hetpatrol.healthcheck import add_check_parser
-from hetpatrol.output import silence_stdout, write_stdout
+from hetpatrol.output import plain_help, silence_stdout, write_stdout
 from hetpatrol.patrol import Patroller, PatrolReport
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import jsonl_json_schema
@@ -92,6 +92,17 @@ def _listen(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _interval(text: str) -> float:
+    """``--interval``: seconds in (0, 86400]; a usage error of ``run`` itself otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 86400:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds in (0, 86400]")
+    return value
 
 
 def _prom_path(text: str) -> Path:
@@ -225,7 +236,9 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     """Record this node's driver and firmware versions per card type as a baseline."""
     report = _one_patrol(args)
     try:
-        return deep_health.write_baseline(report, args.write, sys.stdout, sys.stderr)
+        return deep_health.write_baseline(
+            report, args.write, sys.stdout, sys.stderr, force=args.force
+        )
     except BrokenPipeError:  # stdout, not the file: main() handles it
         raise
     except OSError as exc:
@@ -294,7 +307,9 @@ def _add_log_options(p: argparse.ArgumentParser, default: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="hetpatrol", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="hetpatrol",
+        description=plain_help(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"hetpatrol {__version__}")
     _add_log_options(parser, None)
@@ -309,8 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDR:PORT",
         help="metrics address (overrides the config)",
     )
-    p.add_argument("--jsonl-path", type=Path, default=None, help="JSONL patrol log path")
-    p.add_argument("--state-path", type=Path, default=None, help="state file path")
+    p.add_argument(
+        "--jsonl-path", type=Path, default=None, metavar="P", help="JSONL patrol log (overrides)"
+    )
+    p.add_argument(
+        "--state-path", type=Path, default=None, metavar="P", help="state file (overrides)"
+    )
     p.add_argument(
         "--textfile-path",
         type=_prom_path,
@@ -318,12 +337,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P",
         help="also write the metrics to P (*.prom) for node_exporter's textfile collector",
     )
-    p.add_argument("--interval", type=float, default=None, help="seconds between patrols")
+    p.add_argument(
+        "--interval",
+        type=_interval,
+        default=None,
+        metavar="S",
+        help="seconds between patrol starts, in (0, 86400] (overrides the config)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("once", help="one patrol; exit 0/1/2/3 = ok/warning/critical/unknown")
     _add_common(p)
-    p.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "jsonl"),
+        default="table",
+        help="table for a person (default); json: {patrol, cards, events}; "
+        "jsonl: the lines the JSONL sink writes",
+    )
     p.add_argument(
         "--baseline",
         type=Path,
@@ -344,13 +375,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="write the baseline file here (atomically); default: print it",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write the baseline even when some cards or collectors could not be read",
+    )
     p.set_defaults(func=cmd_baseline)
 
     p = sub.add_parser("schema", help="print the JSON Schema of the JSONL lines")
     p.set_defaults(func=cmd_schema)
 
     p = sub.add_parser("validate-config", help="check a config file (exit 78 when bad)")
-    p.add_argument("path", type=Path)
+    p.add_argument("path", type=Path, help="the YAML config file to check")
     p.set_defaults(func=cmd_validate_config)
 
     add_check_parser(sub)
@@ -366,9 +402,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = args.log_level or ("info" if args.command == "run" else "warning")
     setup_logging(args.log_format, level)
-    interval = getattr(args, "interval", None)
-    if interval is not None and not 0 < interval <= 86400:  # also refuses nan
-        parser.error("--interval must be a number of seconds in (0, 86400]")
     try:
         code = int(args.func(args))
         write_stdout("")  # flush now: a reader gone (`| head`) keeps the command's code

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpatrol.exporters.state import read_state
-from hetpatrol.output import write_stdout
+from hetpatrol.output import plain_help, write_stdout
 from hetpatrol.schema import EXIT_CODES
 
 EXIT_UNKNOWN = 3
@@ -205,7 +205,7 @@ def add_check_parser(sub: Any) -> None:
     p = sub.add_parser(
         "check",
         help="Slurm HealthCheckProgram / Nagios: the daemon's last verdict, exit 0/1/2/3",
-        description=__doc__,
+        description=plain_help(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

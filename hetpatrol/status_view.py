@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from hetpatrol.exporters.state import read_state
 from hetpatrol.healthcheck import verdict_age, verdict_code
-from hetpatrol.output import write_stdout
+from hetpatrol.output import plain_help, write_stdout
 
 EXIT_UNKNOWN = 3
 
@@ -269,7 +269,7 @@ def add_status_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "status",
         help="this node at a glance, from the daemon's state file (exit 0/1/2/3)",
-        description=__doc__,
+        description=plain_help(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

@@ -145,3 +145,43 @@ def test_a_taken_metrics_port_exits_1_with_a_plain_message(tmp_path):
     assert proc.stderr.splitlines()[-1] == (
         f"hetpatrol: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
     )
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "86401", "ten"])
+def test_run_interval_out_of_range_is_runs_own_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--interval", value])
+    assert exc.value.code == 64
+    err = capsys.readouterr().err
+    assert err.startswith("usage: hetpatrol run ")
+    assert "argument --interval" in err and "(0, 86400]" in err
+
+
+@pytest.mark.parametrize("command", [[], ["check"], ["status"], ["run"], ["once"]])
+def test_help_is_plain_text_with_help_for_every_option(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and ":func:" not in out
+
+
+def test_every_option_of_every_command_has_help():
+    import argparse
+
+    from hetpatrol.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in [("hetpatrol", parser), *sub.choices.items()]:
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            assert action.help, f"{name} {action.option_strings or action.dest}: no help"
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("hetpatrol 0.")
