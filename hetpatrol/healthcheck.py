@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hetpatrol.exporters.state import read_state
-from hetpatrol.output import plain_help, write_stdout
-from hetpatrol.schema import EXIT_CODES
+from hetpatrol.output import plain_help, silence_stdout, write_stdout
+from hetpatrol.verdict import EXIT_CODES
 
 EXIT_UNKNOWN = 3
 STATE_WORDS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
@@ -190,6 +190,26 @@ def cmd_check(args: argparse.Namespace) -> int:
             return EXIT_UNKNOWN
     code, line = check(Path(state_path), args.max_age)
     write_stdout(line.replace("\n", " ") + "\n")  # a reader gone keeps the exit code
+    return code
+
+
+def run_check(state_path: str, max_age: str | None) -> int | None:
+    """``check --state-path P [--max-age S]`` without the CLI's parser (see
+    :mod:`hetpatrol.entry`): prints the line, returns its exit code; None when
+    ``max_age`` is not a valid ``--max-age`` (the full parser then reports the usage
+    error) or the path is empty."""
+    try:
+        age = None if max_age is None else _positive(max_age)
+    except (ValueError, argparse.ArgumentTypeError):
+        return None
+    if not state_path:
+        return None
+    code, line = check(Path(state_path), age)
+    try:
+        write_stdout(line.replace("\n", " ") + "\n")
+        write_stdout("")
+    except BrokenPipeError:  # the reader has gone: the verdict's code all the same
+        silence_stdout()
     return code
 
 
