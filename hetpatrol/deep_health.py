@@ -553,12 +553,13 @@ def _nvlink_findings(record: CardRecord, th: DeepThresholds) -> list[Finding]:
             else th.nvlink_errors_total.warning
         )
         worst_link = max(links, key=lambda lk: sum((lk.get("counters") or {}).values()))
+        counts = ", ".join(f"{k} {v}" for k, v in (worst_link.get("counters") or {}).items())
         out.append(
             Finding(
                 "nvlink_errors",
                 severity,
                 f"{total} NVLink DL errors since driver load (most on link "
-                f"{worst_link['link']}: {worst_link.get('counters')})",
+                f"{worst_link['link']}: {counts})",
                 value=total,
                 threshold=level,
             )
