@@ -323,17 +323,20 @@ def render(
     out.add()
     node_findings = [f for f in doc.get("findings") or [] if isinstance(f, Mapping)]
     said = " ".join(str(f.get("message")) for f in node_findings)
-    parts = []
-    for name, s in (doc.get("collectors") or {}).items():
+    collectors = doc.get("collectors") or {}
+    out.add("collectors:" + ("" if collectors else " none"))
+    for name, s in collectors.items():
         state = str(s.get("state"))
-        text = f"{name} " + paint(state, _COLLECTOR_HEALTH.get(state, "unknown"))
         seconds = s.get("duration_seconds")
-        text += f" ({s.get('cards', 0)} cards, {float(seconds or 0):.3f} s)"
+        text = f"{name} {state} ({s.get('cards', 0)} cards, {float(seconds or 0):.3f} s)"
         error = s.get("error")
         if error and str(error) not in said:  # a node finding already quotes it
             text += f": {error}"
-        parts.append(text)
-    out.add("collectors: " + ("; ".join(parts) if parts else "none"), plain_len=0)
+        w = _Writer(width)
+        w.add(text, 2, hang=2)
+        style = _COLLECTOR_HEALTH.get(state, "unknown")
+        w.lines[0] = w.lines[0].replace(f" {state} ", f" {paint(state, style)} ", 1)
+        out.lines.extend(w.lines)
     shown = [f for f in node_findings if verbose or f.get("severity") != "info"]
     hidden += len(node_findings) - len(shown)
     if shown:

@@ -34,7 +34,9 @@ def test_once_table_escapes_a_tools_control_and_bidi_characters(tmp_path):
         "node n1  UNKNOWN   exit 3",
         "no card was read",
         "",
-        "collectors: ascend failed (0 cards, T s); nvidia disabled (0 cards, T s)",
+        "collectors:",
+        "  ascend failed (0 cards, T s)",
+        "  nvidia disabled (0 cards, T s)",
         "node findings:",
         f"  unknown collector_failed: ascend: npu-smi info exited with code 3: "
         f"npu-smi info: output: {shown}",
