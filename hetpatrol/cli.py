@@ -28,11 +28,12 @@ from hetpatrol import __version__, deep_health
 from hetpatrol.collector import discover
 from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from hetpatrol.healthcheck import add_check_parser
-from hetpatrol.output import silence_stdout, write_stdout
+from hetpatrol.node_view import render, terminal_width, use_color
+from hetpatrol.output import plain_help, silence_stdout, write_stdout
 from hetpatrol.patrol import Patroller, PatrolReport
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import jsonl_json_schema
-from hetpatrol.status_view import _printable, add_status_parser
+from hetpatrol.status_view import add_status_parser
 
 
 def setup_logging(fmt: str = "console", level: str = "info") -> None:
@@ -94,6 +95,17 @@ def _listen(text: str) -> str:
     return text
 
 
+def _interval(text: str) -> float:
+    """``--interval``: seconds in (0, 86400]; a usage error of ``run`` itself otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 86400:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds in (0, 86400]")
+    return value
+
+
 def _prom_path(text: str) -> Path:
     if not text.endswith(".prom"):
         raise argparse.ArgumentTypeError(f"{text}: node_exporter reads only *.prom files")
@@ -134,65 +146,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return daemon.run()
 
 
-def format_table(report: PatrolReport) -> str:
-    """Human-readable table of one patrol: a row per card, findings under it.
+def format_table(
+    report: PatrolReport, *, verbose: bool = False, color: bool = False, width: int | None = None
+) -> str:
+    """The node view (:mod:`hetpatrol.node_view`, as ``status`` shows it) of one patrol:
+    a table per vendor and card type, findings and processes under each card, the
+    collectors, node findings and kernel-log events. Control characters and bidi
+    controls in any text are shown escaped, never sent to the terminal raw."""
+    from hetpatrol.exporters.state import state_document
 
-    Control characters and bidi controls in any text (a vendor tool's error, a model
-    name) are shown escaped (``\\x1b``, ``\\u202e``), never sent to the terminal raw."""
-    head = (
-        "VENDOR",
-        "TYPE",
-        "IDX",
-        "CHIP",
-        "MODEL",
-        "BUS ID",
-        "HEALTH",
-        "TEMP",
-        "POWER",
-        "UTIL",
-        "MEMORY",
-    )
-    rows = []
-    notes: list[list[str]] = []
-
-    def num(v: float | None, unit: str, fmt: str = "{:.0f}") -> str:
-        return "-" if v is None else fmt.format(v) + unit
-
-    for c in sorted(report.cards, key=lambda r: (r.vendor, r.index, r.chip or 0)):
-        mem = "-"
-        if c.memory_used_bytes is not None and c.memory_total_bytes:
-            mem = f"{c.memory_used_bytes / 2**30:.1f}/{c.memory_total_bytes / 2**30:.1f} GiB"
-        row = (
-            c.vendor,
-            c.card_type or "-",
-            str(c.index),
-            "-" if c.chip is None else str(c.chip),
-            c.model or "-",
-            c.bus_id or "-",
-            c.health.upper(),
-            num(c.temperature_celsius, " C"),
-            num(c.power_watts, " W", "{:.1f}"),
-            num(None if c.utilization_ratio is None else c.utilization_ratio * 100, "%"),
-            mem,
-        )
-        rows.append(tuple(_printable(v) for v in row))
-        notes.append([f"{f.severity}: {f.check}: {f.message}" for f in c.findings])
-    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
-    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
-    for row, note in zip(rows, notes, strict=True):
-        out.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-        out.extend(f"    {n}" for n in note)
-    for s in report.collectors:
-        line = f"collector {s.name}: {s.state}, {s.cards} cards, {s.duration_seconds:.3f} s"
-        out.append(line + (f" ({s.error})" if s.error else ""))
-    for f in report.node_findings:
-        out.append(f"node {f.severity}: {f.check}: {f.message}")
-    for line in report.event_lines:  # kernel log faults first read in this patrol
-        e = json.loads(line)
-        what = f"xid {e['xid']}" if e["xid"] is not None else str(e["reason"])
-        out.append(f"event {e['severity']}: {what} on {e['bus_id']} x{e['count']}")
-    out.append(f"node {report.node}: {report.health.upper()} (exit {report.exit_code})")
-    return "\n".join(_printable(line) for line in out) + "\n"
+    doc = state_document(report, 0.0)
+    events = [json.loads(line) for line in report.event_lines]
+    return render(doc, verbose=verbose, color=color, width=width, events=events, live=False)
 
 
 def _one_patrol(args: argparse.Namespace) -> PatrolReport:
@@ -216,7 +181,12 @@ def cmd_once(args: argparse.Namespace) -> int:
         }
         text = json.dumps(doc, indent=2) + "\n"
     else:
-        text = format_table(report)
+        text = format_table(
+            report,
+            verbose=args.verbose,
+            color=use_color(sys.stdout, args.color),
+            width=terminal_width(sys.stdout),
+        )
     write_stdout(text)  # a reader gone (`| head`) leaves the exit code the verdict's
     return report.exit_code
 
@@ -225,7 +195,9 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     """Record this node's driver and firmware versions per card type as a baseline."""
     report = _one_patrol(args)
     try:
-        return deep_health.write_baseline(report, args.write, sys.stdout, sys.stderr)
+        return deep_health.write_baseline(
+            report, args.write, sys.stdout, sys.stderr, force=args.force
+        )
     except BrokenPipeError:  # stdout, not the file: main() handles it
         raise
     except OSError as exc:
@@ -294,7 +266,9 @@ def _add_log_options(p: argparse.ArgumentParser, default: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="hetpatrol", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="hetpatrol",
+        description=plain_help(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"hetpatrol {__version__}")
     _add_log_options(parser, None)
@@ -309,8 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDR:PORT",
         help="metrics address (overrides the config)",
     )
-    p.add_argument("--jsonl-path", type=Path, default=None, help="JSONL patrol log path")
-    p.add_argument("--state-path", type=Path, default=None, help="state file path")
+    p.add_argument(
+        "--jsonl-path", type=Path, default=None, metavar="P", help="JSONL patrol log (overrides)"
+    )
+    p.add_argument(
+        "--state-path", type=Path, default=None, metavar="P", help="state file (overrides)"
+    )
     p.add_argument(
         "--textfile-path",
         type=_prom_path,
@@ -318,12 +296,31 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P",
         help="also write the metrics to P (*.prom) for node_exporter's textfile collector",
     )
-    p.add_argument("--interval", type=float, default=None, help="seconds between patrols")
+    p.add_argument(
+        "--interval",
+        type=_interval,
+        default=None,
+        metavar="S",
+        help="seconds between patrol starts, in (0, 86400] (overrides the config)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("once", help="one patrol; exit 0/1/2/3 = ok/warning/critical/unknown")
     _add_common(p)
-    p.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "jsonl"),
+        default="table",
+        help="table for a person (default); json: {patrol, cards, events}; "
+        "jsonl: the lines the JSONL sink writes",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="table: also show info findings")
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="table colours; auto: on a terminal unless NO_COLOR is set",
+    )
     p.add_argument(
         "--baseline",
         type=Path,
@@ -344,13 +341,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="write the baseline file here (atomically); default: print it",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write the baseline even when some cards or collectors could not be read",
+    )
     p.set_defaults(func=cmd_baseline)
 
     p = sub.add_parser("schema", help="print the JSON Schema of the JSONL lines")
     p.set_defaults(func=cmd_schema)
 
     p = sub.add_parser("validate-config", help="check a config file (exit 78 when bad)")
-    p.add_argument("path", type=Path)
+    p.add_argument("path", type=Path, help="the YAML config file to check")
     p.set_defaults(func=cmd_validate_config)
 
     add_check_parser(sub)
@@ -366,9 +368,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = args.log_level or ("info" if args.command == "run" else "warning")
     setup_logging(args.log_format, level)
-    interval = getattr(args, "interval", None)
-    if interval is not None and not 0 < interval <= 86400:  # also refuses nan
-        parser.error("--interval must be a number of seconds in (0, 86400]")
     try:
         code = int(args.func(args))
         write_stdout("")  # flush now: a reader gone (`| head`) keeps the command's code

@@ -37,6 +37,18 @@ from hetpatrol.slurm.drain import DrainPolicy
 log = structlog.get_logger("hetpatrol.daemon")
 
 
+def describe_change(change: dict) -> str:
+    """One entry of a patrol's ``changes`` as the daemon's log says it:
+    ``nvidia/3 ok -> critical``, ``collector ascend ok -> failed``, ``nvidia/7 ok -> gone``
+    (a card no longer listed), ``nvidia/0 new -> ok`` (first seen)."""
+    what = change.get("card")
+    if what is None and change.get("collector") is not None:
+        what = f"collector {change['collector']}"
+    before = change.get("from") or "new"
+    after = change.get("to") or "gone"
+    return f"{what} {before} -> {after}"
+
+
 class Daemon:
     """One hetpatrol process: a :class:`Patroller`, the sinks and the metrics server.
 
@@ -250,7 +262,7 @@ class Daemon:
                         "patrol_changes",
                         seq=report.seq,
                         health=report.health,
-                        changes=list(report.changes),
+                        changes=", ".join(describe_change(c) for c in report.changes),
                     )
                 interval = self.config.interval_seconds
                 slot += 1

@@ -553,12 +553,13 @@ def _nvlink_findings(record: CardRecord, th: DeepThresholds) -> list[Finding]:
             else th.nvlink_errors_total.warning
         )
         worst_link = max(links, key=lambda lk: sum((lk.get("counters") or {}).values()))
+        counts = ", ".join(f"{k} {v}" for k, v in (worst_link.get("counters") or {}).items())
         out.append(
             Finding(
                 "nvlink_errors",
                 severity,
                 f"{total} NVLink DL errors since driver load (most on link "
-                f"{worst_link['link']}: {worst_link.get('counters')})",
+                f"{worst_link['link']}: {counts})",
                 value=total,
                 threshold=level,
             )
@@ -617,10 +618,23 @@ def baseline_override(path: Path) -> dict[str, Any]:
         raise ConfigError(str(exc), path=str(path)) from None
 
 
-def write_baseline(report, path: Path | None, out, err) -> int:
+def unread_for_baseline(report) -> list[str]:
+    """What a baseline taken from ``report`` would miss: collectors that failed or hung
+    (``"ascend collector failed"``) and cards whose type or row could not be read
+    (``"nvidia/3"``, a GPU lost before its model was read)."""
+    missed = [f"{s.name} collector {s.state}" for s in report.collectors if not s.up]
+    for card in report.cards:
+        if card.card_type is None or any(f.check == "card_unreadable" for f in card.findings):
+            chip = "" if card.chip is None else f"/{card.chip}"
+            missed.append(f"{card.vendor}/{card.index}{chip}")
+    return missed
+
+
+def write_baseline(report, path: Path | None, out, err, force: bool = False) -> int:
     """``hetpatrol baseline``: the report's versions as a baseline file, printed or
     written atomically to ``path``. Exit 0; 3 when no card type could be read (a
-    baseline of nothing would check nothing)."""
+    baseline of nothing would check nothing), or when some card or collector could not
+    be read (:func:`unread_for_baseline`) and ``force`` is false: nothing is written."""
     from hetpatrol.exporters.state import write_atomic
     from hetpatrol.patrol import rfc3339
 
@@ -628,6 +642,14 @@ def write_baseline(report, path: Path | None, out, err) -> int:
     if not doc["baseline"]:
         # never replace a good baseline file with an empty one
         err.write("no card type could be read: no baseline written\n")
+        return 3
+    missed = unread_for_baseline(report)
+    if missed and not force:
+        # a baseline that silently lacks a card type would check nothing for it
+        err.write(
+            f"could not read {', '.join(missed)}: the baseline would miss them; "
+            "no baseline written (--force writes it anyway)\n"
+        )
         return 3
     text = dump_baseline(doc)
     if path is None or str(path) == "-":

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hetpatrol.exporters.state import read_state
-from hetpatrol.output import write_stdout
-from hetpatrol.schema import EXIT_CODES
+from hetpatrol.output import plain_help, silence_stdout, write_stdout
+from hetpatrol.verdict import EXIT_CODES
 
 EXIT_UNKNOWN = 3
 STATE_WORDS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
@@ -193,6 +193,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     return code
 
 
+def run_check(state_path: str, max_age: str | None) -> int | None:
+    """``check --state-path P [--max-age S]`` without the CLI's parser (see
+    :mod:`hetpatrol.entry`): prints the line, returns its exit code; None when
+    ``max_age`` is not a valid ``--max-age`` (the full parser then reports the usage
+    error) or the path is empty."""
+    try:
+        age = None if max_age is None else _positive(max_age)
+    except (ValueError, argparse.ArgumentTypeError):
+        return None
+    if not state_path:
+        return None
+    code, line = check(Path(state_path), age)
+    try:
+        write_stdout(line.replace("\n", " ") + "\n")
+        write_stdout("")
+    except BrokenPipeError:  # the reader has gone: the verdict's code all the same
+        silence_stdout()
+    return code
+
+
 def _positive(text: str) -> float:
     value = float(text)
     if not 0 < value < 10**9:  # also refuses nan and inf
@@ -205,7 +225,7 @@ def add_check_parser(sub: Any) -> None:
     p = sub.add_parser(
         "check",
         help="Slurm HealthCheckProgram / Nagios: the daemon's last verdict, exit 0/1/2/3",
-        description=__doc__,
+        description=plain_help(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

@@ -8,6 +8,7 @@ output is dropped and the command still exits with its own code.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 
@@ -36,3 +37,10 @@ def write_stdout(text: str) -> bool:
         silence_stdout()
         return False
     return True
+
+
+def plain_help(doc: str | None) -> str:
+    """A module docstring as ``--help`` text: reStructuredText markup (````x````,
+    ``:func:`x````) shown as plain text."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc or "")
+    return text.replace("``", "")

@@ -20,35 +20,24 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+# The verdict words, their order and exit codes live in hetpatrol.verdict (imported by
+# `check` alone); re-exported here, where the record's readers look for them.
+from hetpatrol.verdict import (  # noqa: F401
+    _RANK,
+    EXIT_CODES,
+    HEALTH_CRITICAL,
+    HEALTH_OK,
+    HEALTH_STATES,
+    HEALTH_UNKNOWN,
+    HEALTH_WARNING,
+    SEVERITIES,
+    SEVERITY_INFO,
+    worst,
+)
+
 CARD_SCHEMA = "hetpatrol.card/1"
 PATROL_SCHEMA = "hetpatrol.patrol/1"
 EVENT_SCHEMA = "hetpatrol.event/1"
-
-HEALTH_OK = "ok"
-HEALTH_WARNING = "warning"
-HEALTH_CRITICAL = "critical"
-HEALTH_UNKNOWN = "unknown"
-HEALTH_STATES = (HEALTH_OK, HEALTH_WARNING, HEALTH_CRITICAL, HEALTH_UNKNOWN)
-
-SEVERITY_INFO = "info"
-SEVERITIES = (SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL, HEALTH_UNKNOWN)
-
-#: Order used to combine verdicts: the worst wins. ``unknown`` ranks between warning and
-#: critical: a card nobody can read is worse than a warm one, better than a dead one.
-_RANK = {HEALTH_OK: 0, SEVERITY_INFO: 0, HEALTH_WARNING: 1, HEALTH_UNKNOWN: 2, HEALTH_CRITICAL: 3}
-
-#: Nagios plugin exit codes for a verdict.
-EXIT_CODES = {HEALTH_OK: 0, HEALTH_WARNING: 1, HEALTH_CRITICAL: 2, HEALTH_UNKNOWN: 3}
-
-
-def worst(*states: str) -> str:
-    """Return the worst of the given verdicts (``ok`` when none is given)."""
-    result = HEALTH_OK
-    for state in states:
-        if _RANK[state] > _RANK[result]:
-            result = state
-    return HEALTH_OK if result == SEVERITY_INFO else result
-
 
 _BUS_ID_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-Fx]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])$"

@@ -326,3 +326,17 @@ def test_write_never_replaces_a_baseline_with_an_empty_one(tmp_path, capsys):
     )
     assert target.read_text() == good
     assert "no baseline written" in capsys.readouterr().err
+
+
+def test_baseline_of_a_node_with_an_unread_card_needs_force(tmp_path, capsys):
+    # sick-mixed: GPU 3 (0000:c2:00.0) answers GpuIsLost before its model is read, so a
+    # baseline taken there would silently hold 3 A100s instead of 4
+    target = tmp_path / "baseline.yaml"
+    argv = ["baseline", "--replay", str(NODES / "sick-mixed"), "--write", str(target)]
+    assert main(argv) == 3
+    assert not target.exists()
+    err = capsys.readouterr().err
+    assert "could not read nvidia/3: the baseline would miss them" in err
+    assert main([*argv, "--force"]) == 0
+    rows = {r["card_type"]: r["cards"] for r in yaml.safe_load(target.read_text())["baseline"]}
+    assert rows == {"a100": 3, "910b": 8}

@@ -30,13 +30,16 @@ def test_once_table_escapes_a_tools_control_and_bidi_characters(tmp_path):
     assert res.returncode == 3, res.stderr
     shown = "\\x1b]0;PWNED\\x07\\x1b[2J\\u202ex"
     lines = [re.sub(r"\d+\.\d{3} s", "T s", line) for line in res.stdout.splitlines()]
-    assert lines[1:] == [
-        f"collector ascend: failed, 0 cards, T s (npu-smi info exited with code 3: "
-        f"npu-smi info: output: {shown})",
-        "collector nvidia: disabled, 0 cards, T s",
-        f"node unknown: collector_failed: ascend: npu-smi info exited with code 3: "
+    assert lines == [
+        "node n1  UNKNOWN   exit 3",
+        "no card was read",
+        "",
+        "collectors:",
+        "  ascend failed (0 cards, T s)",
+        "  nvidia disabled (0 cards, T s)",
+        "node findings:",
+        f"  unknown collector_failed: ascend: npu-smi info exited with code 3: "
         f"npu-smi info: output: {shown}",
-        "node n1: UNKNOWN (exit 3)",
     ]
 
 
@@ -145,3 +148,43 @@ def test_a_taken_metrics_port_exits_1_with_a_plain_message(tmp_path):
     assert proc.stderr.splitlines()[-1] == (
         f"hetpatrol: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
     )
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "86401", "ten"])
+def test_run_interval_out_of_range_is_runs_own_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--interval", value])
+    assert exc.value.code == 64
+    err = capsys.readouterr().err
+    assert err.startswith("usage: hetpatrol run ")
+    assert "argument --interval" in err and "(0, 86400]" in err
+
+
+@pytest.mark.parametrize("command", [[], ["check"], ["status"], ["run"], ["once"]])
+def test_help_is_plain_text_with_help_for_every_option(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and ":func:" not in out
+
+
+def test_every_option_of_every_command_has_help():
+    import argparse
+
+    from hetpatrol.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in [("hetpatrol", parser), *sub.choices.items()]:
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            assert action.help, f"{name} {action.option_strings or action.dest}: no help"
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("hetpatrol 0.")

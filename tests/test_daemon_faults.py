@@ -309,3 +309,18 @@ def test_a_second_daemon_on_the_same_log_and_state_is_refused(tmp_path, fake_npu
         third.send_signal(signal.SIGTERM)
         third.communicate(timeout=15)
     assert third.returncode == 0
+
+
+def test_the_daemon_logs_changes_as_words_not_python_lists():
+    from hetpatrol.daemon import describe_change
+
+    assert describe_change({"card": "nvidia/3", "from": "ok", "to": "critical"}) == (
+        "nvidia/3 ok -> critical"
+    )
+    assert describe_change({"card": "nvidia/7", "from": "ok", "to": None}) == "nvidia/7 ok -> gone"
+    assert describe_change({"card": "ascend/5/0", "from": None, "to": "ok"}) == (
+        "ascend/5/0 new -> ok"
+    )
+    assert describe_change({"collector": "ascend", "from": "ok", "to": "failed"}) == (
+        "collector ascend ok -> failed"
+    )

@@ -8,15 +8,18 @@ import os
 import re
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import HETPATROL
+from conftest import HETPATROL, NODES
 from fakes import Scripted, make_patroller
 
+from hetpatrol.config import load_config
 from hetpatrol.exporters.state import write_state
 from hetpatrol.healthcheck import check
+from hetpatrol.patrol import Patroller
 
 CHECK = [*HETPATROL, "check"]
 
@@ -159,3 +162,59 @@ def test_check_distrusts_damaged_state_files(tmp_path):
         assert "\n" not in line
     path.write_text("[" * 100000 + "]" * 100000)  # deeper than the JSON parser allows
     assert check(path)[0] == 3
+
+
+HEAVY = ("jsonschema", "prometheus_client", "pynvml", "structlog", "yaml", "psutil")
+
+
+def _modules_after(argv: list[str], tmp_path) -> tuple[int, str, list[str]]:
+    """Exit code, stdout and the heavy modules imported by ``hetpatrol.entry.main(argv)``
+    in a fresh interpreter (Slurm runs ``check`` on every node at every interval)."""
+    code = (
+        "import sys, json\n"
+        "from hetpatrol.entry import main\n"
+        f"rc = main({argv!r})\n"
+        f"heavy = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))\n"
+        "sys.stdout.flush()\n"
+        "print(json.dumps([rc, heavy]))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    *lines, last = run.stdout.strip().splitlines()
+    rc, heavy = json.loads(last)
+    return rc, "\n".join(lines), heavy
+
+
+def test_check_with_a_state_path_imports_no_heavy_module(tmp_path):
+    state = tmp_path / "state.json"
+    report = Patroller(load_config(), replay_dir=NODES / "sick-mixed").run()
+    write_state(state, report, 10.0)
+    rc, out, heavy = _modules_after(["check", "--state-path", str(state)], tmp_path)
+    assert (rc, heavy) == (2, [])
+    assert out.startswith(f"HETPATROL CRITICAL - {report.node}: 3 critical, 9 ok; nvidia/1 ")
+    rc, out, heavy = _modules_after(["check", f"--state-path={state}", "--max-age=1e6"], tmp_path)
+    assert (rc, heavy) == (2, [])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "--state-path", "S", "--max-age", "0"],  # the full parser's usage error
+        ["check", "--state-path", "S", "--config", "C"],
+        ["check", "--state-path"],
+        ["check", "--state-path", "S", "--state-path", "S"],
+    ],
+)
+def test_check_forms_the_fast_path_does_not_know_go_to_the_full_cli(argv, tmp_path, capsys):
+    from hetpatrol.cli import main as cli_main
+    from hetpatrol.entry import main as entry_main
+
+    def outcome(main):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = exc.code
+        return code, capsys.readouterr()
+
+    assert outcome(entry_main) == outcome(cli_main)

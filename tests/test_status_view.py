@@ -18,9 +18,9 @@ from test_end_to_end import HETPATROL, free_port, wait_for
 
 from hetpatrol.config import load_config
 from hetpatrol.exporters.state import write_state
+from hetpatrol.node_view import render, use_color
 from hetpatrol.patrol import Patroller
 from hetpatrol.replay import load_scenario
-from hetpatrol.status_view import render, use_color
 
 ESC = "\x1b["
 
@@ -97,17 +97,81 @@ def test_pipe_is_plain_and_complete(tmp_path):
     out = res.stdout
     assert ESC not in out and "\x1b" not in out
     lines = out.splitlines()
-    assert lines[0].startswith("node mixed-sick-01: CRITICAL")
-    assert "verdict 0 s old (every 10 s)" in lines[0] or "verdict 1 s old" in lines[0]
+    assert lines[0].startswith("node mixed-sick-01  CRITICAL   patrol 1, verdict ")
+    assert re.search(r"verdict [01] s old \(every 10 s\)$", lines[0])
+    assert lines[1] == "12 cards: 9 ok, 3 critical   drivers: ascend 25.2.0, nvidia 555.42.02"
     # grouped by vendor and card type, a row per card, findings under their card
-    assert "ascend 910b  (8 chips: 7 ok, 1 critical)" in out
+    assert "ascend 910b (gres ascend)  8 cards: 7 ok, 1 critical" in lines
     row5 = next(i for i, x in enumerate(lines) if x.split()[:3] == ["5", "0", "CRITICAL"])
-    assert "38 C" in lines[row5] and "97.2 W" in lines[row5] and "0000:02:00.0" in lines[row5]
-    assert lines[row5 + 1].split()[:2] == ["critical", "vendor_health:"]
-    assert "Alarm" in lines[row5 + 1]
-    assert any("remapped_rows_pending:" in x for x in lines)
-    assert any("gpu" in x.lower() and "lost" in x.lower() for x in lines)
-    assert lines[-1].startswith("collectors: nvidia ok (4 cards") and "ascend ok (8 cards" in out
+    assert lines[row5].split() == [
+        *("5", "0", "CRITICAL", "38", "C", "97.2", "W", "0%", "3.3/64.0", "GiB"),
+        *("0000:02:00.0", "910B3"),
+    ]
+    assert lines[row5 + 1] == "      critical vendor_health: vendor health is Alarm"
+    # NPU 2 holds the 37 GiB process of the recording (pid 1333928, no name in the
+    # container's PID namespace): listed under its card
+    row2 = next(i for i, x in enumerate(lines) if x.split()[:3] == ["2", "0", "OK"])
+    assert "40.1/64.0 GiB" in lines[row2]
+    assert lines[row2 + 1] == "      pid 1333928  36.8 GiB"
+    assert (
+        "      critical remapped_rows_pending: remapped rows pending: the GPU needs a reset"
+        in lines
+    )
+    assert any("GPU is lost (fell off the bus)" in x for x in lines)
+    assert lines[-3] == "collectors:"
+    assert lines[-2].startswith("  nvidia ok (4 cards, ") and lines[-1].startswith("  ascend ok (8")
+
+
+def test_once_and_status_print_the_same_view(tmp_path):
+    state = make_state(tmp_path, "nvlink-storm")
+    status = run_piped(["status", "--state-path", str(state), "-v"], clean_env())
+    once = run_piped(["once", "--replay", str(NODES / "nvlink-storm"), "-v"], clean_env())
+    assert (status.returncode, once.returncode) == (2, 2)
+
+    # the same cards, findings and collectors below the header (timings masked)
+    def body(text):
+        lines = [x for x in text.splitlines()[1:] if not x.startswith("state file:")]
+        lines = [re.sub(r"\d+\.\d{3} s\)", "T s)", x) for x in lines]
+        return [
+            x
+            for x in lines
+            if not x.startswith(("kernel log events", "  critical xid", "  warning xid"))
+        ]
+
+    assert body(status.stdout) == body(once.stdout)
+    assert once.stdout.splitlines()[0] == "node nvlink-storm-01  CRITICAL   exit 2"
+
+
+def test_info_findings_are_hidden_unless_verbose(tmp_path):
+    # every idle H100 of nvlink-storm reports HW slowdown + power brake (mask 0x88) as
+    # info: no work is slowed, nothing to alarm an operator with
+    plain = run_piped(["once", "--replay", str(NODES / "nvlink-storm")], clean_env()).stdout
+    assert "clock_event_reasons" not in plain
+    assert plain.splitlines()[-1] == "8 info findings hidden (-v)"
+    verbose = run_piped(["once", "--replay", str(NODES / "nvlink-storm"), "-v"], clean_env())
+    assert verbose.stdout.count("info clock_event_reasons: clocks slowed by HW slowdown") == 8
+    assert "hidden (-v)" not in verbose.stdout
+    # an NVLink error finding reads as words, not a Python dict
+    assert (
+        "nvlink_errors: 286 NVLink DL errors since driver load (most on link 7: replay 31, "
+        "recovery 12, crc_flit 240, crc_data 3)" in plain
+    )
+
+
+def test_findings_wrap_to_the_terminal_width(tmp_path):
+    state = make_state(tmp_path, "nvlink-storm")
+    rc, out = run_on_pty(
+        ["status", "--state-path", str(state), "--color", "never"], clean_env(COLUMNS="80")
+    )
+    assert rc == 2
+    lines = out.splitlines()
+    findings = [x for x in lines if x.startswith("      ")]
+    assert findings and all(len(x) <= 80 for x in findings)
+    xid = next(i for i, x in enumerate(lines) if x.startswith("      critical xid: kernel log"))
+    # the continuation lines hang under the text, not under the severity word
+    assert lines[xid + 1].startswith("               ") and "XID 149" in " ".join(
+        lines[xid : xid + 4]
+    )
 
 
 def test_json_for_scripts(tmp_path):
@@ -165,12 +229,22 @@ def test_render_without_cards():
         "interval_seconds": 10,
         "health": "unknown",
         "collectors": {"ascend": {"state": "failed", "cards": 0, "error": "DCMI -8005"}},
-        "findings": [{"check": "collector_failed", "severity": "unknown", "message": "x"}],
+        "findings": [
+            {"check": "collector_failed", "severity": "unknown", "message": "ascend: DCMI -8005"}
+        ],
         "cards": [],
     }
-    out = render(doc)
-    assert "collectors: ascend failed (0 cards, 0.000 s): DCMI -8005" in out
-    assert "node unknown collector_failed: x" in out
+    lines = render(doc).splitlines()
+    assert lines[0].startswith("node n1  UNKNOWN   patrol 1, verdict 0 s old")
+    assert lines[1] == "no card was read"
+    assert "IDX" not in "".join(lines)  # no empty table header
+    # the DCMI error is said once: in the node finding, not again on the collector
+    assert lines[-4:] == [
+        "collectors:",
+        "  ascend failed (0 cards, 0.000 s)",
+        "node findings:",
+        "  unknown collector_failed: ascend: DCMI -8005",
+    ]
 
 
 def test_status_of_a_running_daemon_reads_the_configs_state_path(tmp_path):
@@ -211,8 +285,9 @@ def test_status_of_a_running_daemon_reads_the_configs_state_path(tmp_path):
         _, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err
     assert rc == 0, out
-    assert "node a3-01: \x1b[32mOK\x1b[0m" in out
-    assert "\x1b[1mascend 910_93\x1b[0m  (16 chips: \x1b[32m16 ok\x1b[0m)" in out
+    assert "node a3-01  \x1b[32mOK\x1b[0m" in out
+    assert "16 chips on 8 cards: \x1b[32m16 ok\x1b[0m   drivers: ascend " in out
+    assert "\x1b[1mascend 910_93 (gres ascend)\x1b[0m  16 chips on 8 cards: \x1b[32m16 ok" in out
     assert "error" not in out.replace("errors", "")  # chip 1 has no power: no news
 
 
@@ -236,7 +311,7 @@ def test_control_characters_from_a_vendor_string_are_printed_escaped(tmp_path):
 def test_bidi_controls_are_printed_escaped():
     """Unicode bidi controls (a Trojan Source reordering) are escaped like C0/C1
     controls; other non-ASCII text is kept."""
-    from hetpatrol.status_view import _printable
+    from hetpatrol.node_view import printable as _printable
 
     bidi = "\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
     doc = {"key\u202e": [f"a{bidi}b", "caf\u00e9 \u4e2d\x1b[2J", 3.5]}

@@ -16,9 +16,10 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hetpatrol.patrol import PatrolReport
+if TYPE_CHECKING:  # `check` and `status` import this module: keep them light
+    from hetpatrol.patrol import PatrolReport
 
 STATE_SCHEMA = "hetpatrol.state/1"
 

@@ -1,0 +1,375 @@
+"""The node view: one renderer for ``hetpatrol once`` and ``hetpatrol status``.
+
+Input is a state document (the JSON the daemon writes after every patrol, see
+:func:`hetpatrol.exporters.state.state_document`): ``node``, ``seq``, ``finished``,
+``interval_seconds``, ``health``, ``exit_code``, ``collectors`` (name -> state),
+``findings`` (node findings) and ``cards`` (the card lines of the JSONL log). ``once``
+builds the same document from its report, so both commands print the same view:
+
+- a header: node, verdict, patrol number and age, the driver versions per vendor, and
+  how many cards (an Ascend chip is a card record: "16 chips on 8 cards");
+- one table per vendor and card type: a row per card, its findings under it (wrapped to
+  the terminal's width), then the processes on it (pid, user, Slurm job, memory) and,
+  for a card that is not ok, why a value is missing;
+- the collectors, node findings and kernel-log events.
+
+``info`` findings (an idle GPU's clock event reasons) are counted but hidden unless
+``verbose``. Colour only when asked (:func:`use_color`: a terminal, no ``NO_COLOR``).
+Every string that came from a vendor tool is shown with its control and bidi characters
+escaped (:func:`printable`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TextIO
+
+from hetpatrol.healthcheck import verdict_age
+
+_RESET = "\033[0m"
+_STYLE = {
+    "ok": "\033[32m",  # green
+    "warning": "\033[33m",  # yellow
+    "critical": "\033[1;31m",  # bold red
+    "unknown": "\033[35m",  # magenta
+    "info": "\033[36m",  # cyan
+    "dim": "\033[2m",
+    "bold": "\033[1m",
+}
+_ORDER = ("ok", "info", "warning", "unknown", "critical")
+_COLLECTOR_HEALTH = {
+    "ok": "ok",
+    "absent": "ok",
+    "disabled": "info",
+    "failed": "unknown",
+    "hung": "critical",
+}
+#: processes listed under a card before "+N more"
+MAX_PROCESSES = 8
+
+
+def use_color(stream: TextIO, mode: str = "auto", environ: Mapping[str, str] | None = None) -> bool:
+    """Colour for ``always``; for ``auto`` only on a terminal, without NO_COLOR, TERM=dumb."""
+    env = os.environ if environ is None else environ
+    if mode == "always":
+        return True
+    if mode == "never" or env.get("NO_COLOR"):
+        return False
+    if env.get("TERM") == "dumb":
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+#: C0/C1 control characters and the Unicode bidi controls (LRM, RLM, LRE..RLO, LRI..PDI)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return _ESCAPES.get(char, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def printable(value: Any) -> Any:
+    """``value`` with control characters in every string (keys too) shown as escapes
+    (``\\x1b``, ``\\n``, bidi controls as ``\\u202e``): a vendor tool's text must not
+    drive the operator's terminal nor reorder what it shows."""
+    if isinstance(value, str):
+        return _CONTROL.sub(lambda m: _escape(m[0]), value)
+    if isinstance(value, Mapping):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable(v) for v in value]
+    return value
+
+
+class _Painter:
+    def __init__(self, color: bool):
+        self.color = color
+
+    def __call__(self, text: str, style: str) -> str:
+        if not self.color or style not in _STYLE:
+            return text
+        return f"{_STYLE[style]}{text}{_RESET}"
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def human_age(seconds: float) -> str:
+    """``42 s``, ``12 min``, ``3.5 h``, ``2.0 d``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _num(value: Any, unit: str, fmt: str = "{:.0f}") -> str:
+    return "-" if not _finite_number(value) else fmt.format(value) + unit
+
+
+def _gib(value: Any) -> str:
+    return f"{value / 2**30:.1f} GiB" if _finite_number(value) else "-"
+
+
+def _memory(card: Mapping[str, Any]) -> str:
+    used, total = card.get("memory_used_bytes"), card.get("memory_total_bytes")
+    if not _finite_number(used) or not _finite_number(total) or not total:
+        return "-"
+    return f"{used / 2**30:.1f}/{total / 2**30:.1f} GiB"
+
+
+def _sort_key(card: Mapping[str, Any]) -> tuple:
+    index, chip = card.get("index"), card.get("chip")
+    return (index if isinstance(index, int) else -1, chip if isinstance(chip, int) else -1)
+
+
+def _groups(cards: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for card in cards:
+        key = (str(card.get("vendor") or "?"), str(card.get("card_type") or "(type unknown)"))
+        groups.setdefault(key, []).append(card)
+    for rows in groups.values():
+        rows.sort(key=_sort_key)
+    return dict(sorted(groups.items()))
+
+
+def card_count(cards: Sequence[Mapping[str, Any]]) -> str:
+    """``"8 cards"``, or ``"16 chips on 8 cards"`` where a card has several chips
+    (Ascend A3, Atlas 300I Duo): records are chips there, cards are NPU ids."""
+    n = len(cards)
+    boards = {(c.get("vendor"), c.get("index")) for c in cards}
+    if len(boards) < n:
+        return f"{n} chips on {len(boards)} card{'s' if len(boards) != 1 else ''}"
+    return f"{n} card{'s' if n != 1 else ''}"
+
+
+def _health_counts(cards: Iterable[Mapping[str, Any]], paint: _Painter) -> str:
+    counts: dict[str, int] = {}
+    for c in cards:
+        counts[str(c.get("health"))] = counts.get(str(c.get("health")), 0) + 1
+    order = sorted(counts, key=lambda h: _ORDER.index(h) if h in _ORDER else len(_ORDER))
+    return ", ".join(paint(f"{counts[h]} {h}", h) for h in order)
+
+
+def _drivers(cards: Iterable[Mapping[str, Any]]) -> str:
+    versions: dict[str, list[str]] = {}
+    for c in cards:
+        version = c.get("driver_version")
+        if isinstance(version, str) and version:
+            seen = versions.setdefault(str(c.get("vendor")), [])
+            if version not in seen:
+                seen.append(version)
+    return ", ".join(f"{vendor} {' / '.join(v)}" for vendor, v in sorted(versions.items()))
+
+
+def _process_line(p: Mapping[str, Any]) -> str:
+    parts = [f"pid {p.get('pid')}"]
+    if p.get("name"):
+        parts.append(str(p["name"]))
+    if p.get("user"):
+        parts.append(f"user {p['user']}")
+    if p.get("job_id"):
+        parts.append(f"job {p['job_id']}")
+    if p.get("memory_bytes") is not None:
+        parts.append(_gib(p.get("memory_bytes")))
+    return "  ".join(parts)
+
+
+class _Writer:
+    """Lines, with long ones wrapped to ``width`` under a hanging indent."""
+
+    def __init__(self, width: int | None):
+        self.width = width
+        self.lines: list[str] = []
+
+    def add(self, text: str = "", indent: int = 0, hang: int = 2, plain_len: int | None = None):
+        """Add ``text`` at ``indent``; wrap at ``width`` (continuation lines indented by
+        ``hang`` more). ``plain_len`` is the length of ``text`` without colour codes."""
+        pad = " " * indent
+        visible = len(text) if plain_len is None else plain_len
+        if self.width is None or indent + visible <= self.width or plain_len is not None:
+            self.lines.append(pad + text)
+            return
+        self.lines.extend(
+            textwrap.wrap(
+                text,
+                width=max(self.width, indent + 20),
+                initial_indent=pad,
+                subsequent_indent=pad + " " * hang,
+                break_on_hyphens=False,
+            )
+        )
+
+
+def _finding_line(f: Mapping[str, Any], paint: _Painter, width: int | None, indent: int) -> list:
+    sev = str(f.get("severity"))
+    text = f"{sev} {f.get('check')}: {f.get('message')}"
+    w = _Writer(width)
+    w.add(text, indent, hang=len(sev) + 1)
+    if w.lines and paint.color:  # colour the severity word of the first line only
+        first = w.lines[0]
+        w.lines[0] = first.replace(sev, paint(sev, sev), 1)
+    return w.lines
+
+
+def render(
+    doc: Mapping[str, Any],
+    *,
+    color: bool = False,
+    now: float | None = None,
+    source: str = "",
+    verbose: bool = False,
+    width: int | None = None,
+    events: Sequence[Mapping[str, Any]] = (),
+    live: bool = True,
+) -> str:
+    """The node view of a state document (see the module docstring).
+
+    ``color``: ANSI colours; ``width``: wrap findings at this many columns (None: never);
+    ``verbose``: show ``info`` findings; ``events``: kernel-log event lines to list (``once``);
+    ``live``: the document is the daemon's last verdict (its age and staleness are shown),
+    not a patrol just made. Control characters in its strings are printed escaped."""
+    doc = printable(doc)
+    source = printable(source)
+    paint = _Painter(color)
+    health = str(doc.get("health") or "unknown")
+    cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
+    out = _Writer(width)
+
+    head = f"node {doc.get('node')}  " + paint(health.upper(), health)
+    if live:
+        age, stale = verdict_age(doc, now)
+        old = f"{human_age(age)} old" if math.isfinite(age) else "time unknown"
+        when = f"patrol {doc.get('seq')}, verdict {old}"
+        interval = doc.get("interval_seconds")
+        if _finite_number(interval) and interval:
+            when += f" (every {float(interval):g} s)"
+        if stale:
+            when += "  " + paint("STALE: is the daemon running?", "critical")
+    else:
+        when = f"exit {doc.get('exit_code')}"
+    out.add(f"{head}   {when}", plain_len=0)
+    summary = card_count(cards) + (f": {_health_counts(cards, paint)}" if cards else "")
+    drivers = _drivers(cards)
+    out.add(
+        (summary if cards else "no card was read") + (f"   drivers: {drivers}" if drivers else ""),
+        plain_len=0,
+    )
+    if source:
+        out.add(paint(f"state file: {source}", "dim"), plain_len=0)
+
+    hidden = 0
+    for (vendor, card_type), group in _groups(cards).items():
+        gres = next((c.get("gres") for c in group if c.get("gres")), None)
+        title = f"{vendor} {card_type}" + (f" (gres {gres})" if gres else "")
+        out.add()
+        out.add(
+            paint(title, "bold") + f"  {card_count(group)}: {_health_counts(group, paint)}",
+            plain_len=0,
+        )
+        chips = any(c.get("chip") is not None for c in group)
+        cols = ["IDX", *(["CHIP"] if chips else []), "HEALTH", "TEMP", "POWER", "UTIL"]
+        cols += ["MEMORY", "BUS ID", "MODEL"]
+        rows = []
+        for c in group:
+            util = c.get("utilization_ratio")
+            row = [str(c.get("index"))]
+            if chips:
+                row.append("-" if c.get("chip") is None else str(c.get("chip")))
+            row += [
+                str(c.get("health") or "unknown").upper(),
+                _num(c.get("temperature_celsius"), " C"),
+                _num(c.get("power_watts"), " W", "{:.1f}"),
+                _num(util * 100 if _finite_number(util) else None, "%"),
+                _memory(c),
+                str(c.get("bus_id") or "-"),
+                str(c.get("model") or "-"),
+            ]
+            rows.append(row)
+        widths = [max(len(r[i]) for r in [cols, *rows]) for i in range(len(cols))]
+        out.add("  " + "  ".join(h.ljust(w) for h, w in zip(cols, widths, strict=True)).rstrip())
+        at = cols.index("HEALTH")
+        for c, row in zip(group, rows, strict=True):
+            cells = [v.ljust(w) for v, w in zip(row, widths, strict=True)]
+            cells[at] = paint(row[at], str(c.get("health"))) + " " * (widths[at] - len(row[at]))
+            out.add("  " + "  ".join(cells).rstrip(), plain_len=0)
+            for f in c.get("findings") or []:
+                if f.get("severity") == "info" and not verbose:
+                    hidden += 1
+                    continue
+                out.lines.extend(_finding_line(f, paint, width, 6))
+            procs = [p for p in c.get("processes") or [] if isinstance(p, Mapping)]
+            for p in procs[:MAX_PROCESSES]:
+                out.add(paint(_process_line(p), "dim"), 6, plain_len=0)
+            if len(procs) > MAX_PROCESSES:
+                out.add(paint(f"+{len(procs) - MAX_PROCESSES} more processes", "dim"), 6)
+            # why a value is missing matters when the card is not ok (npu-smi shows power
+            # on chip 0 only: that is no news on a healthy card)
+            for e in (c.get("errors") or []) if c.get("health") != "ok" else []:
+                out.add(paint(f"error {e.get('source')}: {e.get('error')}", "dim"), 6, plain_len=0)
+
+    out.add()
+    node_findings = [f for f in doc.get("findings") or [] if isinstance(f, Mapping)]
+    said = " ".join(str(f.get("message")) for f in node_findings)
+    collectors = doc.get("collectors") or {}
+    out.add("collectors:" + ("" if collectors else " none"))
+    for name, s in collectors.items():
+        state = str(s.get("state"))
+        seconds = s.get("duration_seconds")
+        text = f"{name} {state} ({s.get('cards', 0)} cards, {float(seconds or 0):.3f} s)"
+        error = s.get("error")
+        if error and str(error) not in said:  # a node finding already quotes it
+            text += f": {error}"
+        w = _Writer(width)
+        w.add(text, 2, hang=2)
+        style = _COLLECTOR_HEALTH.get(state, "unknown")
+        w.lines[0] = w.lines[0].replace(f" {state} ", f" {paint(state, style)} ", 1)
+        out.lines.extend(w.lines)
+    shown = [f for f in node_findings if verbose or f.get("severity") != "info"]
+    hidden += len(node_findings) - len(shown)
+    if shown:
+        out.add("node findings:")
+        for f in shown:
+            out.lines.extend(_finding_line(f, paint, width, 2))
+    if events:
+        out.add("kernel log events first read in this patrol:")
+    for e in events:
+        what = f"xid {e.get('xid')}" if e.get("xid") is not None else str(e.get("reason"))
+        sev = str(e.get("severity"))
+        where = f"{e.get('vendor')}/{e.get('index')} " if e.get("index") is not None else ""
+        out.add(
+            f"  {paint(sev, sev)} {what} on {where}{e.get('bus_id')} x{e.get('count')}",
+            plain_len=0,
+        )
+    if hidden:
+        out.add(paint(f"{hidden} info finding{'s' if hidden != 1 else ''} hidden (-v)", "dim"), 0)
+    return "\n".join(out.lines) + "\n"
+
+
+def terminal_width(stream: TextIO) -> int | None:
+    """Columns of the terminal ``stream`` is (``COLUMNS`` wins); None when it is no
+    terminal: piped output is never wrapped (``grep`` sees whole findings)."""
+    try:
+        if not stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        return 100
