@@ -18,9 +18,13 @@ field                                   NVML call
 ``memory_used_bytes``                   ``nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)``
                                         ``used + reserved``; v1 ``used`` on older drivers
 ``memory_total_bytes``                  same call, ``total``
-``temperature_celsius``                 ``nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU)``
+``temperature_celsius``                 ``nvmlDeviceGetTemperatureV(h, NVML_TEMPERATURE_GPU)``;
+                                        ``nvmlDeviceGetTemperature`` (deprecated) where the
+                                        binding or the driver lacks the V call
 ``power_watts``                         ``nvmlDeviceGetPowerUsage`` (mW) / 1000
-``power_limit_watts``                   ``nvmlDeviceGetEnforcedPowerLimit`` (mW) / 1000
+``power_limit_watts``                   ``nvmlDeviceGetEnforcedPowerLimit`` (mW) / 1000 (the
+                                        enforced limit, not the software
+                                        ``nvmlDeviceGetPowerManagementLimit``)
 ``clock_sm_hertz``                      ``nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)`` x 1e6
 ``ecc_corrected_total``                 ``nvmlDeviceGetTotalEccErrors(h, CORRECTED, VOLATILE)``
 ``ecc_uncorrected_total``               ``nvmlDeviceGetTotalEccErrors(h, UNCORRECTED, VOLATILE)``
@@ -30,11 +34,16 @@ field                                   NVML call
 ``pcie_link_gen``/``_max``              ``nvmlDeviceGetCurrPcieLinkGeneration`` / ``Max...``
 ``pcie_link_width``/``_max``            ``nvmlDeviceGetCurrPcieLinkWidth`` / ``Max...``
 ``processes``                           ``nvmlDeviceGetComputeRunningProcesses`` (pid,
-                                        ``usedGpuMemory``); name from psutil
+                                        ``usedGpuMemory``; ``_v2`` on drivers before R510);
+                                        name from psutil
 ``counters``                            ``ecc_corrected_aggregate``/``ecc_uncorrected_aggregate``
                                         (``NVML_AGGREGATE_ECC``), ``remapped_rows_correctable``
                                         /``_uncorrectable``, ``clocks_event_reasons`` (bitmask of
-                                        ``nvmlDeviceGetCurrentClocksEventReasons``)
+                                        ``nvmlDeviceGetCurrentClocksEventReasons``),
+                                        ``gpu_recovery_action`` (``nvmlDeviceGetFieldValues``
+                                        ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``: 0 none,
+                                        1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and
+                                        reset...; absent where NotSupported)
 ======================================  ====================================================
 
 Error mapping (DESIGN section 4):
@@ -45,10 +54,17 @@ Error mapping (DESIGN section 4):
   ``nvml_driver``; no card is invented.
 - Per call, ``NotSupported``: value ``None`` and ``{"source": <call>, "error":
   "NotSupported"}``; never unhealthy.
-- ``GpuIsLost`` / ``ResetRequired`` / ``Unknown``: an error entry and a marker in
-  ``vendor_health`` that the thresholds turn into critical (see :data:`VENDOR_HEALTH`).
-  After ``GpuIsLost`` or ``ResetRequired`` no further call is made on that GPU in this
-  patrol (each may block for seconds); identity already read is kept.
+- ``GpuIsLost`` / ``ResetRequired``: an error entry and a marker in ``vendor_health``
+  that the thresholds turn into critical (see :data:`VENDOR_HEALTH`). After either no
+  further call is made on that GPU in this patrol (each may block for seconds); identity
+  already read is kept.
+- ``Unknown`` on a core call (:data:`CORE_CALLS`: the handle, the memory read; or UUID,
+  serial and PCI info all at once): marker ``unknown_error``, critical. ``Unknown`` on any
+  other call reads one field: that value is ``None`` with the error entry and the card
+  gets a ``nvml_field_error`` finding, a warning; critical once the same call answered
+  Unknown in ``collectors.nvidia.field_error_patrols`` (3) consecutive patrols of that
+  card (counted per card identity: UUID, serial, bus id; DESIGN section 4 "persistent
+  Unknown").
 - No handle (``nvmlDeviceGetHandleByIndex`` fails with any error: ``NoPermission``,
   ``Timeout``, ``IrqIssue``...): ``read_ok=False`` with the error, so the card is judged
   ``unknown``, never ``ok`` (unless a ``vendor_health`` marker below already makes it
@@ -57,8 +73,13 @@ Error mapping (DESIGN section 4):
   lacks its external power and cannot work, whatever else it reports.
 - A card from which no value at all could be read (every call failed or answered
   NotSupported) is ``read_ok=False`` too: no data is not "healthy".
-- ``FunctionNotFound`` (older driver): the older call is used (memory v2 -> v1, clocks
-  event reasons -> throttle reasons, remapped rows -> retired pages).
+- A call missing from the driver (``FunctionNotFound``, or ``NVMLLibraryMismatchError``
+  from nvidia-ml-py's versioned wrappers) or from this nvidia-ml-py (no such attribute):
+  the older call is used (memory v2 -> v1, temperature V -> the deprecated call, clocks
+  event reasons -> throttle reasons, processes v3 -> v2, remapped rows -> retired pages),
+  logged once per NVML session (``nvml_fallback``); with no call left the error entry
+  says so. Every function is looked up inside that guard: a binding that dropped a
+  deprecated name never fails the collector.
 - Anything else: ``{"source": <call>, "error": <NVML error name or exception text>}``.
 
 ECC counters, remapped rows and retired pages are read only when
@@ -69,8 +90,9 @@ zeros); otherwise they are ``None`` with an ``nvmlDeviceGetEccMode`` error entry
 Bounded work: ``nvmlInit`` once for the collector's life; the device handles, per GPU
 the identity calls (name, UUID, serial, PCI info, VBIOS, max PCIe link) and the driver
 version are read once per NVML session and cached, so a steady patrol costs
-``1 + 16 x GPUs`` calls at most (ECC enabled, no fallback), ``1 + 11 x GPUs`` for
-consumer cards without ECC. A lost GPU costs one call per patrol.
+``1 + 17 x GPUs`` calls at most (ECC enabled, recovery action supported, no fallback),
+``1 + 11 x GPUs`` for consumer cards without ECC (the recovery action NotSupported is
+asked once per NVML session). A lost GPU costs one call per patrol.
 
 NVLink (``links``): ``nvmlDeviceGetNvLinkState`` and four
 ``nvmlDeviceGetNvLinkErrorCounter`` calls (DL replay, recovery, CRC flit, CRC data) per
@@ -117,6 +139,10 @@ from hetpatrol.schema import (
 _REPLAY_MODULE = __name__.rpartition(".")[0] + ".nvml_replay"
 
 __all__ = [
+    "CORE_CALLS",
+    "FI_DEV_GET_GPU_RECOVERY_ACTION",
+    "NOT_IN_BINDING",
+    "RECOVERY_ACTION_SOURCE",
     "VENDOR_HEALTH",
     "VH_GPU_IS_LOST",
     "VH_RESET_REQUIRED",
