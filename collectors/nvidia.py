@@ -716,19 +716,19 @@ class NvidiaCollector(Collector):
         persistent = longest >= limit
         if not persistent and not rec.read_ok:
             return  # an unreadable card is unknown (card_unreadable), which says more
+        ranked = sorted(streaks.items(), key=lambda item: (-item[1], item[0]))
         calls = ", ".join(
-            f"{source} ({n} of {limit})"
-            for source, n in sorted(streaks.items(), key=lambda i: (-i[1], i[0]))
+            f"{source} ({n} patrol{'s' if n > 1 else ''} in a row)" for source, n in ranked
         )
         if persistent:
             text = (
-                f"NVML answers Unknown in {longest} consecutive patrols (limit "
-                f"collectors.nvidia.field_error_patrols = {limit}): {calls}; those values are null"
+                f"NVML answers Unknown for {calls}: value null; {longest} consecutive "
+                f"patrols reach collectors.nvidia.field_error_patrols ({limit})"
             )
         else:
             text = (
-                f"NVML answers Unknown for {calls} consecutive patrols; those values are "
-                f"null, critical once one call fails {limit} patrols in a row"
+                f"NVML answers Unknown for {calls}: value null; critical after {limit} "
+                "patrols in a row"
             )
         rec.findings.append(
             Finding(

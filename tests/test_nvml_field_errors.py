@@ -96,7 +96,7 @@ def test_one_unknown_on_a_field_read_is_a_warning_with_the_field_null(tmp_path, 
     assert card.vendor_health is None
     assert card.health == "warning" and checks(card) == {"nvml_field_error": "warning"}
     finding = field_error(card)
-    assert call in finding.message and "(1 of 3)" in finding.message
+    assert call in finding.message and "(1 patrol in a row)" in finding.message
     assert (finding.value, finding.threshold) == (1, 3)
     assert card.temperature_celsius == 30 and card.power_watts == pytest.approx(70.55)
     assert report.health == "warning"
@@ -220,7 +220,7 @@ def test_a_read_done_every_n_patrols_keeps_its_streak_in_between():
     first = collector.collect().records[0]
     second = collector.collect().records[0]
     assert first.findings[0].value == second.findings[0].value == 1
-    assert "nvmlDeviceGetNvLinkState (1 of 3)" in second.findings[0].message
+    assert "nvmlDeviceGetNvLinkState (1 patrol in a row)" in second.findings[0].message
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "three", "true", "1.5"])
@@ -535,3 +535,28 @@ def test_library_mismatch_on_processes_falls_back_to_v2():
     rec = NvidiaCollector({}, nvml=nvml, process_namer=lambda pid: None).collect().records[0]
     assert [(p.pid, p.memory_bytes) for p in rec.processes] == [(5762, 1005 * MIB)]
     assert not any("Processes" in e["source"] for e in rec.errors)
+
+
+def test_recovery_action_fixture_through_the_cli():
+    """fixtures/nodes/nvml-recovery-action: GPU 4 needs a reset, GPU 2 answers Unknown
+    for its PCIe link generation; nothing in a kernel log."""
+    import json
+
+    run = subprocess.run(
+        [*HETPATROL, "once", "--replay", str(REPO / "fixtures/nodes/nvml-recovery-action")]
+        + ["--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stderr
+    cards = {c["index"]: c for c in json.loads(run.stdout)["cards"] if c["vendor"] == "nvidia"}
+    found = {
+        i: {f["check"]: f["severity"] for f in c["findings"] if f["severity"] != "info"}
+        for i, c in cards.items()
+    }
+    assert found[4] == {"gpu_recovery_action": "critical"}
+    assert cards[4]["counters"]["gpu_recovery_action"] == 1
+    assert cards[4]["bus_id"] == "0000:9b:00.0"
+    assert found[2] == {"nvml_field_error": "warning"} and cards[2]["pcie_link_gen"] is None
+    assert all(found[i] == {} for i in (0, 1, 3, 5, 6, 7))
