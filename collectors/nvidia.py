@@ -853,7 +853,7 @@ class NvidiaCollector(Collector):
             values = reader.call(
                 "nvmlDeviceGetFieldValues",
                 handle,
-                [FI_DEV_GET_GPU_RECOVERY_ACTION],
+                (FI_DEV_GET_GPU_RECOVERY_ACTION,),
                 source=RECOVERY_ACTION_SOURCE,
                 fallback=True,
                 quiet=quiet,

@@ -69,7 +69,7 @@ import io
 import re
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -797,7 +797,9 @@ class ReplayNvml:
         pending = _bool_feature(gpu.text("ecc_mode/pending_ecc"))
         return [current, pending]
 
-    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> list[SimpleNamespace]:
+    def nvmlDeviceGetFieldValues(
+        self, handle: Any, field_ids: Sequence[Any]
+    ) -> list[SimpleNamespace]:
         """Shaped like pynvml's ``c_nvmlFieldValue_t`` array: per field ``fieldId``,
         ``scopeId``, ``nvmlReturn`` (a per-field status: the call itself succeeds),
         ``valueType`` and ``value`` (``uiVal``...). Only
