@@ -18,9 +18,13 @@ field                                   NVML call
 ``memory_used_bytes``                   ``nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)``
                                         ``used + reserved``; v1 ``used`` on older drivers
 ``memory_total_bytes``                  same call, ``total``
-``temperature_celsius``                 ``nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU)``
+``temperature_celsius``                 ``nvmlDeviceGetTemperatureV(h, NVML_TEMPERATURE_GPU)``;
+                                        ``nvmlDeviceGetTemperature`` (deprecated) where the
+                                        binding or the driver lacks the V call
 ``power_watts``                         ``nvmlDeviceGetPowerUsage`` (mW) / 1000
-``power_limit_watts``                   ``nvmlDeviceGetEnforcedPowerLimit`` (mW) / 1000
+``power_limit_watts``                   ``nvmlDeviceGetEnforcedPowerLimit`` (mW) / 1000 (the
+                                        enforced limit, not the software
+                                        ``nvmlDeviceGetPowerManagementLimit``)
 ``clock_sm_hertz``                      ``nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)`` x 1e6
 ``ecc_corrected_total``                 ``nvmlDeviceGetTotalEccErrors(h, CORRECTED, VOLATILE)``
 ``ecc_uncorrected_total``               ``nvmlDeviceGetTotalEccErrors(h, UNCORRECTED, VOLATILE)``
@@ -30,11 +34,16 @@ field                                   NVML call
 ``pcie_link_gen``/``_max``              ``nvmlDeviceGetCurrPcieLinkGeneration`` / ``Max...``
 ``pcie_link_width``/``_max``            ``nvmlDeviceGetCurrPcieLinkWidth`` / ``Max...``
 ``processes``                           ``nvmlDeviceGetComputeRunningProcesses`` (pid,
-                                        ``usedGpuMemory``); name from psutil
+                                        ``usedGpuMemory``; ``_v2`` on drivers before R510);
+                                        name from psutil
 ``counters``                            ``ecc_corrected_aggregate``/``ecc_uncorrected_aggregate``
                                         (``NVML_AGGREGATE_ECC``), ``remapped_rows_correctable``
                                         /``_uncorrectable``, ``clocks_event_reasons`` (bitmask of
-                                        ``nvmlDeviceGetCurrentClocksEventReasons``)
+                                        ``nvmlDeviceGetCurrentClocksEventReasons``),
+                                        ``gpu_recovery_action`` (``nvmlDeviceGetFieldValues``
+                                        ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``: 0 none,
+                                        1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and
+                                        reset...; absent where NotSupported)
 ======================================  ====================================================
 
 Error mapping (DESIGN section 4):
@@ -45,10 +54,17 @@ Error mapping (DESIGN section 4):
   ``nvml_driver``; no card is invented.
 - Per call, ``NotSupported``: value ``None`` and ``{"source": <call>, "error":
   "NotSupported"}``; never unhealthy.
-- ``GpuIsLost`` / ``ResetRequired`` / ``Unknown``: an error entry and a marker in
-  ``vendor_health`` that the thresholds turn into critical (see :data:`VENDOR_HEALTH`).
-  After ``GpuIsLost`` or ``ResetRequired`` no further call is made on that GPU in this
-  patrol (each may block for seconds); identity already read is kept.
+- ``GpuIsLost`` / ``ResetRequired``: an error entry and a marker in ``vendor_health``
+  that the thresholds turn into critical (see :data:`VENDOR_HEALTH`). After either no
+  further call is made on that GPU in this patrol (each may block for seconds); identity
+  already read is kept.
+- ``Unknown`` on a core call (:data:`CORE_CALLS`: the handle, the memory read; or UUID,
+  serial and PCI info all at once): marker ``unknown_error``, critical. ``Unknown`` on any
+  other call reads one field: that value is ``None`` with the error entry and the card
+  gets a ``nvml_field_error`` finding, a warning; critical once the same call answered
+  Unknown in ``collectors.nvidia.field_error_patrols`` (3) consecutive patrols of that
+  card (counted per card identity: UUID, serial, bus id; DESIGN section 4 "persistent
+  Unknown").
 - No handle (``nvmlDeviceGetHandleByIndex`` fails with any error: ``NoPermission``,
   ``Timeout``, ``IrqIssue``...): ``read_ok=False`` with the error, so the card is judged
   ``unknown``, never ``ok`` (unless a ``vendor_health`` marker below already makes it
@@ -57,8 +73,13 @@ Error mapping (DESIGN section 4):
   lacks its external power and cannot work, whatever else it reports.
 - A card from which no value at all could be read (every call failed or answered
   NotSupported) is ``read_ok=False`` too: no data is not "healthy".
-- ``FunctionNotFound`` (older driver): the older call is used (memory v2 -> v1, clocks
-  event reasons -> throttle reasons, remapped rows -> retired pages).
+- A call missing from the driver (``FunctionNotFound``, or ``NVMLLibraryMismatchError``
+  from nvidia-ml-py's versioned wrappers) or from this nvidia-ml-py (no such attribute):
+  the older call is used (memory v2 -> v1, temperature V -> the deprecated call, clocks
+  event reasons -> throttle reasons, processes v3 -> v2, remapped rows -> retired pages),
+  logged once per NVML session (``nvml_fallback``); with no call left the error entry
+  says so. Every function is looked up inside that guard: a binding that dropped a
+  deprecated name never fails the collector.
 - Anything else: ``{"source": <call>, "error": <NVML error name or exception text>}``.
 
 ECC counters, remapped rows and retired pages are read only when
@@ -69,8 +90,9 @@ zeros); otherwise they are ``None`` with an ``nvmlDeviceGetEccMode`` error entry
 Bounded work: ``nvmlInit`` once for the collector's life; the device handles, per GPU
 the identity calls (name, UUID, serial, PCI info, VBIOS, max PCIe link) and the driver
 version are read once per NVML session and cached, so a steady patrol costs
-``1 + 16 x GPUs`` calls at most (ECC enabled, no fallback), ``1 + 11 x GPUs`` for
-consumer cards without ECC. A lost GPU costs one call per patrol.
+``1 + 17 x GPUs`` calls at most (ECC enabled, recovery action supported, no fallback),
+``1 + 11 x GPUs`` for consumer cards without ECC (the recovery action NotSupported is
+asked once per NVML session). A lost GPU costs one call per patrol.
 
 NVLink (``links``): ``nvmlDeviceGetNvLinkState`` and four
 ``nvmlDeviceGetNvLinkErrorCounter`` calls (DL replay, recovery, CRC flit, CRC data) per
@@ -92,6 +114,7 @@ from typing import Any
 
 import psutil
 import pynvml
+import structlog
 
 from hetpatrol.collector import (
     STATE_ABSENT,
@@ -102,13 +125,24 @@ from hetpatrol.collector import (
     CollectResult,
 )
 from hetpatrol.replay import load_scenario
-from hetpatrol.schema import HEALTH_CRITICAL, CardRecord, Finding, ProcessInfo, normalize_bus_id
+from hetpatrol.schema import (
+    HEALTH_CRITICAL,
+    HEALTH_WARNING,
+    CardRecord,
+    Finding,
+    ProcessInfo,
+    normalize_bus_id,
+)
 
 # The NVML replay (and the XML parser under it) is imported only when a replay is used:
 # a daemon on a real node never loads it.
 _REPLAY_MODULE = __name__.rpartition(".")[0] + ".nvml_replay"
 
 __all__ = [
+    "CORE_CALLS",
+    "FI_DEV_GET_GPU_RECOVERY_ACTION",
+    "NOT_IN_BINDING",
+    "RECOVERY_ACTION_SOURCE",
     "VENDOR_HEALTH",
     "VH_GPU_IS_LOST",
     "VH_RESET_REQUIRED",
@@ -167,6 +201,25 @@ _NVLINK_COUNTERS = (
 )
 
 _MISSING = object()
+
+log = structlog.get_logger("hetpatrol.collectors.nvidia")
+
+#: ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``: field id 230 in nvml.h and nvidia-ml-py
+#: (pynvml.py: ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230``); older bindings lack the
+#: constant, the number is what the driver is asked for.
+FI_DEV_GET_GPU_RECOVERY_ACTION = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)
+RECOVERY_ACTION_SOURCE = "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"
+
+#: ``nvmlFieldValue_t.valueType`` (``NVML_VALUE_TYPE_*``) -> member of the value union.
+_FIELD_VALUE_MEMBER = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
 
 # ---------------------------------------------------------------------------------------
 # card type
@@ -233,15 +286,57 @@ class _CardGone(Exception):
     """Stop reading this GPU for this patrol (lost, reset required, no handle)."""
 
 
+class _Fallback(Exception):
+    """The call is not there: missing from this ``nvidia-ml-py`` (no such attribute), from
+    the driver's library (``FunctionNotFound``), or a versioned wrapper whose symbol the
+    driver lacks (``NVMLLibraryMismatchError``). The caller uses the older call."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-class _Reader:
-    """Calls NVML for one card and maps every failure onto the record."""
+#: Errors a missing call raises: ``FunctionNotFound`` (an NVML return code) and, from
+#: ``nvidia-ml-py``'s ``@throwOnVersionMismatch`` wrappers (pynvml.py:
+#: ``nvmlDeviceGetComputeRunningProcesses`` calls the ``_v3`` symbol, which drivers before
+#: R510 lack), ``NVMLLibraryMismatchError``, which is NOT an ``NVMLError``.
+_MISSING_CALL_ERRORS: tuple[type[BaseException], ...] = tuple(
+    cls
+    for cls in (
+        pynvml.NVMLError_FunctionNotFound,
+        getattr(pynvml, "NVMLLibraryMismatchError", None),
+    )
+    if cls is not None
+)
 
-    def __init__(self, record: CardRecord):
+#: Error text of a call this ``nvidia-ml-py`` does not have at all.
+NOT_IN_BINDING = "FunctionNotFound (not in this nvidia-ml-py)"
+
+#: Core calls: without them nothing about the card can be trusted, so ``Unknown`` on one
+#: of them makes the card critical at once (``vendor_health`` ``unknown_error``). Every
+#: other call reads one field: ``Unknown`` there makes that field null with the reason,
+#: a warning, and critical only when it persists (``field_error_patrols``).
+CORE_CALLS = frozenset({"nvmlDeviceGetHandleByIndex", "nvmlDeviceGetMemoryInfo"})
+_IDENTITY_CALLS = frozenset({"nvmlDeviceGetUUID", "nvmlDeviceGetSerial", "nvmlDeviceGetPciInfo"})
+
+
+class _Reader:
+    """Calls NVML for one card and maps every failure onto the record.
+
+    Every function is looked up by name INSIDE the guard: a function this
+    ``nvidia-ml-py`` lacks (removed after a deprecation) is an error entry or a fallback,
+    never an ``AttributeError`` that fails the whole collector.
+    """
+
+    def __init__(self, nvml: Any, record: CardRecord):
+        self.nvml = nvml
         self.record = record
+        self.called: set[str] = set()  # sources asked in this patrol
+        self.unknown: set[str] = set()  # non-core sources that answered Unknown
 
     def error(self, source: str, error: str) -> None:
         entry = {"source": source, "error": error}
@@ -252,37 +347,105 @@ class _Reader:
         if _VH_RANK[marker] > _VH_RANK.get(self.record.vendor_health, 0):
             self.record.vendor_health = marker
 
-    def call(self, source: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Value of ``fn(*args)``, or ``_MISSING`` with an error entry. Raises
-        ``_CardGone`` after GpuIsLost/ResetRequired. FunctionNotFound propagates when
-        ``fallback=True`` is passed so the caller can use the older call."""
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Value of ``nvml.<name>(*args)``, or ``_MISSING`` with an error entry (the
+        source is ``name`` unless ``source=`` says otherwise). Raises ``_CardGone`` after
+        GpuIsLost/ResetRequired. With ``fallback=True`` a missing call raises
+        :class:`_Fallback` so the caller can use the older one; ``quiet`` names
+        exceptions the caller handles itself."""
+        source = kwargs.pop("source", name)
         fallback = kwargs.pop("fallback", False)
         quiet = kwargs.pop("quiet", ())  # exceptions the caller handles itself
+        self.called.add(source)
+        fn = getattr(self.nvml, name, None)
+        if fn is None:
+            if fallback:
+                raise _Fallback(f"{name} is not in this nvidia-ml-py")
+            self.error(source, NOT_IN_BINDING)
+            return _MISSING
         try:
             return fn(*args, **kwargs)
         except quiet:
             raise
-        except pynvml.NVMLError_FunctionNotFound:
+        except _MISSING_CALL_ERRORS as exc:
             if fallback:
-                raise
-            self.error(source, "FunctionNotFound")
-        except pynvml.NVMLError_GpuIsLost:
+                raise _Fallback(f"{name}: {_error_name(exc)}") from None
+            self.fail(source, exc)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an error entry
+            self.fail(source, exc)
+        return _MISSING
+
+    def fail(self, source: str, exc: BaseException) -> None:
+        """Map one failed call (or one field of ``nvmlDeviceGetFieldValues``)."""
+        if isinstance(exc, pynvml.NVMLError_GpuIsLost):
             self.error(source, "GpuIsLost")
             self.mark(VH_GPU_IS_LOST)
             raise _CardGone from None
-        except pynvml.NVMLError_ResetRequired:
+        if isinstance(exc, pynvml.NVMLError_ResetRequired):
             self.error(source, "ResetRequired")
             self.mark(VH_RESET_REQUIRED)
             raise _CardGone from None
-        except pynvml.NVMLError_Unknown:
+        if isinstance(exc, pynvml.NVMLError_Unknown):
             self.error(source, "Unknown")
-            self.mark(VH_UNKNOWN_ERROR)
-        except pynvml.NVMLError_InsufficientPower:
+            if source in CORE_CALLS:
+                self.mark(VH_UNKNOWN_ERROR)
+            else:
+                self.unknown.add(source)
+        elif isinstance(exc, pynvml.NVMLError_InsufficientPower):
             self.error(source, "InsufficientPower")
             self.mark(VH_INSUFFICIENT_POWER)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes an error entry
+        else:
             self.error(source, _error_name(exc))
-        return _MISSING
+
+
+class _UnknownStreaks:
+    """Consecutive patrols in which a non-core NVML call answered ``Unknown``, per card.
+
+    Kept per card IDENTITY, never per NVML index (an index moves when a GPU drops out):
+    an entry holds the UUID, serial and bus id last read and matches a card that shares
+    one of them and contradicts none (so a patrol in which the UUID itself answered
+    Unknown still finds the card by serial or bus id). A call asked and answered well
+    ends its streak; a call not asked in a patrol (NVLink between its reads) keeps it.
+    Entries of cards not read in a patrol are dropped, so memory is bounded by the GPUs.
+    """
+
+    def __init__(self) -> None:
+        self._cards: list[tuple[dict[str, str], dict[str, int]]] = []
+        self._seen: list[tuple[dict[str, str], dict[str, int]]] = []
+
+    def begin(self) -> None:
+        self._seen = []
+
+    def end(self) -> None:
+        self._cards = self._seen
+
+    def update(
+        self, identity: dict[str, str], called: set[str], unknown: set[str]
+    ) -> dict[str, int]:
+        """Streak of every call still failing on this card (asked now or earlier)."""
+        if not identity:  # nothing identifies the card: this patrol alone counts
+            return {source: 1 for source in unknown}
+        entry = None
+        for ident, streaks in self._cards:
+            shared = [k for k in identity if k in ident]
+            if any(ident[k] != identity[k] for k in shared):
+                continue
+            if shared:
+                entry = (ident, streaks)
+                break
+        if entry is None:
+            entry = ({}, {})
+        else:
+            self._cards.remove(entry)
+        entry[0].update(identity)
+        streaks = entry[1]
+        for source in called:
+            if source in unknown:
+                streaks[source] = streaks.get(source, 0) + 1
+            else:
+                streaks.pop(source, None)
+        self._seen.append(entry)
+        return dict(streaks)
 
 
 def _is_replay(nvml: Any) -> bool:
@@ -328,6 +491,13 @@ class NvidiaCollector(Collector):
         self._process_namer = process_namer
         self._nvlink_on = bool(self.options.get("nvlink", True))
         self._nvlink_interval = float(self.options.get("nvlink_interval_seconds", 60))
+        patrols = self.options.get("field_error_patrols", 3)
+        if isinstance(patrols, bool) or not isinstance(patrols, int) or patrols < 1:
+            raise ValueError(
+                f"collectors.nvidia.field_error_patrols must be an integer >= 1, got {patrols!r}"
+            )
+        self._field_error_patrols = patrols
+        self._streaks = _UnknownStreaks()  # per card identity, across patrols and sessions
         self._lock = threading.Lock()
         self._initialized = False
         self._reset_session()
@@ -342,6 +512,11 @@ class NvidiaCollector(Collector):
         self._memory_v1 = False  # nvmlDeviceGetMemoryInfo_v2 not in this driver
         self._throttle_reasons = False  # nvmlDeviceGetCurrentClocksEventReasons missing
         self._no_remap_fn = False  # nvmlDeviceGetRemappedRows missing
+        self._temperature_v0 = False  # nvmlDeviceGetTemperatureV missing: the old call
+        self._processes_v2 = False  # ..._v3 missing (driver before R510): the _v2 call
+        self._processes_reason = ""
+        self._fallbacks_said: set[str] = set()
+        self._no_recovery_action: set[int] = set()  # field NotSupported on this GPU
         self._nvlink_cache: dict[int, tuple[float, list[dict[str, Any]]]] = {}
         self._no_nvlink: set[int] = set()  # link 0 NotSupported: no NVLink on this GPU
 
@@ -473,7 +648,9 @@ class NvidiaCollector(Collector):
         namer = self._process_namer
         if namer is None:
             namer = self._replay_namer if _is_replay(nvml) else _psutil_process_name
+        self._streaks.begin()
         records = [self._read_card(nvml, index, namer) for index in range(count)]
+        self._streaks.end()
         return CollectResult(self.name, records=records, state=STATE_OK)
 
     def _replay_namer(self, pid: int) -> str | None:
@@ -488,21 +665,19 @@ class NvidiaCollector(Collector):
         rec.driver_version = None if driver is _MISSING else driver
         if self._driver_error is not None:
             rec.add_error("nvmlSystemGetDriverVersion", self._driver_error)
-        reader = _Reader(rec)
+        reader = _Reader(nvml, rec)
         try:
             handle = self._handles.get(index, _MISSING)
             if handle is _MISSING:
-                handle = reader.call(
-                    "nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, index
-                )
+                handle = reader.call("nvmlDeviceGetHandleByIndex", index)
                 if handle is _MISSING:
                     # no handle: nothing about this card is known (a marker such as
                     # gpu_is_lost already makes it critical and says why)
                     rec.read_ok = rec.vendor_health is not None
                     raise _CardGone
                 self._handles[index] = handle  # valid until nvmlShutdown
-            self._read_identity(nvml, handle, reader)
-            self._read_state(nvml, handle, reader, namer)
+            self._read_identity(handle, reader)
+            self._read_state(handle, reader, namer)
         except _CardGone:
             cached = self._identity.get(index)
             if cached is not None:  # identity read earlier in this NVML session
@@ -514,9 +689,65 @@ class NvidiaCollector(Collector):
         # A card whose name could not be read (lost before its first read) has no type.
         rec.card_type = card_type_from_name(rec.model) if rec.model is not None else None
         rec.memory_kind = memory_kind_for(rec.card_type)
+        self._field_errors(reader)
         return rec
 
-    def _read_identity(self, nvml: Any, handle: Any, reader: _Reader) -> None:
+    def _field_errors(self, reader: _Reader) -> None:
+        """Judge ``Unknown`` answers of non-core calls (DESIGN section 4: "persistent
+        Unknown = card critical"). One patrol's Unknown on a field read is a warning
+        (``nvml_field_error``) with the value null and the reason in ``errors``; the same
+        call answering Unknown in ``field_error_patrols`` consecutive patrols of this card
+        is critical. A card whose UUID, serial and PCI info all answer Unknown cannot even
+        say which card it is: that is a core failure (``unknown_error``) at once."""
+        rec = reader.record
+        if reader.unknown >= _IDENTITY_CALLS and not (rec.uuid or rec.serial or rec.bus_id):
+            reader.mark(VH_UNKNOWN_ERROR)  # the vendor_health finding says it: critical
+            return
+        identity = {
+            k: v
+            for k, v in (("uuid", rec.uuid), ("serial", rec.serial), ("bus_id", rec.bus_id))
+            if v
+        }
+        streaks = self._streaks.update(identity, reader.called, reader.unknown)
+        if not streaks:
+            return
+        limit = self._field_error_patrols
+        longest = max(streaks.values())
+        persistent = longest >= limit
+        if not persistent and not rec.read_ok:
+            return  # an unreadable card is unknown (card_unreadable), which says more
+        ranked = sorted(streaks.items(), key=lambda item: (-item[1], item[0]))
+        calls = ", ".join(
+            f"{source} ({n} patrol{'s' if n > 1 else ''} in a row)" for source, n in ranked
+        )
+        if persistent:
+            text = (
+                f"NVML answers Unknown for {calls}: value null; {longest} consecutive "
+                f"patrols reach collectors.nvidia.field_error_patrols ({limit})"
+            )
+        else:
+            text = (
+                f"NVML answers Unknown for {calls}: value null; critical after {limit} "
+                "patrols in a row"
+            )
+        rec.findings.append(
+            Finding(
+                "nvml_field_error",
+                HEALTH_CRITICAL if persistent else HEALTH_WARNING,
+                text,
+                value=longest,
+                threshold=limit,
+            )
+        )
+
+    def _note_fallback(self, key: str, reason: str, used: str) -> None:
+        """Say once per NVML session that an older call stands in for a missing one."""
+        if key in self._fallbacks_said:
+            return
+        self._fallbacks_said.add(key)
+        log.warning("nvml_fallback", call=key, reason=reason, used=used)
+
+    def _read_identity(self, handle: Any, reader: _Reader) -> None:
         rec = reader.record
         cached = self._identity.get(rec.index)
         if cached is not None:
@@ -528,17 +759,13 @@ class NvidiaCollector(Collector):
             return
         first_error = len(rec.errors)
         call = reader.call
-        name = call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle)
-        uuid = call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle)
-        serial = call("nvmlDeviceGetSerial", nvml.nvmlDeviceGetSerial, handle)
-        pci = call("nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, handle)
-        vbios = call("nvmlDeviceGetVbiosVersion", nvml.nvmlDeviceGetVbiosVersion, handle)
-        gen_max = call(
-            "nvmlDeviceGetMaxPcieLinkGeneration", nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle
-        )
-        width_max = call(
-            "nvmlDeviceGetMaxPcieLinkWidth", nvml.nvmlDeviceGetMaxPcieLinkWidth, handle
-        )
+        name = call("nvmlDeviceGetName", handle)
+        uuid = call("nvmlDeviceGetUUID", handle)
+        serial = call("nvmlDeviceGetSerial", handle)
+        pci = call("nvmlDeviceGetPciInfo", handle)
+        vbios = call("nvmlDeviceGetVbiosVersion", handle)
+        gen_max = call("nvmlDeviceGetMaxPcieLinkGeneration", handle)
+        width_max = call("nvmlDeviceGetMaxPcieLinkWidth", handle)
         values = {
             "model": None if name is _MISSING else _text(name),
             "uuid": None if uuid is _MISSING else _text(uuid),
@@ -554,52 +781,100 @@ class NvidiaCollector(Collector):
         if all(e["error"] == "NotSupported" for e in errors):
             self._identity[rec.index] = (values, errors)  # static for this NVML session
 
-    def _memory(self, nvml: Any, handle: Any, reader: _Reader) -> None:
+    def _memory(self, handle: Any, reader: _Reader) -> None:
         rec = reader.record
         source = "nvmlDeviceGetMemoryInfo"
-        if not self._memory_v1:
+        # nvmlMemory_v2 (and the version argument) came with nvidia-ml-py 11.510; an
+        # older binding has only v1
+        version = getattr(self.nvml, "nvmlMemory_v2", None)
+        if not self._memory_v1 and version is not None:
             try:
-                mem = reader.call(
-                    source,
-                    nvml.nvmlDeviceGetMemoryInfo,
-                    handle,
-                    version=pynvml.nvmlMemory_v2,
-                    fallback=True,
-                )
-            except pynvml.NVMLError_FunctionNotFound:
+                mem = reader.call(source, handle, version=version, fallback=True)
+            except _Fallback as exc:
                 self._memory_v1 = True
+                self._note_fallback(source + "_v2", exc.reason, source)
             else:
                 if mem is not _MISSING:
                     rec.memory_total_bytes = int(mem.total)
                     rec.memory_used_bytes = int(mem.used) + int(mem.reserved)
                 return
-        mem = reader.call(source, nvml.nvmlDeviceGetMemoryInfo, handle)
+        mem = reader.call(source, handle)
         if mem is not _MISSING:
             rec.memory_total_bytes = int(mem.total)
             rec.memory_used_bytes = int(mem.used)
 
-    def _clock_reasons(self, nvml: Any, handle: Any, reader: _Reader) -> None:
+    def _temperature(self, handle: Any, reader: _Reader) -> None:
+        """``nvmlDeviceGetTemperatureV`` (the versioned call; nvidia-ml-py 13 marks
+        ``nvmlDeviceGetTemperature`` "DEPRECATED ... will be removed in CUDA 14.0",
+        pynvml.py), else the old call when the binding or the driver lacks the new one."""
+        value: Any = _MISSING
+        source = "nvmlDeviceGetTemperature"
+        sensor = pynvml.NVML_TEMPERATURE_GPU
+        if not self._temperature_v0:
+            try:
+                value = reader.call("nvmlDeviceGetTemperatureV", handle, sensor, fallback=True)
+            except _Fallback as exc:
+                self._temperature_v0 = True
+                self._note_fallback("nvmlDeviceGetTemperatureV", exc.reason, source)
+        if self._temperature_v0:
+            value = reader.call(source, handle, sensor)
+        if value is not _MISSING:
+            reader.record.temperature_celsius = float(value)
+
+    def _clock_reasons(self, handle: Any, reader: _Reader) -> None:
         value: Any = _MISSING
         if not self._throttle_reasons:
             try:
-                value = reader.call(
-                    "nvmlDeviceGetCurrentClocksEventReasons",
-                    nvml.nvmlDeviceGetCurrentClocksEventReasons,
-                    handle,
-                    fallback=True,
-                )
-            except pynvml.NVMLError_FunctionNotFound:
+                value = reader.call("nvmlDeviceGetCurrentClocksEventReasons", handle, fallback=True)
+            except _Fallback as exc:
                 self._throttle_reasons = True
+                self._note_fallback(
+                    "nvmlDeviceGetCurrentClocksEventReasons",
+                    exc.reason,
+                    "nvmlDeviceGetCurrentClocksThrottleReasons",
+                )
         if self._throttle_reasons:
-            value = reader.call(
-                "nvmlDeviceGetCurrentClocksThrottleReasons",
-                nvml.nvmlDeviceGetCurrentClocksThrottleReasons,
-                handle,
-            )
+            value = reader.call("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
         if value is not _MISSING:
             reader.record.counters["clocks_event_reasons"] = int(value)
 
-    def _nvlink(self, nvml: Any, handle: Any, reader: _Reader) -> None:
+    def _recovery_action(self, handle: Any, reader: _Reader) -> None:
+        """``counters.gpu_recovery_action``: the action NVML says this GPU needs
+        (``nvmlDeviceGetFieldValues`` with ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``; values
+        ``NVML_GPU_RECOVERY_ACTION_*``, judged by the thresholds). Drivers, bindings or
+        GPUs without the field (NotSupported, an unknown field id, no
+        ``nvmlDeviceGetFieldValues``) leave it absent without an error, and the GPU is not
+        asked again in this NVML session."""
+        rec = reader.record
+        if rec.index in self._no_recovery_action:
+            return
+        quiet = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
+        try:
+            values = reader.call(
+                "nvmlDeviceGetFieldValues",
+                handle,
+                (FI_DEV_GET_GPU_RECOVERY_ACTION,),
+                source=RECOVERY_ACTION_SOURCE,
+                fallback=True,
+                quiet=quiet,
+            )
+        except (_Fallback, *quiet):
+            self._no_recovery_action.add(rec.index)
+            return
+        if values is _MISSING:
+            return
+        field = values[0]
+        ret = int(field.nvmlReturn)
+        if ret in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+            self._no_recovery_action.add(rec.index)  # a driver that predates the field
+            return
+        if ret != pynvml.NVML_SUCCESS:
+            reader.fail(RECOVERY_ACTION_SOURCE, pynvml.NVMLError(ret))
+            return
+        member = _FIELD_VALUE_MEMBER.get(int(field.valueType), "uiVal")
+        rec.counters["gpu_recovery_action"] = int(getattr(field.value, member))
+
+    def _nvlink(self, handle: Any, reader: _Reader) -> None:
         """NVLink state and DL error counters of every link, at most every
         ``nvlink_interval_seconds`` (up to 18 links x 5 calls); the last read is attached
         to the record in between. A GPU whose link 0 answers NotSupported has no NVLink
@@ -617,13 +892,7 @@ class NvidiaCollector(Collector):
         links: list[dict[str, Any]] = []
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             try:
-                state = reader.call(
-                    "nvmlDeviceGetNvLinkState",
-                    nvml.nvmlDeviceGetNvLinkState,
-                    handle,
-                    link,
-                    quiet=quiet,
-                )
+                state = reader.call("nvmlDeviceGetNvLinkState", handle, link, quiet=quiet)
             except quiet:
                 break  # past the last link (or no NVLink at all)
             entry: dict[str, Any] = {
@@ -636,13 +905,7 @@ class NvidiaCollector(Collector):
             }
             counters: dict[str, int] = {}
             for name, counter in _NVLINK_COUNTERS:
-                value = reader.call(
-                    "nvmlDeviceGetNvLinkErrorCounter",
-                    nvml.nvmlDeviceGetNvLinkErrorCounter,
-                    handle,
-                    link,
-                    counter,
-                )
+                value = reader.call("nvmlDeviceGetNvLinkErrorCounter", handle, link, counter)
                 if value is not _MISSING:
                     counters[name] = int(value)
             entry["counters"] = counters
@@ -653,16 +916,15 @@ class NvidiaCollector(Collector):
         self._nvlink_cache[rec.index] = (now, links)
         rec.links = [dict(link) for link in links]
 
-    def _memory_errors(self, nvml: Any, handle: Any, reader: _Reader) -> None:
+    def _memory_errors(self, handle: Any, reader: _Reader) -> None:
         rec = reader.record
         call = reader.call
-        mode = call("nvmlDeviceGetEccMode", nvml.nvmlDeviceGetEccMode, handle)
+        mode = call("nvmlDeviceGetEccMode", handle)
         if mode is _MISSING:
             return
         if int(mode[0]) != pynvml.NVML_FEATURE_ENABLED:
             reader.error("nvmlDeviceGetEccMode", "EccDisabled")
             return
-        total = nvml.nvmlDeviceGetTotalEccErrors
         src = "nvmlDeviceGetTotalEccErrors"
         corrected = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
         uncorrected = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
@@ -672,7 +934,7 @@ class NvidiaCollector(Collector):
             ("ecc_corrected_aggregate", corrected, pynvml.NVML_AGGREGATE_ECC),
             ("ecc_uncorrected_aggregate", uncorrected, pynvml.NVML_AGGREGATE_ECC),
         ):
-            value = call(src, total, handle, etype, ctype)
+            value = call(src, handle, etype, ctype)
             if value is _MISSING:
                 continue
             if attr.endswith("_total"):
@@ -681,14 +943,14 @@ class NvidiaCollector(Collector):
                 rec.counters[attr] = int(value)
         if not self._no_remap_fn:
             try:
-                rows = call(
-                    "nvmlDeviceGetRemappedRows",
-                    nvml.nvmlDeviceGetRemappedRows,
-                    handle,
-                    fallback=True,
-                )
-            except pynvml.NVMLError_FunctionNotFound:
+                rows = call("nvmlDeviceGetRemappedRows", handle, fallback=True)
+            except _Fallback as exc:
                 self._no_remap_fn = True
+                self._note_fallback(
+                    "nvmlDeviceGetRemappedRows",
+                    exc.reason,
+                    "nvmlDeviceGetRetiredPagesPendingStatus",
+                )
             else:
                 if rows is not _MISSING:
                     corr, unc, pending, failure = rows
@@ -697,68 +959,72 @@ class NvidiaCollector(Collector):
                     rec.counters["remapped_rows_correctable"] = int(corr)
                     rec.counters["remapped_rows_uncorrectable"] = int(unc)
                     return  # row remapping replaces page retirement: no retired pages
-        pending = call(
-            "nvmlDeviceGetRetiredPagesPendingStatus",
-            nvml.nvmlDeviceGetRetiredPagesPendingStatus,
-            handle,
-        )
+        pending = call("nvmlDeviceGetRetiredPagesPendingStatus", handle)
         if pending is not _MISSING:
             rec.retired_pages_pending = int(pending) == pynvml.NVML_FEATURE_ENABLED
 
-    def _read_state(
-        self, nvml: Any, handle: Any, reader: _Reader, namer: Callable[[int], str | None]
-    ) -> None:
+    def _processes(self, handle: Any, reader: _Reader, namer: Callable[[int], str | None]) -> None:
+        """``nvmlDeviceGetComputeRunningProcesses`` (nvidia-ml-py calls the ``_v3`` symbol
+        and raises ``NVMLLibraryMismatchError`` on drivers before R510, which lack it),
+        else ``nvmlDeviceGetComputeRunningProcesses_v2``; the fallback is logged once per
+        NVML session, and when neither can be read the error entry says why."""
+        rec = reader.record
+        source = "nvmlDeviceGetComputeRunningProcesses"
+        procs: Any = _MISSING
+        if not self._processes_v2:
+            try:
+                procs = reader.call(source, handle, fallback=True)
+            except _Fallback as exc:
+                self._processes_v2 = True
+                self._processes_reason = exc.reason
+                self._note_fallback(source, exc.reason, source + "_v2")
+        if self._processes_v2:
+            try:
+                procs = reader.call(source + "_v2", handle, source=source, fallback=True)
+            except _Fallback as exc:
+                reader.error(
+                    source,
+                    f"{self._processes_reason}; {exc.reason}: processes cannot be read",
+                )
+        if procs is _MISSING:
+            return
+        for proc in procs:
+            pid = int(proc.pid)
+            used = getattr(proc, "usedGpuMemory", None)
+            rec.processes.append(
+                ProcessInfo(
+                    pid=pid, name=namer(pid), memory_bytes=None if used is None else int(used)
+                )
+            )
+
+    def _read_state(self, handle: Any, reader: _Reader, namer: Callable[[int], str | None]) -> None:
         rec = reader.record
         call = reader.call
-        self._memory(nvml, handle, reader)
-        util = call("nvmlDeviceGetUtilizationRates", nvml.nvmlDeviceGetUtilizationRates, handle)
+        self._memory(handle, reader)
+        util = call("nvmlDeviceGetUtilizationRates", handle)
         if util is not _MISSING:
             rec.utilization_ratio = int(util.gpu) / 100.0
-        temp = call(
-            "nvmlDeviceGetTemperature",
-            nvml.nvmlDeviceGetTemperature,
-            handle,
-            pynvml.NVML_TEMPERATURE_GPU,
-        )
-        if temp is not _MISSING:
-            rec.temperature_celsius = float(temp)
-        power = call("nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, handle)
+        self._temperature(handle, reader)
+        power = call("nvmlDeviceGetPowerUsage", handle)
         if power is not _MISSING:
             rec.power_watts = int(power) / 1000.0
-        limit = call(
-            "nvmlDeviceGetEnforcedPowerLimit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle
-        )
+        # the limit the power management algorithm enforces (the minimum of all limiters:
+        # nvidia-smi's enforced.power.limit / gpu.power.current_limit), not the software
+        # limit nvmlDeviceGetPowerManagementLimit gives (power.limit / requested_limit)
+        limit = call("nvmlDeviceGetEnforcedPowerLimit", handle)
         if limit is not _MISSING:
             rec.power_limit_watts = int(limit) / 1000.0
-        clock = call(
-            "nvmlDeviceGetClockInfo", nvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM
-        )
+        clock = call("nvmlDeviceGetClockInfo", handle, pynvml.NVML_CLOCK_SM)
         if clock is not _MISSING:
             rec.clock_sm_hertz = float(clock) * 1e6
-        self._clock_reasons(nvml, handle, reader)
-        self._memory_errors(nvml, handle, reader)
-        self._nvlink(nvml, handle, reader)
-        gen = call(
-            "nvmlDeviceGetCurrPcieLinkGeneration", nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle
-        )
+        self._clock_reasons(handle, reader)
+        self._memory_errors(handle, reader)
+        self._recovery_action(handle, reader)
+        self._nvlink(handle, reader)
+        gen = call("nvmlDeviceGetCurrPcieLinkGeneration", handle)
         if gen is not _MISSING:
             rec.pcie_link_gen = int(gen)
-        width = call("nvmlDeviceGetCurrPcieLinkWidth", nvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
+        width = call("nvmlDeviceGetCurrPcieLinkWidth", handle)
         if width is not _MISSING:
             rec.pcie_link_width = int(width)
-        procs = call(
-            "nvmlDeviceGetComputeRunningProcesses",
-            nvml.nvmlDeviceGetComputeRunningProcesses,
-            handle,
-        )
-        if procs is not _MISSING:
-            for proc in procs:
-                pid = int(proc.pid)
-                used = getattr(proc, "usedGpuMemory", None)
-                rec.processes.append(
-                    ProcessInfo(
-                        pid=pid,
-                        name=namer(pid),
-                        memory_bytes=None if used is None else int(used),
-                    )
-                )
+        self._processes(handle, reader, namer)

@@ -40,7 +40,20 @@ Faults (the ``nvml:`` section of a replay scenario, see :func:`load_replay_nvml`
       7: {xml_overrides: {"temperature/gpu_temp": "95 C", "utilization/gpu_util": null}}
       0: {hang_seconds: 2.5}            # every call on this GPU sleeps first (a dying GPU)
       2: {nvlink: {links: 18, down: [7], errors: {7: {crc_flit: 240}}}}
+      3: {recovery_action: reset}       # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (none, reset,
+                                        # reboot, drain_p2p, drain_and_reset... or a number)
     nvlink: {links: 18}                 # every GPU: 18 NVLink links up (else NotSupported)
+    binding_lacks: [nvmlDeviceGetTemperature]  # an nvidia-ml-py without these functions
+    driver_lacks: [nvmlDeviceGetComputeRunningProcesses_v3]  # a driver without the symbols:
+                                        # FunctionNotFound (NVMLLibraryMismatchError for
+                                        # the unversioned processes call, as pynvml raises)
+
+Each call reads its own element: ``nvmlDeviceGetEnforcedPowerLimit`` the current
+(enforced) limit, ``nvmlDeviceGetPowerManagementLimit`` the requested (software) limit,
+``nvmlDeviceGetEccMode`` current and pending ECC mode apart, so ``xml_overrides`` can give
+them distinct values. The recovery action comes from ``<gpu_recovery_action>`` (v13 dumps
+say ``None``) unless the scenario's ``recovery_action`` says otherwise; a dump without it
+answers that field NotSupported.
 
 A lost GPU fails at ``nvmlDeviceGetHandleByIndex`` by default because that is what real
 NVML does: ``nvmlDeviceGetHandleByIndex_v2`` documents ``NVML_ERROR_GPU_IS_LOST``, and
@@ -56,7 +69,7 @@ import io
 import re
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -165,7 +178,39 @@ _FAULT_KEYS = {
     "xml_overrides",
     "hang_seconds",
     "nvlink",
+    "recovery_action",
 }
+
+#: ``nvmlDeviceGpuRecoveryAction_t`` (nvml.h; nvidia-ml-py pynvml.py
+#: ``NVML_GPU_RECOVERY_ACTION_NONE = 0`` ... ``_SYSTEM_REBOOT = 7``; NVIDIA, "Error
+#: Recovery and Response Flags", https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/
+#: error-recovery-and-response-flags.html) by the name a scenario or a dump's
+#: ``<gpu_recovery_action>`` (v13 DTD: ``None``) gives it, lower case, ``_`` for spaces.
+RECOVERY_ACTIONS = {
+    "none": 0,
+    "reset": 1,
+    "gpu_reset": 1,
+    "reboot": 2,
+    "node_reboot": 2,
+    "drain_p2p": 3,
+    "drain_and_reset": 4,
+    "recover_imex_domain": 5,
+    "bus_reset": 6,
+    "system_reboot": 7,
+}
+_FAULT_ALIAS = {"nvmlDeviceGetTemperatureV": "nvmlDeviceGetTemperature"}
+_FI_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvml.h, pynvml.py)
+
+
+def _recovery_action(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0xFFFFFFFF:
+        return value
+    key = re.sub(r"[\s\-]+", "_", str(value).strip().lower())
+    if key not in RECOVERY_ACTIONS:
+        raise ReplayFormatError(
+            f"{where}: recovery action {value!r} is not one of {sorted(RECOVERY_ACTIONS)}"
+        )
+    return RECOVERY_ACTIONS[key]
 
 
 @dataclass
@@ -179,6 +224,7 @@ class _GpuFault:
     xml_overrides: dict[str, Any] = field(default_factory=dict)
     hang_seconds: float = 0.0
     nvlink: dict[str, Any] | None = None
+    recovery_action: int | None = None
 
 
 @dataclass(frozen=True)
@@ -292,7 +338,14 @@ def _parse_faults(faults: Mapping[str, Any] | None) -> tuple[Any, dict, dict[int
         return None, {}, {}
     if not isinstance(faults, Mapping):
         raise ReplayFormatError(f"nvml faults must be a mapping, got {type(faults).__name__}")
-    unknown = set(faults) - {"init_error", "errors", "gpus", "nvlink"}
+    unknown = set(faults) - {
+        "init_error",
+        "errors",
+        "gpus",
+        "nvlink",
+        "binding_lacks",
+        "driver_lacks",
+    }
     if unknown:
         raise ReplayFormatError(f"unknown nvml fault keys: {sorted(unknown)}")
     init_error = faults.get("init_error")
@@ -331,6 +384,9 @@ def _parse_faults(faults: Mapping[str, Any] | None) -> tuple[Any, dict, dict[int
             xml_overrides=dict(overrides),
             hang_seconds=float(hang),
             nvlink=_parse_nvlink(spec.get("nvlink"), f"gpu {index}: nvlink"),
+            recovery_action=None
+            if spec.get("recovery_action") is None
+            else _recovery_action(spec["recovery_action"], f"gpu {index}"),
         )
     return init_cls, sys_errors, gpus
 
@@ -364,6 +420,13 @@ def _parse_nvlink(spec: Any, where: str) -> dict[str, Any] | None:
     return {"links": links, "down": down, "errors": errors}
 
 
+def _absent(name: str) -> property:
+    def get(self: Any) -> Any:
+        raise AttributeError(f"{name}: not in this nvidia-ml-py (scenario binding_lacks)")
+
+    return property(get)
+
+
 class ReplayNvml:
     """The replay "module": pynvml's functions answered from one dump plus faults.
 
@@ -390,6 +453,22 @@ class ReplayNvml:
         self._nvlink_default = _parse_nvlink((faults or {}).get("nvlink"), "nvlink")
         self._refcount = 0
         self.calls: dict[str, int] = {}
+        lacks = (faults or {}).get("binding_lacks") or []
+        if not isinstance(lacks, list) or not all(
+            isinstance(n, str) and n.startswith("nvml") and callable(getattr(ReplayNvml, n, None))
+            for n in lacks
+        ):
+            raise ReplayFormatError(
+                f"binding_lacks must list NVML functions the replay answers, got {lacks!r}"
+            )
+        if lacks:  # an nvidia-ml-py without these functions (removed after deprecation)
+            self.__class__ = type("ReplayNvml", (ReplayNvml,), {n: _absent(n) for n in lacks})
+        driver_lacks = (faults or {}).get("driver_lacks") or []
+        if not isinstance(driver_lacks, list) or not all(
+            isinstance(n, str) and n.startswith("nvml") for n in driver_lacks
+        ):
+            raise ReplayFormatError(f"driver_lacks must list NVML symbols, got {driver_lacks!r}")
+        self._driver_lacks = frozenset(driver_lacks)
         for index, fault in gpu_faults.items():
             if index >= len(self._gpus):
                 raise ReplayFormatError(
@@ -425,6 +504,8 @@ class ReplayNvml:
 
     def _device(self, fname: str, handle: Any) -> _Gpu:
         self._system(fname)
+        if fname in self._driver_lacks:  # the driver's library has no such symbol
+            raise pynvml.NVMLError_FunctionNotFound()
         if not isinstance(handle, ReplayHandle) or not 0 <= handle.index < len(self._gpus):
             raise pynvml.NVMLError_InvalidArgument()
         fault = self._faults.get(handle.index)
@@ -435,8 +516,11 @@ class ReplayNvml:
                 raise pynvml.NVMLError_GpuIsLost()
             if fault.reset_required:
                 raise pynvml.NVMLError_ResetRequired()
-            # a fault on nvmlDeviceGetMemoryInfo applies to its _v2 form too
-            cls = fault.errors.get(fname) or fault.errors.get(fname.removesuffix("_v2"))
+            # a fault on nvmlDeviceGetMemoryInfo applies to its _v2 form too (and one on
+            # nvmlDeviceGetTemperature to nvmlDeviceGetTemperatureV)
+            cls = fault.errors.get(fname) or fault.errors.get(
+                _FAULT_ALIAS.get(fname, fname.removesuffix("_v2"))
+            )
             if cls is not None:
                 raise cls()
         return self._gpus[handle.index]
@@ -582,6 +666,18 @@ class ReplayNvml:
             raise pynvml.NVMLError_InvalidArgument()
         return gpu.integer("temperature/gpu_temp", unit="C")
 
+    def nvmlDeviceGetTemperatureV(
+        self, handle: Any, sensor: int, version: int | None = None
+    ) -> int:
+        """The versioned call (``nvmlTemperature_v1``) that replaces the deprecated
+        ``nvmlDeviceGetTemperature`` in nvidia-ml-py 13: the same reading."""
+        gpu = self._device("nvmlDeviceGetTemperatureV", handle)
+        if version not in (None, getattr(pynvml, "nvmlTemperature_v1", None)):
+            raise pynvml.NVMLError_ArgumentVersionMismatch()
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise pynvml.NVMLError_InvalidArgument()
+        return gpu.integer("temperature/gpu_temp", unit="C")
+
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         """mW. v13 dumps split ``power_draw`` into average/instant; NVML's
         ``nvmlDeviceGetPowerUsage`` is the 1 s average on newer GPUs, so that one."""
@@ -591,6 +687,14 @@ class ReplayNvml:
             "gpu_power_readings/power_draw",
             "power_readings/power_draw",
         )
+
+    # nvidia-smi --help-query-gpu (vendor-samples nvidia-smi--help-query-gpu_590.48.01.txt):
+    # "enforced.power.limit" or "gpu.power.current_limit" is "the power management
+    # algorithm's power ceiling ... the minimum of various power limiters" (NVML's
+    # enforced limit); "power.limit" or "gpu.power.requested_limit" is "the software power
+    # limit ... set by software like nvidia-smi" (nvmlDeviceGetPowerManagementLimit). The
+    # v12+ dumps name them current_power_limit / requested_power_limit, older ones
+    # enforced_power_limit / power_limit: each call reads its own element.
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
         gpu = self._device("nvmlDeviceGetEnforcedPowerLimit", handle)
@@ -602,7 +706,7 @@ class ReplayNvml:
     def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
         gpu = self._device("nvmlDeviceGetPowerManagementLimit", handle)
         return gpu.milliwatts(
-            "gpu_power_readings/current_power_limit", "power_readings/power_limit"
+            "gpu_power_readings/requested_power_limit", "power_readings/power_limit"
         )
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
@@ -685,13 +789,51 @@ class ReplayNvml:
     # -- memory errors -----------------------------------------------------------
 
     def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]:
+        """``[current, pending]`` from ``ecc_mode/current_ecc`` and ``pending_ecc``, each
+        its own element (a mode change waits for the next reboot: they differ then); a
+        dump without one of them answers NotSupported, nothing is copied across."""
         gpu = self._device("nvmlDeviceGetEccMode", handle)
         current = _bool_feature(gpu.text("ecc_mode/current_ecc"))
-        try:
-            pending = _bool_feature(gpu.text("ecc_mode/pending_ecc"))
-        except pynvml.NVMLError_NotSupported:
-            pending = current
+        pending = _bool_feature(gpu.text("ecc_mode/pending_ecc"))
         return [current, pending]
+
+    def nvmlDeviceGetFieldValues(
+        self, handle: Any, field_ids: Sequence[Any]
+    ) -> list[SimpleNamespace]:
+        """Shaped like pynvml's ``c_nvmlFieldValue_t`` array: per field ``fieldId``,
+        ``scopeId``, ``nvmlReturn`` (a per-field status: the call itself succeeds),
+        ``valueType`` and ``value`` (``uiVal``...). Only
+        ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (230) is answered: from the scenario's
+        ``recovery_action``, else the dump's ``<gpu_recovery_action>`` (v13 DTD), else
+        ``NVML_ERROR_NOT_SUPPORTED``; every other field is NOT_SUPPORTED."""
+        gpu = self._device("nvmlDeviceGetFieldValues", handle)
+        fault = self._faults.get(handle.index)
+        out = []
+        for item in field_ids:
+            field_id, scope = item if isinstance(item, tuple) else (item, 0)
+            ret, value = pynvml.NVML_ERROR_NOT_SUPPORTED, 0
+            if field_id == _FI_RECOVERY_ACTION:
+                if fault is not None and fault.recovery_action is not None:
+                    ret, value = pynvml.NVML_SUCCESS, fault.recovery_action
+                else:
+                    try:
+                        text = gpu.text("gpu_recovery_action")
+                    except pynvml.NVMLError as exc:
+                        ret = exc.value
+                    else:
+                        ret, value = pynvml.NVML_SUCCESS, _recovery_action(text, self.source)
+            out.append(
+                SimpleNamespace(
+                    fieldId=field_id,
+                    scopeId=scope,
+                    timestamp=0,
+                    latencyUsec=0,
+                    valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_INT,
+                    nvmlReturn=ret,
+                    value=SimpleNamespace(uiVal=value),
+                )
+            )
+        return out
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
         """Sum of the dump's counters of that kind: ``single_bit|double_bit/total``
@@ -813,8 +955,23 @@ class ReplayNvml:
         return out
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
-        """Processes whose ``type`` contains ``C`` (``C``, ``C+G``, ``M+C``)."""
-        return self._processes("nvmlDeviceGetComputeRunningProcesses", handle, "C")
+        """Processes whose ``type`` contains ``C`` (``C``, ``C+G``, ``M+C``).
+
+        nvidia-ml-py's unversioned call is ``@throwOnVersionMismatch`` around the ``_v3``
+        symbol (pynvml.py): a driver without ``nvmlDeviceGetComputeRunningProcesses_v3``
+        (before R510; ``driver_lacks`` in a scenario) raises ``NVMLLibraryMismatchError``,
+        which is not an ``NVMLError``."""
+        fname = "nvmlDeviceGetComputeRunningProcesses"
+        if fname + "_v3" in self._driver_lacks:
+            self._system(fname)
+            raise pynvml.NVMLLibraryMismatchError(
+                f"{fname}_v3 is not in this driver (scenario driver_lacks)"
+            )
+        return self._processes(fname, handle, "C")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[SimpleNamespace]:
+        """The older versioned call (drivers from R470): the same processes."""
+        return self._processes("nvmlDeviceGetComputeRunningProcesses_v2", handle, "C")
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
         """Processes whose ``type`` contains ``G``."""

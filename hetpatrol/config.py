@@ -95,6 +95,9 @@ _NVIDIA_SCHEMA = {
         "timeout_seconds": _SECONDS,
         "nvlink": {"type": "boolean"},
         "nvlink_interval_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
+        # consecutive patrols an NVML field read may answer Unknown before the card is
+        # critical (collectors/nvidia.py); one patrol's Unknown is a warning
+        "field_error_patrols": {"type": "integer", "minimum": 1, "maximum": 1000},
     },
 }
 _ASCEND_SCHEMA = {

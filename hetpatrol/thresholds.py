@@ -38,10 +38,50 @@ VENDOR_HEALTH_SEVERITY = {
 _VENDOR_HEALTH_TEXT = {
     "gpu_is_lost": "GPU is lost (fell off the bus): NVML answers GpuIsLost",
     "reset_required": "GPU requires a reset: NVML answers ResetRequired",
-    "unknown_error": "NVML answers Unknown error for this GPU",
+    "unknown_error": "NVML answers Unknown error for a core call of this GPU (handle, "
+    "memory, or its whole identity)",
     "insufficient_power": "GPU has insufficient power (external power cable?): NVML "
     "answers InsufficientPower",
 }
+
+
+#: ``counters.gpu_recovery_action`` (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, values of
+#: ``nvmlDeviceGpuRecoveryAction_t``: nvml.h / nvidia-ml-py pynvml.py
+#: ``NVML_GPU_RECOVERY_ACTION_NONE = 0`` ... ``_SYSTEM_REBOOT = 7``) -> (severity, text).
+#: What each asks for is NVIDIA's "Error Recovery and Response Flags"
+#: (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-response-flags.html):
+#: reset/reboot/drain-and-reset take the GPU out of service (critical: drain); drain P2P
+#: is a step after which NVML is asked again and answers one of the others, and IMEX
+#: domain recovery is a fabric action beyond this GPU: warning. 0 (none) is no finding.
+RECOVERY_ACTIONS = {
+    1: (HEALTH_CRITICAL, "GPU reset", "terminate the GPU's processes and reset it (nvidia-smi -r)"),
+    2: (HEALTH_CRITICAL, "node reboot", "the fault may have left the OS inconsistent: reboot"),
+    3: (
+        HEALTH_WARNING,
+        "drain P2P",
+        "stop the processes that use peer-to-peer traffic and UVM persistence mode; NVML "
+        "then names the next action",
+    ),
+    4: (HEALTH_CRITICAL, "drain and reset", "drain the GPU's work, then reset it"),
+    5: (HEALTH_WARNING, "recover IMEX domain", "recover the NVLink IMEX domain"),
+    6: (HEALTH_CRITICAL, "bus reset", "reset the GPU's PCIe bus"),
+    7: (HEALTH_CRITICAL, "system reboot", "reboot the system"),
+}
+
+
+def _recovery_action(record: CardRecord) -> Finding | None:
+    action = record.counters.get("gpu_recovery_action")
+    if action is None or action == 0:
+        return None
+    severity, name, todo = RECOVERY_ACTIONS.get(
+        action, (HEALTH_WARNING, "unknown", "an action this hetpatrol does not know")
+    )
+    return Finding(
+        "gpu_recovery_action",
+        severity,
+        f"NVML recovery action: {name} ({action}): {todo}",
+        value=action,
+    )
 
 
 def _level(
@@ -65,8 +105,9 @@ def _level(
 def evaluate_card(record: CardRecord, profile: Profile) -> list[Finding]:
     """Findings for one card under its profile's thresholds (empty when all is well).
 
-    Checks, in order: readability, vendor health, temperature, memory use, power against
-    the limit, uncorrected ECC, remapped rows pending/failure, retired pages pending.
+    Checks, in order: readability, vendor health, temperature, uncorrected ECC, memory
+    use, power against the limit, the NVML recovery action, remapped rows
+    pending/failure, retired pages pending.
     """
     findings: list[Finding] = []
     if not record.read_ok and not record.findings:  # collector findings already say why
@@ -111,6 +152,7 @@ def evaluate_card(record: CardRecord, profile: Profile) -> list[Finding]:
         candidates.append(
             _level("power", round(ratio, 4), th.get("power_ratio"), "", "power / limit")
         )
+    candidates.append(_recovery_action(record))
     findings.extend(f for f in candidates if f is not None)
     for check, text in (
         ("remapped_rows_pending", "remapped rows pending: the GPU needs a reset"),

@@ -478,14 +478,16 @@ def test_lost_gpu_with_handle_and_reset_required():
     assert result.records[2].vendor_health is None
 
 
-def test_unknown_error_marks_card_and_reading_goes_on():
-    faults = {"gpus": {4: {"errors": {"nvmlDeviceGetTemperature": "Unknown"}}}}
+def test_unknown_error_on_a_core_call_marks_card_and_reading_goes_on():
+    """Unknown on the memory read (a core call) marks the card at once; the other values
+    are still read. (Unknown on a field read is a warning first: test_nvml_field_errors.)"""
+    faults = {"gpus": {4: {"errors": {"nvmlDeviceGetMemoryInfo": "Unknown"}}}}
     _, _, result = collect(HEALTHY_XML, faults)
     rec = result.records[4]
     assert rec.vendor_health == VH_UNKNOWN_ERROR
-    assert rec.temperature_celsius is None
-    assert rec.power_watts == pytest.approx(70.33)
-    assert {"source": "nvmlDeviceGetTemperature", "error": "Unknown"} in rec.errors
+    assert rec.memory_used_bytes is None and rec.memory_total_bytes is None
+    assert rec.power_watts == pytest.approx(70.33) and rec.temperature_celsius == 31
+    assert {"source": "nvmlDeviceGetMemoryInfo", "error": "Unknown"} in rec.errors
 
 
 def test_remapped_rows_pending_fault():
@@ -670,8 +672,9 @@ def test_one_init_bounded_calls_and_close():
     steady = sum(nvml.calls.values()) - first
     assert nvml.calls["nvmlInit"] == 1
     # init, count, driver once; per GPU handle + 7 identity + 16 + 1 NVLink probe (link 0
-    # NotSupported: no NVLink, not asked again in this session)
-    assert first <= 3 + 8 * 25
+    # NotSupported: no NVLink, not asked again in this session) + 1 recovery-action field
+    # (NotSupported in this dump: not asked again either)
+    assert first <= 3 + 8 * 26
     assert steady <= 1 + 8 * 16  # count + 16 state calls per ECC GPU; handles, identity cached
     assert nvml.calls["nvmlDeviceGetHandleByIndex"] == 8
     collector.close()
@@ -698,7 +701,7 @@ def test_production_names_processes_with_psutil():
 
 
 class _Blocks:
-    """Delegates to a replay; nvmlDeviceGetTemperature waits until released."""
+    """Delegates to a replay; nvmlDeviceGetTemperatureV waits until released."""
 
     def __init__(self, inner: ReplayNvml):
         self.inner = inner
@@ -708,10 +711,10 @@ class _Blocks:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def nvmlDeviceGetTemperature(self, handle, sensor):
+    def nvmlDeviceGetTemperatureV(self, handle, sensor):
         self.entered.set()
         self.release.wait(5)
-        return self.inner.nvmlDeviceGetTemperature(handle, sensor)
+        return self.inner.nvmlDeviceGetTemperatureV(handle, sensor)
 
 
 def test_a_read_stuck_in_nvml_is_reported_hung_not_queued():
