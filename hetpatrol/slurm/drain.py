@@ -7,11 +7,14 @@ Rules (``slurm.enabled`` and ``slurm.drain.enabled``, both off by default):
   A reason of our own (it starts with ``hetpatrol:``) is left as it is; **anyone
   else's** (an admin's drain, Slurm's own ``gres/gpu count reported lower than
   configured``) is never replaced: the decision is logged as ``drain_skipped``.
-- A node in a state we do not understand is never touched (``drain_skipped`` /
-  ``resume_skipped``): only IDLE, ALLOCATED and MIXED, with at most the DRAIN and
-  COMPLETING flags, are acted on; ``boot`` (REBOOT_ISSUED), ``@`` (REBOOT_REQUESTED),
+- A node carrying the DRAIN flag without any reason was drained by someone else: never
+  re-drained (it would then read as ours and be resumed), ``drain_skipped`` once.
+- The Slurm state decides too (:mod:`hetpatrol.slurm.states`, the table in README.md):
+  IDLE, ALLOCATED and MIXED with the DRAIN, COMPLETING, PLANNED, CLOUD, DYNAMIC_NORM or
+  PERFCTRS flags are acted on; ``boot`` (REBOOT_ISSUED), ``@`` (REBOOT_REQUESTED),
   ``#`` (POWERING_UP), ``resv`` (RESERVED), ``fail`` (FAIL), ``maint``, ``*`` (not
-  responding), DOWN, FUTURE... are skipped and the event says which.
+  responding), DOWN, FUTURE and any state or flag the table does not know are skipped
+  (``drain_skipped`` / ``resume_skipped``) and the event says which.
 - After ``resume_after_patrols`` consecutive **healthy** patrols (ok or warning) a node
   whose current reason starts with ``hetpatrol:`` is resumed (``State=RESUME``). An
   ``unknown`` patrol (a hung tool) neither drains nor counts as healthy.
@@ -19,7 +22,8 @@ Rules (``slurm.enabled`` and ``slurm.drain.enabled``, both off by default):
 
 Every decision is a ``kind: "event"`` line (schema ``hetpatrol.event/1``, see
 :func:`hetpatrol.schema.event_json_schema`). Decisions that change nothing (skips,
-dry runs, failures) are written once per episode, not once per patrol. Every scontrol
+dry runs, failures) are written once until what they say changes, not once per patrol
+(a healthy patrol ends a drain episode, a critical one a resume episode). Every scontrol
 call runs through the configured argv prefix under ``timeout_seconds``.
 """
 
@@ -43,6 +47,7 @@ from hetpatrol.schema import (
 from hetpatrol.slurm.gres import NodeInfo, find_node
 from hetpatrol.slurm.inventory import Runner, run_scontrol
 from hetpatrol.slurm.settings import SlurmSettings
+from hetpatrol.slurm.states import DRAIN, RESUME, may
 from hetpatrol.tool import run_tool
 
 if TYPE_CHECKING:
@@ -55,15 +60,13 @@ REASON_PREFIX = "hetpatrol:"
 #: Longest reason we set (Slurm keeps more, but sinfo columns and humans do not).
 REASON_MAX = 200
 
-UNDERSTOOD_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED"})
-UNDERSTOOD_FLAGS = frozenset({"DRAIN", "COMPLETING"})
-
 EVENT_DRAIN = "drain"
 EVENT_RESUME = "resume"
 EVENT_DRAIN_SKIPPED = "drain_skipped"
 EVENT_RESUME_SKIPPED = "resume_skipped"
 EVENT_DRAIN_FAILED = "drain_failed"
 EVENT_RESUME_FAILED = "resume_failed"
+_RESUME_EVENTS = (EVENT_RESUME, EVENT_RESUME_SKIPPED, EVENT_RESUME_FAILED)
 EVENTS = (
     EVENT_DRAIN,
     EVENT_RESUME,
@@ -79,15 +82,19 @@ def ours(reason: str | None) -> bool:
     return reason is not None and reason.startswith(REASON_PREFIX)
 
 
-def understood(info: NodeInfo) -> str | None:
-    """None when we may act on a node in this state, else why not."""
-    extra = info.flags - UNDERSTOOD_FLAGS
-    if info.base_state not in UNDERSTOOD_STATES or extra:
-        return (
-            f"Slurm state {info.state or '(none)'} is not one hetpatrol acts on "
-            f"(only {'/'.join(sorted(UNDERSTOOD_STATES))} with "
-            f"{'/'.join(sorted(UNDERSTOOD_FLAGS))})"
-        )
+def understood(info: NodeInfo, action: str = DRAIN) -> str | None:
+    """None when we may ``action`` (drain/resume) a node in this state, else why not."""
+    return may(info, action)
+
+
+def foreign_reason(info: NodeInfo) -> str | None:
+    """Why the node's reason is not hetpatrol's to replace or clear; None when it is ours
+    or the node has no reason and no DRAIN flag."""
+    if info.reason is not None and not ours(info.reason):
+        by = f" by {info.reason_user}" if info.reason_user else ""
+        return f"node already has a reason set{by}: {info.reason!r}; left untouched"
+    if info.reason is None and info.drained:
+        return "node is drained without a reason, so not by hetpatrol; left untouched"
     return None
 
 
@@ -181,12 +188,15 @@ class DrainPolicy:
     ) -> list[dict[str, Any]]:
         if report.health == HEALTH_CRITICAL:
             self.healthy_streak = 0
+            if self._last_quiet is not None and self._last_quiet[0] in _RESUME_EVENTS:
+                self._last_quiet = None  # a critical patrol ends the episode of resume events
             return self._on_critical(report, settings, node)
         if report.health not in (HEALTH_OK, HEALTH_WARNING):  # unknown: no verdict
             self.healthy_streak = 0
             return []
         self.healthy_streak += 1
-        self._last_quiet = None  # a healthy patrol ends the episode of quiet events
+        if self._last_quiet is not None and self._last_quiet[0] not in _RESUME_EVENTS:
+            self._last_quiet = None  # a healthy patrol ends the episode of drain events
         if self.healthy_streak < settings.drain.resume_after_patrols:
             return []
         return self._on_healthy(report, settings, node)
@@ -201,11 +211,10 @@ class DrainPolicy:
         if info.reason is not None and ours(info.reason) and info.drained:
             self.maybe_ours = True
             return []  # drained by us already: the first reason stays
-        if info.reason is not None and not ours(info.reason):
-            by = f" by {info.reason_user}" if info.reason_user else ""
-            why = f"node already has a reason set{by}: {info.reason!r}; left untouched"
+        why = foreign_reason(info)
+        if why is not None:
             return self._quiet(report, node, EVENT_DRAIN_SKIPPED, reason, info, detail=why)
-        why_not = understood(info)
+        why_not = understood(info, DRAIN)
         if why_not is not None:
             return self._quiet(report, node, EVENT_DRAIN_SKIPPED, reason, info, detail=why_not)
         argv = [*settings.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
@@ -242,7 +251,7 @@ class DrainPolicy:
         if not (info.drained and ours(info.reason)):
             self.maybe_ours = False  # nothing of ours to resume: stop asking
             return []
-        why_not = understood(info)
+        why_not = understood(info, RESUME)
         if why_not is not None:
             return self._quiet(
                 report, node, EVENT_RESUME_SKIPPED, info.reason, info, detail=why_not
@@ -282,7 +291,10 @@ class DrainPolicy:
 
         ``fields`` are :meth:`_event`'s keyword arguments (command, detail, dry).
         """
-        key = (event, f"{reason}|{fields.get('detail')}|{info.reason if info else None}")
+        # a resume's reason counts the healthy patrols: not part of "what changed"
+        what = None if event in _RESUME_EVENTS else reason
+        state = (info.state, info.reason) if info else None
+        key = (event, f"{what}|{fields.get('detail')}|{state}")
         if key == self._last_quiet:
             return []
         self._last_quiet = key
