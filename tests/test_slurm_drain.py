@@ -24,7 +24,7 @@ NODE = "gpu07"
 
 
 class FakeSlurm:
-    """scontrol for one node: ``show node -o``, ``update ... State=DRAIN|RESUME``."""
+    """scontrol for one node: ``show node -o``, ``update ... State=DRAIN|UNDRAIN``."""
 
     def __init__(self, state: str = "IDLE", reason: str | None = None, user: str = "root"):
         self.state, self.reason, self.user = state, reason, user
@@ -54,7 +54,7 @@ class FakeSlurm:
         if args[2] == "State=DRAIN":
             self.state = self.state.split("+")[0] + "+DRAIN"
             self.reason = args[3].removeprefix("Reason=")
-        elif args[2] == "State=RESUME":
+        elif args[2] == "State=UNDRAIN":
             self.state, self.reason = self.state.split("+")[0], None
         return ToolOutput(tuple(argv), "", "", 0, False, 0.01)
 
@@ -225,7 +225,7 @@ def test_resume_only_after_n_consecutive_healthy_patrols(config):
     assert event["event"] == "resume"
     assert event["reason"] == "healthy for 3 consecutive patrols"
     assert event["slurm_reason"] == "hetpatrol: vendor_health nvidia/3"
-    assert slurm.updates[-1] == ["update", f"NodeName={NODE}", "State=RESUME"]
+    assert slurm.updates[-1] == ["update", f"NodeName={NODE}", "State=UNDRAIN"]
     assert (slurm.state, slurm.reason) == ("IDLE", None)
     calls = len(slurm.calls)
     for seq in range(8, 20):
@@ -405,7 +405,7 @@ def test_resume_skipped_is_said_once_per_change(config):
     assert policy.on_report(report("ok", 11), config) == []
     slurm.state = "IDLE+DRAIN"
     (event,) = decode(policy.on_report(report("ok", 12), config))
-    assert event["event"] == "resume" and slurm.updates[-1][-1] == "State=RESUME"
+    assert event["event"] == "resume" and slurm.updates[-1][-1] == "State=UNDRAIN"
 
 
 def test_readme_state_table_is_the_code_table():

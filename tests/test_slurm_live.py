@@ -168,7 +168,7 @@ def test_drain_on_critical_then_resume_when_healthy(slurm_node, replays, tmp_pat
             assert line.split(" ", 2)[2] == "none"
             resume = events(tmp_path / "patrol.jsonl")[-1]
             assert resume["event"] == "resume" and resume["slurm_reason"] == reason
-            assert resume["command"][-2:] == [f"NodeName={slurm_node.node}", "State=RESUME"]
+            assert resume["command"][-2:] == [f"NodeName={slurm_node.node}", "State=UNDRAIN"]
             assert daemon.stats.slurm_events["drain"] == 1
             assert daemon.stats.slurm_events["resume"] == 1
         finally:

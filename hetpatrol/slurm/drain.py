@@ -16,7 +16,9 @@ Rules (``slurm.enabled`` and ``slurm.drain.enabled``, both off by default):
   responding), DOWN, FUTURE and any state or flag the table does not know are skipped
   (``drain_skipped`` / ``resume_skipped``) and the event says which.
 - After ``resume_after_patrols`` consecutive **healthy** patrols (ok or warning) a node
-  whose current reason starts with ``hetpatrol:`` is resumed (``State=RESUME``). An
+  whose current reason starts with ``hetpatrol:`` is resumed (``State=UNDRAIN``: it
+  clears the DRAIN flag only, where ``RESUME`` would also clear FAIL and REBOOT flags and
+  bring a DOWN node up, should one of those appear after we looked). An
   ``unknown`` patrol (a hung tool) neither drains nor counts as healthy.
 - ``dry_run`` logs every decision (``dry_run: true``) and runs no ``scontrol update``.
 
@@ -47,7 +49,7 @@ from hetpatrol.schema import (
 from hetpatrol.slurm.gres import NodeInfo, find_node
 from hetpatrol.slurm.inventory import Runner, run_scontrol
 from hetpatrol.slurm.settings import SlurmSettings
-from hetpatrol.slurm.states import DRAIN, RESUME, may
+from hetpatrol.slurm.states import DRAIN, REASON_PREFIX, RESUME, foreign_reason, may, ours
 from hetpatrol.tool import run_tool
 
 if TYPE_CHECKING:
@@ -56,7 +58,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("hetpatrol.slurm")
 
-REASON_PREFIX = "hetpatrol:"
 #: Longest reason we set (Slurm keeps more, but sinfo columns and humans do not).
 REASON_MAX = 200
 
@@ -77,25 +78,9 @@ EVENTS = (
 )
 
 
-def ours(reason: str | None) -> bool:
-    """True when a Slurm reason was set by hetpatrol."""
-    return reason is not None and reason.startswith(REASON_PREFIX)
-
-
 def understood(info: NodeInfo, action: str = DRAIN) -> str | None:
     """None when we may ``action`` (drain/resume) a node in this state, else why not."""
     return may(info, action)
-
-
-def foreign_reason(info: NodeInfo) -> str | None:
-    """Why the node's reason is not hetpatrol's to replace or clear; None when it is ours
-    or the node has no reason and no DRAIN flag."""
-    if info.reason is not None and not ours(info.reason):
-        by = f" by {info.reason_user}" if info.reason_user else ""
-        return f"node already has a reason set{by}: {info.reason!r}; left untouched"
-    if info.reason is None and info.drained:
-        return "node is drained without a reason, so not by hetpatrol; left untouched"
-    return None
 
 
 def _card_name(rec: CardRecord) -> str:
@@ -235,7 +220,7 @@ class DrainPolicy:
     ) -> list[dict[str, Any]]:
         if settings.drain.dry_run and self.simulated_drain is not None:
             reason = f"healthy for {self.healthy_streak} consecutive patrols"
-            argv = [*settings.scontrol, "update", f"NodeName={node}", "State=RESUME"]
+            argv = [*settings.scontrol, "update", f"NodeName={node}", "State=UNDRAIN"]
             detail = f"dry run: would resume the drain it would have made: {self.simulated_drain}"
             self.simulated_drain = None
             return [
@@ -256,7 +241,7 @@ class DrainPolicy:
             return self._quiet(
                 report, node, EVENT_RESUME_SKIPPED, info.reason, info, detail=why_not
             )
-        argv = [*settings.scontrol, "update", f"NodeName={node}", "State=RESUME"]
+        argv = [*settings.scontrol, "update", f"NodeName={node}", "State=UNDRAIN"]
         reason = f"healthy for {self.healthy_streak} consecutive patrols"
         if settings.drain.dry_run:
             return self._quiet(report, node, EVENT_RESUME, reason, info, command=argv, dry=True)

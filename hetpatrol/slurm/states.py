@@ -23,6 +23,29 @@ from hetpatrol.slurm.gres import NodeInfo
 DRAIN = "drain"
 RESUME = "resume"
 
+#: Every reason hetpatrol sets starts with this; a reason that does not is someone else's.
+REASON_PREFIX = "hetpatrol:"
+
+
+def ours(reason: str | None) -> bool:
+    """True when a Slurm reason was set by hetpatrol."""
+    return reason is not None and reason.startswith(REASON_PREFIX)
+
+
+def foreign_reason(info: NodeInfo) -> str | None:
+    """Why the node's reason is not hetpatrol's to replace or clear; None when it is ours
+    or the node has neither a reason nor the DRAIN flag.
+
+    A DRAIN flag without a reason is someone else's drain too: once drained with our
+    reason it would read as ours, and be resumed.
+    """
+    if info.reason is not None and not ours(info.reason):
+        by = f" by {info.reason_user}" if info.reason_user else ""
+        return f"node already has a reason set{by}: {info.reason!r}; left untouched"
+    if info.reason is None and info.drained:
+        return "node is drained without a reason, so not by hetpatrol; left untouched"
+    return None
+
 
 @dataclass(frozen=True)
 class StateRule:
