@@ -638,6 +638,18 @@ def test_counts_agree_names_do_not_is_a_warning_naming_both(base_config):
         ("gpu:a100", 8, 0),
         ("gpu:h100", 0, 8),
     ]
+    # 6 A100s found healthy, 2 H100s: the counts agree, the names of two do not
+    mixed = [gpu(i, "NVIDIA A100-SXM4-80GB", "a100") for i in range(6)] + cards[:2]
+    _, findings = compare(mixed, parse_gres("gpu:a100:8"), base_config)
+    assert [(f.severity, f.value) for f in findings] == [("warning", 6)]
+    # ... but a sick A100 among them is a real shortfall, whatever the H100s
+    mixed[0].health = "critical"
+    mixed += cards[2:3]
+    _, findings = compare(mixed, parse_gres("gpu:a100:8"), base_config)
+    assert [(f.severity, f.message) for f in findings] == [
+        ("critical", "gpu:a100: Slurm has 8 registered, 5 healthy on the node (6 found)"),
+        ("warning", "gpu:h100: 3 healthy on the node, Slurm has only 0 registered"),
+    ]
     # one card fewer than registered: the shortfall is real, critical as before
     cards[0].health = "critical"
     _, findings = compare(cards, parse_gres("gpu:a100:8"), base_config)

@@ -350,11 +350,12 @@ def compare(
         short = [k for k in range(first, len(counts)) if counts[k].healthy < counts[k].configured]
         if not short or not stray:
             continue
-        healthy_all = sum(_healthy(c.rec) for c in these)
-        if healthy_all < sum(e.count for e in group):
+        if any(counts[k].healthy < counts[k].found for k in short):
+            continue  # a card of that type is sick or unread: the shortfall stands
+        n = sum(_healthy(c.rec) for c in stray)
+        if n < sum(counts[k].configured - counts[k].found for k in short):
             continue  # really fewer cards: the shortfall stands (critical)
         kinds = sorted({c.label for c in stray if _healthy(c.rec)})
-        n = sum(_healthy(c.rec) for c in stray)
         for k in short:
             c = counts[k]
             named_by[k] = (
