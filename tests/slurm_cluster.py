@@ -87,7 +87,9 @@ class SlurmCluster:
         return self.sinfo().split(" ", 2)[1]
 
     def reason(self) -> str:
-        return self.sinfo().split(" ", 2)[2]
+        """sinfo's ``%E``: ``none`` without a reason, empty for a blank one."""
+        parts = self.sinfo().split(" ", 2)
+        return parts[2] if len(parts) > 2 else ""
 
     def wait_for(self, predicate, timeout: float = 15.0, what: str = "") -> str:
         deadline = time.monotonic() + timeout

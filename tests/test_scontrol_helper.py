@@ -294,3 +294,17 @@ def test_real_slurmctld_drain_and_undrain_of_our_own(real_helper):
         assert res.returncode == 2, res.stderr
         assert "not a drain of hetpatrol's" in res.stderr
         assert slurm.reason() == "admin: keep it out"
+
+
+@pytest.mark.slurm
+def test_real_slurmctld_drain_without_reason_survives_the_helper(real_helper):
+    path, slurm = real_helper
+    node = slurm.node
+    with slurm.explain():
+        slurm.scontrol("update", f"NodeName={node}", "State=DRAIN", "Reason= ")
+        res = call(path, "update", f"NodeName={node}", "State=DRAIN", "Reason=hetpatrol: x")
+        assert res.returncode == 2 and "drained without a reason" in res.stderr
+        res = call(path, "update", f"NodeName={node}", "State=UNDRAIN")
+        assert res.returncode == 2
+        assert slurm.node_state() == "IDLE+DRAIN"
+        assert not slurm.reason().startswith("hetpatrol")

@@ -278,3 +278,27 @@ def test_maintenance_state_is_skipped_once(slurm_node, replays, tmp_path):
             assert "drain" not in slurm_node.state()
         finally:
             slurm_node.run("scontrol", "delete", "ReservationName=hetpatrol_test_maint")
+
+
+def test_drain_without_a_reason_is_left_alone(slurm_node, replays, tmp_path):
+    """``Reason=" "`` (scontrol refuses an empty one, not a blank one) drains the real
+    node with no reason: someone else's drain, never re-drained, never resumed."""
+    node = slurm_node.node
+    with slurm_node.explain():
+        slurm_node.scontrol("update", f"NodeName={node}", "State=DRAIN", "Reason= ")
+        assert slurm_node.node_state() == "IDLE+DRAIN"
+        daemon = Daemon(slurm_config(slurm_node, tmp_path), replay_dir=replays["sick"])
+        try:
+            for _ in range(3):
+                assert daemon.patrol_once().health == "critical"
+            use_replay(daemon, replays["healthy"])
+            for _ in range(3):
+                assert daemon.patrol_once().health == "ok"
+        finally:
+            daemon.shutdown()
+        (skipped,) = events(tmp_path / "patrol.jsonl")
+        assert skipped["event"] == "drain_skipped"
+        assert skipped["slurm_state"] == "IDLE+DRAIN" and skipped["slurm_reason"] is None
+        assert "drained without a reason" in skipped["detail"]
+        assert slurm_node.node_state() == "IDLE+DRAIN"
+        assert not slurm_node.reason().startswith("hetpatrol")
