@@ -30,9 +30,10 @@ the helper applies the daemon's rules itself, for every request, reading the nod
 state and reason (``scontrol -o show node``) right before the update. So neither a bug
 nor a compromised ``hetpatrol`` user can replace or clear an admin's drain.
 
-What is left: Slurm (22.05 and later) has no conditional update, so a reason an admin
-sets in the moment between that read and the update (one ``scontrol`` round trip,
-milliseconds) is replaced by a drain, or cleared by an undrain. ``UNDRAIN`` rather than
+What is left: ``scontrol update`` has no conditional form (no "only if the reason is
+still X"; ``update_node()`` in 22.05), so a reason an admin sets in the moment between
+that read and the update (one ``scontrol`` round trip, milliseconds) is replaced by a
+drain, or cleared by an undrain. ``UNDRAIN`` rather than
 ``RESUME`` keeps even that to the DRAIN flag: ``RESUME`` would also clear FAIL and the
 REBOOT flags and bring a DOWN node up (``update_node()`` in Slurm's
 ``src/slurmctld/node_mgr.c``).
