@@ -421,3 +421,27 @@ def test_readme_state_table_is_the_code_table():
     for name, kind, drain, resume in rows:
         assert (kind == "base") == (name in BASE_STATES), name
         assert (table[name].drain, table[name].resume) == (drain == "yes", resume == "yes"), name
+
+
+def _table():
+    from hetpatrol.slurm.states import BASE_STATES, FLAGS
+
+    rows = [(base, rule) for base, rule in BASE_STATES.items()]
+    rows += [(f"IDLE+{flag}", rule) for flag, rule in FLAGS.items() if flag != "DRAIN"]
+    return rows
+
+
+@pytest.mark.parametrize(("state", "rule"), _table(), ids=[s for s, _ in _table()])
+def test_every_row_of_the_state_table(config, state, rule):
+    """Each base state and flag, as the policy acts on it: drain from the state, and
+    resume of our own drain in it (state+DRAIN)."""
+    slurm = FakeSlurm(state)
+    (event,) = decode(DrainPolicy(slurm).on_report(report("critical"), config))
+    assert event["event"] == ("drain" if rule.drain else "drain_skipped"), event
+    base, _, flags = state.partition("+")
+    slurm = FakeSlurm("+".join(filter(None, [base, "DRAIN", flags])), "hetpatrol: x")
+    policy = DrainPolicy(slurm)
+    events = []
+    for seq in range(1, 4):
+        events += decode(policy.on_report(report("ok", seq), config))
+    assert [e["event"] for e in events] == ["resume" if rule.resume else "resume_skipped"]
