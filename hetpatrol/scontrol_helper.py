@@ -20,9 +20,23 @@ The helper accepts only what hetpatrol needs, whatever the caller asks:
   ``--version``;
 - ``update NodeName=<this node> State=DRAIN Reason=hetpatrol:...``: only this node
   (``slurm.node_name``, else ``node`` of ``/etc/hetpatrol/hetpatrol.yaml``), only with
-  hetpatrol's reason prefix;
-- ``update NodeName=<this node> State=RESUME`` (or ``UNDRAIN``): only while the node's
-  current reason starts with hetpatrol's prefix, so an admin's drain is never cleared.
+  hetpatrol's reason prefix, and only while the node has no reason of anyone else's
+  (and is not drained without a reason);
+- ``update NodeName=<this node> State=UNDRAIN``: only while the node is drained with a
+  reason that starts with hetpatrol's prefix.
+
+Both also only in a Slurm state the daemon would act in (:mod:`hetpatrol.slurm.states`):
+the helper applies the daemon's rules itself, for every request, reading the node's
+state and reason (``scontrol -o show node``) right before the update. So neither a bug
+nor a compromised ``hetpatrol`` user can replace or clear an admin's drain.
+
+What is left: ``scontrol update`` has no conditional form (no "only if the reason is
+still X"; ``update_node()`` in 22.05), so a reason an admin sets in the moment between
+that read and the update (one ``scontrol`` round trip, milliseconds) is replaced by a
+drain, or cleared by an undrain. ``UNDRAIN`` rather than
+``RESUME`` keeps even that to the DRAIN flag: ``RESUME`` would also clear FAIL and the
+REBOOT flags and bring a DOWN node up (``update_node()`` in Slurm's
+``src/slurmctld/node_mgr.c``).
 
 Anything else is refused (exit code 2, nothing run). Requests are one JSON line
 ``{"argv": [...]}``; answers one JSON line ``{"rc", "stdout", "stderr"}``.
@@ -37,19 +51,21 @@ import struct
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hetpatrol.slurm.gres import NodeInfo
 
 DEFAULT_SOCKET = "/run/hetpatrol-scontrol.sock"
 DEFAULT_CONFIG = "/etc/hetpatrol/hetpatrol.yaml"
 DEFAULT_SCONTROL = "/usr/bin/scontrol"
-REASON_PREFIX = "hetpatrol:"
 MAX_REQUEST = 64 * 1024
 EXIT_REFUSED = 2
 EXIT_UNREACHABLE = 1
 
 _READ_FLAGS = {"-o", "--oneliner", "-d", "--details", "-a", "--all"}
 _DRAIN_STATES = {"DRAIN"}
-_RESUME_STATES = {"RESUME", "UNDRAIN"}
+_RESUME_STATES = {"UNDRAIN"}
 
 
 class Refused(Exception):
@@ -83,6 +99,8 @@ def check_request(argv: Sequence[str], nodes: Sequence[str]) -> tuple[str, str |
         raise Refused(f"NodeName={node} is not this node ({', '.join(nodes) or 'none known'})")
     state = fields.get("state", "").upper()
     if state in _DRAIN_STATES:
+        from hetpatrol.slurm.states import REASON_PREFIX
+
         if not fields.get("reason", "").startswith(REASON_PREFIX):
             raise Refused(f"a drain reason must start with {REASON_PREFIX!r}")
         return "drain", node
@@ -90,7 +108,7 @@ def check_request(argv: Sequence[str], nodes: Sequence[str]) -> tuple[str, str |
         if "reason" in fields:
             raise Refused("a resume takes no Reason=")
         return "resume", node
-    raise Refused(f"State={fields.get('state')} is neither DRAIN nor RESUME")
+    raise Refused(f"State={fields.get('state')} is neither DRAIN nor UNDRAIN")
 
 
 def allowed_nodes(config_path: str | None) -> list[str]:
@@ -114,16 +132,37 @@ def _run(cmd: list[str], timeout: float) -> dict[str, Any]:
     return {"rc": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
 
 
-def _current_reason(scontrol: str, node: str, timeout: float) -> str | None:
+def _current(scontrol: str, node: str, timeout: float) -> NodeInfo:
+    """The node's state and reason as slurmctld has them now."""
     from hetpatrol.slurm.gres import find_node
 
     res = _run([scontrol, "-o", "show", "node", node], timeout)
     if res["rc"] != 0:
-        raise Refused(f"cannot read the node's reason: {res['stderr'].strip()}")
+        raise Refused(f"cannot read the node's state and reason: {res['stderr'].strip()}")
     info = find_node(res["stdout"], node)
     if info is None:
         raise Refused(f"scontrol does not know node {node}")
-    return info.reason
+    return info
+
+
+def check_node(kind: str, info: NodeInfo) -> None:
+    """The daemon's rules, on the node as it is now: :class:`Refused` when ``kind``
+    (``drain`` or ``resume``) would replace or clear a reason hetpatrol did not set, or
+    act in a Slurm state hetpatrol does not act in."""
+    from hetpatrol.slurm.states import DRAIN, RESUME, foreign_reason, may, ours
+
+    if kind == "drain":
+        why = foreign_reason(info)
+        if why is not None:
+            raise Refused(f"node {info.name}: {why}")
+    elif not (info.drained and ours(info.reason)):
+        raise Refused(
+            f"node {info.name} state {info.state} reason {info.reason!r} is not a drain of "
+            "hetpatrol's: not resumed"
+        )
+    why = may(info, DRAIN if kind == "drain" else RESUME)
+    if why is not None:
+        raise Refused(f"node {info.name}: {why}")
 
 
 def handle(
@@ -136,11 +175,9 @@ def handle(
         if argv is None:
             raise Refused('the request must be {"argv": [...]}')
         kind, node = check_request(argv, nodes)
-        if kind == "resume":
+        if kind in ("drain", "resume"):
             assert node is not None
-            reason = _current_reason(scontrol, node, timeout)
-            if not (reason or "").startswith(REASON_PREFIX):
-                raise Refused(f"node {node} reason {reason!r} is not hetpatrol's: not resumed")
+            check_node(kind, _current(scontrol, node, timeout))
     except Refused as exc:
         return {"rc": EXIT_REFUSED, "stdout": "", "stderr": f"hetpatrol-scontrol: refused: {exc}\n"}
     except (ValueError, UnicodeDecodeError) as exc:

@@ -35,7 +35,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = REPO / "fixtures" / "nodes"
-BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "scontrol", "sinfo")
+BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "scancel")
 NODE_NAME = "hp-gpu01"  # deliberately not the host name: slurm.node_name maps it
 GPUS, NPUS = 8, 8
 START_TIMEOUT = 30.0
@@ -87,7 +87,9 @@ class SlurmCluster:
         return self.sinfo().split(" ", 2)[1]
 
     def reason(self) -> str:
-        return self.sinfo().split(" ", 2)[2]
+        """sinfo's ``%E``: ``none`` without a reason, empty for a blank one."""
+        parts = self.sinfo().split(" ", 2)
+        return parts[2] if len(parts) > 2 else ""
 
     def wait_for(self, predicate, timeout: float = 15.0, what: str = "") -> str:
         deadline = time.monotonic() + timeout
@@ -101,6 +103,45 @@ class SlurmCluster:
                 return line
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {what or predicate}: last {line!r}")
+
+    def node_state(self) -> str:
+        """``State=`` of ``scontrol show node`` (``IDLE+PLANNED``): flags sinfo hides."""
+        out = self.scontrol("show", "node", "-o", self.node)
+        return out.split(" State=", 1)[1].split()[0]
+
+    @contextlib.contextmanager
+    def planned(self, timeout: float = 20.0):
+        """The node ``IDLE+PLANNED``, the way Slurm 22.05 gets there: a reservation on it
+        starts in 2 minutes, so a 5-minute job cannot start now and the backfill scheduler
+        (``bf_interval=1``) earmarks the node for it after the reservation. The job and
+        the reservation are removed at the end."""
+        name = "hetpatrol_test_planned"
+        self.scontrol(
+            "create",
+            "reservation",
+            f"ReservationName={name}",
+            "StartTime=now+120",
+            "Duration=10",
+            f"Nodes={self.node}",
+            "Users=root",
+            "Flags=IGNORE_JOBS",
+        )
+        job = None
+        try:
+            out = self.run(
+                "sbatch", "--parsable", "-t", "5", "-N1", "-o", "/dev/null", "--wrap", "sleep 1"
+            ).stdout
+            job = out.strip().split(";")[0]
+            deadline = time.monotonic() + timeout
+            while "PLANNED" not in self.node_state():
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"node never PLANNED: {self.node_state()}")
+                time.sleep(0.2)
+            yield job
+        finally:
+            if job:
+                self.run("scancel", job, check=False)
+            self.run("scontrol", "delete", f"ReservationName={name}", check=False)
 
     def admin_drain(self, reason: str) -> None:
         self.scontrol("update", f"NodeName={self.node}", "State=DRAIN", f"Reason={reason}")
@@ -181,7 +222,9 @@ PlugStackConfig={root}/plugstack.conf
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
-SchedulerType=sched/builtin
+SchedulerType=sched/backfill
+# backfill every second: it sets the PLANNED flag (tests of the drain state table)
+SchedulerParameters=bf_interval=1
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none

@@ -2,12 +2,15 @@
 
 The socket is served the way systemd does it with ``Accept=yes``: the test accepts each
 connection and starts ``hetpatrol-scontrol --serve`` with the connection as stdin and
-stdout. ``scontrol`` is a recording fake, so nothing here needs Slurm.
+stdout. ``scontrol`` is a recording fake in most tests; the tests marked ``slurm`` run the
+helper against the real slurmctld of tests/slurm_cluster.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -15,6 +18,7 @@ import sys
 import threading
 
 import pytest
+import slurm_cluster as cluster
 
 from hetpatrol.scontrol_helper import Refused, check_request
 
@@ -33,8 +37,8 @@ NODE = "gpu-a01"
         (["--version"], "read"),
         (["update", f"NodeName={NODE}", "State=DRAIN", "Reason=hetpatrol: nvidia 1 lost"], "drain"),
         (["update", f"nodename={NODE}", "state=drain", "reason=hetpatrol: x"], "drain"),
-        (["update", f"NodeName={NODE}", "State=RESUME"], "resume"),
         (["update", f"NodeName={NODE}", "State=UNDRAIN"], "resume"),
+        (["update", f"NodeName={NODE}", "state=undrain"], "resume"),
     ],
 )
 def test_allowed(argv, kind):
@@ -48,9 +52,10 @@ def test_allowed(argv, kind):
         ["update", f"NodeName={NODE},other-node", "State=DRAIN", "Reason=hetpatrol: x"],
         ["update", f"NodeName={NODE}", "State=DRAIN", "Reason=maintenance"],
         ["update", f"NodeName={NODE}", "State=DOWN", "Reason=hetpatrol: x"],
-        ["update", f"NodeName={NODE}", "State=RESUME", "Reason=hetpatrol: x"],
+        ["update", f"NodeName={NODE}", "State=UNDRAIN", "Reason=hetpatrol: x"],
+        ["update", f"NodeName={NODE}", "State=RESUME"],  # would clear FAIL/DOWN too
         ["update", f"NodeName={NODE}", "State=DRAIN", "Reason=hetpatrol: x", "Weight=1"],
-        ["update", f"NodeName={NODE}", f"NodeName={NODE}", "State=RESUME"],
+        ["update", f"NodeName={NODE}", f"NodeName={NODE}", "State=UNDRAIN"],
         ["update", "PartitionName=gpu", "State=DOWN"],
         ["update", "JobId=1", "TimeLimit=1"],
         ["shutdown"],
@@ -69,28 +74,33 @@ def test_refused(argv):
 @pytest.fixture
 def fake_scontrol(tmp_path):
     """A recording scontrol: appends its argv to calls.log; `show node` prints the node
-    with the reason held in reason.txt."""
+    in the state held in state.txt, with the reason held in reason.txt (none if empty)."""
     script = tmp_path / "scontrol"
     script.write_text(
         "#!/bin/sh\n"
         f'echo "$*" >> "{tmp_path}/calls.log"\n'
         'if [ "$2" = show ]; then\n'
-        f'  echo "NodeName={NODE} Arch=x86_64 State=IDLE+DRAIN Gres=gpu:a100:4 '
-        f'Reason=$(cat {tmp_path}/reason.txt) [root@2026-11-29T16:30:54]"\n'
+        f"  r=$(cat {tmp_path}/reason.txt)\n"
+        f'  printf "NodeName={NODE} Arch=x86_64 State=%s Gres=gpu:a100:4" '
+        f'"$(cat {tmp_path}/state.txt)"\n'
+        '  [ -n "$r" ] && printf " Reason=%s [root@2026-11-29T16:30:54]" "$r"\n'
+        '  echo " Weight=1"\n'
         "fi\n"
+        "exit 0\n"
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     (tmp_path / "reason.txt").write_text("hetpatrol: nvidia 1 gpu_is_lost")
+    (tmp_path / "state.txt").write_text("IDLE+DRAIN")
     return script, tmp_path / "calls.log"
 
 
-@pytest.fixture
-def helper_socket(tmp_path, fake_scontrol):
-    """A listening socket served like systemd's Accept=yes does."""
-    script, _ = fake_scontrol
+@contextlib.contextmanager
+def serving(tmp_path, scontrol, *, node: str = NODE, env=None):
+    """A listening socket served like systemd's Accept=yes does: each connection runs
+    ``hetpatrol-scontrol --serve`` with it as stdin and stdout. Yields (path, served)."""
     path = str(tmp_path / "helper.sock")
     config = tmp_path / "hetpatrol.yaml"
-    config.write_text(f"node: {NODE}\n")
+    config.write_text(f"node: {node}\n")
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     lsock.bind(path)
     lsock.listen(4)
@@ -107,12 +117,13 @@ def helper_socket(tmp_path, fake_scontrol):
             with conn:
                 served.append(
                     subprocess.run(
-                        [*HELPER, "--serve", "--config", str(config), "--scontrol", str(script)],
+                        [*HELPER, "--serve", "--config", str(config), "--scontrol", str(scontrol)],
                         stdin=conn.fileno(),
                         stdout=conn.fileno(),
                         stderr=subprocess.PIPE,
                         text=True,
                         timeout=30,
+                        env=env,
                     )
                 )
 
@@ -126,6 +137,13 @@ def helper_socket(tmp_path, fake_scontrol):
         lsock.close()
 
 
+@pytest.fixture
+def helper_socket(tmp_path, fake_scontrol):
+    script, _ = fake_scontrol
+    with serving(tmp_path, script) as served:
+        yield served
+
+
 def call(path, *argv):
     return subprocess.run(
         [*HELPER, f"--socket={path}", *argv], capture_output=True, text=True, timeout=60
@@ -137,18 +155,20 @@ def test_drain_and_resume_through_the_socket(helper_socket, fake_scontrol):
     _, calls = fake_scontrol
     res = call(path, "update", f"NodeName={NODE}", "State=DRAIN", "Reason=hetpatrol: nvidia 1 lost")
     assert res.returncode == 0, res.stderr
+    # the helper reads the node's state and reason first (ours here), then drains
     assert calls.read_text().splitlines() == [
-        f"update NodeName={NODE} State=DRAIN Reason=hetpatrol: nvidia 1 lost"
+        f"-o show node {NODE}",
+        f"update NodeName={NODE} State=DRAIN Reason=hetpatrol: nvidia 1 lost",
     ]
     # the helper's stdout is the caller's: `show node` reads like scontrol itself
     res = call(path, "-o", "show", "node", NODE)
     assert res.returncode == 0 and res.stdout.startswith(f"NodeName={NODE} ")
-    # resume: the helper reads the current reason first, then resumes
-    res = call(path, "update", f"NodeName={NODE}", "State=RESUME")
+    # resume: the helper reads the current reason first, then undrains
+    res = call(path, "update", f"NodeName={NODE}", "State=UNDRAIN")
     assert res.returncode == 0, res.stderr
     assert calls.read_text().splitlines()[-2:] == [
         f"-o show node {NODE}",
-        f"update NodeName={NODE} State=RESUME",
+        f"update NodeName={NODE} State=UNDRAIN",
     ]
     # every request is logged with the peer's credentials (the journal, under systemd)
     assert f"uid={os.getuid()}" in served[0].stderr and "rc=0" in served[0].stderr
@@ -164,12 +184,127 @@ def test_refusals_run_nothing(helper_socket, fake_scontrol, tmp_path):
     assert not calls.exists()
     # an admin's drain is never cleared
     (tmp_path / "reason.txt").write_text("bad DIMM, ticket 4711")
-    res = call(path, "update", f"NodeName={NODE}", "State=RESUME")
-    assert res.returncode == 2 and "not hetpatrol's" in res.stderr
+    res = call(path, "update", f"NodeName={NODE}", "State=UNDRAIN")
+    assert res.returncode == 2 and "not a drain of hetpatrol's" in res.stderr
     assert calls.read_text().splitlines() == [f"-o show node {NODE}"]
     assert "refused" in served[-1].stderr
+
+
+@pytest.mark.parametrize(
+    "state, reason, why",
+    [
+        (
+            "IDLE+DRAIN",
+            "admin: DIMM swap",
+            "node already has a reason set by root: 'admin: DIMM swap'",
+        ),
+        ("IDLE+DRAIN", "", "drained without a reason"),
+        ("DOWN", "Not responding", "node already has a reason set"),
+        ("MIXED+MAINTENANCE", "", "no drain in MAINTENANCE"),
+        ("IDLE+WHATEVER_NEXT", "", "unknown to hetpatrol: WHATEVER_NEXT"),
+    ],
+)
+def test_drain_never_replaces_a_reason_it_did_not_set(
+    helper_socket, fake_scontrol, tmp_path, state, reason, why
+):
+    """The daemon's rules, in the helper, on every request (a stand-in scontrol here;
+    the real slurmctld in test_real_slurmctld_admin_drain_survives_the_helper)."""
+    path, _ = helper_socket
+    _, calls = fake_scontrol
+    (tmp_path / "state.txt").write_text(state)
+    (tmp_path / "reason.txt").write_text(reason)
+    res = call(path, "update", f"NodeName={NODE}", "State=DRAIN", "Reason=hetpatrol: x")
+    assert res.returncode == 2 and why in res.stderr, res.stderr
+    assert calls.read_text().splitlines() == [f"-o show node {NODE}"]  # no update run
+
+
+def test_drain_of_a_node_without_reason_is_run(helper_socket, fake_scontrol, tmp_path):
+    path, _ = helper_socket
+    _, calls = fake_scontrol
+    for state in ("MIXED+PLANNED", "IDLE"):
+        (tmp_path / "state.txt").write_text(state)
+        (tmp_path / "reason.txt").write_text("")
+        res = call(path, "update", f"NodeName={NODE}", "State=DRAIN", "Reason=hetpatrol: x")
+        assert res.returncode == 0, res.stderr
+        assert calls.read_text().splitlines()[-1] == (
+            f"update NodeName={NODE} State=DRAIN Reason=hetpatrol: x"
+        )
 
 
 def test_unreachable_helper_fails_like_scontrol(tmp_path):
     res = call(str(tmp_path / "nobody.sock"), "ping")
     assert res.returncode == 1 and "nobody.sock" in res.stderr
+
+
+# ---------------------------------------------- against the real slurmctld (marker slurm)
+slurm_cluster = cluster.slurm_cluster
+slurm_node = cluster.slurm_node
+
+
+@pytest.fixture
+def real_helper(slurm_node, tmp_path):
+    """The helper in front of the real scontrol of the test cluster (node hp-gpu01)."""
+    scontrol = shutil.which("scontrol")
+    with serving(tmp_path, scontrol, node=slurm_node.node, env=slurm_node.env) as (path, _):
+        yield path, slurm_node
+
+
+@pytest.mark.slurm
+def test_real_slurmctld_admin_drain_survives_the_helper(real_helper):
+    """DRAIN then UNDRAIN through the helper used to take an admin's drain to IDLE."""
+    path, slurm = real_helper
+    node = slurm.node
+    with slurm.explain():
+        slurm.admin_drain("admin: DIMM swap")
+        slurm.wait_for(lambda line: "drain" in line.split(" ")[1], what="admin drain")
+        res = call(path, "update", f"NodeName={node}", "State=DRAIN", "Reason=hetpatrol: x")
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "node already has a reason set by root: 'admin: DIMM swap'" in res.stderr
+        assert slurm.reason() == "admin: DIMM swap"
+        res = call(path, "update", f"NodeName={node}", "State=UNDRAIN")
+        assert res.returncode == 2 and "not a drain of hetpatrol's" in res.stderr
+        res = call(path, "update", f"NodeName={node}", "State=RESUME")
+        assert res.returncode == 2
+        assert slurm.state() == "drained" and slurm.reason() == "admin: DIMM swap"
+
+
+@pytest.mark.slurm
+def test_real_slurmctld_drain_and_undrain_of_our_own(real_helper):
+    """Our own drain goes through and comes back; an admin's reason put over ours in
+    between makes it the admin's drain, which the helper then leaves alone."""
+    path, slurm = real_helper
+    node = slurm.node
+    with slurm.explain():
+        res = call(path, "update", f"NodeName={node}", "State=DRAIN", "Reason=hetpatrol: x 1")
+        assert res.returncode == 0, res.stderr
+        slurm.wait_for(lambda line: "drain" in line.split(" ")[1], what="drained")
+        assert slurm.reason() == "hetpatrol: x 1"
+        # a second drain of ours replaces our own reason: allowed
+        res = call(path, "update", f"NodeName={node}", "State=DRAIN", "Reason=hetpatrol: x 2")
+        assert res.returncode == 0, res.stderr
+        assert slurm.reason() == "hetpatrol: x 2"
+        res = call(path, "update", f"NodeName={node}", "State=UNDRAIN")
+        assert res.returncode == 0, res.stderr
+        slurm.wait_for(lambda line: "drain" not in line, what="undrained")
+        assert slurm.reason() == "none"
+
+        call(path, "update", f"NodeName={node}", "State=DRAIN", "Reason=hetpatrol: x 3")
+        slurm.admin_drain("admin: keep it out")  # an admin takes the drain over
+        res = call(path, "update", f"NodeName={node}", "State=UNDRAIN")
+        assert res.returncode == 2, res.stderr
+        assert "not a drain of hetpatrol's" in res.stderr
+        assert slurm.reason() == "admin: keep it out"
+
+
+@pytest.mark.slurm
+def test_real_slurmctld_drain_without_reason_survives_the_helper(real_helper):
+    path, slurm = real_helper
+    node = slurm.node
+    with slurm.explain():
+        slurm.scontrol("update", f"NodeName={node}", "State=DRAIN", "Reason= ")
+        res = call(path, "update", f"NodeName={node}", "State=DRAIN", "Reason=hetpatrol: x")
+        assert res.returncode == 2 and "drained without a reason" in res.stderr
+        res = call(path, "update", f"NodeName={node}", "State=UNDRAIN")
+        assert res.returncode == 2
+        assert slurm.node_state() == "IDLE+DRAIN"
+        assert not slurm.reason().startswith("hetpatrol")

@@ -24,7 +24,7 @@ NODE = "gpu07"
 
 
 class FakeSlurm:
-    """scontrol for one node: ``show node -o``, ``update ... State=DRAIN|RESUME``."""
+    """scontrol for one node: ``show node -o``, ``update ... State=DRAIN|UNDRAIN``."""
 
     def __init__(self, state: str = "IDLE", reason: str | None = None, user: str = "root"):
         self.state, self.reason, self.user = state, reason, user
@@ -54,7 +54,7 @@ class FakeSlurm:
         if args[2] == "State=DRAIN":
             self.state = self.state.split("+")[0] + "+DRAIN"
             self.reason = args[3].removeprefix("Reason=")
-        elif args[2] == "State=RESUME":
+        elif args[2] == "State=UNDRAIN":
             self.state, self.reason = self.state.split("+")[0], None
         return ToolOutput(tuple(argv), "", "", 0, False, 0.01)
 
@@ -175,6 +175,11 @@ def test_slurm_own_gres_drain_from_the_recording_is_left_alone(config):
         "DOWN",
         "FUTURE",
         "IDLE+CLOUD+POWERED_DOWN",
+        "IDLE+INVALID_REG",
+        "MIXED+POWER_DOWN",
+        "IDLE+DYNAMIC_FUTURE",
+        "INVALID",
+        "IDLE+PLANNED+MAINTENANCE",
     ],
 )
 def test_states_not_understood_are_skipped_and_said(config, state):
@@ -186,7 +191,20 @@ def test_states_not_understood_are_skipped_and_said(config, state):
     assert slurm.updates == []
 
 
-@pytest.mark.parametrize("state", ["IDLE", "ALLOCATED", "MIXED", "MIXED+COMPLETING"])
+@pytest.mark.parametrize(
+    "state",
+    [
+        "IDLE",
+        "ALLOCATED",
+        "MIXED",
+        "MIXED+COMPLETING",
+        "MIXED+PLANNED",  # backfill earmarked the node for a pending job
+        "IDLE+PLANNED",
+        "ALLOCATED+PLANNED",
+        "IDLE+CLOUD",
+        "IDLE+DYNAMIC_NORM",
+    ],
+)
 def test_states_understood_are_drained(config, state):
     slurm = FakeSlurm(state)
     (event,) = decode(DrainPolicy(slurm).on_report(report("critical"), config))
@@ -207,7 +225,7 @@ def test_resume_only_after_n_consecutive_healthy_patrols(config):
     assert event["event"] == "resume"
     assert event["reason"] == "healthy for 3 consecutive patrols"
     assert event["slurm_reason"] == "hetpatrol: vendor_health nvidia/3"
-    assert slurm.updates[-1] == ["update", f"NodeName={NODE}", "State=RESUME"]
+    assert slurm.updates[-1] == ["update", f"NodeName={NODE}", "State=UNDRAIN"]
     assert (slurm.state, slurm.reason) == ("IDLE", None)
     calls = len(slurm.calls)
     for seq in range(8, 20):
@@ -324,3 +342,106 @@ def test_daemon_writes_event_lines_after_the_patrol_lines(base_config, tmp_path)
     body = daemon.exposition.body.decode()
     assert 'hetpatrol_slurm_events_total{event="drain"} 1.0' in body
     assert 'hetpatrol_slurm_events_total{event="drain_skipped"} 0.0' in body
+
+
+# ------------------------------------------------ the state table (#10 item 6)
+def test_unknown_states_and_flags_are_skipped_and_said_once(config):
+    """A flag this table does not know (a newer Slurm; ``?`` for a bit 22.05 cannot
+    name) is never acted on; said once, again only when the state changes."""
+    slurm = FakeSlurm("MIXED+PLANNED+SOMETHING_NEW")
+    policy = DrainPolicy(slurm)
+    (event,) = decode(policy.on_report(report("critical", 1), config))
+    assert event["event"] == "drain_skipped"
+    assert event["detail"] == (
+        "Slurm state MIXED+PLANNED+SOMETHING_NEW is not one hetpatrol acts on "
+        "(unknown to hetpatrol: SOMETHING_NEW)"
+    )
+    assert policy.on_report(report("critical", 2), config) == []
+    slurm.state = "IDLE+?"
+    (event,) = decode(policy.on_report(report("critical", 3), config))
+    assert "unknown to hetpatrol: ?" in event["detail"]
+    slurm.state = "WEIRD+COMPLETING+FAIL"
+    (event,) = decode(policy.on_report(report("critical", 4), config))
+    assert event["detail"].endswith("(no drain in FAIL; unknown to hetpatrol: WEIRD)")
+    assert slurm.updates == []
+
+
+def test_planned_node_is_resumed(config):
+    slurm = FakeSlurm("MIXED+DRAIN+PLANNED", "hetpatrol: vendor_health nvidia/3")
+    policy = DrainPolicy(slurm)
+    for seq in (1, 2):
+        assert policy.on_report(report("ok", seq), config) == []
+    (event,) = decode(policy.on_report(report("ok", 3), config))
+    assert event["event"] == "resume"
+
+
+def test_drain_flag_without_a_reason_is_not_ours(config):
+    """Drained by someone, no reason: never re-drained (it would then read as ours and
+    be resumed), said once; never resumed either."""
+    slurm = FakeSlurm("IDLE+DRAIN")
+    policy = DrainPolicy(slurm)
+    (event,) = decode(policy.on_report(report("critical", 1), config))
+    assert event["event"] == "drain_skipped"
+    assert event["detail"] == (
+        "node is drained without a reason, so not by hetpatrol; left untouched"
+    )
+    for seq in range(2, 6):
+        assert policy.on_report(report("critical", seq), config) == []
+    for seq in range(6, 12):
+        assert policy.on_report(report("ok", seq), config) == []
+    assert slurm.updates == [] and slurm.state == "IDLE+DRAIN"
+
+
+def test_resume_skipped_is_said_once_per_change(config):
+    slurm = FakeSlurm("IDLE+DRAIN+REBOOT_REQUESTED", "hetpatrol: vendor_health nvidia/3")
+    policy = DrainPolicy(slurm)
+    said = []
+    for seq in range(1, 10):
+        said += decode(policy.on_report(report("ok", seq), config))
+    assert [e["event"] for e in said] == ["resume_skipped"]
+    slurm.state = "IDLE+DRAIN+MAINTENANCE"  # another reason not to: said again
+    (event,) = decode(policy.on_report(report("ok", 10), config))
+    assert event["event"] == "resume_skipped" and "MAINTENANCE" in event["detail"]
+    assert policy.on_report(report("ok", 11), config) == []
+    slurm.state = "IDLE+DRAIN"
+    (event,) = decode(policy.on_report(report("ok", 12), config))
+    assert event["event"] == "resume" and slurm.updates[-1][-1] == "State=UNDRAIN"
+
+
+def test_readme_state_table_is_the_code_table():
+    """README.md's "Slurm node states" table says what hetpatrol.slurm.states does."""
+    from conftest import REPO
+
+    from hetpatrol.slurm.states import BASE_STATES, FLAGS
+
+    text = (REPO / "README.md").read_text()
+    rows = re.findall(r"^\| `([A-Z_?]+)` \| (base|flag) \| (yes|no) \| (yes|no) \|", text, re.M)
+    table = {**BASE_STATES, **FLAGS}
+    assert {name for name, *_ in rows} == set(table)
+    for name, kind, drain, resume in rows:
+        assert (kind == "base") == (name in BASE_STATES), name
+        assert (table[name].drain, table[name].resume) == (drain == "yes", resume == "yes"), name
+
+
+def _table():
+    from hetpatrol.slurm.states import BASE_STATES, FLAGS
+
+    rows = [(base, rule) for base, rule in BASE_STATES.items()]
+    rows += [(f"IDLE+{flag}", rule) for flag, rule in FLAGS.items() if flag != "DRAIN"]
+    return rows
+
+
+@pytest.mark.parametrize(("state", "rule"), _table(), ids=[s for s, _ in _table()])
+def test_every_row_of_the_state_table(config, state, rule):
+    """Each base state and flag, as the policy acts on it: drain from the state, and
+    resume of our own drain in it (state+DRAIN)."""
+    slurm = FakeSlurm(state)
+    (event,) = decode(DrainPolicy(slurm).on_report(report("critical"), config))
+    assert event["event"] == ("drain" if rule.drain else "drain_skipped"), event
+    base, _, flags = state.partition("+")
+    slurm = FakeSlurm("+".join(filter(None, [base, "DRAIN", flags])), "hetpatrol: x")
+    policy = DrainPolicy(slurm)
+    events = []
+    for seq in range(1, 4):
+        events += decode(policy.on_report(report("ok", seq), config))
+    assert [e["event"] for e in events] == ["resume" if rule.resume else "resume_skipped"]

@@ -535,3 +535,154 @@ def test_gres_entry_helpers():
     e = GresEntry("gpu", "A100", 8)
     assert e.key == ("gpu", "a100") and e.label == "gpu:A100"
     assert GresEntry("gpu", None, 2).label == "gpu"
+
+
+# --------------------------------------------- GRES types as Slurm matches them (#10 item 1)
+def gpu(index: int, model: str, card_type: str | None, health: str = "ok") -> CardRecord:
+    rec = CardRecord(vendor="nvidia", index=index, card_type=card_type, model=model)
+    rec.health = health
+    return rec
+
+
+def test_autodetect_type_names_on_the_healthy_mixed_node(base_config):
+    """``AutoDetect=nvml`` sites register the NVML name (``NVIDIA H100 80GB HBM3`` as
+    Slurm writes it): the 8 H100s of fixtures/nodes/healthy-mixed are those 8."""
+    from conftest import REPO
+
+    line = ONE_LINE.replace("gpu:a100:8(S:0-1)", "gpu:nvidia_h100_80gb_hbm3:8(S:0-1)")
+    config = slurm_on(base_config)
+    patroller = Patroller(
+        config,
+        replay_dir=REPO / "fixtures" / "nodes" / "healthy-mixed",
+        node_checks=[GresCheck(FakeScontrol(line))],
+    )
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    assert report.health == "ok", report.node_findings
+    assert [f for f in report.node_findings if f.check.startswith("gres")] == []
+    assert report.node_checks["gres"]["entries"] == [
+        {"name": "gpu", "type": "nvidia_h100_80gb_hbm3", "configured": 8, "found": 8, "healthy": 8},
+        {"name": "ascend", "type": "910b", "configured": 8, "found": 8, "healthy": 8},
+    ]
+
+
+@pytest.mark.parametrize(
+    "model, card_type, registered",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100", "gpu:nvidia_h100_80gb_hbm3:4"),
+        ("NVIDIA H100 80GB HBM3", "h100", "gpu:H100:4(S:0-1)"),
+        ("NVIDIA H100 80GB HBM3", "h100", "gpu:NVIDIA_H100:4"),  # a substring, any case
+        ("NVIDIA A100-SXM4-80GB", "a100", "gpu:nvidia_a100-sxm4-80gb:4"),
+        ("NVIDIA A100-SXM4-80GB", "a100", "gpu:a100-sxm4:4"),
+        ("Tesla V100-SXM2-16GB", "v100", "gpu:tesla_v100-sxm2-16gb:4"),
+        ("Tesla V100-SXM2-16GB", "v100", "gpu:v100:4"),
+        ("Tesla V100-SXM2-16GB", "v100", "gpu:4"),  # untyped
+        ("Tesla V100-SXM2-16GB", "v100", "gpu:(null):4(IDX:0-3)"),  # 22.05's untyped
+        ("NVIDIA A100-SXM4-80GB", "a100", "gpu:a100:2(S:0),gpu:a100:2(S:1)"),  # summed
+    ],
+)
+def test_registered_type_names_a_card_as_slurm_matches_it(
+    base_config, model, card_type, registered
+):
+    cards = [gpu(i, model, card_type) for i in range(4)]
+    counts, findings = compare(cards, parse_gres(registered), base_config)
+    assert findings == []
+    assert [(c.configured, c.found, c.healthy) for c in counts] == [(4, 4, 4)]
+
+
+def test_ascend_type_names(base_config):
+    """910B4 chips (npu-smi "Name 910B4", card_type 910b): ``910b`` and ``910B4`` name
+    them; ``910b3`` (another chip) does not."""
+    cards = [card("ascend", i, "910b", chip=0) for i in range(8)]
+    for rec in cards:
+        rec.model = "910B4"
+    for registered in ("ascend:910b:8", "ascend:910B4:8", "ascend:8"):
+        assert compare(cards, parse_gres(registered), base_config)[1] == [], registered
+    counts, findings = compare(cards, parse_gres("ascend:910b3:8"), base_config)
+    (f,) = findings
+    assert f.severity == "warning"
+
+
+def test_several_types_of_one_name_each_take_their_cards(base_config):
+    """Longest type first, each up to its count (Slurm's _normalize_sys_gres_types)."""
+    cards = [gpu(i, "NVIDIA H100 80GB HBM3", "h100") for i in range(8)]
+    counts, findings = compare(
+        cards, parse_gres("gpu:h100:4,gpu:nvidia_h100_80gb_hbm3:4"), base_config
+    )
+    assert findings == []
+    assert [(c.type, c.configured, c.found) for c in counts] == [
+        ("h100", 4, 4),
+        ("nvidia_h100_80gb_hbm3", 4, 4),
+    ]
+    cards[7].health = "critical"
+    counts, findings = compare(
+        cards, parse_gres("gpu:h100:4,gpu:nvidia_h100_80gb_hbm3:4"), base_config
+    )
+    (f,) = findings
+    assert (f.severity, f.value, f.threshold) == ("critical", 3, 4)
+
+
+def test_counts_agree_names_do_not_is_a_warning_naming_both(base_config):
+    cards = [gpu(i, "NVIDIA H100 80GB HBM3", "h100") for i in range(8)]
+    counts, findings = compare(cards, parse_gres("gpu:a100:8"), base_config)
+    (f,) = findings
+    assert (f.check, f.severity, f.value, f.threshold) == ("gres_mismatch", "warning", 0, 8)
+    assert f.message == (
+        "gpu:a100: Slurm has 8 registered, 0 healthy cards of that type; the node has 8 "
+        "healthy gpu cards of type h100 (nvidia_h100_80gb_hbm3) that do not match it: "
+        "the counts agree, the type names do not"
+    )
+    assert [(c.label, c.configured, c.found) for c in counts] == [
+        ("gpu:a100", 8, 0),
+        ("gpu:h100", 0, 8),
+    ]
+    # 6 A100s found healthy, 2 H100s: the counts agree, the names of two do not
+    mixed = [gpu(i, "NVIDIA A100-SXM4-80GB", "a100") for i in range(6)] + cards[:2]
+    _, findings = compare(mixed, parse_gres("gpu:a100:8"), base_config)
+    assert [(f.severity, f.value) for f in findings] == [("warning", 6)]
+    # ... but a sick A100 among them is a real shortfall, whatever the H100s
+    mixed[0].health = "critical"
+    mixed += cards[2:3]
+    _, findings = compare(mixed, parse_gres("gpu:a100:8"), base_config)
+    assert [(f.severity, f.message) for f in findings] == [
+        ("critical", "gpu:a100: Slurm has 8 registered, 5 healthy on the node (6 found)"),
+        ("warning", "gpu:h100: 3 healthy on the node, Slurm has only 0 registered"),
+    ]
+    # one card fewer than registered: the shortfall is real, critical as before
+    cards[0].health = "critical"
+    _, findings = compare(cards, parse_gres("gpu:a100:8"), base_config)
+    assert [(f.severity, f.message) for f in findings] == [
+        ("critical", "gpu:a100: Slurm has 8 registered, 0 healthy on the node (0 found)"),
+        ("warning", "gpu:h100: 7 healthy on the node, Slurm has only 0 registered"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["gpu:a100:X(S:0-1)", "gpu:a:b:4", "gpu:a100:8(S:0-1", ":8", "gpu:a100:8,gpu:(x):2"],
+)
+def test_unparseable_gres_is_an_error_with_the_raw_text(text):
+    from hetpatrol.slurm.gres import GresParseError
+
+    with pytest.raises(GresParseError) as err:
+        parse_gres(text)
+    assert err.value.raw == text and repr(text) in str(err.value)
+
+
+def test_unparseable_registration_is_unknown_never_critical(base_config):
+    line = ONE_LINE.replace("gpu:a100:8(S:0-1)", "gpu:a100:X(S:0-1)")
+    node = find_node(line, "gpu07")
+    assert node.gres == () and "gpu:a100:X(S:0-1)" in node.gres_error
+    cards = [card("ascend", i, "910b", chip=0) for i in range(8)]
+    result = GresCheck(FakeScontrol(line)).run(cards, statuses(), slurm_on(base_config))
+    (f,) = result.findings
+    assert (f.check, f.severity) == ("gres_registration", "unknown")
+    assert "Gres=gpu:a100:X(S:0-1),ascend:910b:8" in f.message
+    assert result.data["source"] == "scontrol" and result.data["entries"] == []
+
+
+def test_gres_conf_count_that_is_not_a_count_is_refused():
+    with pytest.raises(ValueError, match=r"line 2: Count=lots is not a count"):
+        parse_gres_conf("# x\nNodeName=n1 Name=gpu Type=a100 Count=lots\n")

@@ -5,6 +5,7 @@ resume, an admin's drain left alone, dry run. The node is registered as
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -168,7 +169,7 @@ def test_drain_on_critical_then_resume_when_healthy(slurm_node, replays, tmp_pat
             assert line.split(" ", 2)[2] == "none"
             resume = events(tmp_path / "patrol.jsonl")[-1]
             assert resume["event"] == "resume" and resume["slurm_reason"] == reason
-            assert resume["command"][-2:] == [f"NodeName={slurm_node.node}", "State=RESUME"]
+            assert resume["command"][-2:] == [f"NodeName={slurm_node.node}", "State=UNDRAIN"]
             assert daemon.stats.slurm_events["drain"] == 1
             assert daemon.stats.slurm_events["resume"] == 1
         finally:
@@ -218,3 +219,86 @@ def test_dry_run_logs_and_changes_nothing(slurm_node, replays, tmp_path):
         assert drain["reason"].startswith("hetpatrol: ")
         assert drain["slurm_state"] == "IDLE"
         assert (resume["event"], resume["dry_run"]) == ("resume", True)
+
+
+def test_planned_node_is_drained_and_resumed(slurm_node, replays, tmp_path):
+    """IDLE+PLANNED (the backfill scheduler earmarked the node for a pending job) is a
+    state hetpatrol acts on: it used to say "not one hetpatrol acts on" and never drain.
+    (ALLOCATED+PLANNED / MIXED+PLANNED: 22.05's backfill clears PLANNED on allocated
+    nodes, _handle_planned() in src/plugins/sched/backfill/backfill.c; stand-in only.)"""
+    with slurm_node.explain(), slurm_node.planned():
+        assert slurm_node.node_state() == "IDLE+PLANNED"
+        daemon = Daemon(slurm_config(slurm_node, tmp_path), replay_dir=replays["sick"])
+        try:
+            assert daemon.patrol_once().health == "critical"
+            slurm_node.wait_for(lambda s: "drain" in s.split(" ")[1], what="drained")
+            (drain,) = events(tmp_path / "patrol.jsonl")
+            assert (drain["event"], drain["slurm_state"]) == ("drain", "IDLE+PLANNED")
+            assert slurm_node.reason() == drain["reason"]
+            use_replay(daemon, replays["healthy"])
+            daemon.patrol_once()
+            daemon.patrol_once()
+            slurm_node.wait_for(lambda s: "drain" not in s, what="resumed")
+            resume = events(tmp_path / "patrol.jsonl")[-1]
+            assert resume["event"] == "resume", resume
+            assert "DRAIN" in resume["slurm_state"]
+        finally:
+            daemon.shutdown()
+
+
+def test_maintenance_state_is_skipped_once(slurm_node, replays, tmp_path):
+    """A maintenance reservation on the real node (``IDLE+MAINTENANCE``, no reason): the
+    table says no drain; said once, not every patrol."""
+    node = slurm_node.node
+    with slurm_node.explain():
+        slurm_node.scontrol(
+            "create",
+            "reservation",
+            "ReservationName=hetpatrol_test_maint",
+            "StartTime=now",
+            "Duration=10",
+            f"Nodes={node}",
+            "Users=root",
+            "Flags=MAINT,IGNORE_JOBS",
+        )
+        try:
+            deadline = time.monotonic() + 30  # slurmctld sets the flag on its next pass
+            while "MAINTENANCE" not in slurm_node.node_state():
+                assert time.monotonic() < deadline, slurm_node.node_state()
+                time.sleep(0.2)
+            daemon = Daemon(slurm_config(slurm_node, tmp_path), replay_dir=replays["sick"])
+            try:
+                for _ in range(3):
+                    assert daemon.patrol_once().health == "critical"
+            finally:
+                daemon.shutdown()
+            (skipped,) = events(tmp_path / "patrol.jsonl")
+            assert skipped["event"] == "drain_skipped"
+            assert "no drain in MAINTENANCE" in skipped["detail"]
+            assert "drain" not in slurm_node.state()
+        finally:
+            slurm_node.run("scontrol", "delete", "ReservationName=hetpatrol_test_maint")
+
+
+def test_drain_without_a_reason_is_left_alone(slurm_node, replays, tmp_path):
+    """``Reason=" "`` (scontrol refuses an empty one, not a blank one) drains the real
+    node with no reason: someone else's drain, never re-drained, never resumed."""
+    node = slurm_node.node
+    with slurm_node.explain():
+        slurm_node.scontrol("update", f"NodeName={node}", "State=DRAIN", "Reason= ")
+        assert slurm_node.node_state() == "IDLE+DRAIN"
+        daemon = Daemon(slurm_config(slurm_node, tmp_path), replay_dir=replays["sick"])
+        try:
+            for _ in range(3):
+                assert daemon.patrol_once().health == "critical"
+            use_replay(daemon, replays["healthy"])
+            for _ in range(3):
+                assert daemon.patrol_once().health == "ok"
+        finally:
+            daemon.shutdown()
+        (skipped,) = events(tmp_path / "patrol.jsonl")
+        assert skipped["event"] == "drain_skipped"
+        assert skipped["slurm_state"] == "IDLE+DRAIN" and skipped["slurm_reason"] is None
+        assert "drained without a reason" in skipped["detail"]
+        assert slurm_node.node_state() == "IDLE+DRAIN"
+        assert not slurm_node.reason().startswith("hetpatrol")

@@ -8,6 +8,8 @@
   run by the patroller before the report is built.
 - :mod:`hetpatrol.slurm.drain`: the drain / resume policy, run by the daemon after each
   report; every decision is a ``kind: "event"`` JSONL line.
+- :mod:`hetpatrol.slurm.states`: which Slurm node states and flags allow a drain or a
+  resume, and whose reason a reason is; shared by the daemon and the root helper.
 
 This package imports nothing heavy at import time: :mod:`hetpatrol.config` imports
 :mod:`hetpatrol.slurm.settings`.

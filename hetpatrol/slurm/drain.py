@@ -7,19 +7,25 @@ Rules (``slurm.enabled`` and ``slurm.drain.enabled``, both off by default):
   A reason of our own (it starts with ``hetpatrol:``) is left as it is; **anyone
   else's** (an admin's drain, Slurm's own ``gres/gpu count reported lower than
   configured``) is never replaced: the decision is logged as ``drain_skipped``.
-- A node in a state we do not understand is never touched (``drain_skipped`` /
-  ``resume_skipped``): only IDLE, ALLOCATED and MIXED, with at most the DRAIN and
-  COMPLETING flags, are acted on; ``boot`` (REBOOT_ISSUED), ``@`` (REBOOT_REQUESTED),
+- A node carrying the DRAIN flag without any reason was drained by someone else: never
+  re-drained (it would then read as ours and be resumed), ``drain_skipped`` once.
+- The Slurm state decides too (:mod:`hetpatrol.slurm.states`, the table in README.md):
+  IDLE, ALLOCATED and MIXED with the DRAIN, COMPLETING, PLANNED, CLOUD, DYNAMIC_NORM or
+  PERFCTRS flags are acted on; ``boot`` (REBOOT_ISSUED), ``@`` (REBOOT_REQUESTED),
   ``#`` (POWERING_UP), ``resv`` (RESERVED), ``fail`` (FAIL), ``maint``, ``*`` (not
-  responding), DOWN, FUTURE... are skipped and the event says which.
+  responding), DOWN, FUTURE and any state or flag the table does not know are skipped
+  (``drain_skipped`` / ``resume_skipped``) and the event says which.
 - After ``resume_after_patrols`` consecutive **healthy** patrols (ok or warning) a node
-  whose current reason starts with ``hetpatrol:`` is resumed (``State=RESUME``). An
+  whose current reason starts with ``hetpatrol:`` is resumed (``State=UNDRAIN``: it
+  clears the DRAIN flag only, where ``RESUME`` would also clear FAIL and REBOOT flags and
+  bring a DOWN node up, should one of those appear after we looked). An
   ``unknown`` patrol (a hung tool) neither drains nor counts as healthy.
 - ``dry_run`` logs every decision (``dry_run: true``) and runs no ``scontrol update``.
 
 Every decision is a ``kind: "event"`` line (schema ``hetpatrol.event/1``, see
 :func:`hetpatrol.schema.event_json_schema`). Decisions that change nothing (skips,
-dry runs, failures) are written once per episode, not once per patrol. Every scontrol
+dry runs, failures) are written once until what they say changes, not once per patrol
+(a healthy patrol ends a drain episode, a critical one a resume episode). Every scontrol
 call runs through the configured argv prefix under ``timeout_seconds``.
 """
 
@@ -43,6 +49,7 @@ from hetpatrol.schema import (
 from hetpatrol.slurm.gres import NodeInfo, find_node
 from hetpatrol.slurm.inventory import Runner, run_scontrol
 from hetpatrol.slurm.settings import SlurmSettings
+from hetpatrol.slurm.states import DRAIN, REASON_PREFIX, RESUME, foreign_reason, may, ours
 from hetpatrol.tool import run_tool
 
 if TYPE_CHECKING:
@@ -51,12 +58,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("hetpatrol.slurm")
 
-REASON_PREFIX = "hetpatrol:"
 #: Longest reason we set (Slurm keeps more, but sinfo columns and humans do not).
 REASON_MAX = 200
-
-UNDERSTOOD_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED"})
-UNDERSTOOD_FLAGS = frozenset({"DRAIN", "COMPLETING"})
 
 EVENT_DRAIN = "drain"
 EVENT_RESUME = "resume"
@@ -64,6 +67,7 @@ EVENT_DRAIN_SKIPPED = "drain_skipped"
 EVENT_RESUME_SKIPPED = "resume_skipped"
 EVENT_DRAIN_FAILED = "drain_failed"
 EVENT_RESUME_FAILED = "resume_failed"
+_RESUME_EVENTS = (EVENT_RESUME, EVENT_RESUME_SKIPPED, EVENT_RESUME_FAILED)
 EVENTS = (
     EVENT_DRAIN,
     EVENT_RESUME,
@@ -74,21 +78,9 @@ EVENTS = (
 )
 
 
-def ours(reason: str | None) -> bool:
-    """True when a Slurm reason was set by hetpatrol."""
-    return reason is not None and reason.startswith(REASON_PREFIX)
-
-
-def understood(info: NodeInfo) -> str | None:
-    """None when we may act on a node in this state, else why not."""
-    extra = info.flags - UNDERSTOOD_FLAGS
-    if info.base_state not in UNDERSTOOD_STATES or extra:
-        return (
-            f"Slurm state {info.state or '(none)'} is not one hetpatrol acts on "
-            f"(only {'/'.join(sorted(UNDERSTOOD_STATES))} with "
-            f"{'/'.join(sorted(UNDERSTOOD_FLAGS))})"
-        )
-    return None
+def understood(info: NodeInfo, action: str = DRAIN) -> str | None:
+    """None when we may ``action`` (drain/resume) a node in this state, else why not."""
+    return may(info, action)
 
 
 def _card_name(rec: CardRecord) -> str:
@@ -181,12 +173,15 @@ class DrainPolicy:
     ) -> list[dict[str, Any]]:
         if report.health == HEALTH_CRITICAL:
             self.healthy_streak = 0
+            if self._last_quiet is not None and self._last_quiet[0] in _RESUME_EVENTS:
+                self._last_quiet = None  # a critical patrol ends the episode of resume events
             return self._on_critical(report, settings, node)
         if report.health not in (HEALTH_OK, HEALTH_WARNING):  # unknown: no verdict
             self.healthy_streak = 0
             return []
         self.healthy_streak += 1
-        self._last_quiet = None  # a healthy patrol ends the episode of quiet events
+        if self._last_quiet is not None and self._last_quiet[0] not in _RESUME_EVENTS:
+            self._last_quiet = None  # a healthy patrol ends the episode of drain events
         if self.healthy_streak < settings.drain.resume_after_patrols:
             return []
         return self._on_healthy(report, settings, node)
@@ -201,11 +196,10 @@ class DrainPolicy:
         if info.reason is not None and ours(info.reason) and info.drained:
             self.maybe_ours = True
             return []  # drained by us already: the first reason stays
-        if info.reason is not None and not ours(info.reason):
-            by = f" by {info.reason_user}" if info.reason_user else ""
-            why = f"node already has a reason set{by}: {info.reason!r}; left untouched"
+        why = foreign_reason(info)
+        if why is not None:
             return self._quiet(report, node, EVENT_DRAIN_SKIPPED, reason, info, detail=why)
-        why_not = understood(info)
+        why_not = understood(info, DRAIN)
         if why_not is not None:
             return self._quiet(report, node, EVENT_DRAIN_SKIPPED, reason, info, detail=why_not)
         argv = [*settings.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
@@ -226,7 +220,7 @@ class DrainPolicy:
     ) -> list[dict[str, Any]]:
         if settings.drain.dry_run and self.simulated_drain is not None:
             reason = f"healthy for {self.healthy_streak} consecutive patrols"
-            argv = [*settings.scontrol, "update", f"NodeName={node}", "State=RESUME"]
+            argv = [*settings.scontrol, "update", f"NodeName={node}", "State=UNDRAIN"]
             detail = f"dry run: would resume the drain it would have made: {self.simulated_drain}"
             self.simulated_drain = None
             return [
@@ -242,12 +236,12 @@ class DrainPolicy:
         if not (info.drained and ours(info.reason)):
             self.maybe_ours = False  # nothing of ours to resume: stop asking
             return []
-        why_not = understood(info)
+        why_not = understood(info, RESUME)
         if why_not is not None:
             return self._quiet(
                 report, node, EVENT_RESUME_SKIPPED, info.reason, info, detail=why_not
             )
-        argv = [*settings.scontrol, "update", f"NodeName={node}", "State=RESUME"]
+        argv = [*settings.scontrol, "update", f"NodeName={node}", "State=UNDRAIN"]
         reason = f"healthy for {self.healthy_streak} consecutive patrols"
         if settings.drain.dry_run:
             return self._quiet(report, node, EVENT_RESUME, reason, info, command=argv, dry=True)
@@ -282,7 +276,10 @@ class DrainPolicy:
 
         ``fields`` are :meth:`_event`'s keyword arguments (command, detail, dry).
         """
-        key = (event, f"{reason}|{fields.get('detail')}|{info.reason if info else None}")
+        # a resume's reason counts the healthy patrols: not part of "what changed"
+        what = None if event in _RESUME_EVENTS else reason
+        state = (info.state, info.reason) if info else None
+        key = (event, f"{what}|{fields.get('detail')}|{state}")
         if key == self._last_quiet:
             return []
         self._last_quiet = key

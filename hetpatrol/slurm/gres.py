@@ -71,31 +71,61 @@ class GresEntry:
         return f"{self.name}:{self.type}" if self.type else self.name
 
 
+class GresParseError(ValueError):
+    """A GRES string Slurm would not have printed; ``raw`` is the whole text as read."""
+
+    def __init__(self, message: str, raw: str):
+        super().__init__(message)
+        self.raw = raw
+
+
+# A type as Slurm prints it: no ":", no brackets, no blanks; "a100_3g.20gb", "nvidia-rtx-3090"
+_TYPE_RE = re.compile(r"^[^:()\[\]\s,=]+$")
+_SPEC_RE = re.compile(r"\([^()]*\)$")  # (S:0-1), (IDX:0-3): socket / index spec
+
+
 def parse_gres_item(item: str) -> GresEntry | None:
-    """One comma-separated item of a GRES string; None for ``(null)`` or an empty item."""
+    """One comma-separated item of a GRES string; None for ``(null)`` or an empty item.
+
+    ``name[:type][:count][(spec)]`` as Slurm prints it (``no_consume`` ignored);
+    :class:`GresParseError` for anything else (``gpu:a100:X(S:0-1)``: a count that is
+    not a number), never a guess.
+    """
     text = item.strip()
     if text.lower() in _NULLS:
         return None
-    text = re.sub(r"\([^()]*\)$", "", text).strip()  # (S:0-1), (IDX:0-3)
+    text = _SPEC_RE.sub("", text).strip()
     parts = [p for p in text.split(":") if p.lower() != "no_consume"]
     if not parts or not parts[0]:
-        return None
+        raise GresParseError(f"GRES item {item!r}: no name", item)
     name, rest = parts[0], parts[1:]
     count = 1
     if rest and parse_count(rest[-1]) is not None:
         count = parse_count(rest[-1]) or 0
         rest = rest[:-1]
-    gtype = ":".join(rest) if rest else None
+    if len(rest) > 1:
+        raise GresParseError(f"GRES item {item!r}: not name[:type][:count]", item)
+    gtype = rest[0] if rest else None
     if gtype is not None and gtype.lower() in _NULLS:
         gtype = None
+    for word, what in ((name, "name"), (gtype, "type")):
+        if word is not None and not _TYPE_RE.match(word):
+            raise GresParseError(f"GRES item {item!r}: {what} {word!r} is not one", item)
     return GresEntry(name, gtype, count)
 
 
 def parse_gres(text: str | None) -> tuple[GresEntry, ...]:
-    """A GRES string (``gpu:a100:8(S:0-1),ascend:910b:8``) -> its entries, in order."""
+    """A GRES string (``gpu:a100:8(S:0-1),ascend:910b:8``) -> its entries, in order.
+
+    :class:`GresParseError` (with the whole text in ``raw``) when an item is not one.
+    """
     if text is None or text.strip().lower() in _NULLS:
         return ()
-    return tuple(e for e in (parse_gres_item(i) for i in split_top(text)) if e is not None)
+    try:
+        items = [parse_gres_item(i) for i in split_top(text)]
+    except GresParseError as exc:
+        raise GresParseError(f"{exc} in {text!r}", text) from None
+    return tuple(e for e in items if e is not None)
 
 
 def sum_gres(entries: Iterable[GresEntry]) -> tuple[GresEntry, ...]:
@@ -248,7 +278,9 @@ class NodeInfo:
     """One node of ``scontrol show node [-o]`` output.
 
     ``state`` is the raw state (``IDLE+DRAIN``); ``reason`` the reason text without the
-    ``[user@time]`` suffix Slurm appends, who set it in ``reason_user``.
+    ``[user@time]`` suffix Slurm appends, who set it in ``reason_user``. ``gres_error``
+    says why ``Gres=`` could not be read (``gres`` is then empty; the raw text is in
+    ``fields["Gres"]``).
     """
 
     name: str
@@ -258,6 +290,7 @@ class NodeInfo:
     reason_user: str | None = None
     reason_time: str | None = None
     fields: Mapping[str, str] = field(default_factory=dict)
+    gres_error: str | None = None
 
     @property
     def base_state(self) -> str:
@@ -315,15 +348,21 @@ def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
         fields: dict[str, str] = {}
         for m in _FIELD_RE.finditer("\n".join(rest_lines)):
             fields.setdefault(m.group(1), m.group(2))
+        gres_error = None
+        try:
+            gres = parse_gres(fields.get("Gres"))
+        except GresParseError as exc:
+            gres, gres_error = (), str(exc)
         nodes.append(
             NodeInfo(
                 name=fields.get("NodeName", ""),
                 state=fields.get("State", ""),
-                gres=parse_gres(fields.get("Gres")),
+                gres=gres,
                 reason=reason or None,
                 reason_user=reason_user,
                 reason_time=reason_time,
                 fields=fields,
+                gres_error=gres_error,
             )
         )
     return nodes
@@ -380,7 +419,8 @@ class GresConf:
 def parse_gres_conf(text: str) -> list[GresConfLine]:
     """Every ``Name=`` or ``AutoDetect=`` line of a ``gres.conf`` (keys case-insensitive).
 
-    ``ValueError`` (naming the line) when a ``File=`` list expands past ``HOSTLIST_MAX``.
+    ``ValueError`` (naming the line) when a ``File=`` list expands past ``HOSTLIST_MAX``
+    or ``Count=`` is not a count.
     """
     out = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -403,6 +443,8 @@ def parse_gres_conf(text: str) -> list[GresConfLine]:
                 except ValueError as exc:
                     raise ValueError(f"line {lineno}: {exc}") from None
         count = parse_count(kv["count"]) if "count" in kv else None
+        if "count" in kv and count is None:
+            raise ValueError(f"line {lineno}: Count={kv['count']} is not a count")
         if count is None:
             count = len(files) if files else 1
         gtype = kv.get("type")

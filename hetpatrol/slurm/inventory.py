@@ -6,11 +6,15 @@ the ``gres.conf`` lines for this node. It is read at most every
 ``registration_cache_seconds`` (a failed scontrol read is retried after at most 60 s),
 each scontrol call under ``timeout_seconds``.
 
-Each card counts under a (GRES name, GRES type): the name is the card's ``gres`` (from
-its profile), the type the profile's ``gres_type`` or else the card's ``card_type`` (a
-``910b`` card counts as ``ascend:910b``). Every chip record counts once (Slurm counts
-device files, one per chip). Names and types compare case-insensitively, as Slurm does;
-an untyped registration (``gpu:8``) counts every card of that name.
+Each card counts under its GRES name (the card's ``gres``, from its profile). A
+registered type names a card as Slurm's AutoDetect matches a configured type to a
+device: the type is a case-insensitive substring of the card's model in Slurm's form
+(lower case, spaces as underscores: ``gpu:h100`` and ``gpu:nvidia_h100_80gb_hbm3`` both
+name an ``NVIDIA H100 80GB HBM3``); the profile's ``gres_type`` or the card's
+``card_type`` (``910b``) also names it, whole. Longer registered types take their cards
+first, each up to its count (see :func:`_assign`). Every chip record counts once (Slurm
+counts device files, one per chip); an untyped registration (``gpu:8``) counts the cards
+of that name no typed one takes.
 
 Per (name, type) the registered count is compared with the cards found *and healthy*
 (not critical, not unknown):
@@ -19,8 +23,13 @@ Per (name, type) the registered count is compared with the cards found *and heal
   ``unknown`` when the shortfall may only be unread cards (a card of that kind is
   ``unknown``, or a collector failed or hung): a hung vendor tool is not a lost card,
   and must not drain a node on its own;
+- but a shortfall the node's other cards of that name make up (``gpu:a100:8``
+  registered, 8 healthy H100 found) is a warning naming both: the counts agree, the
+  type names do not; that is a configuration matter, never a drain;
 - more healthy than registered: warning ``gres_mismatch`` (Slurm will not schedule them);
-- registration unreadable: info finding ``gres_registration`` (the check is skipped).
+- registration unreadable: info finding ``gres_registration`` (the check is skipped);
+  a ``Gres=`` string that does not parse: ``unknown`` ``gres_registration`` with the
+  raw text.
 
 Only GRES names that some profile (or card) uses are compared: ``mps``, ``shard`` or a
 site's ``bandwidth`` GRES are not cards.
@@ -46,7 +55,13 @@ from hetpatrol.schema import (
     CardRecord,
     Finding,
 )
-from hetpatrol.slurm.gres import GresEntry, find_node, gres_conf_for_node, parse_gres_conf
+from hetpatrol.slurm.gres import (
+    GresEntry,
+    find_node,
+    gres_conf_for_node,
+    parse_gres_conf,
+    sum_gres,
+)
 from hetpatrol.slurm.settings import SlurmSettings
 from hetpatrol.tool import ToolOutput, run_tool
 
@@ -68,13 +83,19 @@ SOURCE_GRES_CONF = "gres.conf"
 
 @dataclass(frozen=True)
 class Registration:
-    """The GRES Slurm has for this node, where it was read, and why not when it failed."""
+    """The GRES Slurm has for this node, where it was read, and why not when it failed.
+
+    ``unreadable`` is the raw ``Gres=`` text when Slurm answered with a GRES string that
+    does not parse (``gpu:a100:X(S:0-1)``): the check is then ``unknown``, not skipped
+    silently and not compared with a guess.
+    """
 
     node: str
     source: str | None
     entries: tuple[GresEntry, ...]
     error: str | None
     read_at: float
+    unreadable: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -110,6 +131,9 @@ def read_registration(settings: SlurmSettings, node: str, runner: Runner) -> Reg
     out, error = run_scontrol(settings, ["show", "node", "-o", node], runner)
     if out is not None and error is None:
         info = find_node(out.stdout, node)
+        if info is not None and info.gres_error is not None:
+            raw = info.fields.get("Gres", "")
+            return Registration(node, SOURCE_SCONTROL, (), info.gres_error, now, raw)
         if info is not None:
             return Registration(node, SOURCE_SCONTROL, info.gres, None, now)
         error = f"scontrol show node: no node named {node!r} in the answer"
@@ -198,8 +222,84 @@ def card_gres(rec: CardRecord, config: Config) -> tuple[str, str | None] | None:
     return name, profile.gres_type or rec.card_type
 
 
+def slurm_device_name(model: str | None) -> str | None:
+    """A card's model as Slurm's AutoDetect names its type: lower case, spaces as
+    underscores (``NVIDIA H100 80GB HBM3`` -> ``nvidia_h100_80gb_hbm3``).
+
+    Slurm: ``gpu_common_underscorify_tolower()`` applied to ``nvmlDeviceGetName()`` in
+    ``_nvml_get_device_name()``, src/plugins/gpu/nvml/gpu_nvml.c (SchedMD/slurm, tag
+    slurm-22-05-11-1).
+    """
+    if not model or not model.strip():
+        return None
+    return model.strip().lower().replace(" ", "_")
+
+
+@dataclass(frozen=True)
+class _Card:
+    """A card as the comparison sees it: its record, GRES name and the names it answers to."""
+
+    rec: CardRecord
+    name: str
+    short: str | None  # the profile's gres_type or hetpatrol's card_type ("h100")
+    device: str | None  # the model as Slurm's AutoDetect names it
+
+    def matches(self, registered: str) -> bool:
+        """Does a registered GRES type (lower case) name this card?
+
+        As Slurm matches a configured ``Type=`` to a device AutoDetect found: the type is
+        a case-insensitive substring of the device's name (``xstrcasestr(sys_gres_type,
+        conf type)`` in ``_find_type_in_gres_list()``, src/plugins/gres/gpu/gres_gpu.c,
+        SchedMD/slurm tag slurm-22-05-11-1; gres.conf(5): "the Type specified should
+        match or be a substring of the value that is detected, using an underscore in
+        lieu of any spaces"). hetpatrol's own short type (or the profile's
+        ``gres_type``) also names it, compared whole and case-insensitively.
+        """
+        if self.short is not None and self.short.lower() == registered:
+            return True
+        return self.device is not None and registered in self.device
+
+    @property
+    def label(self) -> str:
+        """``h100 (nvidia_h100_80gb_hbm3)``: both names, for messages."""
+        short = self.short or "untyped"
+        return f"{short} ({self.device})" if self.device and self.device != short else short
+
+
 def _healthy(rec: CardRecord) -> bool:
     return rec.health not in (HEALTH_CRITICAL, HEALTH_UNKNOWN)
+
+
+def _assign(
+    cards: Sequence[_Card], entries: Sequence[GresEntry]
+) -> tuple[dict[int, list[int]], list[int]]:
+    """Which cards (indices) each registered entry (index) counts; the cards none does.
+
+    All of one GRES name. As Slurm's ``_normalize_sys_gres_types()`` (gres_gpu.c,
+    22.05): typed entries longest type first (``h100`` and ``nvidia_h100_80gb_hbm3``
+    both registered: the longer takes its cards first), each card to the first entry
+    that names it and still has room. Cards left over that a typed entry names count
+    there too (more than registered: a warning); an untyped entry (``gpu:8``) takes the
+    rest of that name.
+    """
+    typed = sorted(
+        (i for i, e in enumerate(entries) if e.type is not None),
+        key=lambda i: (-len(entries[i].type or ""), (entries[i].type or "").lower()),
+    )
+    untyped = [i for i, e in enumerate(entries) if e.type is None]
+    taken: dict[int, list[int]] = {i: [] for i in range(len(entries))}
+    left: list[int] = []
+    for c, crd in enumerate(cards):
+        names = [i for i in typed if crd.matches((entries[i].type or "").lower())]
+        room = [i for i in names if len(taken[i]) < entries[i].count]
+        if room or names:
+            taken[(room or names)[0]].append(c)
+        else:
+            left.append(c)
+    if untyped:
+        taken[untyped[0]].extend(left)
+        left = []
+    return taken, left
 
 
 def compare(
@@ -212,43 +312,78 @@ def compare(
     """Registered vs found vs healthy per (name, type), and the findings that follow.
 
     ``collectors_up`` False (a collector failed or hung) makes a shortfall ``unknown``
-    instead of ``critical``: the missing cards may only be unread.
+    instead of ``critical``: the missing cards may only be unread. A shortfall that the
+    node's other cards of that GRES name make up (``gpu:a100:8`` registered, 8 healthy
+    H100 found) is a ``warning`` naming both types: the counts agree, the names do not.
     """
-    mapped = [(rec, card_gres(rec, config)) for rec in cards]
-    names = {g[0].lower() for _, g in mapped if g} | {
-        p.gres.lower() for p in config.profiles if p.gres
-    }
+    entries = sum_gres(entries)  # gpu:a100:4(S:0),gpu:a100:4(S:1) is gpu:a100:8
+    names = {p.gres.lower() for p in config.profiles if p.gres}
+    mapped: list[_Card] = []
+    for rec in cards:
+        g = card_gres(rec, config)
+        if g is not None:
+            mapped.append(_Card(rec, g[0], g[1], slurm_device_name(rec.model)))
+            names.add(g[0].lower())
     counts: list[GresCount] = []
-    claimed: set[int] = set()
     uncertain: set[int] = set()
-    for entry in entries:
-        name, gtype = entry.key
-        if name not in names:
+    named_by: dict[int, str] = {}  # count index -> what the warning says instead
+    explained: set[tuple[str, str | None]] = set()  # unregistered cards named there
+    leftovers: list[_Card] = []
+    by_name: dict[str, list[int]] = {}
+    for i, e in enumerate(entries):
+        by_name.setdefault(e.key[0], []).append(i)
+    registered_names = {n for n in by_name if n in names}
+    for name in {c.name.lower() for c in mapped} - registered_names:
+        leftovers.extend(c for c in mapped if c.name.lower() == name)
+    for name in sorted(registered_names, key=lambda n: by_name[n][0]):
+        group = [entries[i] for i in by_name[name]]
+        these = [c for c in mapped if c.name.lower() == name]
+        taken, left = _assign(these, group)
+        first = len(counts)
+        for j, e in enumerate(group):
+            recs = [these[c].rec for c in taken[j]]
+            counts.append(GresCount(e.name, e.type, e.count, len(recs), sum(map(_healthy, recs))))
+            if not collectors_up or any(r.health == HEALTH_UNKNOWN for r in recs):
+                uncertain.add(len(counts) - 1)
+        stray = [these[c] for c in left]
+        leftovers.extend(stray)
+        short = [k for k in range(first, len(counts)) if counts[k].healthy < counts[k].configured]
+        if not short or not stray:
             continue
-        found = healthy = 0
-        unread = not collectors_up
-        for i, (rec, g) in enumerate(mapped):
-            if g is None or g[0].lower() != name:
-                continue
-            if gtype is not None and (g[1] or "").lower() != gtype:
-                continue
-            claimed.add(i)
-            found += 1
-            healthy += _healthy(rec)
-            unread = unread or rec.health == HEALTH_UNKNOWN
-        counts.append(GresCount(entry.name, entry.type, entry.count, found, healthy))
-        if unread:
-            uncertain.add(len(counts) - 1)
+        if any(counts[k].healthy < counts[k].found for k in short):
+            continue  # a card of that type is sick or unread: the shortfall stands
+        n = sum(_healthy(c.rec) for c in stray)
+        if n < sum(counts[k].configured - counts[k].found for k in short):
+            continue  # really fewer cards: the shortfall stands (critical)
+        kinds = sorted({c.label for c in stray if _healthy(c.rec)})
+        for k in short:
+            c = counts[k]
+            named_by[k] = (
+                f"{c.label}: Slurm has {c.configured} registered, {c.healthy} healthy cards "
+                f"of that type; the node has {n} healthy {group[0].name} cards of type "
+                f"{', '.join(kinds)} that do not match it: the counts agree, the type "
+                "names do not"
+            )
+        explained.update((c.name, c.short) for c in stray)
     extra: dict[tuple[str, str | None], list[CardRecord]] = {}
-    for i, (rec, g) in enumerate(mapped):
-        if g is not None and i not in claimed:
-            extra.setdefault((g[0], g[1]), []).append(rec)
+    for crd in leftovers:
+        extra.setdefault((crd.name, crd.short), []).append(crd.rec)
+    unregistered = len(counts)
     for (name, gtype), recs in extra.items():
-        counts.append(GresCount(name, gtype, 0, len(recs), sum(_healthy(r) for r in recs)))
-
+        counts.append(GresCount(name, gtype, 0, len(recs), sum(map(_healthy, recs))))
     findings = []
     for i, c in enumerate(counts):
-        if c.healthy < c.configured:
+        if i in named_by:
+            findings.append(
+                Finding(
+                    "gres_mismatch",
+                    HEALTH_WARNING,
+                    named_by[i],
+                    value=c.healthy,
+                    threshold=c.configured,
+                )
+            )
+        elif c.healthy < c.configured:
             severity = HEALTH_UNKNOWN if i in uncertain else HEALTH_CRITICAL
             why = " (some may only be unread: a card is unknown or a collector failed)"
             findings.append(
@@ -261,7 +396,7 @@ def compare(
                     threshold=c.configured,
                 )
             )
-        elif c.healthy > c.configured:
+        elif c.healthy > c.configured and not (i >= unregistered and (c.name, c.type) in explained):
             findings.append(
                 Finding(
                     "gres_mismatch",
@@ -310,6 +445,14 @@ class GresCheck:
                 "gres_registration",
                 SEVERITY_INFO,
                 f"GRES registration of Slurm node {node} unreadable, check skipped: {reg.error}",
+            )
+            return NodeCheckResult((finding,), data)
+        if reg.unreadable is not None:
+            finding = Finding(
+                "gres_registration",
+                HEALTH_UNKNOWN,
+                f"GRES registration of Slurm node {node} is not a GRES string hetpatrol "
+                f"can read, Gres={reg.unreadable}: {reg.error}",
             )
             return NodeCheckResult((finding,), data)
         up = all(c.state in (STATE_OK, STATE_ABSENT, STATE_DISABLED) for c in collectors)
