@@ -96,9 +96,17 @@ def test_recovery_needs_consecutive_good_patrols(base_config):
     assert r2.cards[0].findings[0].check == "recovering"
     assert r2.cards[0].findings[0].message.startswith("good for 1 of 3")
     changes = [json.loads(r.patrol_line)["changes"] for r in (r1, r2, r3, r4)]
-    assert changes[0][-1] == {"card": "ascend/0/0", "from": None, "to": "critical"}
+    assert changes[0][-1] == {
+        "card": "ascend/0/0",
+        "uuid": None,
+        "bus_id": None,
+        "from": None,
+        "to": "critical",
+    }
     assert changes[1] == [] and changes[2] == []
-    assert changes[3] == [{"card": "ascend/0/0", "from": "critical", "to": "ok"}]
+    assert changes[3] == [
+        {"card": "ascend/0/0", "uuid": None, "bus_id": None, "from": "critical", "to": "ok"}
+    ]
 
 
 def test_flapping_card_does_not_flap(base_config):
@@ -118,7 +126,13 @@ def test_vanished_card_is_a_change(base_config):
     p.run()
     c.temps = [40.0]
     report = p.run()
-    assert {"card": "ascend/1/0", "from": "ok", "to": None} in report.changes
+    assert {
+        "card": "ascend/1/0",
+        "uuid": None,
+        "bus_id": None,
+        "from": "ok",
+        "to": None,
+    } in report.changes
 
 
 def test_a_patrol_that_finds_no_card_is_not_ok(base_config, tmp_path):
@@ -177,3 +191,45 @@ def test_an_npu_gone_from_npu_smi_is_a_card_missing_finding(tmp_path):
         assert (report.node_findings, len(report.cards)) == ((), 8)
     finally:
         patroller.close()
+
+
+class _ByUuid(Scripted):
+    """GPUs with UUIDs; ``cards`` lists (uuid, temperature) in enumeration order."""
+
+    def __init__(self):
+        super().__init__(vendor="nvidia")
+        self.cards = [("GPU-a", 40.0), ("GPU-b", 40.0), ("GPU-c", 40.0)]
+
+    def collect(self):
+        from hetpatrol.collector import STATE_OK, CollectResult
+        from hetpatrol.schema import CardRecord
+
+        recs = [
+            CardRecord(
+                vendor="nvidia",
+                index=i,
+                uuid=uuid,
+                model="NVIDIA A100-SXM4-80GB",
+                card_type="a100",
+                temperature_celsius=t,
+            )
+            for i, (uuid, t) in enumerate(self.cards)
+        ]
+        return CollectResult(self.name, recs, STATE_OK)
+
+
+def test_recovery_hold_and_changes_follow_the_uuid_not_the_index(base_config):
+    """GPU-a is critical (95 C), then drops out of the enumeration: GPU-b moves to index
+    0 and GPU-c to index 1. GPU-b keeps its own ok verdict (no hold inherited from
+    index 0), and the change list names GPU-a going, not ``nvidia/2``."""
+    c = _ByUuid()
+    c.cards[0] = ("GPU-a", 95.0)
+    p = make_patroller(base_config, {"nvidia": c}, recovery=3)
+    assert [r.health for r in p.run().cards] == ["critical", "ok", "ok"]
+    c.cards = [("GPU-b", 40.0), ("GPU-c", 40.0)]
+    report = p.run()
+    assert [(r.uuid, r.health) for r in report.cards] == [("GPU-b", "ok"), ("GPU-c", "ok")]
+    assert report.changes == (
+        {"card": "nvidia/0", "uuid": "GPU-a", "bus_id": None, "from": "critical", "to": None},
+    )
+    assert [(f.check, f.severity) for f in report.node_findings] == [("card_missing", "critical")]

@@ -5,6 +5,13 @@ the last :class:`~hetpatrol.patrol.PatrolReport` (vendor tools can take seconds;
 must not). Names follow Prometheus conventions: prefix ``hetpatrol_``, base units,
 ``_total`` only on counters, identity in ``hetpatrol_card_info``. Per-card series carry
 the labels ``vendor``, ``card_type``, ``index``, ``chip``, ``uuid`` only.
+
+Absent values: a label whose value is unknown or does not apply (``chip`` of a GPU,
+``uuid`` of a card never read, ``user`` of a process that exited) is left out of the
+series, never written as ``""`` nor as a made-up word. Prometheus treats an empty label
+value as no label at all, so ``{chip=""}`` selectors keep working
+(https://prometheus.io/docs/concepts/data_model/: "Labels with an empty label value are
+considered equivalent to labels that do not exist").
 """
 
 from __future__ import annotations
@@ -43,6 +50,22 @@ def card_labels(rec: CardRecord) -> list[str]:
         "" if rec.chip is None else str(rec.chip),
         rec.uuid or "",
     ]
+
+
+#: vendor_health markers after which the NVIDIA collector stops reading a GPU: its
+#: process list was never asked for (see hetpatrol.collectors.nvidia)
+_READ_STOPPED = frozenset({"gpu_is_lost", "reset_required"})
+
+
+def processes_read(rec: CardRecord) -> bool:
+    """True when the card's process list was read in this patrol: the card was read
+    (``read_ok``), not given up on (GPU lost, reset required) and no error entry names
+    the process query (``nvmlDeviceGetComputeRunningProcesses``, ``npu-smi info
+    processes``). Otherwise no process series is exported: an empty list there is no
+    proof of an idle card."""
+    if not rec.read_ok or rec.vendor_health in _READ_STOPPED:
+        return False
+    return not any("process" in e.get("source", "").lower() for e in rec.errors)
 
 
 @dataclass
@@ -116,7 +139,23 @@ _CARD_FLAGS: tuple[tuple[str, str, str], ...] = (
 def report_metrics(
     report: PatrolReport | None, stats: ExporterStats, collectors: Sequence[str], patrols_total: int
 ) -> Iterator[Metric]:
-    """Every metric family for one report (``None`` before the first patrol)."""
+    """Every metric family for one report (``None`` before the first patrol), with the
+    labels of absent values left out (see the module docstring)."""
+    for family in _report_metrics(report, stats, collectors, patrols_total):
+        yield without_empty_labels(family)
+
+
+def without_empty_labels(family: Metric) -> Metric:
+    """``family`` with every label whose value is ``""`` removed from its samples."""
+    family.samples = [
+        s._replace(labels={k: v for k, v in s.labels.items() if v != ""}) for s in family.samples
+    ]
+    return family
+
+
+def _report_metrics(
+    report: PatrolReport | None, stats: ExporterStats, collectors: Sequence[str], patrols_total: int
+) -> Iterator[Metric]:
     up = GaugeMetricFamily("hetpatrol_up", "1 while the hetpatrol daemon runs.")
     up.add_metric([], 1)
     yield up
@@ -290,7 +329,7 @@ def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Metric]:
         ):
             if value is not None:
                 ecc.add_metric([*labels, kind], value)
-        if rec.read_ok:
+        if processes_read(rec):
             procs.add_metric(labels, len(rec.processes))
         for check, severity in dict.fromkeys((f.check, f.severity) for f in rec.findings):
             finding.add_metric([*labels, check, severity], 1)
@@ -328,7 +367,7 @@ def process_memory_metric(
         labels=[*CARD_LABELS, "slurm_job", "user"],
     )
     for rec in cards:
-        if not rec.read_ok:
+        if not processes_read(rec):
             continue
         totals: dict[tuple[str, str], int] = {}
         for proc in rec.processes:
