@@ -201,9 +201,20 @@ def test_two_findings_of_one_check_are_one_series(base_config):
     card = report.cards[0]
     for port in (0, 1):  # two RoCE ports down: one check, one severity
         card.findings.append(Finding("roce_link_down", "critical", f"port {port} down"))
+    # two GRES mismatches (gpu:a100 and ascend:910b): one node check, one severity
+    report = replace(
+        report,
+        node_findings=tuple(
+            Finding("gres_mismatch", "critical", f"{g}: Slurm has 8 registered, 0 found")
+            for g in ("gpu:a100", "ascend:910b")
+        ),
+    )
     found = series(Exposition(["ascend"]).update(report, 1))  # asserts no duplicate
     assert family(found, "hetpatrol_card_finding") == {
         npu(0, check="roce_link_down", severity="critical"): 1
+    }
+    assert family(found, "hetpatrol_node_finding") == {
+        frozenset({"check": "gres_mismatch", "severity": "critical"}.items()): 1
     }
 
 
