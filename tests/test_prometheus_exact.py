@@ -239,3 +239,50 @@ def test_process_memory_top_five_per_card_and_the_rest_summed():
         frozenset((card_l | {"slurm_job": "7003", "user": "alice"}).items()): 4 * MIB,
         frozenset((card_l | {"slurm_job": "other", "user": "other"}).items()): (1 + 2 + 3) * MIB,
     }
+
+
+def test_user_and_job_labels_can_be_switched_off(tmp_path):
+    """``metrics_user_labels: false``: no ``user`` nor ``slurm_job`` in the exposition,
+    one process-memory series per card with all its processes' memory; the key is
+    checked like any other and reaches the daemon's exposition (and a reload)."""
+    from hetpatrol.config import ConfigError
+    from hetpatrol.daemon import Daemon
+
+    procs = [
+        ProcessInfo(pid=4242, memory_bytes=3 * MIB, user="alice", job_id="7000"),
+        ProcessInfo(pid=4243, memory_bytes=5 * MIB, user="bob", job_id="7001"),
+        ProcessInfo(pid=4244, memory_bytes=None, user="carol", job_id="7002"),
+    ]
+    card = CardRecord(vendor="nvidia", index=0, card_type="a100", uuid="GPU-x", processes=procs)
+    card.health = "ok"
+    report = replace(_sick_report(), cards=(card,))
+    on = Exposition(["nvidia"]).update(report, 1).decode()
+    assert 'slurm_job="7001",user="bob"' in on
+    off = Exposition(["nvidia"], user_labels=False).update(report, 1).decode()
+    assert "user=" not in off and "slurm_job=" not in off
+    found = series(off.encode())
+    assert family(found, "hetpatrol_card_process_memory_bytes") == {
+        frozenset(
+            {"vendor": "nvidia", "card_type": "a100", "index": "0", "uuid": "GPU-x"}.items()
+        ): 8 * MIB
+    }
+
+    config = tmp_path / "hetpatrol.yaml"
+    config.write_text("node: n1\nmetrics_user_labels: false\n")
+    assert load_config(config).metrics_user_labels is False
+    assert load_config().metrics_user_labels is True  # the shipped config: on
+    with pytest.raises(ConfigError, match="metrics_user_labels: 'no' is not of type 'boolean'"):
+        load_config("bad.yaml", text='metrics_user_labels: "no"\n')
+    daemon = Daemon(
+        load_config(config),
+        config_path=config,
+        replay_dir=SICK,
+        overrides={"listen": "127.0.0.1:0", "jsonl_path": None, "state_path": None},
+    )
+    try:
+        assert daemon.exposition.user_labels is False
+        config.write_text("node: n1\nmetrics_user_labels: true\n")
+        assert daemon.reload()
+        assert daemon.exposition.user_labels is True
+    finally:
+        daemon.shutdown()

@@ -137,11 +137,17 @@ _CARD_FLAGS: tuple[tuple[str, str, str], ...] = (
 
 
 def report_metrics(
-    report: PatrolReport | None, stats: ExporterStats, collectors: Sequence[str], patrols_total: int
+    report: PatrolReport | None,
+    stats: ExporterStats,
+    collectors: Sequence[str],
+    patrols_total: int,
+    *,
+    user_labels: bool = True,
 ) -> Iterator[Metric]:
     """Every metric family for one report (``None`` before the first patrol), with the
-    labels of absent values left out (see the module docstring)."""
-    for family in _report_metrics(report, stats, collectors, patrols_total):
+    labels of absent values left out (see the module docstring). ``user_labels``
+    false: no ``user`` / ``slurm_job`` labels (config ``metrics_user_labels``)."""
+    for family in _report_metrics(report, stats, collectors, patrols_total, user_labels):
         yield without_empty_labels(family)
 
 
@@ -154,7 +160,11 @@ def without_empty_labels(family: Metric) -> Metric:
 
 
 def _report_metrics(
-    report: PatrolReport | None, stats: ExporterStats, collectors: Sequence[str], patrols_total: int
+    report: PatrolReport | None,
+    stats: ExporterStats,
+    collectors: Sequence[str],
+    patrols_total: int,
+    user_labels: bool,
 ) -> Iterator[Metric]:
     up = GaugeMetricFamily("hetpatrol_up", "1 while the hetpatrol daemon runs.")
     up.add_metric([], 1)
@@ -232,7 +242,7 @@ def _report_metrics(
         node_find.add_metric([check, severity], 1)
     yield from (last, dur, node_code, node_find)
     yield from _card_metrics(report.cards)
-    yield process_memory_metric(report.cards)
+    yield process_memory_metric(report.cards, user_labels=user_labels)
     yield from _gres_metrics(report.node_checks.get("gres"))
     yield from deep_metrics(report)  # XIDs, kernel log, NVLink / RoCE links
 
@@ -351,15 +361,28 @@ PROCESS_SERIES_PER_CARD = 5
 
 
 def process_memory_metric(
-    cards: Sequence[CardRecord], top_n: int = PROCESS_SERIES_PER_CARD
+    cards: Sequence[CardRecord], top_n: int = PROCESS_SERIES_PER_CARD, *, user_labels: bool = True
 ) -> GaugeMetricFamily:
     """Card memory held per (Slurm job, user), cardinality bounded per card.
 
     The label is ``slurm_job``, not ``job`` (Prometheus' own target label). Processes
-    outside a job have ``slurm_job=""``, an unknown user ``user=""``; processes whose
+    outside a job get no ``slurm_job`` label, an unknown user no ``user`` label (their
+    value is ``""`` here, dropped by :func:`without_empty_labels`); processes whose
     memory the vendor does not report are left out (they count in
-    ``hetpatrol_card_processes``).
+    ``hetpatrol_card_processes``). ``user_labels`` false: one series per card with the
+    memory of all its processes, no ``user``/``slurm_job`` labels.
     """
+    if not user_labels:
+        fam = GaugeMetricFamily(
+            "hetpatrol_card_process_memory_bytes",
+            "Card memory held by processes (user and Slurm job labels switched off).",
+            labels=list(CARD_LABELS),
+        )
+        for rec in cards:
+            known = [p.memory_bytes for p in rec.processes if p.memory_bytes is not None]
+            if processes_read(rec) and known:
+                fam.add_metric(card_labels(rec), sum(known))
+        return fam
     fam = GaugeMetricFamily(
         "hetpatrol_card_process_memory_bytes",
         f"Card memory held by processes per Slurm job and user (top {top_n} per card, "
@@ -419,16 +442,30 @@ class _ReportCollector:
         self.stats = ExporterStats()
         self.collectors: Sequence[str] = ()
         self.patrols_total = 0
+        self.user_labels = True
 
     def collect(self) -> Iterator[Metric]:
-        return report_metrics(self.report, self.stats, self.collectors, self.patrols_total)
+        return report_metrics(
+            self.report,
+            self.stats,
+            self.collectors,
+            self.patrols_total,
+            user_labels=self.user_labels,
+        )
 
 
 class Exposition:
     """Holds the rendered exposition text of the last report (thread-safe swap)."""
 
-    def __init__(self, collectors: Sequence[str] = (), stats: ExporterStats | None = None):
+    def __init__(
+        self,
+        collectors: Sequence[str] = (),
+        stats: ExporterStats | None = None,
+        *,
+        user_labels: bool = True,
+    ):
         self._source = _ReportCollector()
+        self._source.user_labels = user_labels
         self._source.collectors = tuple(collectors)
         if stats is not None:
             self._source.stats = stats
@@ -440,6 +477,15 @@ class Exposition:
     @property
     def stats(self) -> ExporterStats:
         return self._source.stats
+
+    @property
+    def user_labels(self) -> bool:
+        """Whether ``user``/``slurm_job`` labels are rendered (from the next update)."""
+        return self._source.user_labels
+
+    @user_labels.setter
+    def user_labels(self, on: bool) -> None:
+        self._source.user_labels = on
 
     def update(self, report: PatrolReport | None, patrols_total: int | None = None) -> bytes:
         """Render ``report`` once; later scrapes get these bytes. Returns them."""
