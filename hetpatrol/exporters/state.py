@@ -60,9 +60,7 @@ def _sweep_stale_temps(path: Path) -> None:
     _swept.add(path)
 
 
-def write_atomic(
-    path: Path, data: bytes, *, make_parents: bool = False, mode: int = 0o644
-) -> None:
+def write_atomic(path: Path, data: bytes, *, make_parents: bool = False, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` via a temporary file and ``rename`` (atomic on POSIX).
 
     The file gets ``mode`` whatever the umask: 0644 by default (the node_exporter
