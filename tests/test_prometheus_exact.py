@@ -221,14 +221,22 @@ def test_two_findings_of_one_check_are_one_series(base_config):
 def test_process_memory_top_five_per_card_and_the_rest_summed():
     """Seven jobs on one card: the five largest by memory, the two smallest summed
     into ``slurm_job="other", user="other"``; a process outside any job has no
-    ``slurm_job`` label; an unreadable card has no series."""
+    ``slurm_job`` label; an unreadable card has no series; a second card with one small
+    job is ranked on its own (per card, not across the node)."""
     procs = [
         ProcessInfo(pid=100 + j, memory_bytes=(j + 1) * MIB, user="alice", job_id=str(7000 + j))
         for j in range(7)
     ] + [ProcessInfo(pid=99, memory_bytes=64 * MIB, user="bob")]
     card = CardRecord(vendor="nvidia", index=0, card_type="a100", uuid="GPU-x", processes=procs)
     gone = CardRecord(vendor="nvidia", index=1, processes=procs[:1], read_ok=False)
-    fam = without_empty_labels(process_memory_metric([card, gone]))
+    small = CardRecord(
+        vendor="nvidia",
+        index=2,
+        card_type="a100",
+        uuid="GPU-y",
+        processes=[ProcessInfo(pid=500, memory_bytes=MIB // 2, user="carol", job_id="8000")],
+    )
+    fam = without_empty_labels(process_memory_metric([card, gone, small]))
     got = {frozenset(s.labels.items()): s.value for s in fam.samples}
     card_l = {"vendor": "nvidia", "card_type": "a100", "index": "0", "uuid": "GPU-x"}
     assert got == {
@@ -238,6 +246,16 @@ def test_process_memory_top_five_per_card_and_the_rest_summed():
         frozenset((card_l | {"slurm_job": "7004", "user": "alice"}).items()): 5 * MIB,
         frozenset((card_l | {"slurm_job": "7003", "user": "alice"}).items()): 4 * MIB,
         frozenset((card_l | {"slurm_job": "other", "user": "other"}).items()): (1 + 2 + 3) * MIB,
+        frozenset(
+            {
+                "vendor": "nvidia",
+                "card_type": "a100",
+                "index": "2",
+                "uuid": "GPU-y",
+                "slurm_job": "8000",
+                "user": "carol",
+            }.items()
+        ): MIB // 2,
     }
 
 
