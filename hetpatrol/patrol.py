@@ -606,21 +606,29 @@ def _track_ids(rec: CardRecord) -> list[tuple]:
 
 
 def _recover_identity(records: Sequence[CardRecord], previous: Sequence[CardRecord]) -> None:
-    """Give a card read without any identity (a GPU lost before its identity could be
-    read in this NVML session, a damaged row) the identity of the card read at the same
-    position in the last patrol: UUID, serial, bus id, and model, card type and GRES
-    where missing. Only when that card is not listed elsewhere in this patrol (the
-    enumeration moved) and only for a card that was not read whole (``read_ok`` false
-    or an error entry). The position is used for nothing else."""
+    """Complete the identity of a card that was not read whole (``read_ok`` false or an
+    error entry: a GPU lost before this NVML session read its identity, one that still
+    answers some identity calls, a damaged row) from the last patrol's read of the same
+    card: UUID, serial, bus id, model, card type and GRES where missing.
+
+    The same card is the one sharing its UUID, serial or bus id; for a card read
+    without any of them, the one at the same position (vendor, index, chip), unless
+    that card is listed elsewhere in this patrol (the enumeration moved). The position
+    is used for nothing else."""
     claimed = {i for r in records for i in _identities(r) if i[0] != "key"}
     by_position = {r.key: r for r in previous}
+    by_identity = {i: r for r in previous for i in _identities(r) if i[0] != "key"}
     for rec in records:
-        if rec.uuid or rec.serial or rec.bus_id or (rec.read_ok and not rec.errors):
+        if rec.read_ok and not rec.errors:
             continue
-        before = by_position.get(rec.key)
+        ids = [i for i in _identities(rec) if i[0] != "key"]
+        if ids:
+            before = next((by_identity[i] for i in ids if i in by_identity), None)
+        else:
+            before = by_position.get(rec.key)
+            if before is not None and claimed.intersection(_identities(before)):
+                before = None
         if before is None or not (before.uuid or before.serial or before.bus_id):
-            continue
-        if claimed.intersection(_identities(before)):
             continue
         for name in ("uuid", "serial", "bus_id", "model", "card_type", "gres"):
             if getattr(rec, name) is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pynvml
 from conftest import NODES
 
 from hetpatrol.collectors.nvidia import NvidiaCollector
@@ -130,3 +131,47 @@ def test_a_lost_gpu_keeps_its_identity_and_its_hold_does_not_pass_to_its_index(b
     ]
     assert third.health == "critical"
     p3.close()
+
+
+class _LostAfterUuid:
+    """GPU ``index`` answers its name and UUID, then GpuIsLost for every other call."""
+
+    def __init__(self, inner, index: int):
+        self.inner, self.index = inner, index
+
+    def __getattr__(self, name):
+        fn = getattr(self.inner, name)
+        if name in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetHandleByIndex"):
+            return fn
+        if not name.startswith("nvmlDevice") or name == "nvmlDeviceGetCount":
+            return fn
+
+        def call(handle, *args, **kwargs):
+            if getattr(handle, "index", None) == self.index:
+                raise pynvml.NVMLError_GpuIsLost()
+            return fn(handle, *args, **kwargs)
+
+        return call
+
+
+def test_a_lost_gpu_answering_only_its_uuid_gets_its_bus_id_back(base_config):
+    """After a reload GPU 2 still answers nvmlDeviceGetName and nvmlDeviceGetUUID, then
+    GpuIsLost: its whole identity comes from the earlier read (the collector keeps no
+    part of an identity read cut short; the patroller matches it by position)."""
+    config = replace(
+        base_config, node="n1", collectors=(CollectorConfig("nvidia", timeout_seconds=10),)
+    )
+    p1 = _patroller(config, load_replay_nvml(XML))
+    serial = p1.run().cards[2].serial
+    assert serial
+    p2 = _patroller(config, _LostAfterUuid(load_replay_nvml(XML), 2), p1)
+    lost = p2.run().cards[2]
+    p2.close()
+    assert lost.vendor_health == "gpu_is_lost"
+    assert lost.errors == [{"source": "nvmlDeviceGetSerial", "error": "GpuIsLost"}]
+    assert (lost.uuid, lost.bus_id, lost.serial, lost.card_type) == (
+        LOST_UUID,
+        LOST_BUS,
+        serial,
+        "h100",
+    )

@@ -233,3 +233,39 @@ def test_recovery_hold_and_changes_follow_the_uuid_not_the_index(base_config):
         {"card": "nvidia/0", "uuid": "GPU-a", "bus_id": None, "from": "critical", "to": None},
     )
     assert [(f.check, f.severity) for f in report.node_findings] == [("card_missing", "critical")]
+
+
+def test_a_card_read_in_part_gets_the_rest_of_its_identity_by_uuid(base_config):
+    """GPU-b answers its UUID but nothing else (an error entry) after the enumeration
+    moved it from index 1 to 0: its bus id and model come from the read of GPU-b, not
+    from whatever card was at index 0 before."""
+    from hetpatrol.collector import STATE_OK, CollectResult
+
+    class Partial(_ByUuid):
+        def collect(self):
+            self.calls += 1
+            result = super().collect()
+            for i, rec in enumerate(result.records):
+                rec.bus_id = f"0000:0{i + 1}:00.0" if self.calls == 1 else None
+                if self.calls > 1:
+                    rec.model = rec.card_type = rec.temperature_celsius = None
+                    rec.add_error("nvmlDeviceGetPciInfo", "GpuIsLost")
+            return CollectResult(self.name, result.records, STATE_OK)
+
+    c = Partial()
+    p = make_patroller(base_config, {"nvidia": c})
+    first = p.run()
+    assert [(r.uuid, r.bus_id) for r in first.cards] == [
+        ("GPU-a", "0000:01:00.0"),
+        ("GPU-b", "0000:02:00.0"),
+        ("GPU-c", "0000:03:00.0"),
+    ]
+    c.cards = [("GPU-b", 40.0)]
+    (rec,) = p.run().cards
+    assert (rec.index, rec.uuid, rec.bus_id, rec.model, rec.card_type) == (
+        0,
+        "GPU-b",
+        "0000:02:00.0",
+        "NVIDIA A100-SXM4-80GB",
+        "a100",
+    )
