@@ -649,11 +649,18 @@ class _Parser:
         self.check_damage(chip, no)
 
     def check_damage(self, chip: NpuChip, no: int) -> None:
-        """A complete row whose cells could not all be read is damaged, not complete."""
+        """A complete row whose cells could not all be read is damaged, not complete.
+
+        A pair cell with ``NA`` in it (``NA / NA``, ``N/A / 65536``: the driver did not
+        report the value) is no damage: only that value is null, with the cell text as
+        the reason (see :func:`_record`)."""
         bad = [
             f"{COLUMN_TITLES.get(k, k)} {v!r}"
             for k, v in chip.raw_values.items()
-            if v not in _NA and v != "cut" and (k in _COLUMNS or k == "bus_id")
+            if v not in _NA
+            and v != "cut"
+            and (k in _COLUMNS or k == "bus_id")
+            and not (_COLUMNS.get(k) == "pair" and _PAIR_RE.fullmatch(v))
         ]
         if bad:
             chip.damage = chip.damage or "unreadable " + ", ".join(bad)
@@ -981,6 +988,10 @@ def _record(info: NpuSmiInfo, chip: NpuChip, chips_per_npu: int, has_phy: bool) 
         value = raw.get(key, "")
         if value == "cut":  # covered by the row error above
             return
+        pair = _PAIR_RE.fullmatch(value) if reason is None else None
+        if pair is not None:  # "NA/NA", "N/A/65536": the driver did not say
+            missing = [n for n, v in zip(("used", "total"), pair.groups(), strict=True) if v in _NA]
+            reason = f"{value!r}: {' and '.join(missing)} not reported"
         rec.add_error(src + COLUMN_TITLES.get(key, key), reason or value or "empty")
 
     # Power: "NA" when not reported; "-" on chips > 0 of a multi-chip card (per card).
@@ -1002,13 +1013,17 @@ def _record(info: NpuSmiInfo, chip: NpuChip, chips_per_npu: int, has_phy: bool) 
             rec.memory_used_bytes = chip.hbm_used_mib * MIB
     elif unknown_usage:
         rec.add_error(src + "memory", f"not read: column {unknown_usage[0][:30]!r} not understood")
+    elif "hbm" in raw:  # the HBM cell says NA (said below): DDR is no stand-in for it
+        if chip.hbm_used_mib is not None:
+            rec.memory_kind = "hbm"
+            rec.memory_used_bytes = chip.hbm_used_mib * MIB
     elif chip.memory_total_mib:
         rec.memory_kind = "ddr"
         rec.memory_total_bytes = chip.memory_total_mib * MIB
         if chip.memory_used_mib is not None:
             rec.memory_used_bytes = chip.memory_used_mib * MIB
     elif not any(raw.get(k) == "cut" for k in ("memory", "hbm")):
-        column_error("memory", raw.get("memory") or raw.get("hbm") or "total 0")
+        column_error("memory", None if raw.get("memory") else (raw.get("hbm") or "total 0"))
     for key in ("temp", "hugepages", "bus_id", "aicore", "hbm"):
         if key in raw:
             column_error(key)

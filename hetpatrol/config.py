@@ -123,6 +123,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "listen": {"type": ["string", "null"], "minLength": 1},
         "state_path": {"type": ["string", "null"], "minLength": 1},  # null: off; "" is no path
         "textfile_path": {"type": ["string", "null"], "pattern": "\\.prom$"},
+        "metrics_user_labels": {"type": "boolean"},
         "jsonl": {
             "type": "object",
             "additionalProperties": False,
@@ -219,6 +220,8 @@ class Config:
     jsonl_backups: int = 5
     state_path: Path | None = None
     textfile_path: Path | None = None
+    #: ``user`` and ``slurm_job`` labels on ``hetpatrol_card_process_memory_bytes``
+    metrics_user_labels: bool = True
     collectors: tuple[CollectorConfig, ...] = ()
     profiles: tuple[Profile, ...] = ()
     slurm: SlurmSettings = SlurmSettings()
@@ -583,6 +586,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
         jsonl_backups=int(jsonl.get("backups", 5)),
         state_path=expand_path(state_path) if state_path else None,
         textfile_path=expand_path(textfile_path) if textfile_path else None,
+        metrics_user_labels=data.get("metrics_user_labels", True),
         collectors=tuple(collectors),
         profiles=tuple(profiles),
         defaults=fallback,

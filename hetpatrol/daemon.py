@@ -73,7 +73,9 @@ class Daemon:
         #: Slurm drain / resume after each report (a no-op unless slurm.drain.enabled)
         self.drain_policy = DrainPolicy()
         self.stats.slurm_events = self.drain_policy.counts
-        self.exposition = Exposition(self._collector_names(), self.stats)
+        self.exposition = Exposition(
+            self._collector_names(), self.stats, user_labels=self.config.metrics_user_labels
+        )
         self.notifier = sdnotify.Notifier()
         self.watchdog = sdnotify.Watchdog(self.notifier)
         #: seconds a patrol may take beyond its slowest collector's timeout (process
@@ -159,6 +161,7 @@ class Daemon:
             self.sink.close()
         self.config = new
         self.stats.interval_seconds = new.interval_seconds
+        self.exposition.user_labels = new.metrics_user_labels
         if self.sink is None or self.sink.path != new.jsonl_path:
             self.sink = self._make_sink()
         log.info("config_reloaded", source=new.source)

@@ -291,8 +291,9 @@ class Patroller:
         self._last_cards: dict[str, list[CardRecord]] = {}
         #: every card each collector listed since start, by identity (see _missing_finding)
         self._seen_cards: dict[str, dict[tuple, CardRecord]] = {}
-        self._published: dict[tuple, str] = {}
-        self._good_streak: dict[tuple, int] = {}
+        #: published verdict and recovery streak of every card, by identity (UUID,
+        #: serial, bus id; the position only for a card never read with any of them)
+        self._tracked: list[_Tracked] = []
         self._last_collector_state: dict[str, str] = {}
         self._lock = threading.Lock()
         if collectors is not None:
@@ -327,8 +328,7 @@ class Patroller:
         change, so events already reported are not read and written a second time.
         """
         self.seq = previous.seq
-        self._published = previous._published
-        self._good_streak = previous._good_streak
+        self._tracked = previous._tracked
         self._last_cards = previous._last_cards
         self._seen_cards = previous._seen_cards
         self._last_collector_state = previous._last_collector_state
@@ -472,8 +472,10 @@ class Patroller:
     def _records_for(self, result: CollectResult) -> list[CardRecord]:
         """Fresh records, or the last known cards marked unknown when the collector failed."""
         if result.state == STATE_OK:
-            self._last_cards[result.collector] = [r.identity() for r in result.records]
-            return list(result.records)
+            records = list(result.records)
+            _recover_identity(records, self._last_cards.get(result.collector, []))
+            self._last_cards[result.collector] = [r.identity() for r in records]
+            return records
         if result.state in (STATE_FAILED, STATE_HUNG):
             check = "collector_hung" if result.state == STATE_HUNG else "collector_failed"
             kept = []
@@ -530,17 +532,27 @@ class Patroller:
         )
 
     def _apply_recovery(self, cards: Iterable[CardRecord]) -> list[dict[str, Any]]:
-        """Hold a card at its bad verdict until ``recovery_patrols`` good patrols in a row."""
+        """Hold a card at its bad verdict until ``recovery_patrols`` good patrols in a row.
+
+        Verdicts and streaks follow the card, not its index: a card is matched to the
+        one of the last patrol that shares its UUID, serial or bus id (the position
+        only when neither was ever read with any). When a GPU drops out of the
+        enumeration the GPUs after it move down one index; each keeps its own verdict,
+        and the one gone is reported as such (``to: null``) under its last name."""
         need = self.config.recovery_patrols
-        changes = []
-        seen = set()
+        changes: list[dict[str, Any]] = []
+        remaining = list(self._tracked)
+        tracked: list[_Tracked] = []
         for rec in cards:
-            key = rec.key
-            seen.add(key)
-            prev = self._published.get(key)
+            ids = frozenset(_track_ids(rec))
+            prev_track = next((t for t in remaining if t.ids & ids), None)
+            if prev_track is not None:
+                remaining.remove(prev_track)
+            prev = prev_track.health if prev_track is not None else None
+            streak = 0
             if rec.health == HEALTH_OK and prev not in (None, HEALTH_OK):
-                streak = self._good_streak.get(key, 0) + 1
-                self._good_streak[key] = streak
+                assert prev_track is not None
+                streak = prev_track.streak + 1
                 if streak < need:
                     rec.health = prev
                     rec.findings.append(
@@ -552,29 +564,75 @@ class Patroller:
                             threshold=need,
                         )
                     )
-            else:
-                self._good_streak[key] = 0
+            track = _Tracked(ids, _card_name(rec), rec.health, streak, rec.uuid, rec.bus_id)
             if prev != rec.health:
-                changes.append(
-                    {
-                        "card": f"{rec.vendor}/{rec.index}"
-                        + (f"/{rec.chip}" if rec.chip is not None else ""),
-                        "from": prev,
-                        "to": rec.health,
-                    }
-                )
-            self._published[key] = rec.health
-        for key in list(self._published):
-            if key not in seen:
-                changes.append(
-                    {
-                        "card": "/".join(str(k) for k in key if k is not None),
-                        "from": self._published.pop(key),
-                        "to": None,
-                    }
-                )
-                self._good_streak.pop(key, None)
+                changes.append(track.change(prev, rec.health))
+            tracked.append(track)
+        for gone in remaining:
+            changes.append(gone.change(gone.health, None))
+        self._tracked = tracked
         return changes
+
+
+@dataclass(frozen=True)
+class _Tracked:
+    """The published verdict of one card across patrols (see ``_apply_recovery``)."""
+
+    ids: frozenset[tuple]
+    name: str
+    health: str
+    streak: int
+    uuid: str | None
+    bus_id: str | None
+
+    def change(self, before: str | None, after: str | None) -> dict[str, Any]:
+        """A ``changes`` entry: the card's name (``vendor/index[/chip]``), UUID and bus
+        id (null when never read), verdict before and after (null: not listed)."""
+        return {
+            "card": self.name,
+            "uuid": self.uuid,
+            "bus_id": self.bus_id,
+            "from": before,
+            "to": after,
+        }
+
+
+def _card_name(rec: CardRecord) -> str:
+    return f"{rec.vendor}/{rec.index}" + (f"/{rec.chip}" if rec.chip is not None else "")
+
+
+def _track_ids(rec: CardRecord) -> list[tuple]:
+    return [(rec.vendor, *i) for i in _identities(rec)]
+
+
+def _recover_identity(records: Sequence[CardRecord], previous: Sequence[CardRecord]) -> None:
+    """Complete the identity of a card that was not read whole (``read_ok`` false or an
+    error entry: a GPU lost before this NVML session read its identity, one that still
+    answers some identity calls, a damaged row) from the last patrol's read of the same
+    card: UUID, serial, bus id, model, card type and GRES where missing.
+
+    The same card is the one sharing its UUID, serial or bus id; for a card read
+    without any of them, the one at the same position (vendor, index, chip), unless
+    that card is listed elsewhere in this patrol (the enumeration moved). The position
+    is used for nothing else."""
+    claimed = {i for r in records for i in _identities(r) if i[0] != "key"}
+    by_position = {r.key: r for r in previous}
+    by_identity = {i: r for r in previous for i in _identities(r) if i[0] != "key"}
+    for rec in records:
+        if rec.read_ok and not rec.errors:
+            continue
+        ids = [i for i in _identities(rec) if i[0] != "key"]
+        if ids:
+            before = next((by_identity[i] for i in ids if i in by_identity), None)
+        else:
+            before = by_position.get(rec.key)
+            if before is not None and claimed.intersection(_identities(before)):
+                before = None
+        if before is None or not (before.uuid or before.serial or before.bus_id):
+            continue
+        for name in ("uuid", "serial", "bus_id", "model", "card_type", "gres"):
+            if getattr(rec, name) is None:
+                setattr(rec, name, getattr(before, name))
 
 
 def _encode(obj: dict[str, Any]) -> str:

@@ -14,6 +14,14 @@ cgroup layouts Slurm uses::
     26.05+    0::/system.slice/slurmstepd.scope/<SLUID>/step_0/...     (unless
               CgroupJobIdPaths=yes; a SLUID looks like ``s5K1KKYAYG5D00``)
 
+Not attributed (``user`` and ``job_id`` stay ``None``): pid 0 and 1 and kernel threads
+(``Kthread: 1`` in ``status``, Linux 6.4+, or a parent pid of 2, ``kthreadd``). No
+vendor tool on the host names init or a kernel thread as a card's user; such a pid
+comes from another pid namespace (a tool answering inside a container), and crediting
+root (init's owner) with that card memory would be a false attribution. A root
+process outside any job (``nvidia-persistenced``, a root daemon) keeps ``user``
+``root`` and no job: its real owner, and no user's job usage.
+
 A numeric job id wins: with the SLUID form the job id comes from ``SLURM_JOB_ID`` when
 the environment is readable, else the SLUID itself is the ``job_id``. A process that
 exited, or whose files cannot be read, keeps its pid with ``user``/``job_id`` ``None``;
@@ -39,6 +47,18 @@ _CGROUP_V1_JOB_RE = re.compile(r"/slurm(?:_[^/]*)?/uid_\d+/job_(\d+)(?:/|$)")
 _CGROUP_SLUID_RE = re.compile(_SCOPE + r"(s[0-9A-Za-z]{8,})(?:/|$)")
 _ENV_JOB_RE = re.compile(rb"(?:^|\x00)SLURM_JOB_ID=([0-9]+)(?:\x00|$)")
 _UID_RE = re.compile(r"^Uid:\s+(\d+)", re.MULTILINE)
+_PPID_RE = re.compile(r"^PPid:\s+(\d+)", re.MULTILINE)
+_KTHREAD_RE = re.compile(r"^Kthread:\s+1\s*$", re.MULTILINE)
+#: kthreadd, the parent of every kernel thread
+_KTHREADD_PID = 2
+
+
+def is_kernel_thread(pid: int, status: str) -> bool:
+    """True for kthreadd and its children, from the text of ``/proc/<pid>/status``."""
+    if pid == _KTHREADD_PID or _KTHREAD_RE.search(status):
+        return True
+    m = _PPID_RE.search(status)
+    return m is not None and int(m.group(1)) == _KTHREADD_PID
 
 
 def job_from_cgroup(text: str) -> str | None:
@@ -82,9 +102,14 @@ def _read_text(path: Path) -> str | None:
 
 
 def lookup(pid: int, proc_root: Path | None = None) -> tuple[str | None, str | None]:
-    """(user, job_id) of a local pid; (None, None) when it has exited or is unreadable."""
+    """(user, job_id) of a local pid; (None, None) when it has exited or is unreadable,
+    and for pid 0/1 and kernel threads (never a card user's process, see the module)."""
+    if pid <= 1:
+        return None, None
     base = (proc_root or PROC_ROOT) / str(pid)
     status = _read_text(base / "status")
+    if status is not None and is_kernel_thread(pid, status):
+        return None, None
     user = user_from_status(status) if status is not None else None
     cgroup = _read_text(base / "cgroup")
     job = job_from_cgroup(cgroup) if cgroup is not None else None

@@ -1004,3 +1004,72 @@ def test_an_npu_named_only_by_the_process_table_lost_its_device_rows() -> None:
     assert info.problems == [
         "NPU 5 in the process table but not in the device table: its rows were lost"
     ]
+
+
+@pytest.mark.parametrize(
+    ("cell", "used_mib", "total_mib", "reason"),
+    [
+        ("NA / NA", None, None, "'NA/NA': used and total not reported"),
+        ("N/A / 65536", None, 65536, "'N/A/65536': used not reported"),
+        ("3408 / NA", 3408, None, "'3408/NA': total not reported"),
+    ],
+)
+def test_an_hbm_cell_saying_na_nulls_only_that_value(tmp_path, cell, used_mib, total_mib, reason):
+    """NPU 2's HBM-Usage cell of the sick-mixed table (41052 / 65536 MB) as a driver
+    prints it when it cannot say: the chip is read, every other value kept, only the
+    memory value is null with the reason; the node is not unknown because of it."""
+    import shutil
+    from dataclasses import replace
+
+    from conftest import NODES
+
+    from hetpatrol.config import load_config
+    from hetpatrol.patrol import Patroller
+
+    node = tmp_path / "node"
+    node.mkdir()
+    text = (NODES / "sick-mixed" / "npu-smi-info.txt").read_text()
+    row = (
+        "| 0                         | 0000:81:00.0  "
+        "| 0           0    / 0          41052/ 65536         |"
+    )
+    assert row in text
+    (node / "npu-smi-info.txt").write_text(text.replace(row, row.replace("41052/ 65536", cell)))
+    shutil.copy(NODES / "sick-mixed" / "scenario.yaml", node / "scenario.yaml")
+    config = replace(load_config(), node="n", collectors=load_config().collectors[1:])
+    patroller = Patroller(config, replay_dir=node)
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    npu2 = report.cards[2]
+    assert (npu2.index, npu2.read_ok, npu2.health) == (2, True, "ok")
+    assert (npu2.temperature_celsius, npu2.power_watts, npu2.bus_id) == (32, 92.3, "0000:81:00.0")
+    assert npu2.memory_used_bytes == (None if used_mib is None else used_mib * MIB)
+    assert npu2.memory_total_bytes == (None if total_mib is None else total_mib * MIB)
+    assert npu2.errors == [{"source": "npu-smi info HBM-Usage(MB)", "error": reason}]
+    assert [f.check for f in npu2.findings] == []
+    # the node's verdict comes from NPU 5's Alarm (critical), not from an unknown chip
+    assert report.health == "critical"
+    assert [c.health for c in report.cards].count("unknown") == 0
+    assert report.collectors[0].error is None
+
+
+def test_a_ddr_memory_cell_saying_na_nulls_only_that_value():
+    """The 310P3 sample (Memory-Usage 1904 / 44213 MB, no HBM column) with that cell
+    ``NA / NA``: chip read, memory null with the reason."""
+    from conftest import samples_dir
+
+    text = (
+        samples_dir("ascend") / "npu-smi-info_310P3_1card_cardid32896_PowerNA_v25.5.2.txt"
+    ).read_text()
+    assert "1904 / 44213" in text
+    info = parse_npu_smi_info(text.replace("1904 / 44213", "NA   / NA   "))
+    assert info.problems == []
+    (rec,) = AscendCollector.records_from(info)
+    assert (rec.read_ok, rec.temperature_celsius, rec.bus_id) == (True, 54, "0000:00:00.0")
+    assert (rec.memory_used_bytes, rec.memory_total_bytes) == (None, None)
+    assert {
+        "source": "npu-smi info Memory-Usage(MB)",
+        "error": "'NA/NA': used and total not reported",
+    } in rec.errors

@@ -96,9 +96,17 @@ def test_recovery_needs_consecutive_good_patrols(base_config):
     assert r2.cards[0].findings[0].check == "recovering"
     assert r2.cards[0].findings[0].message.startswith("good for 1 of 3")
     changes = [json.loads(r.patrol_line)["changes"] for r in (r1, r2, r3, r4)]
-    assert changes[0][-1] == {"card": "ascend/0/0", "from": None, "to": "critical"}
+    assert changes[0][-1] == {
+        "card": "ascend/0/0",
+        "uuid": None,
+        "bus_id": None,
+        "from": None,
+        "to": "critical",
+    }
     assert changes[1] == [] and changes[2] == []
-    assert changes[3] == [{"card": "ascend/0/0", "from": "critical", "to": "ok"}]
+    assert changes[3] == [
+        {"card": "ascend/0/0", "uuid": None, "bus_id": None, "from": "critical", "to": "ok"}
+    ]
 
 
 def test_flapping_card_does_not_flap(base_config):
@@ -118,7 +126,13 @@ def test_vanished_card_is_a_change(base_config):
     p.run()
     c.temps = [40.0]
     report = p.run()
-    assert {"card": "ascend/1/0", "from": "ok", "to": None} in report.changes
+    assert {
+        "card": "ascend/1/0",
+        "uuid": None,
+        "bus_id": None,
+        "from": "ok",
+        "to": None,
+    } in report.changes
 
 
 def test_a_patrol_that_finds_no_card_is_not_ok(base_config, tmp_path):
@@ -177,3 +191,81 @@ def test_an_npu_gone_from_npu_smi_is_a_card_missing_finding(tmp_path):
         assert (report.node_findings, len(report.cards)) == ((), 8)
     finally:
         patroller.close()
+
+
+class _ByUuid(Scripted):
+    """GPUs with UUIDs; ``cards`` lists (uuid, temperature) in enumeration order."""
+
+    def __init__(self):
+        super().__init__(vendor="nvidia")
+        self.cards = [("GPU-a", 40.0), ("GPU-b", 40.0), ("GPU-c", 40.0)]
+
+    def collect(self):
+        from hetpatrol.collector import STATE_OK, CollectResult
+        from hetpatrol.schema import CardRecord
+
+        recs = [
+            CardRecord(
+                vendor="nvidia",
+                index=i,
+                uuid=uuid,
+                model="NVIDIA A100-SXM4-80GB",
+                card_type="a100",
+                temperature_celsius=t,
+            )
+            for i, (uuid, t) in enumerate(self.cards)
+        ]
+        return CollectResult(self.name, recs, STATE_OK)
+
+
+def test_recovery_hold_and_changes_follow_the_uuid_not_the_index(base_config):
+    """GPU-a is critical (95 C), then drops out of the enumeration: GPU-b moves to index
+    0 and GPU-c to index 1. GPU-b keeps its own ok verdict (no hold inherited from
+    index 0), and the change list names GPU-a going, not ``nvidia/2``."""
+    c = _ByUuid()
+    c.cards[0] = ("GPU-a", 95.0)
+    p = make_patroller(base_config, {"nvidia": c}, recovery=3)
+    assert [r.health for r in p.run().cards] == ["critical", "ok", "ok"]
+    c.cards = [("GPU-b", 40.0), ("GPU-c", 40.0)]
+    report = p.run()
+    assert [(r.uuid, r.health) for r in report.cards] == [("GPU-b", "ok"), ("GPU-c", "ok")]
+    assert report.changes == (
+        {"card": "nvidia/0", "uuid": "GPU-a", "bus_id": None, "from": "critical", "to": None},
+    )
+    assert [(f.check, f.severity) for f in report.node_findings] == [("card_missing", "critical")]
+
+
+def test_a_card_read_in_part_gets_the_rest_of_its_identity_by_uuid(base_config):
+    """GPU-b answers its UUID but nothing else (an error entry) after the enumeration
+    moved it from index 1 to 0: its bus id and model come from the read of GPU-b, not
+    from whatever card was at index 0 before."""
+    from hetpatrol.collector import STATE_OK, CollectResult
+
+    class Partial(_ByUuid):
+        def collect(self):
+            self.calls += 1
+            result = super().collect()
+            for i, rec in enumerate(result.records):
+                rec.bus_id = f"0000:0{i + 1}:00.0" if self.calls == 1 else None
+                if self.calls > 1:
+                    rec.model = rec.card_type = rec.temperature_celsius = None
+                    rec.add_error("nvmlDeviceGetPciInfo", "GpuIsLost")
+            return CollectResult(self.name, result.records, STATE_OK)
+
+    c = Partial()
+    p = make_patroller(base_config, {"nvidia": c})
+    first = p.run()
+    assert [(r.uuid, r.bus_id) for r in first.cards] == [
+        ("GPU-a", "0000:01:00.0"),
+        ("GPU-b", "0000:02:00.0"),
+        ("GPU-c", "0000:03:00.0"),
+    ]
+    c.cards = [("GPU-b", 40.0)]
+    (rec,) = p.run().cards
+    assert (rec.index, rec.uuid, rec.bus_id, rec.model, rec.card_type) == (
+        0,
+        "GPU-b",
+        "0000:02:00.0",
+        "NVIDIA A100-SXM4-80GB",
+        "a100",
+    )

@@ -143,3 +143,33 @@ def test_process_memory_metric_is_bounded_per_card():
     }
     assert all(s.labels["uuid"] == "GPU-1" for s in fam.samples)
     assert fam.name == "hetpatrol_card_process_memory_bytes"
+
+
+def test_init_and_kernel_threads_are_never_attributed(tmp_path):
+    """pid 1 (init, owned by root), kthreadd (pid 2) and a kernel thread (PPid 2, or
+    ``Kthread: 1``) get no user and no job: a tool naming them answers from another pid
+    namespace, and root's init is no one's card usage. A root daemon outside any job
+    (pid 900) keeps user root and no job."""
+    make_proc(tmp_path, 1, "0::/init.scope\n")
+    make_proc(tmp_path, 2, "0::/\n")
+    for pid, extra in ((57, "PPid:\t2\n"), (58, "PPid:\t0\nKthread:\t1\n")):
+        make_proc(tmp_path, pid, "0::/\n")
+        status = tmp_path / str(pid) / "status"
+        status.write_text(status.read_text() + extra)
+    make_proc(tmp_path, 900, "0::/system.slice/nvidia-persistenced.service\n")
+    make_proc(
+        tmp_path, 4242, "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n", uid=0
+    )
+    procs = [ProcessInfo(pid=p, memory_bytes=1 << 20) for p in (1, 2, 57, 58, 900, 4242)]
+    enrich(procs, tmp_path)
+    assert [(p.pid, p.user, p.job_id) for p in procs] == [
+        (1, None, None),
+        (2, None, None),
+        (57, None, None),
+        (58, None, None),
+        (900, ROOT_NAME, None),
+        (4242, ROOT_NAME, "4242"),
+    ]
+    # the real /proc of this host: init and kthreadd are not attributed either
+    assert lookup(1) == (None, None)
+    assert lookup(2) == (None, None)

@@ -242,6 +242,21 @@ def test_verdicts_of_the_sick_node(fleet):
     assert float(code[0]["value"][1]) == 2
 
 
+def test_absent_labels_are_selected_by_an_empty_matcher(fleet):
+    """The documented rule: an absent value leaves its label out, and Prometheus selects
+    it with ``label=""``. On the sick node GPU 3 was lost before its first read (no
+    UUID, no card type); no GPU has a chip."""
+    sick = fleet.instance("sick-mixed")
+    lost = fleet.query(f'hetpatrol_card_health_code{{instance="{sick}",vendor="nvidia",uuid=""}}')
+    assert [(s["metric"]["index"], float(s["value"][1])) for s in lost] == [("3", 2.0)]
+    assert "card_type" not in lost[0]["metric"] and "uuid" not in lost[0]["metric"]
+    gpus = fleet.query(f'hetpatrol_card_health_code{{instance="{sick}",vendor="nvidia",chip=""}}')
+    assert sorted(s["metric"]["index"] for s in gpus) == ["0", "1", "2", "3"]
+    # its process list was never read: no process series for it
+    procs = fleet.query(f'hetpatrol_card_processes{{instance="{sick}",vendor="nvidia"}}')
+    assert sorted(s["metric"]["index"] for s in procs) == ["0", "1", "2"]
+
+
 def test_liveness_series_for_every_target(fleet):
     for name in ("hetpatrol_up", "hetpatrol_patrol_ready", "hetpatrol_patrol_interval_seconds"):
         found = {s["metric"]["instance"]: float(s["value"][1]) for s in fleet.query(name)}

@@ -116,6 +116,38 @@ def test_daemon_counts_a_fifo_state_path_as_a_write_error_and_keeps_patrolling(t
     assert read_state(fresh)["seq"] == 1
 
 
+def test_state_file_and_jsonl_log_have_one_mode_the_textfile_stays_world_readable(tmp_path):
+    """Both name the user and Slurm job of each process on a card: 0640, whatever the
+    umask (a permissive 0000 included). The node_exporter textfile is read by another
+    user: 0644 (what it carries is governed by ``metrics_user_labels``)."""
+    state_path = tmp_path / "state" / "state.json"
+    daemon = Daemon(
+        load_config(),
+        replay_dir=NODES / "healthy-mixed",
+        overrides={
+            "listen": "127.0.0.1:0",
+            "jsonl_path": tmp_path / "log" / "patrol.jsonl",
+            "state_path": state_path,
+            "textfile_path": tmp_path / "textfile" / "hetpatrol.prom",
+        },
+    )
+    old = os.umask(0)
+    try:
+        daemon.patrol_once()
+    finally:
+        os.umask(old)
+        daemon.shutdown()
+    modes = {
+        name: stat.S_IMODE(os.stat(path).st_mode)
+        for name, path in (
+            ("state", state_path),
+            ("jsonl", tmp_path / "log" / "patrol.jsonl"),
+            ("textfile", tmp_path / "textfile" / "hetpatrol.prom"),
+        )
+    }
+    assert modes == {"state": 0o640, "jsonl": 0o640, "textfile": 0o644}
+
+
 # ------------------------------------------------------------------------------- reads
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import structlog
 
+from hetpatrol.exporters import PRIVATE_FILE_MODE
 from hetpatrol.exporters.failures import WriteFailures
 
 log = structlog.get_logger("hetpatrol.jsonl")
@@ -98,7 +99,7 @@ class JsonlSink:
             log.warning("jsonl_torn_tail_repaired", path=str(self.path), bytes_removed=removed)
         # O_NONBLOCK: a FIFO (or device) put at the path must not block the daemon
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
-        fd = os.open(self.path, flags, 0o640)
+        fd = os.open(self.path, flags, PRIVATE_FILE_MODE)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)

@@ -5,6 +5,13 @@ the last :class:`~hetpatrol.patrol.PatrolReport` (vendor tools can take seconds;
 must not). Names follow Prometheus conventions: prefix ``hetpatrol_``, base units,
 ``_total`` only on counters, identity in ``hetpatrol_card_info``. Per-card series carry
 the labels ``vendor``, ``card_type``, ``index``, ``chip``, ``uuid`` only.
+
+Absent values: a label whose value is unknown or does not apply (``chip`` of a GPU,
+``uuid`` of a card never read, ``user`` of a process that exited) is left out of the
+series, never written as ``""`` nor as a made-up word. Prometheus treats an empty label
+value as no label at all, so ``{chip=""}`` selectors keep working
+(https://prometheus.io/docs/concepts/data_model/: "Labels with an empty label value are
+considered equivalent to labels that do not exist").
 """
 
 from __future__ import annotations
@@ -43,6 +50,22 @@ def card_labels(rec: CardRecord) -> list[str]:
         "" if rec.chip is None else str(rec.chip),
         rec.uuid or "",
     ]
+
+
+#: vendor_health markers after which the NVIDIA collector stops reading a GPU: its
+#: process list was never asked for (see hetpatrol.collectors.nvidia)
+_READ_STOPPED = frozenset({"gpu_is_lost", "reset_required"})
+
+
+def processes_read(rec: CardRecord) -> bool:
+    """True when the card's process list was read in this patrol: the card was read
+    (``read_ok``), not given up on (GPU lost, reset required) and no error entry names
+    the process query (``nvmlDeviceGetComputeRunningProcesses``, ``npu-smi info
+    processes``). Otherwise no process series is exported: an empty list there is no
+    proof of an idle card."""
+    if not rec.read_ok or rec.vendor_health in _READ_STOPPED:
+        return False
+    return not any("process" in e.get("source", "").lower() for e in rec.errors)
 
 
 @dataclass
@@ -114,9 +137,35 @@ _CARD_FLAGS: tuple[tuple[str, str, str], ...] = (
 
 
 def report_metrics(
-    report: PatrolReport | None, stats: ExporterStats, collectors: Sequence[str], patrols_total: int
+    report: PatrolReport | None,
+    stats: ExporterStats,
+    collectors: Sequence[str],
+    patrols_total: int,
+    *,
+    user_labels: bool = True,
 ) -> Iterator[Metric]:
-    """Every metric family for one report (``None`` before the first patrol)."""
+    """Every metric family for one report (``None`` before the first patrol), with the
+    labels of absent values left out (see the module docstring). ``user_labels``
+    false: no ``user`` / ``slurm_job`` labels (config ``metrics_user_labels``)."""
+    for family in _report_metrics(report, stats, collectors, patrols_total, user_labels):
+        yield without_empty_labels(family)
+
+
+def without_empty_labels(family: Metric) -> Metric:
+    """``family`` with every label whose value is ``""`` removed from its samples."""
+    family.samples = [
+        s._replace(labels={k: v for k, v in s.labels.items() if v != ""}) for s in family.samples
+    ]
+    return family
+
+
+def _report_metrics(
+    report: PatrolReport | None,
+    stats: ExporterStats,
+    collectors: Sequence[str],
+    patrols_total: int,
+    user_labels: bool,
+) -> Iterator[Metric]:
     up = GaugeMetricFamily("hetpatrol_up", "1 while the hetpatrol daemon runs.")
     up.add_metric([], 1)
     yield up
@@ -193,7 +242,7 @@ def report_metrics(
         node_find.add_metric([check, severity], 1)
     yield from (last, dur, node_code, node_find)
     yield from _card_metrics(report.cards)
-    yield process_memory_metric(report.cards)
+    yield process_memory_metric(report.cards, user_labels=user_labels)
     yield from _gres_metrics(report.node_checks.get("gres"))
     yield from deep_metrics(report)  # XIDs, kernel log, NVLink / RoCE links
 
@@ -290,7 +339,7 @@ def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Metric]:
         ):
             if value is not None:
                 ecc.add_metric([*labels, kind], value)
-        if rec.read_ok:
+        if processes_read(rec):
             procs.add_metric(labels, len(rec.processes))
         for check, severity in dict.fromkeys((f.check, f.severity) for f in rec.findings):
             finding.add_metric([*labels, check, severity], 1)
@@ -312,15 +361,28 @@ PROCESS_SERIES_PER_CARD = 5
 
 
 def process_memory_metric(
-    cards: Sequence[CardRecord], top_n: int = PROCESS_SERIES_PER_CARD
+    cards: Sequence[CardRecord], top_n: int = PROCESS_SERIES_PER_CARD, *, user_labels: bool = True
 ) -> GaugeMetricFamily:
     """Card memory held per (Slurm job, user), cardinality bounded per card.
 
     The label is ``slurm_job``, not ``job`` (Prometheus' own target label). Processes
-    outside a job have ``slurm_job=""``, an unknown user ``user=""``; processes whose
+    outside a job get no ``slurm_job`` label, an unknown user no ``user`` label (their
+    value is ``""`` here, dropped by :func:`without_empty_labels`); processes whose
     memory the vendor does not report are left out (they count in
-    ``hetpatrol_card_processes``).
+    ``hetpatrol_card_processes``). ``user_labels`` false: one series per card with the
+    memory of all its processes, no ``user``/``slurm_job`` labels.
     """
+    if not user_labels:
+        fam = GaugeMetricFamily(
+            "hetpatrol_card_process_memory_bytes",
+            "Card memory held by processes (user and Slurm job labels switched off).",
+            labels=list(CARD_LABELS),
+        )
+        for rec in cards:
+            known = [p.memory_bytes for p in rec.processes if p.memory_bytes is not None]
+            if processes_read(rec) and known:
+                fam.add_metric(card_labels(rec), sum(known))
+        return fam
     fam = GaugeMetricFamily(
         "hetpatrol_card_process_memory_bytes",
         f"Card memory held by processes per Slurm job and user (top {top_n} per card, "
@@ -328,7 +390,7 @@ def process_memory_metric(
         labels=[*CARD_LABELS, "slurm_job", "user"],
     )
     for rec in cards:
-        if not rec.read_ok:
+        if not processes_read(rec):
             continue
         totals: dict[tuple[str, str], int] = {}
         for proc in rec.processes:
@@ -380,16 +442,30 @@ class _ReportCollector:
         self.stats = ExporterStats()
         self.collectors: Sequence[str] = ()
         self.patrols_total = 0
+        self.user_labels = True
 
     def collect(self) -> Iterator[Metric]:
-        return report_metrics(self.report, self.stats, self.collectors, self.patrols_total)
+        return report_metrics(
+            self.report,
+            self.stats,
+            self.collectors,
+            self.patrols_total,
+            user_labels=self.user_labels,
+        )
 
 
 class Exposition:
     """Holds the rendered exposition text of the last report (thread-safe swap)."""
 
-    def __init__(self, collectors: Sequence[str] = (), stats: ExporterStats | None = None):
+    def __init__(
+        self,
+        collectors: Sequence[str] = (),
+        stats: ExporterStats | None = None,
+        *,
+        user_labels: bool = True,
+    ):
         self._source = _ReportCollector()
+        self._source.user_labels = user_labels
         self._source.collectors = tuple(collectors)
         if stats is not None:
             self._source.stats = stats
@@ -401,6 +477,15 @@ class Exposition:
     @property
     def stats(self) -> ExporterStats:
         return self._source.stats
+
+    @property
+    def user_labels(self) -> bool:
+        """Whether ``user``/``slurm_job`` labels are rendered (from the next update)."""
+        return self._source.user_labels
+
+    @user_labels.setter
+    def user_labels(self, on: bool) -> None:
+        self._source.user_labels = on
 
     def update(self, report: PatrolReport | None, patrols_total: int | None = None) -> bytes:
         """Render ``report`` once; later scrapes get these bytes. Returns them."""

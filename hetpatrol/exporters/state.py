@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hetpatrol.exporters import PRIVATE_FILE_MODE
+
 if TYPE_CHECKING:  # `check` and `status` import this module: keep them light
     from hetpatrol.patrol import PatrolReport
 
@@ -60,8 +62,12 @@ def _sweep_stale_temps(path: Path) -> None:
     _swept.add(path)
 
 
-def write_atomic(path: Path, data: bytes, *, make_parents: bool = False) -> None:
+def write_atomic(path: Path, data: bytes, *, make_parents: bool = False, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` via a temporary file and ``rename`` (atomic on POSIX).
+
+    The file gets ``mode`` whatever the umask: 0644 by default (the node_exporter
+    textfile, read by another user), :data:`~hetpatrol.exporters.PRIVATE_FILE_MODE` for
+    the state file.
 
     Only a regular file (or nothing) at ``path`` is replaced: a device, FIFO, socket or
     directory there (also behind a symlink) raises ``OSError`` (EEXIST) and is left
@@ -84,7 +90,7 @@ def write_atomic(path: Path, data: bytes, *, make_parents: bool = False) -> None
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -95,9 +101,16 @@ def write_atomic(path: Path, data: bytes, *, make_parents: bool = False) -> None
 
 
 def write_state(path: Path, report: PatrolReport, interval_seconds: float) -> None:
-    """Write the state document of ``report`` to ``path`` atomically. Raises OSError."""
+    """Write the state document of ``report`` to ``path`` atomically, mode
+    :data:`~hetpatrol.exporters.PRIVATE_FILE_MODE` like the JSONL log: it holds the same
+    per-process users and Slurm jobs. Raises OSError."""
     doc = state_document(report, interval_seconds)
-    write_atomic(path, json.dumps(doc, separators=(",", ":")).encode() + b"\n", make_parents=True)
+    write_atomic(
+        path,
+        json.dumps(doc, separators=(",", ":")).encode() + b"\n",
+        make_parents=True,
+        mode=PRIVATE_FILE_MODE,
+    )
 
 
 #: Most bytes a state file may have (a real one is tens of KB).
