@@ -233,7 +233,7 @@ def test_status_and_check_agree_on_a_forged_state_file(tmp_path, capsys, case, e
     assert check(path)[0] == expected
     code, out, _ = _status(capsys, "--state-path", str(path), "--color", "never")
     assert code == expected
-    assert out.splitlines()[0] == f"node n1: {when}"
+    assert out.splitlines()[0] == f"node n1  {when}"
     code, out, _ = _status(capsys, "--state-path", str(path), "--json")
     assert code == expected
     shown = json.loads(out)
