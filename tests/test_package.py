@@ -247,6 +247,17 @@ def test_venv_names_no_build_path_and_links_debians_python(built):
         assert first == f"#!{PREFIX}/bin/python", script
 
 
+@pytest.mark.slow
+def test_packaged_rules_pass_their_promtool_tests(built):
+    promtool = require_program("promtool", package="prometheus")
+    tests = built.root / "usr/share/hetpatrol/prometheus/tests/hetpatrol-rules.test.yml"
+    res = subprocess.run(
+        [promtool, "test", "rules", tests.name], capture_output=True, text=True, cwd=tests.parent
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout + res.stderr
+
+
 # ---------------------------------------------------------------------------- lintian
 @pytest.mark.slow
 def test_lintian_finds_no_error(built):
