@@ -19,6 +19,10 @@ installs dpkg-dev, debhelper, build-essential, python3-venv and lintian).
 
 from __future__ import annotations
 
+import base64
+import csv
+import hashlib
+import io
 import os
 import re
 import shutil
@@ -245,6 +249,28 @@ def test_venv_names_no_build_path_and_links_debians_python(built):
     for script in ("hetpatrol", "hetpatrol-scontrol"):
         first = (venv / "bin" / script).read_text().splitlines()[0]
         assert first == f"#!{PREFIX}/bin/python", script
+
+
+@pytest.mark.slow
+def test_no_file_names_the_build_directory_and_records_match(built):
+    """What makes two builds of one commit in two directories the same .deb (checked by
+    hand: identical sha256): no file keeps the build path, and every RECORD hash (pip's
+    list of installed files) is that of the file as shipped, relocated scripts included."""
+    build_dir = str(built.deb.parent).encode()
+    for path in built.root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert build_dir not in path.read_bytes(), path
+    site = next((built.root / PREFIX.lstrip("/")).glob("lib/python3.*/site-packages"))
+    checked = 0
+    for record in site.glob("*.dist-info/RECORD"):
+        for name, digest, size in csv.reader(io.StringIO(record.read_text())):
+            if not digest:
+                continue  # RECORD itself, and files pip lists without a hash
+            data = (site / name).read_bytes()
+            want = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            assert (digest, int(size)) == (f"sha256={want.decode()}", len(data)), name
+            checked += 1
+    assert checked > 100
 
 
 @pytest.mark.slow
