@@ -116,7 +116,7 @@ def test_malformed_entries_are_dropped():
     }
     back = Escalation.from_dict(doc, T0 + 10)
     assert back.to_dict()["cards"] == {
-        GPU: {"events": {"xid:48": [T0]}, "escalated": {}, "conditions": {}}
+        GPU: {"events": {"xid:48": [T0]}, "escalated": {}, "conditions": {}, "present": []}
     }
 
 

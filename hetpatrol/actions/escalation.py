@@ -238,6 +238,8 @@ class _Card:
     escalated: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: condition key -> {"since": t, "absent_since": t | None}
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: keys of frequency rules present at the last :meth:`Escalation.observe_present`
+    present: list[str] = field(default_factory=list)
 
 
 def _finite(x: Any) -> float | None:
@@ -322,6 +324,32 @@ class Escalation:
             if now - cond["absent_since"] >= recover:
                 del card.conditions[key]
 
+    def observe_present(self, identity: str, keys: Iterable[str], now: float) -> list[str]:
+        """One patrol's state keys on card ``identity`` (``check:<name>`` of its findings,
+        ``ascend:<code>`` of the npu-smi health codes, ``ascend_level:<level>``).
+
+        Feeds the duration rules (:meth:`observe_conditions`), and counts a key of a
+        frequency rule as one occurrence at ``now`` when it was not present at the
+        previous call: a code that stays up for many patrols is one fault, one that
+        clears and comes back is two (MindCluster counts fault occurrences, not polls).
+        Returns the keys counted."""
+        keys = set(keys)
+        self.observe_conditions(identity, keys, now)
+        freq = {k for r in self.rules.frequency for k in r.keys}
+        card = self._cards.get(identity)
+        before = set(card.present) if card is not None else set()
+        counted = []
+        for key in sorted((keys & freq) - before):
+            if self.observe_event(identity, key, now, now):
+                counted.append(key)
+        now_present = sorted(keys & freq)
+        card = self._cards.get(identity)
+        if card is None and now_present:
+            card = self._cards.setdefault(identity, _Card())
+        if card is not None:
+            card.present = now_present
+        return counted
+
     def clear(self, identity: str, rule_name: str | None = None) -> None:
         """An operator released the card: forget one rule's escalation (or all, with its
         counts) for ``identity``."""
@@ -354,7 +382,7 @@ class Escalation:
                     and now - card.escalated[name]["last"] >= rule.release_seconds
                 ):
                     del card.escalated[name]
-            if not (card.events or card.escalated or card.conditions):
+            if not (card.events or card.escalated or card.conditions or card.present):
                 del self._cards[identity]
 
     def actions(self, identity: str, now: float) -> list[ActionVerdict]:
@@ -404,7 +432,7 @@ class Escalation:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready state: ``{"schema", "cards": {identity: {"events": {key: [t]},
         "escalated": {rule: {since, last, action}}, "conditions": {key: {since,
-        absent_since}}}}}``."""
+        absent_since}}, "present": [key]}}}``."""
         return {
             "schema": STATE_SCHEMA,
             "cards": {
@@ -412,6 +440,7 @@ class Escalation:
                     "events": {k: list(v) for k, v in sorted(c.events.items())},
                     "escalated": {k: dict(v) for k, v in sorted(c.escalated.items())},
                     "conditions": {k: dict(v) for k, v in sorted(c.conditions.items())},
+                    "present": list(c.present),
                 }
                 for ident, c in sorted(self._cards.items())
             },
@@ -458,6 +487,9 @@ class Escalation:
                     absent = _finite(absent) if absent is not None else None
                     if since is not None:
                         card.conditions[key] = {"since": since, "absent_since": absent}
+            present = raw.get("present")
+            if isinstance(present, list):
+                card.present = sorted({k for k in present if isinstance(k, str)})
             esc._cards[ident] = card
         esc.decay(now)
         return esc
