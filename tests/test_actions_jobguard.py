@@ -322,3 +322,16 @@ def test_real_prolog_passes_good_cards_and_fails_a_bad_one(slurm_node, tmp_path)
         line = c.wait_for(lambda line: "drain" in line.split(" ")[1], what="node drained")
     assert "Prolog" in line or "prolog" in line, line  # Slurm's own reason on a failed Prolog
     c.run("scancel", "--user=root", check=False)
+
+
+def test_reason_carries_the_action_fields_the_daemon_wrote():
+    bad = card("nvidia", 3, "gpu", action="reboot_node")
+    bad.update(action_source="nvidia_xid", action_code="xid:79", action_reason="RESTART_BM")
+    cards = [card("nvidia", i, "gpu", action="none") for i in range(3)] + [bad]
+    cards.append(card("nvidia", 4, "gpu", action="isolate_card"))
+    d = decide(state(cards), Allocation({"gpu": frozenset({3})}), now=NOW)
+    assert d.reason == "hetpatrol: reboot_node nvidia/3 xid 79 RESTART_BM"
+    d = decide(state(cards), Allocation({"gpu": frozenset({3, 4})}), now=NOW)
+    assert d.reason == (
+        "hetpatrol: reboot_node nvidia/3 xid 79 RESTART_BM; also nvidia/4 isolate_card"
+    )

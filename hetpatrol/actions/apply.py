@@ -16,11 +16,13 @@ Standard library only.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetpatrol.actions import findings as finding_table
-from hetpatrol.actions.escalation import Escalation
 from hetpatrol.actions.vocabulary import NONE, ActionVerdict, worst_verdict
+
+if TYPE_CHECKING:  # the prolog imports this module: no dataclasses on its path
+    from hetpatrol.actions.escalation import Escalation
 
 _QUIET = {"ok", "info"}
 #: Slurm keeps a node reason of any length, but sinfo and scontrol show it on one line

@@ -59,7 +59,7 @@ Pure data and functions: standard library only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from hetpatrol.actions.nvml_recovery import recovery_action_from_text
 from hetpatrol.actions.vocabulary import (
@@ -270,8 +270,7 @@ _CATALOG = """
 """
 
 
-@dataclass(frozen=True)
-class CatalogRow:
+class CatalogRow(NamedTuple):
     """One row of the catalog's "Xids" sheet (see :data:`_CATALOG`)."""
 
     xid: int

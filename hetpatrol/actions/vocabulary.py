@@ -41,7 +41,7 @@ imports this module before every job).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 NONE = "none"
 WATCH = "watch"
@@ -114,15 +114,15 @@ def parse_action(text: object) -> str:
     return word
 
 
-@dataclass(frozen=True)
-class ActionVerdict:
+class ActionVerdict(NamedTuple):
     """One action with where it came from.
 
     ``action``: a word of :data:`ACTIONS`; ``source``: which table decided
     (``nvidia_xid``, ``nvml_recovery``, ``ascend_level``, ``finding``, ``override``,
     ``escalation``, ``unknown``); ``code``: the raw vendor code or check name it was
     looked up by (kept for unknown codes, so nothing is lost); ``reason``: one short
-    human sentence (the vendor bucket or level, the rule).
+    human sentence (the vendor bucket or level, the rule). A NamedTuple, not a
+    dataclass: ``dataclasses`` imports ``inspect``, milliseconds the prolog lacks.
     """
 
     action: str

@@ -46,15 +46,18 @@ import math
 import os
 import re
 import stat
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from hetpatrol.actions.apply import drain_reason
 from hetpatrol.actions.findings import card_action, finding_action
-from hetpatrol.actions.vocabulary import DEFAULT_DRAIN_ACTIONS, REBOOT_NODE, is_action
-from hetpatrol.slurm.gres import hostlist_contains, split_top
+from hetpatrol.actions.vocabulary import (
+    DEFAULT_DRAIN_ACTIONS,
+    REBOOT_NODE,
+    ActionVerdict,
+    is_action,
+)
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -95,8 +98,7 @@ def parse_index_list(text: str | None) -> frozenset[int] | None:
     return frozenset(out)
 
 
-@dataclass(frozen=True)
-class Allocation:
+class Allocation(NamedTuple):
     """The cards of one job on this node, as Slurm names them.
 
     ``by_gres``: GRES name (lower case) -> IDX numbers; ``uuids``: GPU UUIDs
@@ -104,7 +106,7 @@ class Allocation:
     from (``SLURM_JOB_GPUS``, ``scontrol`` ...); ``errors``: text that could not be read.
     """
 
-    by_gres: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    by_gres: Mapping[str, frozenset[int]] = {}  # never mutated
     uuids: frozenset[str] = frozenset()
     ascend_ids: frozenset[int] | None = None
     sources: tuple[str, ...] = ()
@@ -190,6 +192,8 @@ def parse_scontrol_job(text: str, node: str) -> Allocation:
     ``-o`` one-line output). Each ``Nodes=<host list> ... GRES=<items>`` segment whose
     host list holds ``node`` contributes its ``name...(IDX:list)`` items; a GRES name in
     a matching segment without IDX is recorded with no index. Never raises."""
+    from hetpatrol.slurm.gres import hostlist_contains, split_top  # scontrol path only
+
     by: dict[str, set[int]] = {}
     errors: list[str] = []
     text = text[:SCONTROL_MAX]
@@ -262,18 +266,22 @@ def card_name(card: Mapping[str, Any]) -> str:
     return name + (f"/{card['chip']}" if card.get("chip") is not None else "")
 
 
-def _action_of(item: Mapping[str, Any], findings: Sequence[Any] | None) -> tuple[str, str]:
-    """(action, why) of a card line or a node finding: its ``action`` field when the
-    daemon wrote one, else derived from its findings (Ascend codes unknown then)."""
+def _verdict_of(item: Mapping[str, Any], findings: Sequence[Any] | None) -> ActionVerdict:
+    """The action of a card line or a node finding: its ``action`` (and
+    ``action_source``/``action_code``/``action_reason``) fields when the daemon wrote
+    them, else derived from its findings (Ascend codes are unknown then: no YAML here)."""
     action = item.get("action")
     if is_action(action):
-        why = item.get("action_reason") or ""
-        return str(action), str(why)
+        code = item.get("action_code")
+        return ActionVerdict(
+            str(action),
+            str(item.get("action_source") or "state"),
+            str(code) if code else None,
+            str(item.get("action_reason") or ""),
+        )
     if findings is None:
-        verdict = finding_action(item, levels={})
-    else:
-        verdict = card_action([f for f in findings if isinstance(f, Mapping)], levels={})
-    return verdict.action, verdict.reason
+        return finding_action(item, levels={})
+    return card_action([f for f in findings if isinstance(f, Mapping)], levels={})
 
 
 def _sort_key(card: Mapping[str, Any]) -> tuple[int, int]:
@@ -319,8 +327,7 @@ def match_cards(
     return matched, missing
 
 
-@dataclass(frozen=True)
-class GuardDecision:
+class GuardDecision(NamedTuple):
     """``exit_code`` 0 (start the job) or 1 (fail: Slurm drains and requeues);
     ``reason``: one line, starting ``hetpatrol:`` when failing (the drain reason);
     ``cards``: the matched card names; ``unmatched``: allocation references with no card."""
@@ -337,13 +344,13 @@ class GuardDecision:
 
 def _bad_cards(
     cards: Sequence[Mapping[str, Any]], block_on: frozenset[str]
-) -> list[tuple[Mapping[str, Any], str, str]]:
+) -> list[tuple[Mapping[str, Any], ActionVerdict]]:
     out = []
     for card in cards:
         findings = card.get("findings")
-        action, why = _action_of(card, findings if isinstance(findings, list) else [])
-        if action in block_on:
-            out.append((card, action, why))
+        verdict = _verdict_of(card, findings if isinstance(findings, list) else [])
+        if verdict.action in block_on:
+            out.append((card, verdict))
     return out
 
 
@@ -359,7 +366,7 @@ def needs_scontrol(
     if not isinstance(doc, Mapping):
         return False
     cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
-    for card, _action, _why in _bad_cards(cards, block_on):
+    for card, _verdict in _bad_cards(cards, block_on):
         if not env_alloc.covers(str(card.get("gres") or "") or None, card.get("vendor")):
             return True
     return False
@@ -396,22 +403,25 @@ def decide(
     blocking = _bad_cards(held, block_on)
     if held and not blocking:
         # a node that needs a reboot takes no accelerator job, whichever card said so
-        node_items: list[tuple[str, str, str]] = []
-        for card, action, why in _bad_cards(cards, frozenset({REBOOT_NODE})):
-            node_items.append((card_name(card), action, why))
+        node_items: list[tuple[str, ActionVerdict]] = [
+            (card_name(card), verdict)
+            for card, verdict in _bad_cards(cards, frozenset({REBOOT_NODE}))
+        ]
         for f in doc.get("findings") or []:
             if isinstance(f, Mapping):
-                action, why = _action_of(f, None)
-                if action == REBOOT_NODE:
-                    node_items.append((f"node {f.get('check')}", action, why))
+                verdict = _verdict_of(f, None)
+                if verdict.action == REBOOT_NODE:
+                    node_items.append((f"node {f.get('check')}", verdict))
         if node_items:
-            where, action, why = node_items[0]
-            return GuardDecision(
-                EXIT_FAIL, f"hetpatrol: {action} {where} {why}".strip(), names, tuple(missing)
-            )
+            where, verdict = node_items[0]
+            return GuardDecision(EXIT_FAIL, drain_reason(where, verdict), names, tuple(missing))
     if blocking:
-        parts = [f"{a} {card_name(c)} {w}".strip() for c, a, w in blocking]
-        return GuardDecision(EXIT_FAIL, "hetpatrol: " + "; ".join(parts), names, tuple(missing))
+        card, verdict = blocking[0]
+        reason = drain_reason(card_name(card), verdict)
+        if len(blocking) > 1:
+            more = ", ".join(f"{card_name(c)} {v.action}" for c, v in blocking[1:])
+            reason = drain_reason(card_name(card), verdict, f"{verdict.reason}; also {more}")
+        return GuardDecision(EXIT_FAIL, reason, names, tuple(missing))
     held_text = ", ".join(names) or "none held"
     text = f"job cards ok: {held_text} (patrol {doc.get('seq')}, {age:.0f} s ago)"
     if missing:
@@ -445,6 +455,8 @@ Runner = Callable[[Sequence[str], float], str]
 def run_scontrol(argv: Sequence[str], timeout: float) -> str:
     """Run scontrol with a hard timeout; stdout text (at most :data:`SCONTROL_MAX`
     bytes). Raises OSError / subprocess.SubprocessError (timeout, non-zero exit)."""
+    import subprocess  # only when scontrol is needed: the common pass path skips it
+
     res = subprocess.run(
         list(argv), capture_output=True, timeout=timeout, check=True, stdin=subprocess.DEVNULL
     )
@@ -481,6 +493,8 @@ def guard(
             node = env.get("SLURMD_NODENAME") or str((doc or {}).get("node") or "")
             left = timeout - (time.monotonic() - start)
             if job and node and left > 0.05:
+                import subprocess
+
                 try:
                     text = runner([scontrol, "show", "job", "-d", str(job)], left)
                     alloc = alloc.merged(parse_scontrol_job(text, node))
