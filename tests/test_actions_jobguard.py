@@ -279,10 +279,10 @@ def _prolog_script(state_path: Path, out: Path, tmp_path: Path) -> str:
     py = tmp_path / "prolog.py"
     py.write_text(
         "import os, sys\n"
-        "from hetpatrol.slurm.jobguard import guard\n"
-        f"d = guard(os.environ, {str(state_path)!r}, scontrol={shutil.which('scontrol')!r})\n"
-        f"open({str(out)!r}, 'a').write(f'{{d.exit_code}} {{d.reason}}\\n')\n"
-        "sys.exit(d.exit_code)\n"
+        "from hetpatrol.slurm.jobguard import prolog_main\n"
+        f"w = lambda s: open({str(out)!r}, 'a').write(s)\n"
+        f"sys.exit(prolog_main(os.environ, {str(state_path)!r}, "
+        f"scontrol={shutil.which('scontrol')!r}, write=w))\n"
     )
     return f"#!/bin/sh\nexec {sys.executable} {py}\n"
 
@@ -299,7 +299,8 @@ def _wait_file(path: Path, timeout: float = 20.0) -> str:
 @pytest.mark.slurm
 def test_real_prolog_passes_good_cards_and_fails_a_bad_one(slurm_node, tmp_path):
     """slurmd runs the guard as Prolog; its env has no SLURM_JOB_GPUS here (fake
-    /dev files), so the guard asks scontrol for the IDX, and fails on GPU IDX 1."""
+    /dev files), so the guard asks scontrol for the IDX, and fails on GPU IDX 1, with
+    hetpatrol's reason on the drained node."""
     c = slurm_node
     out = tmp_path / "guard.out"
     state_path = tmp_path / "state.json"
@@ -311,16 +312,19 @@ def test_real_prolog_passes_good_cards_and_fails_a_bad_one(slurm_node, tmp_path)
         # a job on GPU IDX 0 only: passes (the bad card 1 is not the job's)
         job = c.run("sbatch", "--parsable", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "true")
         first = _wait_file(out)
-        assert first.startswith("0 job cards ok: nvidia/0"), first
+        assert first.startswith("job cards ok: nvidia/0"), first
         c.run("scontrol", "wait_job", job.stdout.strip().split(";")[0], check=False)
         c.wait_for(lambda line: line.split(" ")[1] == "idle", what="node idle")
         out.unlink()
         # two GPUs: IDX 0-1, and card 1 needs a reset -> the Prolog fails
         c.run("sbatch", "--gres=gpu:2", "-o", "/dev/null", "--wrap", "true")
         second = _wait_file(out)
-        assert second.strip() == "1 hetpatrol: reset_card nvidia/1", second
+        assert second.strip() == "hetpatrol: reset_card nvidia/1", second
         line = c.wait_for(lambda line: "drain" in line.split(" ")[1], what="node drained")
-    assert "Prolog" in line or "prolog" in line, line  # Slurm's own reason on a failed Prolog
+        # hetpatrol's reason, set by the Prolog before it failed, not "Prolog error"
+        assert c.reason().startswith("hetpatrol: reset_card nvidia/1"), line
+        queue = c.run("squeue", "-h", "-o", "%T %r").stdout
+        assert "requeued held" in queue, queue  # Slurm requeues (and holds) the job
     c.run("scancel", "--user=root", check=False)
 
 
@@ -335,3 +339,44 @@ def test_reason_carries_the_action_fields_the_daemon_wrote():
     assert d.reason == (
         "hetpatrol: reboot_node nvidia/3 xid 79 RESTART_BM; also nvidia/4 isolate_card"
     )
+
+
+def test_prolog_main_sets_the_drain_reason_then_fails(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state(NODE, finished=time.time())))
+    calls, lines = [], []
+
+    def runner(argv, timeout):
+        calls.append(list(argv))
+        return REAL_DETAIL if argv[1] == "show" else ""
+
+    env = {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "1"}
+    rc = jobguard.prolog_main(env, path, runner=runner, write=lines.append)
+    assert rc == 1
+    assert calls[-1] == [
+        "scontrol",
+        "update",
+        "NodeName=hp-gpu01",
+        "State=DRAIN",
+        "Reason=hetpatrol: reset_card nvidia/1",
+    ]
+    assert lines == ["hetpatrol: reset_card nvidia/1\n"]
+    calls.clear()
+    env["SLURM_JOB_GPUS"] = "0"
+    assert jobguard.prolog_main(env, path, runner=runner, write=lines.append) == 0
+    assert all(c[1] != "update" for c in calls)
+
+
+def test_prolog_main_hard_time_limit_lets_the_job_through(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state(NODE, finished=time.time())))
+
+    def stuck(argv, timeout):
+        time.sleep(10)  # a scontrol that ignores its timeout
+
+    lines = []
+    env = {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "hp-gpu01"}
+    t = time.monotonic()
+    rc = jobguard.prolog_main(env, path, runner=stuck, timeout=1.0, write=lines.append)
+    assert rc == 0 and time.monotonic() - t < 5
+    assert lines == ["hard time limit 1 s hit: job let through\n"]

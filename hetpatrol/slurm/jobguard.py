@@ -514,3 +514,79 @@ def job_card_names(doc: Mapping[str, Any], alloc: Allocation) -> list[str]:
     epilog`` patrols after the job."""
     cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
     return [card_name(c) for c in match_cards(cards, alloc)[0]]
+
+
+class _HardLimit(BaseException):  # noqa: N818 - not an error: the clock ran out
+    pass
+
+
+def prolog_main(
+    env: Mapping[str, str],
+    state_path: str | os.PathLike[str],
+    *,
+    block_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS,
+    max_age: float | None = None,
+    timeout: float = 5.0,
+    set_reason: bool = True,
+    scontrol: str = "scontrol",
+    runner: Runner = run_scontrol,
+    write: Callable[[str], object] | None = None,
+) -> int:
+    """The whole ``hetpatrol prolog``: :func:`guard` under a hard time limit, and on a
+    failure the node's drain reason set to hetpatrol's before exiting 1.
+
+    Slurm drains the node and requeues the job when the Prolog exits non-zero; its own
+    reason would be "Prolog error". Setting ``State=DRAIN Reason=<ours>`` first (the
+    Prolog runs as SlurmdUser, root) keeps hetpatrol's reason: checked on slurmd 22.05,
+    the node shows ``Reason=hetpatrol: ...`` and the job ``launch failed requeued held``
+    (Slurm holds it unless ``SchedulerParameters=nohold_on_prolog_fail``).
+
+    The hard limit (``timeout`` seconds, SIGALRM when on the main thread) lets the job
+    through with a message: hetpatrol running out of time is no fault of the cards.
+    ``write``: where the one-line verdict goes (default stdout). Returns the exit code.
+    """
+    import signal
+    import threading
+
+    out = write or (lambda s: os.write(1, s.encode("utf-8", "replace")))
+    start = time.monotonic()
+    use_alarm = threading.current_thread() is threading.main_thread() and timeout >= 1
+
+    def expire(_sig: int, _frame: object) -> None:
+        raise _HardLimit
+
+    old = signal.signal(signal.SIGALRM, expire) if use_alarm else None
+    if use_alarm:
+        signal.alarm(int(math.ceil(timeout)) + 1)
+    try:
+        try:
+            decision = guard(
+                env,
+                state_path,
+                block_on=block_on,
+                max_age=max_age,
+                timeout=timeout,
+                runner=runner,
+                scontrol=scontrol,
+            )
+            if not decision.ok and set_reason:
+                node = env.get("SLURMD_NODENAME")
+                left = timeout - (time.monotonic() - start)
+                if node and left > 0.05:
+                    argv = [scontrol, "update", f"NodeName={node}", "State=DRAIN"]
+                    try:
+                        runner([*argv, f"Reason={decision.reason}"], left)
+                    except Exception as exc:  # noqa: BLE001 - Slurm's own reason remains
+                        decision = decision._replace(
+                            reason=f"{decision.reason} (reason not set: {type(exc).__name__})"
+                        )
+        except _HardLimit:
+            decision = GuardDecision(
+                EXIT_PASS, f"hard time limit {timeout:g} s hit: job let through"
+            )
+    finally:
+        if use_alarm:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+    out(decision.reason.replace("\n", " ") + "\n")
+    return decision.exit_code
