@@ -178,3 +178,18 @@ def test_the_schema_accepts_what_the_parser_accepts():
     settings.parse_actions_section(doc)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"drain_on": ["critical"]}, settings.ACTIONS_SCHEMA)
+
+
+def test_action_counts_cover_every_word():
+    counts = apply.action_counts([RESET_CARD, NONE, NONE])
+    assert counts == {
+        "none": 2,
+        "watch": 0,
+        "restart_job": 0,
+        "reset_card": 1,
+        "reboot_node": 0,
+        "isolate_card": 0,
+        "replace_card": 0,
+    }
+    with pytest.raises(ValueError):
+        apply.action_counts(["critical"])

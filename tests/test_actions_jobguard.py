@@ -380,3 +380,21 @@ def test_prolog_main_hard_time_limit_lets_the_job_through(tmp_path):
     rc = jobguard.prolog_main(env, path, runner=stuck, timeout=1.0, write=lines.append)
     assert rc == 0 and time.monotonic() - t < 5
     assert lines == ["hard time limit 1 s hit: job let through\n"]
+
+
+def test_epilog_cards_from_env_and_scontrol():
+    calls = []
+
+    def runner(argv, timeout):
+        calls.append(argv)
+        return REAL_DETAIL
+
+    env = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "1"}
+    held, alloc = jobguard.epilog_cards(env, state(NODE), runner=runner)
+    # gpu from the env (IDX 1); ascend not covered -> scontrol: ascend IDX 0
+    assert [jobguard.card_name(c) for c in held] == ["ascend/0/0", "nvidia/1"]
+    assert len(calls) == 1
+    calls.clear()
+    env["ASCEND_VISIBLE_DEVICES"] = ""
+    held, _ = jobguard.epilog_cards(env, state(NODE), runner=runner)
+    assert [jobguard.card_name(c) for c in held] == ["nvidia/1"] and calls == []

@@ -103,3 +103,16 @@ def drain_reason(where: str, verdict: ActionVerdict, detail: str = "") -> str:
 def kernel_event_key(xid: int | None, reason: str | None) -> str:
     """The escalation key of one kernel-log event: ``xid:<n>`` or ``kernel:<reason>``."""
     return f"xid:{xid}" if xid is not None else f"kernel:{reason}"
+
+
+def action_counts(actions: Iterable[str]) -> dict[str, int]:
+    """How many cards have each action word, every word present (0 included): the
+    low-cardinality node gauge ``hetpatrol_cards_by_action{action=...}``. A word outside
+    the vocabulary raises ValueError."""
+    from hetpatrol.actions.vocabulary import ACTIONS, rank
+
+    counts = dict.fromkeys(ACTIONS, 0)
+    for a in actions:
+        rank(a)
+        counts[a] += 1
+    return counts

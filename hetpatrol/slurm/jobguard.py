@@ -590,3 +590,35 @@ def prolog_main(
             signal.signal(signal.SIGALRM, old)
     out(decision.reason.replace("\n", " ") + "\n")
     return decision.exit_code
+
+
+def epilog_cards(
+    env: Mapping[str, str],
+    doc: Mapping[str, Any],
+    *,
+    timeout: float = 10.0,
+    runner: Runner = run_scontrol,
+    scontrol: str = "scontrol",
+) -> tuple[list[Mapping[str, Any]], Allocation]:
+    """The state's card lines the finished job held, for ``hetpatrol epilog``'s one quick
+    patrol of them (XIDs the job caused show up there). The environment first
+    (``SLURM_JOB_GPUS`` is "Available in the Prolog and Epilog", slurm.conf(5)); when it
+    does not cover every GRES name of the node's cards, ``scontrol show job -d`` (the job
+    record is still there while the Epilog runs). Never raises; returns (cards, the
+    allocation used, whose ``errors`` say what could not be read)."""
+    alloc = parse_job_env(env)
+    cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
+    uncovered = [
+        c for c in cards if not alloc.covers(str(c.get("gres") or "") or None, c.get("vendor"))
+    ]
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    node = env.get("SLURMD_NODENAME") or str(doc.get("node") or "")
+    if uncovered and job and node:
+        import subprocess
+
+        try:
+            text = runner([scontrol, "show", "job", "-d", str(job)], timeout)
+            alloc = alloc.merged(parse_scontrol_job(text, node))
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            alloc = alloc.merged(Allocation(errors=(f"scontrol: {type(exc).__name__}: {exc}",)))
+    return match_cards(cards, alloc)[0], alloc
