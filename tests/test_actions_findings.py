@@ -147,3 +147,8 @@ def test_card_action_of_real_threshold_findings():
     v = findings.card_action(found)
     assert (v.action, v.code) == (REPLACE_CARD, "check:remapped_rows_failure")
     assert findings.card_action([]).action == NONE
+
+
+def test_a_card_with_only_quiet_findings_names_its_first_finding():
+    v = findings.card_action([Finding("temperature", "info", "m"), Finding("power", "ok", "m")])
+    assert (v.action, v.code) == (NONE, "check:temperature")

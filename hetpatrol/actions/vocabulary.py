@@ -140,9 +140,10 @@ class ActionVerdict(NamedTuple):
 
 
 def worst_verdict(verdicts: Iterable[ActionVerdict], default: ActionVerdict | None = None):
-    """The verdict with the highest action (the first of equals); ``default`` if none."""
-    best = default
+    """The verdict with the highest action (the first of equals); ``default`` when
+    ``verdicts`` is empty."""
+    best = None
     for v in verdicts:
         if best is None or rank(v.action) > rank(best.action):
             best = v
-    return best
+    return default if best is None else best
