@@ -152,3 +152,24 @@ def test_card_action_of_real_threshold_findings():
 def test_a_card_with_only_quiet_findings_names_its_first_finding():
     v = findings.card_action([Finding("temperature", "info", "m"), Finding("power", "ok", "m")])
     assert (v.action, v.code) == (NONE, "check:temperature")
+
+
+@pytest.mark.parametrize(
+    ("raw", "action"),
+    [
+        ("gpu_is_lost", REBOOT_NODE),  # NVML GPU is lost: fell off the bus (XID 79 RESTART_BM)
+        ("reset_required", RESET_CARD),  # NVML_ERROR_RESET_REQUIRED
+        ("insufficient_power", ISOLATE_CARD),  # power cable (XID 54 CHECK_MECHANICALS)
+        ("Alarm", WATCH),  # npu-smi Health: the error codes carry the action
+        ("Critical", WATCH),
+        ("unknown_error", WATCH),
+        ("", WATCH),
+    ],
+)
+def test_vendor_health_by_value(raw, action):
+    from hetpatrol.thresholds import VENDOR_HEALTH_SEVERITY
+
+    severity = VENDOR_HEALTH_SEVERITY.get(raw.lower(), "unknown")
+    assert findings.finding_action(Finding("vendor_health", severity, "m", value=raw)).action == (
+        action
+    )

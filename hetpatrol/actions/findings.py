@@ -32,6 +32,9 @@ memory error management, "Row Remapping" and "Error Recovery and Response Flags"
   seating, cables and optics need a person (catalog CHECK_MECHANICALS);
 - ``nvlink_down`` / ``nvlink_errors`` critical -> reset_card (catalog XID 74: "A GPU reset
   or node reboot is needed to clear this error");
+- ``vendor_health`` by its value: NVML ``gpu_is_lost`` -> reboot_node, ``reset_required`` ->
+  reset_card, ``insufficient_power`` -> isolate_card; npu-smi Alarm/Critical -> watch (the
+  error codes carry the action);
 - ``collector_hung`` / ``collector_failed`` / ``card_unreadable`` -> watch: one stuck
   read is no proof of a broken card; a hang that lasts escalates (escalation.py);
 - usage and configuration checks (``memory_used``, ``power``, ``gres_*``, library
@@ -65,7 +68,7 @@ _QUIET = {"ok", "info"}
 CHECK_ACTIONS: dict[str, dict[str, str]] = {
     # thresholds.py
     "card_unreadable": {"*": WATCH},
-    "vendor_health": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
+    "vendor_health": {"*": WATCH},  # by value: VENDOR_HEALTH_ACTIONS
     "temperature": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     "ecc_uncorrected": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
     "memory_used": {"*": WATCH},
@@ -97,6 +100,22 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     "gres_registration": {"*": WATCH},
     "library_path_mix": {"*": WATCH},
     "global_ld_library_path": {"*": WATCH},
+}
+
+#: ``vendor_health`` by its value (thresholds.VENDOR_HEALTH_SEVERITY's words)
+VENDOR_HEALTH_ACTIONS: dict[str, str] = {
+    # NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus (catalog XID 79: RESTART_BM)
+    "gpu_is_lost": REBOOT_NODE,
+    # NVML_ERROR_RESET_REQUIRED: "The GPU requires a reset before it can be used again"
+    "reset_required": RESET_CARD,
+    # NVML_ERROR_INSUFFICIENT_POWER: power cable (catalog XID 54: CHECK_MECHANICALS)
+    "insufficient_power": ISOLATE_CARD,
+    # npu-smi Health Alarm / Critical / Warning: the Error Codes carry the action
+    # (MindCluster handles a chip by its fault codes, not by the health word)
+    "alarm": WATCH,
+    "critical": WATCH,
+    "warning": WATCH,
+    "unknown_error": WATCH,
 }
 
 #: checks whose action is looked up per code in ``value``
@@ -148,6 +167,10 @@ def finding_action(
         if severity in _QUIET:
             return ActionVerdict(NONE, "finding", key, f"{check} {severity}")
         return ActionVerdict(WATCH, "unknown", key, f"{check}: no code in the finding")
+    if check == "vendor_health" and severity not in _QUIET:
+        word = str(value or "").strip().lower()
+        action = VENDOR_HEALTH_ACTIONS.get(word, WATCH)
+        return ActionVerdict(action, "finding", key, f"vendor health {value!r}")
     if check.endswith("_check_failed"):
         return ActionVerdict(WATCH, "finding", key, "a node check failed")
     row = CHECK_ACTIONS.get(check)
