@@ -398,3 +398,11 @@ def test_epilog_cards_from_env_and_scontrol():
     env["ASCEND_VISIBLE_DEVICES"] = ""
     held, _ = jobguard.epilog_cards(env, state(NODE), runner=runner)
     assert [jobguard.card_name(c) for c in held] == ["nvidia/1"] and calls == []
+
+
+def test_a_newer_state_schema_is_read():
+    doc = state(NODE)
+    doc["schema"] = "hetpatrol.state/2"
+    assert decide(doc, Allocation({"gpu": frozenset({0})}), now=NOW).ok
+    doc["schema"] = "nothing.state/1"
+    assert not decide(doc, Allocation({"gpu": frozenset({0})}), now=NOW).ok

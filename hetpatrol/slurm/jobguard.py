@@ -61,7 +61,7 @@ from hetpatrol.actions.vocabulary import (
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
-STATE_SCHEMA = "hetpatrol.state/1"
+STATE_SCHEMA_PREFIX = "hetpatrol.state/"
 #: most bytes read of the state file (a real one is tens of KB)
 STATE_READ_MAX = 16 * 1024 * 1024
 STALE_INTERVALS = 3
@@ -383,7 +383,10 @@ def decide(
 ) -> GuardDecision:
     """Pass or fail one job (see the module docstring). ``doc``: the state document, or
     None when it could not be read (``read_error`` says why). Never raises."""
-    if doc is None or not isinstance(doc, Mapping) or doc.get("schema") != STATE_SCHEMA:
+    # any hetpatrol.state/N: adding fields (the actions) may bump N; a state file from
+    # before that has no "action" fields and is judged by its findings
+    schema = doc.get("schema") if isinstance(doc, Mapping) else None
+    if not isinstance(schema, str) or not schema.startswith(STATE_SCHEMA_PREFIX):
         why = read_error or "no hetpatrol verdict"
         return GuardDecision(EXIT_FAIL, f"hetpatrol: no verdict: {why}")
     age, stale = verdict_age(doc, now, max_age)
