@@ -173,3 +173,20 @@ def test_vendor_health_by_value(raw, action):
     assert findings.finding_action(Finding("vendor_health", severity, "m", value=raw)).action == (
         action
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "severity", "action"),
+    [
+        (1, "critical", RESET_CARD),  # GPU_RESET
+        (2, "critical", REBOOT_NODE),  # NODE_REBOOT
+        (3, "warning", RESTART_JOB),  # DRAIN_P2P
+        (7, "critical", REBOOT_NODE),  # SYSTEM_REBOOT
+        (99, "warning", WATCH),
+    ],
+)
+def test_gpu_recovery_action_finding_by_value(value, severity, action):
+    # the finding hetpatrol.thresholds makes from counters.gpu_recovery_action
+    f = Finding("gpu_recovery_action", severity, "NVML recovery action ...", value=value)
+    assert findings.finding_action(f).action == action
+    assert findings.finding_action(Finding("nvml_field_error", "critical", "m")).action == WATCH

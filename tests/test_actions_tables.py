@@ -145,7 +145,7 @@ def test_nvlink5_follows_the_decode_sheet_fatality():
         ("0x0 (None)", NONE),
         ("GPU Reset Required", RESET_CARD),
         ("Node Reboot Required", REBOOT_NODE),
-        ("Drain P2P", RESET_CARD),
+        ("Drain P2P", RESTART_JOB),
         ("Drain and Reset", RESET_CARD),
         ("0x4", RESET_CARD),
         ("Reboot the datacenter", WATCH),
@@ -201,9 +201,9 @@ def test_kernel_reasons():
         (0, NONE),  # GPU_RECOVERY_ACTION_NONE: No action needed.
         (1, RESET_CARD),  # GPU_RESET: Reset Gpu.
         (2, REBOOT_NODE),  # NODE_REBOOT: Reboot Node.
-        (3, RESET_CARD),  # DRAIN_P2P: Drain P2P.
+        (3, RESTART_JOB),  # DRAIN_P2P: terminate the P2P processes, then ask again
         (4, RESET_CARD),  # DRAIN_AND_RESET: Drain P2P and Reset Gpu.
-        (5, REBOOT_NODE),  # RECOVER_IMEX_DOMAIN: Recover IMEX Domain.
+        (5, RESTART_JOB),  # RECOVER_IMEX_DOMAIN: the IMEX service's, not a card's
         (6, RESET_CARD),  # BUS_RESET: Reset the GPU's PCIe bus.
         (7, REBOOT_NODE),  # SYSTEM_REBOOT: Reboot the system.
         ("NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET", RESET_CARD),

@@ -50,7 +50,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hetpatrol.actions import ascend_levels, nvidia_xid
+from hetpatrol.actions import ascend_levels, nvidia_xid, nvml_recovery
 from hetpatrol.actions.vocabulary import (
     ISOLATE_CARD,
     NONE,
@@ -82,8 +82,12 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     "collector_hung": {"*": WATCH},
     "collector_failed": {"*": WATCH},
     "recovering": {"*": WATCH},
-    # collectors/nvidia.py
+    # collectors/nvidia.py (gpu_recovery_action is looked up by its value, below)
     "nvml_driver": {"critical": REBOOT_NODE, "*": WATCH},
+    "nvml_field_error": {"*": WATCH},
+    "gpu_recovery_action": {
+        "*": WATCH
+    },  # by its value: nvml_recovery.recovery_action  # NVML answered Unknown for a field: no card fault yet
     # deep_health.py
     "baseline_drift": {"*": WATCH},
     "clock_event_reasons": {"*": WATCH},
@@ -171,6 +175,9 @@ def finding_action(
         word = str(value or "").strip().lower()
         action = VENDOR_HEALTH_ACTIONS.get(word, WATCH)
         return ActionVerdict(action, "finding", key, f"vendor health {value!r}")
+    if check == "gpu_recovery_action" and severity not in _QUIET:
+        verdict = nvml_recovery.recovery_action(value)
+        return ActionVerdict(verdict.action, "nvml_recovery", verdict.code, verdict.reason)
     if check.endswith("_check_failed"):
         return ActionVerdict(WATCH, "finding", key, "a node check failed")
     row = CHECK_ACTIONS.get(check)

@@ -12,9 +12,9 @@ value name                    NVIDIA's text                action
 0     NONE                    No action needed.            none
 1     GPU_RESET               Reset Gpu.                   reset_card
 2     NODE_REBOOT             Reboot Node.                 reboot_node
-3     DRAIN_P2P               Drain P2P.                   reset_card
+3     DRAIN_P2P               Drain P2P.                   restart_job
 4     DRAIN_AND_RESET         Drain P2P and Reset Gpu.     reset_card
-5     RECOVER_IMEX_DOMAIN     Recover IMEX Domain.         reboot_node
+5     RECOVER_IMEX_DOMAIN     Recover IMEX Domain.         restart_job
 6     BUS_RESET               Reset the GPU's PCIe bus.    reset_card
 7     SYSTEM_REBOOT           Reboot the system.           reboot_node
 ====  ======================  ===========================  ============
@@ -23,12 +23,15 @@ NVIDIA's A100 GPU memory error management guide ("Error Recovery and Response Fl
 https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-response-flags.html):
 None: "The GPU can be immediately used again by starting a new GPU process"; Reset:
 "Terminate all GPU processes, reset the GPU using nvidia-smi -r"; Reboot: "Reboot the
-operating system". DRAIN_P2P is the XID catalog's "drain and reset recommended state":
-"until jobs are drained. After job drain GPU is put to 'reset required' state so no new
-jobs can be launched" (catalog, XID 144-150 Decode, Severity column): drain, then
-reset, so ``reset_card``. RECOVER_IMEX_DOMAIN needs the node to leave and rejoin its
-IMEX domain, more than one card; the smallest word for that on this node is
-``reboot_node``. An unknown value is ``watch`` with the raw value.
+operating system"; Drain P2P: "requires all peer-to-peer traffic to be quiesced.
+Terminate all GPU processes that conduct peer-to-peer traffic and disable UVM
+persistence mode. Once all peer-to-peer traffic are drained, query
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION again, which will return one of the other actions"
+-- the jobs go, the card is not yet reset: ``restart_job`` (the next value says more).
+RECOVER_IMEX_DOMAIN is recovered by the fabric's IMEX service, not by a card reset or a
+reboot of this node; its jobs restart: ``restart_job``. (hetpatrol's
+``gpu_recovery_action`` finding rates both a warning.) An unknown value is ``watch``
+with the raw value.
 
 The XID 154 texts (catalog row 154): "None", "Drain P2P", "Drain and Reset", "GPU Reset
 Required", "Node Reboot Required".
@@ -44,6 +47,7 @@ from hetpatrol.actions.vocabulary import (
     NONE,
     REBOOT_NODE,
     RESET_CARD,
+    RESTART_JOB,
     WATCH,
     ActionVerdict,
 )
@@ -53,9 +57,9 @@ RECOVERY_ACTIONS: dict[int, tuple[str, str]] = {
     0: ("NONE", NONE),
     1: ("GPU_RESET", RESET_CARD),
     2: ("NODE_REBOOT", REBOOT_NODE),
-    3: ("DRAIN_P2P", RESET_CARD),
+    3: ("DRAIN_P2P", RESTART_JOB),
     4: ("DRAIN_AND_RESET", RESET_CARD),
-    5: ("RECOVER_IMEX_DOMAIN", REBOOT_NODE),
+    5: ("RECOVER_IMEX_DOMAIN", RESTART_JOB),
     6: ("BUS_RESET", RESET_CARD),
     7: ("SYSTEM_REBOOT", REBOOT_NODE),
 }

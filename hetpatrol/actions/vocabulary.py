@@ -16,11 +16,11 @@ watch          keep the card in service and look: a code hetpatrol does not know
                sub-health state (``SubHealthFault``), a threshold warning, a sympathetic
                XID whose primary carries the action. Never used to drain.
 restart_job    the job that ran on the card must be restarted; the card stays in service
-               (``RESTART_APP``, ``XID_154_EVAL`` without an XID 154, ``RestartRequest``,
-               ``RestartBusiness``).
+               (``RESTART_APP``, ``XID_154_EVAL`` without an XID 154, NVML ``DRAIN_P2P``,
+               ``RestartRequest``, ``RestartBusiness``).
 reset_card     drain the card's work and reset it (``nvidia-smi -r``, ``npu-smi set -t
                reset``): ``RESET_GPU``, ``WORKFLOW_XID_48``, NVML ``GPU_RESET``,
-               ``DRAIN_AND_RESET``, ``FreeRestartNPU``, ``RestartNPU``.
+               ``DRAIN_AND_RESET``, ``BUS_RESET``, ``FreeRestartNPU``, ``RestartNPU``.
 reboot_node    reboot the node (``RESTART_BM``, NVML ``NODE_REBOOT`` / ``SYSTEM_REBOOT``, a
                driver/library mismatch). Resets every card of the node.
 isolate_card   take the card out of service until a person looked at it; it survives a
