@@ -300,3 +300,19 @@ def test_ascend_override():
         "80e3a201", {"80E3A201": "SeparateNPU"}, {"ascend:80E3A201": WATCH}
     )
     assert (v.action, v.source) == (WATCH, "override")
+
+
+def test_xid_154_lines_through_the_kernel_log_parser():
+    # the catalog's own example (row 154): "GPU recovery action changed from 0x0 (None) to
+    # 0x2 (Node Reboot Required)", and the way back to None
+    text = (
+        "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to "
+        "0x2 (Node Reboot Required)\n"
+        "NVRM: Xid (PCI:0000:5d:00): 154, GPU recovery action changed from 0x1 (GPU Reset "
+        "Required) to 0x0 (None)\n"
+    )
+    got = [
+        nvidia_xid.xid_action(ev.xid, recovery_action=ev.recovery_action).action
+        for ev in kernel_log.parse_text(text)
+    ]
+    assert got == [REBOOT_NODE, NONE]
