@@ -84,10 +84,10 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     "recovering": {"*": WATCH},
     # collectors/nvidia.py (gpu_recovery_action is looked up by its value, below)
     "nvml_driver": {"critical": REBOOT_NODE, "*": WATCH},
+    # NVML answered Unknown for one field: no card fault yet
     "nvml_field_error": {"*": WATCH},
-    "gpu_recovery_action": {
-        "*": WATCH
-    },  # by its value: nvml_recovery.recovery_action  # NVML answered Unknown for a field: no card fault yet
+    # by its value: nvml_recovery.recovery_action (this row is the fallback)
+    "gpu_recovery_action": {"*": WATCH},
     # deep_health.py
     "baseline_drift": {"*": WATCH},
     "clock_event_reasons": {"*": WATCH},
