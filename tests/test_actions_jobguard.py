@@ -406,3 +406,35 @@ def test_a_newer_state_schema_is_read():
     assert decide(doc, Allocation({"gpu": frozenset({0})}), now=NOW).ok
     doc["schema"] = "nothing.state/1"
     assert not decide(doc, Allocation({"gpu": frozenset({0})}), now=NOW).ok
+
+
+def test_cli_main_in_a_fresh_process(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state(NODE, finished=time.time())))
+    code = "import sys\nfrom hetpatrol.slurm.jobguard import cli_main\nsys.exit(cli_main())\n"
+    env = {"SLURM_JOB_GPUS": "0", "PATH": "/usr/bin:/bin"}
+    run = subprocess.run(
+        [sys.executable, "-c", code, "--state-path", str(path), "--scontrol", "/bin/false"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (run.returncode, run.stdout.startswith("job cards ok: nvidia/0")) == (0, True), run
+    env["SLURM_JOB_GPUS"] = "1"
+    run = subprocess.run(
+        [sys.executable, "-c", code, "--state-path", str(path), "--no-set-reason"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (run.returncode, run.stdout) == (1, "hetpatrol: reset_card nvidia/1\n")
+    run = subprocess.run(
+        [sys.executable, "-c", code, "--state-path", str(path), "--block-on", "critical"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 2 and "not an action word" in run.stderr

@@ -625,3 +625,59 @@ def epilog_cards(
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             alloc = alloc.merged(Allocation(errors=(f"scontrol: {type(exc).__name__}: {exc}",)))
     return match_cards(cards, alloc)[0], alloc
+
+
+def cli_main(argv: Sequence[str] | None = None) -> int:
+    """``hetpatrol-prolog`` / ``hetpatrol prolog``: parse the arguments, run
+    :func:`prolog_main` with the process environment. Kept here, not in hetpatrol.cli,
+    whose imports (structlog, the config loader) cost more than the whole guard.
+
+    ``--state-path`` defaults to ``$HETPATROL_STATE_PATH``; Slurm runs the Prolog with
+    no search path, so ``--scontrol`` should be absolute (default: ``scontrol`` found in
+    ``/usr/bin``, ``/usr/local/bin``, ``/opt/slurm/bin``, else the bare name).
+    """
+    import argparse
+
+    from hetpatrol.actions.vocabulary import parse_action
+
+    p = argparse.ArgumentParser(
+        prog="hetpatrol prolog",
+        description="Slurm Prolog: fail (drain + requeue) when a card of this job needs "
+        "an action in --block-on, or the daemon's verdict is stale; else exit 0.",
+    )
+    p.add_argument("--state-path", default=os.environ.get("HETPATROL_STATE_PATH"))
+    p.add_argument("--max-age", type=float, default=None, metavar="S")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    p.add_argument(
+        "--block-on",
+        default=",".join(sorted(DEFAULT_DRAIN_ACTIONS)),
+        help="comma-separated action words (default: %(default)s)",
+    )
+    p.add_argument("--scontrol", default=None)
+    p.add_argument("--no-set-reason", action="store_true", help="leave Slurm's own reason")
+    args = p.parse_args(argv)
+    if not args.state_path:
+        p.error("--state-path (or HETPATROL_STATE_PATH) is required")
+    try:
+        block_on = frozenset(parse_action(w) for w in args.block_on.split(",") if w.strip())
+    except ValueError as exc:
+        p.error(f"--block-on: {exc}")
+    scontrol = args.scontrol
+    if scontrol is None:
+        scontrol = next(
+            (
+                f"{d}/scontrol"
+                for d in ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
+                if os.access(f"{d}/scontrol", os.X_OK)
+            ),
+            "scontrol",
+        )
+    return prolog_main(
+        os.environ,
+        args.state_path,
+        block_on=block_on,
+        max_age=args.max_age,
+        timeout=max(0.1, min(args.timeout, 60.0)),
+        set_reason=not args.no_set_reason,
+        scontrol=scontrol,
+    )
