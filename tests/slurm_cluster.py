@@ -75,6 +75,18 @@ class SlurmCluster:
             list(argv), env=self.env, capture_output=True, text=True, timeout=20, check=check
         )
 
+    @contextlib.contextmanager
+    def install_hook(self, name: str, text: str):
+        """Make ``name`` (``prolog`` or ``epilog``) run the script ``text`` while in the
+        block; removed after it, so other tests see a Prolog that passes."""
+        hook = self.root / f"{name}.hook"
+        hook.write_text(text)
+        hook.chmod(0o755)
+        try:
+            yield hook
+        finally:
+            hook.unlink(missing_ok=True)
+
     def scontrol(self, *args: str) -> str:
         return self.run("scontrol", *args).stdout
 
@@ -199,6 +211,13 @@ def _write_configs(root: Path, node: str) -> tuple[Path, Path]:
         f"NodeName={node} Name=ascend Type=910b File={dev}/davinci[0-{NPUS - 1}]\n"
     )
     (root / "plugstack.conf").write_text("")
+    # Prolog/Epilog: run a test's hook when one is installed (see install_hook), else pass
+    for name in ("prolog", "epilog"):
+        script = root / name
+        script.write_text(
+            f'#!/bin/sh\n[ -x "{root}/{name}.hook" ] && exec "{root}/{name}.hook"\nexit 0\n'
+        )
+        script.chmod(0o755)
     conf = root / "slurm.conf"
     gres = f"Gres=gpu:a100:{GPUS},ascend:910b:{NPUS}"
     conf.write_text(
@@ -219,6 +238,8 @@ SlurmdPidFile={root}/run/slurmd.pid
 SlurmctldLogFile={root}/log/slurmctld.log
 SlurmdLogFile={root}/log/slurmd.log
 PlugStackConfig={root}/plugstack.conf
+Prolog={root}/prolog
+Epilog={root}/epilog
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres

@@ -1,0 +1,535 @@
+"""Escalation over time: repeats and long-lasting conditions raise a card's action.
+
+A pure state machine keyed by card identity (UUID, else serial, else bus id; see
+:func:`card_identity`). Its state is a JSON-ready dict (:meth:`Escalation.to_dict`) meant
+for the daemon's state file, so counts survive a restart; on load every event older
+than its rule's window is dropped (nothing stale is replayed) and an event already
+counted (same key, same time) is not counted twice when the kernel ring buffer is read
+again at start.
+
+Two kinds of rules:
+
+- :class:`FrequencyRule`: ``times`` occurrences of one of ``keys`` within
+  ``window_seconds`` raise the action to ``action``. The escalation then holds: for
+  ``release_seconds`` after the last occurrence when that is set (MindCluster's
+  ``ReleaseTimeWindow``), else until an operator clears it (:meth:`Escalation.clear`),
+  as MindCluster's ``ManuallySeparateNPU`` does. Occurrences decay: one older than the
+  window no longer counts.
+- :class:`DurationRule`: a condition (one of ``keys``) present without a gap for more
+  than ``fault_seconds`` raises the action; it is over once the condition has been
+  absent for ``recover_seconds`` (MindCluster ``FaultTimeout`` / ``RecoverTimeout``).
+
+Keys name a code or a class: ``xid:48``, ``ascend:81078603``,
+``ascend_level:RestartRequest``, ``check:collector_hung``.
+
+Defaults (:data:`DEFAULT_FREQUENCY_RULES`, :data:`DEFAULT_DURATION_RULES`) and their
+sources are given rule by rule below. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetpatrol.actions.vocabulary import (
+    ISOLATE_CARD,
+    REBOOT_NODE,
+    REPLACE_CARD,
+    RESET_CARD,
+    ActionVerdict,
+    parse_action,
+)
+
+STATE_SCHEMA = "hetpatrol.escalation/1"
+DAY = 86400.0
+
+#: most occurrences kept per card and key (a storm must not grow the state file)
+MAX_EVENTS_PER_KEY = 256
+
+
+@dataclass(frozen=True)
+class FrequencyRule:
+    """``times`` occurrences of any of ``keys`` within ``window_seconds`` -> ``action``."""
+
+    name: str
+    keys: frozenset[str]
+    times: int
+    window_seconds: float
+    action: str
+    release_seconds: float | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        parse_action(self.action)
+        if self.times < 1 or not (self.window_seconds > 0):
+            raise ValueError(f"rule {self.name}: times >= 1 and window_seconds > 0 needed")
+
+
+@dataclass(frozen=True)
+class DurationRule:
+    """A condition in ``keys`` lasting over ``fault_seconds`` -> ``action``; over after
+    ``recover_seconds`` without it."""
+
+    name: str
+    keys: frozenset[str]
+    fault_seconds: float
+    action: str
+    recover_seconds: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        parse_action(self.action)
+        if not (self.fault_seconds >= 0) or not (self.recover_seconds >= 0):
+            raise ValueError(f"rule {self.name}: durations must be >= 0")
+
+
+# MindCluster, Ascend Device Plugin faultCustomization.json (gitcode.com/Ascend/
+# mind-cluster, component/ascend-device-plugin/build/faultCustomization.json), the
+# "FaultFrequency" defaults: these codes twice in 86400 s -> ManuallySeparateNPU.
+_ASCEND_TWICE_A_DAY = (  # noqa: SIM905 - kept as the JSON rows
+    "80C98000 80B78000 80B58000 80A18008 80A38008 80A58008 80B98000 80B98008 80BB8000 "
+    "80BB8008 80BD8000 80BD8008 80C78008 80C98008 80CB8008 80CD8008 80CF8008 80D98008 "
+    "80DF8008 80DE1801 80E01801 80E18008 80E38008 80E39200 80E3A202 80E3A203 80E78000 "
+    "80E78008 80F18000 80F18008 80F38008 80F78008 81318008 81338008 813B8008 81478008 "
+    "81578008 815F8008 81938008 81958008 81978008"
+).split()
+
+DEFAULT_FREQUENCY_RULES: tuple[FrequencyRule, ...] = (
+    FrequencyRule(
+        "xid48_repeat",
+        frozenset({"xid:48"}),
+        2,
+        DAY,
+        REPLACE_CARD,
+        source="issue 13 (a second double-bit ECC error in 24 h); NVIDIA XID catalog row 48: "
+        "check SRAM DBE thresholds and follow the RMA flow",
+    ),
+    FrequencyRule(
+        "xid_reset_repeat",
+        frozenset({"xid:79", "xid:95", "xid:119", "xid:120", "xid:140", "xid:158"}),
+        2,
+        DAY,
+        ISOLATE_CARD,
+        source="NVIDIA XID catalog, step 3: 'If the issue reoccurs ... the Investigatory "
+        "Action column provides guidance' (CONTACT_SUPPORT / INVESTIGATE_SW for these)",
+    ),
+    FrequencyRule(
+        "xid94_repeat",
+        frozenset({"xid:94"}),
+        3,
+        3600.0,
+        RESET_CARD,
+        source="NVIDIA XID catalog row 94: 'It is recommended to reset the GPU when "
+        "convenient'; hetpatrol's kernel_log.repeat_critical[94] = 3 in the window",
+    ),
+    FrequencyRule(
+        "xid74_repeat",
+        frozenset({"xid:74"}),
+        3,
+        DAY,
+        ISOLATE_CARD,
+        source="NVIDIA XID catalog row 74: 'If this error is seen repeatedly and GPU reset "
+        "or node reboot fails to clear the condition, contact your hardware vendor'",
+    ),
+    FrequencyRule(
+        "xid149_repeat",
+        frozenset({"xid:149"}),
+        2,
+        DAY,
+        ISOLATE_CARD,
+        source="NVIDIA XID catalog, XID 144-150 Decode: NETIR_LINK_DOWN 'REPORT_ISSUE (if "
+        "seen >1 per day)'",
+    ),
+    FrequencyRule(
+        "ascend_twice_a_day",
+        frozenset(f"ascend:{c}" for c in _ASCEND_TWICE_A_DAY),
+        2,
+        DAY,
+        ISOLATE_CARD,
+        source="MindCluster faultCustomization.json FaultFrequency: TimeWindow 86400, "
+        "Times 2, ManuallySeparateNPU",
+    ),
+    FrequencyRule(
+        "ascend_80E18005",
+        frozenset({"ascend:80E18005"}),
+        3,
+        DAY,
+        ISOLATE_CARD,
+        source="MindCluster faultCustomization.json FaultFrequency: 80E18005, TimeWindow "
+        "86400, Times 3, ManuallySeparateNPU",
+    ),
+    FrequencyRule(
+        "ascend_81078603",
+        frozenset({"ascend:81078603"}),
+        5,
+        DAY,
+        ISOLATE_CARD,
+        release_seconds=2 * DAY,
+        source="MindCluster faultCustomization.json FaultFrequency: 81078603, TimeWindow "
+        "86400, Times 5, ManuallySeparateNPU, ReleaseTimeWindow 172800",
+    ),
+)
+
+DEFAULT_DURATION_RULES: tuple[DurationRule, ...] = (
+    DurationRule(
+        "ascend_81078603_lasting",
+        frozenset({"ascend:81078603"}),
+        20.0,
+        ISOLATE_CARD,
+        recover_seconds=60.0,
+        source="MindCluster faultCustomization.json FaultDuration: 81078603, FaultTimeout "
+        "20, RecoverTimeout 60, PreSeparateNPU",
+    ),
+    DurationRule(
+        "ascend_restart_request_lasting",
+        frozenset({"ascend_level:RestartRequest"}),
+        60.0,
+        ISOLATE_CARD,
+        source="MindCluster fault levels (dlug_api_035): a RestartRequest fault that "
+        "lasts more than 60 s isolates the processor",
+    ),
+    DurationRule(
+        "collector_hung_lasting",
+        frozenset({"check:collector_hung"}),
+        600.0,
+        REBOOT_NODE,
+        recover_seconds=0.0,
+        source="hetpatrol's own (no vendor rule): a vendor tool stuck for 10 minutes "
+        "(NVML/npu-smi in uninterruptible sleep) is cleared by a reboot",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class EscalationRules:
+    """The rule set: frequency and duration rules (defaults above)."""
+
+    frequency: tuple[FrequencyRule, ...] = DEFAULT_FREQUENCY_RULES
+    duration: tuple[DurationRule, ...] = DEFAULT_DURATION_RULES
+
+    @property
+    def longest_window(self) -> float:
+        return max((r.window_seconds for r in self.frequency), default=DAY)
+
+
+def card_identity(card: Any) -> str:
+    """The identity escalation state is keyed by: ``uuid:...``, else ``serial:...``,
+    else ``bus:...`` (lower case), else ``pos:vendor/index[/chip]`` (only when the card
+    reports no identity at all; position is not stable across a reseat)."""
+
+    def get(name: str) -> Any:
+        return card.get(name) if isinstance(card, Mapping) else getattr(card, name, None)
+
+    for field_name, prefix in (("uuid", "uuid"), ("serial", "serial"), ("bus_id", "bus")):
+        value = get(field_name)
+        if isinstance(value, str) and value.strip() and value.strip().upper() not in ("N/A", "NA"):
+            text = value.strip()
+            return f"{prefix}:{text.lower() if prefix == 'bus' else text}"
+    chip = get("chip")
+    return f"pos:{get('vendor')}/{get('index')}" + (f"/{chip}" if chip is not None else "")
+
+
+@dataclass
+class _Card:
+    events: dict[str, list[float]] = field(default_factory=dict)
+    #: frequency rule name -> {"since", "last", "action"}
+    escalated: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: condition key -> {"since": t, "absent_since": t | None}
+    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: keys of frequency rules present at the last :meth:`Escalation.observe_present`
+    present: list[str] = field(default_factory=list)
+
+
+def _finite(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+class Escalation:
+    """Counts and timers per card identity; see the module docstring.
+
+    Times are wall-clock seconds since the epoch (they must survive a restart).
+    """
+
+    def __init__(self, rules: EscalationRules | None = None) -> None:
+        self.rules = rules or EscalationRules()
+        self._cards: dict[str, _Card] = {}
+
+    # ------------------------------------------------------------------ input
+    def observe_event(self, identity: str, key: str, ts: float, now: float) -> bool:
+        """Count one occurrence of ``key`` that happened at ``ts`` on card ``identity``.
+
+        Returns False (not counted) when no frequency rule names the key, when ``ts`` is
+        older than every window of the key's rules (a stale record read at start), in
+        the future beyond 300 s, or already counted."""
+        rules = [r for r in self.rules.frequency if key in r.keys]
+        if not rules or _finite(ts) is None:
+            return False
+        window = max(r.window_seconds for r in rules)
+        if ts < now - window or ts > now + 300:
+            return False
+        card = self._cards.setdefault(identity, _Card())
+        times = card.events.setdefault(key, [])
+        if ts in times:
+            return False
+        times.append(ts)
+        times.sort()
+        del times[:-MAX_EVENTS_PER_KEY]
+        for rule in rules:
+            count = sum(
+                1
+                for k in rule.keys
+                for t in card.events.get(k, ())
+                if t >= ts - rule.window_seconds and t <= ts
+            )
+            if count >= rule.times:
+                held = card.escalated.get(rule.name)
+                card.escalated[rule.name] = {
+                    "since": held["since"] if held else ts,
+                    "last": ts,
+                    "action": rule.action,
+                }
+            elif rule.name in card.escalated:
+                card.escalated[rule.name]["last"] = max(card.escalated[rule.name]["last"], ts)
+        return True
+
+    def observe_conditions(self, identity: str, present: Iterable[str], now: float) -> None:
+        """The condition keys present on card ``identity`` at ``now`` (one patrol); the
+        keys of duration rules not in ``present`` are absent."""
+        watched = {k for r in self.rules.duration for k in r.keys}
+        here = set(present) & watched
+        card = self._cards.get(identity)
+        if card is None:
+            if not here:
+                return
+            card = self._cards.setdefault(identity, _Card())
+        for key in here:
+            cond = card.conditions.get(key)
+            if cond is None:
+                card.conditions[key] = {"since": now, "absent_since": None}
+            else:
+                cond["absent_since"] = None
+        for key in list(card.conditions):
+            if key in here:
+                continue
+            cond = card.conditions[key]
+            if cond["absent_since"] is None:
+                cond["absent_since"] = now
+            recover = max(
+                (r.recover_seconds for r in self.rules.duration if key in r.keys), default=0.0
+            )
+            if now - cond["absent_since"] >= recover:
+                del card.conditions[key]
+
+    def observe_present(self, identity: str, keys: Iterable[str], now: float) -> list[str]:
+        """One patrol's state keys on card ``identity`` (``check:<name>`` of its findings,
+        ``ascend:<code>`` of the npu-smi health codes, ``ascend_level:<level>``).
+
+        Feeds the duration rules (:meth:`observe_conditions`), and counts a key of a
+        frequency rule as one occurrence at ``now`` when it was not present at the
+        previous call: a code that stays up for many patrols is one fault, one that
+        clears and comes back is two (MindCluster counts fault occurrences, not polls).
+        Returns the keys counted."""
+        keys = set(keys)
+        self.observe_conditions(identity, keys, now)
+        freq = {k for r in self.rules.frequency for k in r.keys}
+        card = self._cards.get(identity)
+        before = set(card.present) if card is not None else set()
+        counted = []
+        for key in sorted((keys & freq) - before):
+            if self.observe_event(identity, key, now, now):
+                counted.append(key)
+        now_present = sorted(keys & freq)
+        card = self._cards.get(identity)
+        if card is None and now_present:
+            card = self._cards.setdefault(identity, _Card())
+        if card is not None:
+            card.present = now_present
+        return counted
+
+    def clear(self, identity: str, rule_name: str | None = None) -> None:
+        """An operator released the card: forget one rule's escalation (or all, with its
+        counts) for ``identity``."""
+        card = self._cards.get(identity)
+        if card is None:
+            return
+        if rule_name is None:
+            del self._cards[identity]
+        else:
+            card.escalated.pop(rule_name, None)
+
+    # ----------------------------------------------------------------- output
+    def decay(self, now: float) -> None:
+        """Drop occurrences older than their longest window, released escalations and
+        cards with nothing left."""
+        for identity in list(self._cards):
+            card = self._cards[identity]
+            for key in list(card.events):
+                windows = [r.window_seconds for r in self.rules.frequency if key in r.keys]
+                if not windows:
+                    del card.events[key]
+                    continue
+                card.events[key] = [t for t in card.events[key] if t >= now - max(windows)]
+                if not card.events[key]:
+                    del card.events[key]
+            for name in list(card.escalated):
+                rule = next((r for r in self.rules.frequency if r.name == name), None)
+                if rule is None or (
+                    rule.release_seconds is not None
+                    and now - card.escalated[name]["last"] >= rule.release_seconds
+                ):
+                    del card.escalated[name]
+            if not (card.events or card.escalated or card.conditions or card.present):
+                del self._cards[identity]
+
+    def actions(self, identity: str, now: float) -> list[ActionVerdict]:
+        """The escalated actions in force on card ``identity`` at ``now`` (after
+        :meth:`decay`), one per rule; empty when none."""
+        card = self._cards.get(identity)
+        if card is None:
+            return []
+        out = []
+        for rule in self.rules.frequency:
+            held = card.escalated.get(rule.name)
+            if held is None:
+                continue
+            if rule.release_seconds is not None and now - held["last"] >= rule.release_seconds:
+                continue
+            what = "/".join(sorted(rule.keys)) if len(rule.keys) <= 3 else "listed codes"
+            out.append(
+                ActionVerdict(
+                    rule.action,
+                    "escalation",
+                    rule.name,
+                    f"{rule.times} x {what} within {rule.window_seconds:g} s ({rule.source})",
+                )
+            )
+        for rule in self.rules.duration:
+            for key in sorted(rule.keys):
+                cond = card.conditions.get(key)
+                if cond is None or cond["absent_since"] is not None:
+                    continue
+                lasted = now - cond["since"]
+                if lasted > rule.fault_seconds:
+                    out.append(
+                        ActionVerdict(
+                            rule.action,
+                            "escalation",
+                            rule.name,
+                            f"{key} for {lasted:.0f} s > {rule.fault_seconds:g} s ({rule.source})",
+                        )
+                    )
+                    break
+        return out
+
+    def identities(self) -> list[str]:
+        return sorted(self._cards)
+
+    # ------------------------------------------------------------ persistence
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready state: ``{"schema", "cards": {identity: {"events": {key: [t]},
+        "escalated": {rule: {since, last, action}}, "conditions": {key: {since,
+        absent_since}}, "present": [key]}}}``."""
+        return {
+            "schema": STATE_SCHEMA,
+            "cards": {
+                ident: {
+                    "events": {k: list(v) for k, v in sorted(c.events.items())},
+                    "escalated": {k: dict(v) for k, v in sorted(c.escalated.items())},
+                    "conditions": {k: dict(v) for k, v in sorted(c.conditions.items())},
+                    "present": list(c.present),
+                }
+                for ident, c in sorted(self._cards.items())
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any, now: float, rules: EscalationRules | None = None) -> Escalation:
+        """Rebuild from :meth:`to_dict` output as of ``now``: events outside their
+        windows, rules that no longer exist and malformed entries are dropped (a damaged
+        or foreign document gives an empty state, never an exception). A condition's
+        timer is kept: the time the daemon was down counts as the condition going on
+        only if the next patrol still sees it."""
+        esc = cls(rules)
+        if not isinstance(doc, Mapping) or doc.get("schema") != STATE_SCHEMA:
+            return esc
+        cards = doc.get("cards")
+        if not isinstance(cards, Mapping):
+            return esc
+        names = {r.name: r for r in esc.rules.frequency}
+        for ident, raw in cards.items():
+            if not isinstance(ident, str) or not isinstance(raw, Mapping):
+                continue
+            card = _Card()
+            for key, times in (raw.get("events") or {}).items():
+                if isinstance(key, str) and isinstance(times, list):
+                    kept = sorted(
+                        {t for t in (_finite(x) for x in times) if t is not None and t <= now + 300}
+                    )
+                    if kept:
+                        card.events[key] = kept[-MAX_EVENTS_PER_KEY:]
+            for name, held in (raw.get("escalated") or {}).items():
+                if name in names and isinstance(held, Mapping):
+                    since, last = _finite(held.get("since")), _finite(held.get("last"))
+                    if since is not None and last is not None:
+                        card.escalated[name] = {
+                            "since": since,
+                            "last": last,
+                            "action": names[name].action,
+                        }
+            for key, cond in (raw.get("conditions") or {}).items():
+                if isinstance(key, str) and isinstance(cond, Mapping):
+                    since = _finite(cond.get("since"))
+                    absent = cond.get("absent_since")
+                    absent = _finite(absent) if absent is not None else None
+                    if since is not None:
+                        card.conditions[key] = {"since": since, "absent_since": absent}
+            present = raw.get("present")
+            if isinstance(present, list):
+                card.present = sorted({k for k in present if isinstance(k, str)})
+            esc._cards[ident] = card
+        esc.decay(now)
+        return esc
+
+
+def rules_from_config(section: Mapping[str, Any] | None) -> EscalationRules:
+    """Rules from a config section ``{frequency: [...], duration: [...]}``; each list
+    replaces the default list when given. Items: ``{name, keys, times, window_seconds,
+    action, release_seconds}`` / ``{name, keys, fault_seconds, recover_seconds,
+    action}``. Raises ValueError naming the bad item."""
+    if not section:
+        return EscalationRules()
+    freq = DEFAULT_FREQUENCY_RULES
+    dur = DEFAULT_DURATION_RULES
+    try:
+        if "frequency" in section:
+            freq = tuple(
+                FrequencyRule(
+                    str(i["name"]),
+                    frozenset(str(k) for k in i["keys"]),
+                    int(i["times"]),
+                    float(i["window_seconds"]),
+                    parse_action(i["action"]),
+                    None if i.get("release_seconds") is None else float(i["release_seconds"]),
+                    source="config",
+                )
+                for i in section["frequency"] or ()
+            )
+        if "duration" in section:
+            dur = tuple(
+                DurationRule(
+                    str(i["name"]),
+                    frozenset(str(k) for k in i["keys"]),
+                    float(i["fault_seconds"]),
+                    parse_action(i["action"]),
+                    float(i.get("recover_seconds") or 0.0),
+                    source="config",
+                )
+                for i in section["duration"] or ()
+            )
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"escalation rule is missing or has a bad field: {exc}") from None
+    return EscalationRules(freq, dur)

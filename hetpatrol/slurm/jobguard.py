@@ -1,0 +1,683 @@
+"""The job-start guard's logic (``hetpatrol prolog``): may this job start on its cards?
+
+Slurm runs ``Prolog=`` on the compute node before every job (as SlurmdUser, normally
+root); a non-zero exit drains the node and requeues the job. So this must be fast and
+must never hang: it reads the running daemon's last verdict (the state file that
+:mod:`hetpatrol.exporters.state` writes atomically after every patrol), finds the cards
+allocated to the job, and fails only when
+
+- the verdict is missing, unreadable or stale (same limit as ``hetpatrol check``:
+  3 patrol intervals + 10 s unless ``max_age`` is given; a patrol time more than 300 s
+  in the future is not trusted), or
+- an allocated card's action is in ``block_on`` (default: reset_card, reboot_node,
+  isolate_card, replace_card), or any card or node finding says ``reboot_node`` and the
+  job holds at least one card of the node.
+
+Which cards (Slurm facts, checked in slurm.conf(5) of Slurm 22.05, section "Prolog and
+Epilog Scripts", and in recorded ``scontrol show job -d`` outputs):
+
+- ``SLURM_JOB_GPUS``: "The GPU IDs of GPUs in the job allocation (if any). Available in
+  the Prolog and Epilog" -- the GRES index (IDX) of the ``gpu`` GRES. ``SLURM_STEP_GPUS``
+  (task environment) is the same for a step. ``CUDA_VISIBLE_DEVICES`` is not set in the
+  Prolog; in a step it may be renumbered by cgroup device constraints, so its numbers are
+  used only when neither Slurm variable is there (UUID entries ``GPU-...`` are exact).
+- Ascend: ``ASCEND_VISIBLE_DEVICES`` (Ascend Docker Runtime, device IDs) or
+  ``ASCEND_RT_VISIBLE_DEVICES`` (the CANN runtime's visible logical devices).
+- Any vendor's GRES: ``scontrol show job -d <id>`` prints per node
+  ``Nodes=n[1-2] CPU_IDs=0-7 Mem=0 GRES=gpu:a100:2(IDX:0-1),ascend:910b:1(IDX:3)``
+  (older releases: ``GRES_IDX=gpu(IDX:2,4)``, and ``GRES_IDX=`` when none). It is run
+  only when a card with a blocking action has a GRES the environment did not cover.
+
+IDX -> card: Slurm numbers the devices of one GRES name on a node 0, 1, ... in gres.conf
+``File=`` order (or the order AutoDetect found them); hetpatrol takes the cards of that
+GRES name in (index, chip) order, which is the same order when ``File=/dev/nvidia[0-7]``
+follows the NVML index (the usual case) and, for Ascend, ``/dev/davinci[0-7]`` the NPU
+ID. An IDX with no card is reported, never a reason to fail (a mapping fault must not
+drain a cluster).
+
+Nothing here imports yaml, jsonschema, prometheus_client, pynvml or structlog.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from hetpatrol.actions.apply import drain_reason
+from hetpatrol.actions.findings import card_action, finding_action
+from hetpatrol.actions.vocabulary import (
+    DEFAULT_DRAIN_ACTIONS,
+    REBOOT_NODE,
+    ActionVerdict,
+    is_action,
+)
+
+EXIT_PASS = 0
+EXIT_FAIL = 1
+STATE_SCHEMA_PREFIX = "hetpatrol.state/"
+#: most bytes read of the state file (a real one is tens of KB)
+STATE_READ_MAX = 16 * 1024 * 1024
+STALE_INTERVALS = 3
+STALE_GRACE_SECONDS = 10.0
+CLOCK_SLACK_SECONDS = 300.0
+DEFAULT_MAX_AGE_SECONDS = 60.0
+#: most bytes of scontrol output looked at
+SCONTROL_MAX = 1024 * 1024
+
+GPU_GRES = "gpu"
+ASCEND = "ascend"
+
+
+# ------------------------------------------------------------------- allocation
+def parse_index_list(text: str | None) -> frozenset[int] | None:
+    """``0,1`` / ``0-3,7`` -> the numbers; ``""``, ``N/A``, ``(null)`` -> empty; None when
+    the text is something else (a UUID list, garbage)."""
+    if text is None:
+        return None
+    body = text.strip()
+    if body.lower() in ("", "n/a", "(null)", "none", "nodevfiles"):
+        return frozenset()
+    out: set[int] = set()
+    for part in body.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d{1,6})(?:-(\d{1,6}))?", part)
+        if not m:
+            return None
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        if hi < lo or hi - lo > 4096:
+            return None
+        out.update(range(lo, hi + 1))
+    return frozenset(out)
+
+
+class Allocation(NamedTuple):
+    """The cards of one job on this node, as Slurm names them.
+
+    ``by_gres``: GRES name (lower case) -> IDX numbers; ``uuids``: GPU UUIDs
+    (lower case); ``ascend_ids``: Ascend device IDs; ``sources``: where each part came
+    from (``SLURM_JOB_GPUS``, ``scontrol`` ...); ``errors``: text that could not be read.
+    """
+
+    by_gres: Mapping[str, frozenset[int]] = {}  # never mutated
+    uuids: frozenset[str] = frozenset()
+    ascend_ids: frozenset[int] | None = None
+    sources: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not any(self.by_gres.values()) and not self.uuids and not self.ascend_ids
+
+    def covers(self, gres: str | None, vendor: str | None) -> bool:
+        """True when this allocation says which cards of ``gres`` / ``vendor`` the job
+        has (even "none")."""
+        if gres and gres.lower() in self.by_gres:
+            return True
+        if vendor == ASCEND and self.ascend_ids is not None:
+            return True
+        return vendor == "nvidia" and bool(self.uuids)
+
+    def merged(self, other: Allocation) -> Allocation:
+        """This allocation with ``other``'s GRES names added (this one wins per name)."""
+        by = dict(other.by_gres)
+        by.update(self.by_gres)
+        return Allocation(
+            by,
+            self.uuids | other.uuids,
+            self.ascend_ids if self.ascend_ids is not None else other.ascend_ids,
+            self.sources + other.sources,
+            self.errors + other.errors,
+        )
+
+
+def parse_job_env(env: Mapping[str, str]) -> Allocation:
+    """The job's cards from the Prolog / Epilog / task environment (see the module
+    docstring for which variable wins). Never raises; unreadable values go to
+    ``errors``."""
+    by: dict[str, frozenset[int]] = {}
+    uuids: set[str] = set()
+    ascend: frozenset[int] | None = None
+    sources: list[str] = []
+    errors: list[str] = []
+    for name in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
+        if name in env:
+            idx = parse_index_list(env[name])
+            if idx is None:
+                errors.append(f"{name}={env[name][:80]!r} is not a list of GPU IDs")
+                continue
+            by[GPU_GRES] = idx
+            sources.append(name)
+            break
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        items = [i.strip() for i in cvd.split(",") if i.strip()]
+        found = [i for i in items if i.upper().startswith(("GPU-", "MIG-"))]
+        if found:
+            uuids.update(i.lower() for i in found)
+            sources.append("CUDA_VISIBLE_DEVICES")
+        elif GPU_GRES not in by:
+            idx = parse_index_list(cvd)
+            if idx is None:
+                errors.append(f"CUDA_VISIBLE_DEVICES={cvd[:80]!r} is not readable")
+            else:
+                by[GPU_GRES] = idx
+                sources.append("CUDA_VISIBLE_DEVICES")
+    for name in ("ASCEND_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"):
+        if name in env:
+            idx = parse_index_list(env[name])
+            if idx is None:
+                errors.append(f"{name}={env[name][:80]!r} is not a list of device IDs")
+                continue
+            ascend = idx
+            sources.append(name)
+            break
+    return Allocation(by, frozenset(uuids), ascend, tuple(sources), tuple(errors))
+
+
+_NODES_RE = re.compile(r"(?<![A-Za-z_])Nodes=(?P<nodes>\S+)")
+_GRES_RE = re.compile(r"(?<![A-Za-z_])(?:GRES|GRES_IDX)=(?P<gres>\S*)")
+_IDX_RE = re.compile(r"\(IDX:(?P<idx>[^)]*)\)")
+
+
+def parse_scontrol_job(text: str, node: str) -> Allocation:
+    """The job's GRES indexes on ``node`` from ``scontrol show job -d`` (multi-line or
+    ``-o`` one-line output). Each ``Nodes=<host list> ... GRES=<items>`` segment whose
+    host list holds ``node`` contributes its ``name...(IDX:list)`` items; a GRES name in
+    a matching segment without IDX is recorded with no index. Never raises."""
+    from hetpatrol.slurm.gres import hostlist_contains, split_top  # scontrol path only
+
+    by: dict[str, set[int]] = {}
+    errors: list[str] = []
+    text = text[:SCONTROL_MAX]
+    starts = [m for m in _NODES_RE.finditer(text)]
+    for i, m in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
+        segment = text[m.end() : end]
+        nl = segment.find("\n", 1)
+        line = segment if nl < 0 else segment[:nl]
+        try:
+            mine = hostlist_contains(m.group("nodes"), node)
+        except (ValueError, RecursionError):
+            errors.append(f"host list {m.group('nodes')[:80]!r} not readable")
+            continue
+        g = _GRES_RE.search(line)
+        if not mine or g is None:
+            continue
+        for item in split_top(g.group("gres")):
+            name = re.split(r"[:(]", item, maxsplit=1)[0].strip().lower()
+            if not name or name in ("(null)", "n/a"):
+                continue
+            slot = by.setdefault(name, set())
+            im = _IDX_RE.search(item)
+            if im is None:
+                continue
+            idx = parse_index_list(im.group("idx"))
+            if idx is None:
+                errors.append(f"GRES item {item[:80]!r}: IDX not readable")
+                continue
+            slot.update(idx)
+    return Allocation(
+        {k: frozenset(v) for k, v in by.items()}, sources=("scontrol",), errors=tuple(errors)
+    )
+
+
+# ---------------------------------------------------------------------- verdict
+def stale_limit(doc: Mapping[str, Any], max_age: float | None = None) -> float:
+    """Seconds after which a verdict is stale (as :func:`hetpatrol.healthcheck.stale_limit`)."""
+    try:
+        if max_age is not None:
+            limit = float(max_age)
+        else:
+            interval = float(doc.get("interval_seconds") or 10.0)
+            limit = STALE_INTERVALS * interval + STALE_GRACE_SECONDS
+    except (TypeError, ValueError, OverflowError):
+        limit = math.nan
+    return limit if math.isfinite(limit) and limit > 0 else DEFAULT_MAX_AGE_SECONDS
+
+
+def verdict_age(
+    doc: Mapping[str, Any], now: float, max_age: float | None = None
+) -> tuple[float, bool]:
+    """(age in s, stale?) as :func:`hetpatrol.healthcheck.verdict_age` computes it."""
+    value = doc.get("finished")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return math.nan, True
+    try:
+        finished = float(value)
+    except ValueError:
+        return math.nan, True
+    if not math.isfinite(finished) or finished > now + CLOCK_SLACK_SECONDS:
+        return math.nan, True
+    age = max(0.0, now - finished)
+    return age, age > stale_limit(doc, max_age)
+
+
+def card_name(card: Mapping[str, Any]) -> str:
+    """``nvidia/3`` or ``ascend/0/1`` (vendor/index[/chip]), as drain reasons name cards."""
+    name = f"{card.get('vendor')}/{card.get('index')}"
+    return name + (f"/{card['chip']}" if card.get("chip") is not None else "")
+
+
+def _verdict_of(item: Mapping[str, Any], findings: Sequence[Any] | None) -> ActionVerdict:
+    """The action of a card line or a node finding: its ``action`` (and
+    ``action_source``/``action_code``/``action_reason``) fields when the daemon wrote
+    them, else derived from its findings (Ascend codes are unknown then: no YAML here)."""
+    action = item.get("action")
+    if is_action(action):
+        code = item.get("action_code")
+        return ActionVerdict(
+            str(action),
+            str(item.get("action_source") or "state"),
+            str(code) if code else None,
+            str(item.get("action_reason") or ""),
+        )
+    if findings is None:
+        return finding_action(item, levels={})
+    return card_action([f for f in findings if isinstance(f, Mapping)], levels={})
+
+
+def _sort_key(card: Mapping[str, Any]) -> tuple[int, int]:
+    def num(x: Any) -> int:
+        return x if isinstance(x, int) and not isinstance(x, bool) else 1 << 30
+
+    return num(card.get("index")), num(card.get("chip"))
+
+
+def match_cards(
+    cards: Sequence[Mapping[str, Any]], alloc: Allocation
+) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """(the state's card lines the job holds, the references that matched no card)."""
+    matched: list[Mapping[str, Any]] = []
+    missing: list[str] = []
+
+    def add(card: Mapping[str, Any]) -> None:
+        if all(card is not c for c in matched):
+            matched.append(card)
+
+    for gres, idxs in sorted(alloc.by_gres.items()):
+        group = sorted(
+            (c for c in cards if str(c.get("gres") or "").lower() == gres), key=_sort_key
+        )
+        for i in sorted(idxs):
+            if i < len(group):
+                add(group[i])
+            else:
+                missing.append(f"{gres} IDX {i}")
+    for uuid in sorted(alloc.uuids):
+        hit = [c for c in cards if str(c.get("uuid") or "").lower() == uuid]
+        if hit:
+            add(hit[0])
+        else:
+            missing.append(f"uuid {uuid}")
+    if alloc.ascend_ids:
+        group = sorted((c for c in cards if c.get("vendor") == ASCEND), key=_sort_key)
+        for i in sorted(alloc.ascend_ids):
+            if i < len(group):
+                add(group[i])
+            else:
+                missing.append(f"ascend device {i}")
+    return matched, missing
+
+
+class GuardDecision(NamedTuple):
+    """``exit_code`` 0 (start the job) or 1 (fail: Slurm drains and requeues);
+    ``reason``: one line, starting ``hetpatrol:`` when failing (the drain reason);
+    ``cards``: the matched card names; ``unmatched``: allocation references with no card."""
+
+    exit_code: int
+    reason: str
+    cards: tuple[str, ...] = ()
+    unmatched: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_PASS
+
+
+def _bad_cards(
+    cards: Sequence[Mapping[str, Any]], block_on: frozenset[str]
+) -> list[tuple[Mapping[str, Any], ActionVerdict]]:
+    out = []
+    for card in cards:
+        findings = card.get("findings")
+        verdict = _verdict_of(card, findings if isinstance(findings, list) else [])
+        if verdict.action in block_on:
+            out.append((card, verdict))
+    return out
+
+
+def needs_scontrol(
+    doc: Mapping[str, Any] | None,
+    env_alloc: Allocation,
+    block_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS,
+) -> bool:
+    """True when asking ``scontrol show job -d`` could change the answer: a card of the
+    verdict has a blocking action and the environment does not say whether the job
+    holds cards of that card's GRES. False for a stale or missing verdict (that fails
+    anyway) and when no card blocks (the common case: no scontrol at all)."""
+    if not isinstance(doc, Mapping):
+        return False
+    cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
+    for card, _verdict in _bad_cards(cards, block_on):
+        if not env_alloc.covers(str(card.get("gres") or "") or None, card.get("vendor")):
+            return True
+    return False
+
+
+def decide(
+    doc: Mapping[str, Any] | None,
+    alloc: Allocation,
+    *,
+    now: float,
+    max_age: float | None = None,
+    block_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS,
+    read_error: str | None = None,
+) -> GuardDecision:
+    """Pass or fail one job (see the module docstring). ``doc``: the state document, or
+    None when it could not be read (``read_error`` says why). Never raises."""
+    # any hetpatrol.state/N: adding fields (the actions) may bump N; a state file from
+    # before that has no "action" fields and is judged by its findings
+    schema = doc.get("schema") if isinstance(doc, Mapping) else None
+    if not isinstance(schema, str) or not schema.startswith(STATE_SCHEMA_PREFIX):
+        why = read_error or "no hetpatrol verdict"
+        return GuardDecision(EXIT_FAIL, f"hetpatrol: no verdict: {why}")
+    age, stale = verdict_age(doc, now, max_age)
+    if not math.isfinite(age):
+        return GuardDecision(
+            EXIT_FAIL, f"hetpatrol: stale verdict: impossible patrol time {doc.get('finished')!r}"
+        )
+    if stale:
+        return GuardDecision(
+            EXIT_FAIL,
+            f"hetpatrol: stale verdict: last patrol {age:.0f} s ago "
+            f"(max {stale_limit(doc, max_age):.0f} s)",
+        )
+    cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
+    held, missing = match_cards(cards, alloc)
+    names = tuple(card_name(c) for c in held)
+    blocking = _bad_cards(held, block_on)
+    if held and not blocking:
+        # a node that needs a reboot takes no accelerator job, whichever card said so
+        node_items: list[tuple[str, ActionVerdict]] = [
+            (card_name(card), verdict)
+            for card, verdict in _bad_cards(cards, frozenset({REBOOT_NODE}))
+        ]
+        for f in doc.get("findings") or []:
+            if isinstance(f, Mapping):
+                verdict = _verdict_of(f, None)
+                if verdict.action == REBOOT_NODE:
+                    node_items.append((f"node {f.get('check')}", verdict))
+        if node_items:
+            where, verdict = node_items[0]
+            return GuardDecision(EXIT_FAIL, drain_reason(where, verdict), names, tuple(missing))
+    if blocking:
+        card, verdict = blocking[0]
+        reason = drain_reason(card_name(card), verdict)
+        if len(blocking) > 1:
+            more = ", ".join(f"{card_name(c)} {v.action}" for c, v in blocking[1:])
+            reason = drain_reason(card_name(card), verdict, f"{verdict.reason}; also {more}")
+        return GuardDecision(EXIT_FAIL, reason, names, tuple(missing))
+    held_text = ", ".join(names) or "none held"
+    text = f"job cards ok: {held_text} (patrol {doc.get('seq')}, {age:.0f} s ago)"
+    if missing:
+        text += f"; not in the verdict: {', '.join(missing)}"
+    return GuardDecision(EXIT_PASS, text, names, tuple(missing))
+
+
+# ------------------------------------------------------------------------- I/O
+def read_state_bounded(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read the state file without blocking (O_NONBLOCK, regular files only, at most
+    :data:`STATE_READ_MAX` bytes). Raises OSError or ValueError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        data = fh.read(STATE_READ_MAX + 1)
+    if len(data) > STATE_READ_MAX:
+        raise ValueError(f"larger than {STATE_READ_MAX} bytes")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return doc
+
+
+Runner = Callable[[Sequence[str], float], str]
+
+
+def run_scontrol(argv: Sequence[str], timeout: float) -> str:
+    """Run scontrol with a hard timeout; stdout text (at most :data:`SCONTROL_MAX`
+    bytes). Raises OSError / subprocess.SubprocessError (timeout, non-zero exit)."""
+    import subprocess  # only when scontrol is needed: the common pass path skips it
+
+    res = subprocess.run(
+        list(argv), capture_output=True, timeout=timeout, check=True, stdin=subprocess.DEVNULL
+    )
+    return res.stdout[:SCONTROL_MAX].decode("utf-8", "replace")
+
+
+def guard(
+    env: Mapping[str, str],
+    state_path: str | os.PathLike[str],
+    *,
+    block_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS,
+    max_age: float | None = None,
+    timeout: float = 5.0,
+    runner: Runner = run_scontrol,
+    scontrol: str = "scontrol",
+    clock: Callable[[], float] = time.time,
+) -> GuardDecision:
+    """One prolog run: read the verdict, the environment, ``scontrol`` only if
+    :func:`needs_scontrol`; never raises, never runs longer than ``timeout`` seconds in
+    scontrol. The node name is ``SLURMD_NODENAME``, else the state's ``node``."""
+    start = time.monotonic()
+    doc: dict[str, Any] | None = None
+    error = None
+    try:
+        doc = read_state_bounded(state_path)
+    except FileNotFoundError:
+        error = f"no state file {state_path}: is the hetpatrol daemon running?"
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        error = f"cannot read {state_path}: {getattr(exc, 'strerror', None) or exc}"
+    alloc = parse_job_env(env)
+    try:
+        if needs_scontrol(doc, alloc, block_on):
+            job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+            node = env.get("SLURMD_NODENAME") or str((doc or {}).get("node") or "")
+            left = timeout - (time.monotonic() - start)
+            if job and node and left > 0.05:
+                import subprocess
+
+                try:
+                    text = runner([scontrol, "show", "job", "-d", str(job)], left)
+                    alloc = alloc.merged(parse_scontrol_job(text, node))
+                except (OSError, subprocess.SubprocessError, ValueError) as exc:
+                    alloc = alloc.merged(
+                        Allocation(errors=(f"scontrol: {type(exc).__name__}: {exc}",))
+                    )
+        return decide(doc, alloc, now=clock(), max_age=max_age, block_on=block_on, read_error=error)
+    except Exception as exc:  # noqa: BLE001 - a guard bug must not drain the cluster
+        return GuardDecision(
+            EXIT_PASS, f"guard error, job let through: {type(exc).__name__}: {exc}"
+        )
+
+
+def job_card_names(doc: Mapping[str, Any], alloc: Allocation) -> list[str]:
+    """The names (``nvidia/3``) of the state's cards the job holds: what ``hetpatrol
+    epilog`` patrols after the job."""
+    cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
+    return [card_name(c) for c in match_cards(cards, alloc)[0]]
+
+
+class _HardLimit(BaseException):  # noqa: N818 - not an error: the clock ran out
+    pass
+
+
+def prolog_main(
+    env: Mapping[str, str],
+    state_path: str | os.PathLike[str],
+    *,
+    block_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS,
+    max_age: float | None = None,
+    timeout: float = 5.0,
+    set_reason: bool = True,
+    scontrol: str = "scontrol",
+    runner: Runner = run_scontrol,
+    write: Callable[[str], object] | None = None,
+) -> int:
+    """The whole ``hetpatrol prolog``: :func:`guard` under a hard time limit, and on a
+    failure the node's drain reason set to hetpatrol's before exiting 1.
+
+    Slurm drains the node and requeues the job when the Prolog exits non-zero; its own
+    reason would be "Prolog error". Setting ``State=DRAIN Reason=<ours>`` first (the
+    Prolog runs as SlurmdUser, root) keeps hetpatrol's reason: checked on slurmd 22.05,
+    the node shows ``Reason=hetpatrol: ...`` and the job ``launch failed requeued held``
+    (Slurm holds it unless ``SchedulerParameters=nohold_on_prolog_fail``).
+
+    The hard limit (``timeout`` seconds, SIGALRM when on the main thread) lets the job
+    through with a message: hetpatrol running out of time is no fault of the cards.
+    ``write``: where the one-line verdict goes (default stdout). Returns the exit code.
+    """
+    import signal
+    import threading
+
+    out = write or (lambda s: os.write(1, s.encode("utf-8", "replace")))
+    start = time.monotonic()
+    use_alarm = threading.current_thread() is threading.main_thread() and timeout >= 1
+
+    def expire(_sig: int, _frame: object) -> None:
+        raise _HardLimit
+
+    old = signal.signal(signal.SIGALRM, expire) if use_alarm else None
+    if use_alarm:
+        signal.alarm(int(math.ceil(timeout)) + 1)
+    try:
+        try:
+            decision = guard(
+                env,
+                state_path,
+                block_on=block_on,
+                max_age=max_age,
+                timeout=timeout,
+                runner=runner,
+                scontrol=scontrol,
+            )
+            if not decision.ok and set_reason:
+                node = env.get("SLURMD_NODENAME")
+                left = timeout - (time.monotonic() - start)
+                if node and left > 0.05:
+                    argv = [scontrol, "update", f"NodeName={node}", "State=DRAIN"]
+                    try:
+                        runner([*argv, f"Reason={decision.reason}"], left)
+                    except Exception as exc:  # noqa: BLE001 - Slurm's own reason remains
+                        decision = decision._replace(
+                            reason=f"{decision.reason} (reason not set: {type(exc).__name__})"
+                        )
+        except _HardLimit:
+            decision = GuardDecision(
+                EXIT_PASS, f"hard time limit {timeout:g} s hit: job let through"
+            )
+    finally:
+        if use_alarm:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+    out(decision.reason.replace("\n", " ") + "\n")
+    return decision.exit_code
+
+
+def epilog_cards(
+    env: Mapping[str, str],
+    doc: Mapping[str, Any],
+    *,
+    timeout: float = 10.0,
+    runner: Runner = run_scontrol,
+    scontrol: str = "scontrol",
+) -> tuple[list[Mapping[str, Any]], Allocation]:
+    """The state's card lines the finished job held, for ``hetpatrol epilog``'s one quick
+    patrol of them (XIDs the job caused show up there). The environment first
+    (``SLURM_JOB_GPUS`` is "Available in the Prolog and Epilog", slurm.conf(5)); when it
+    does not cover every GRES name of the node's cards, ``scontrol show job -d`` (the job
+    record is still there while the Epilog runs). Never raises; returns (cards, the
+    allocation used, whose ``errors`` say what could not be read)."""
+    alloc = parse_job_env(env)
+    cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
+    uncovered = [
+        c for c in cards if not alloc.covers(str(c.get("gres") or "") or None, c.get("vendor"))
+    ]
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    node = env.get("SLURMD_NODENAME") or str(doc.get("node") or "")
+    if uncovered and job and node:
+        import subprocess
+
+        try:
+            text = runner([scontrol, "show", "job", "-d", str(job)], timeout)
+            alloc = alloc.merged(parse_scontrol_job(text, node))
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            alloc = alloc.merged(Allocation(errors=(f"scontrol: {type(exc).__name__}: {exc}",)))
+    return match_cards(cards, alloc)[0], alloc
+
+
+def cli_main(argv: Sequence[str] | None = None) -> int:
+    """``hetpatrol-prolog`` / ``hetpatrol prolog``: parse the arguments, run
+    :func:`prolog_main` with the process environment. Kept here, not in hetpatrol.cli,
+    whose imports (structlog, the config loader) cost more than the whole guard.
+
+    ``--state-path`` defaults to ``$HETPATROL_STATE_PATH``; Slurm runs the Prolog with
+    no search path, so ``--scontrol`` should be absolute (default: ``scontrol`` found in
+    ``/usr/bin``, ``/usr/local/bin``, ``/opt/slurm/bin``, else the bare name).
+    """
+    import argparse
+
+    from hetpatrol.actions.vocabulary import parse_action
+
+    p = argparse.ArgumentParser(
+        prog="hetpatrol prolog",
+        description="Slurm Prolog: fail (drain + requeue) when a card of this job needs "
+        "an action in --block-on, or the daemon's verdict is stale; else exit 0.",
+    )
+    p.add_argument("--state-path", default=os.environ.get("HETPATROL_STATE_PATH"))
+    p.add_argument("--max-age", type=float, default=None, metavar="S")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    p.add_argument(
+        "--block-on",
+        default=",".join(sorted(DEFAULT_DRAIN_ACTIONS)),
+        help="comma-separated action words (default: %(default)s)",
+    )
+    p.add_argument("--scontrol", default=None)
+    p.add_argument("--no-set-reason", action="store_true", help="leave Slurm's own reason")
+    args = p.parse_args(argv)
+    if not args.state_path:
+        p.error("--state-path (or HETPATROL_STATE_PATH) is required")
+    try:
+        block_on = frozenset(parse_action(w) for w in args.block_on.split(",") if w.strip())
+    except ValueError as exc:
+        p.error(f"--block-on: {exc}")
+    scontrol = args.scontrol
+    if scontrol is None:
+        scontrol = next(
+            (
+                f"{d}/scontrol"
+                for d in ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
+                if os.access(f"{d}/scontrol", os.X_OK)
+            ),
+            "scontrol",
+        )
+    return prolog_main(
+        os.environ,
+        args.state_path,
+        block_on=block_on,
+        max_age=args.max_age,
+        timeout=max(0.1, min(args.timeout, 60.0)),
+        set_reason=not args.no_set_reason,
+        scontrol=scontrol,
+    )

@@ -1,0 +1,440 @@
+"""The job-start guard (hetpatrol.slurm.jobguard): allocation parsing, the decision, and a
+real Slurm Prolog that runs it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hetpatrol import healthcheck
+from hetpatrol.slurm import jobguard
+from hetpatrol.slurm.jobguard import Allocation, decide, parse_job_env, parse_scontrol_job
+from tests import slurm_cluster as cluster
+
+slurm_cluster = cluster.slurm_cluster
+slurm_node = cluster.slurm_node
+
+NOW = 1_800_000_000.0
+
+# `scontrol show job -d` of a real Slurm 22.05 job (tests/slurm_cluster.py, sbatch
+# --gres=gpu:2,ascend:1), the detail line as printed:
+REAL_DETAIL = "     Nodes=hp-gpu01 CPU_IDs=0 Mem=1 GRES=gpu:a100:2(IDX:0-1),ascend:910b:1(IDX:0)\n"
+# older releases (Slurm's own testsuite test39.19 comment, and 21.08/20.11 outputs):
+OLD_DETAIL = "  Nodes=n4 CPU_IDs=0 Mem=0 GRES_IDX=gpu(IDX:2,4)\n"
+
+
+def card(vendor, index, gres, *, action=None, chip=None, uuid=None, findings=()):
+    c = {
+        "vendor": vendor,
+        "index": index,
+        "chip": chip,
+        "gres": gres,
+        "uuid": uuid,
+        "health": "ok",
+        "findings": list(findings),
+    }
+    if action is not None:
+        c["action"] = action
+    return c
+
+
+def state(cards, *, finished=NOW - 5, interval=10.0, findings=()):
+    return {
+        "schema": "hetpatrol.state/1",
+        "node": "hp-gpu01",
+        "seq": 42,
+        "finished": finished,
+        "interval_seconds": interval,
+        "health": "ok",
+        "exit_code": 0,
+        "collectors": {},
+        "findings": list(findings),
+        "cards": list(cards),
+    }
+
+
+NODE = [
+    card("nvidia", 0, "gpu", action="none", uuid="GPU-aaaa"),
+    card("nvidia", 1, "gpu", action="reset_card", uuid="GPU-bbbb"),
+    card("nvidia", 2, "gpu", action="watch", uuid="GPU-cccc"),
+    card("ascend", 0, "ascend", action="none", chip=0),
+    card("ascend", 1, "ascend", action="isolate_card", chip=0),
+]
+
+
+# ------------------------------------------------------------------ allocation
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("0,1", {0, 1}),
+        ("0-2,7", {0, 1, 2, 7}),
+        ("", set()),
+        ("N/A", set()),
+        ("NoDevFiles", set()),
+        ("GPU-aaaa", None),
+        ("3-1", None),
+        (None, None),
+    ],
+)
+def test_parse_index_list(text, want):
+    got = jobguard.parse_index_list(text)
+    assert got == (None if want is None else frozenset(want))
+
+
+def test_env_slurm_job_gpus_wins_and_uuids_are_exact():
+    a = parse_job_env({"SLURM_JOB_GPUS": "1,2", "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert a.by_gres == {"gpu": frozenset({1, 2})}
+    assert a.sources == ("SLURM_JOB_GPUS",)
+    a = parse_job_env({"CUDA_VISIBLE_DEVICES": "GPU-BBBB,MIG-x"})
+    assert a.uuids == {"gpu-bbbb", "mig-x"}
+    a = parse_job_env({"ASCEND_RT_VISIBLE_DEVICES": "1", "ASCEND_VISIBLE_DEVICES": "0,1"})
+    assert a.ascend_ids == {0, 1}
+    a = parse_job_env({"SLURM_JOB_GPUS": "banana"})
+    assert a.by_gres == {} and "banana" in a.errors[0]
+    assert parse_job_env({}).empty
+
+
+def test_scontrol_real_and_old_formats():
+    a = parse_scontrol_job(
+        "JobId=1 JobName=wrap\n   NumNodes=1 NumCPUs=1\n" + REAL_DETAIL, "hp-gpu01"
+    )
+    assert a.by_gres == {"gpu": frozenset({0, 1}), "ascend": frozenset({0})}
+    assert parse_scontrol_job(OLD_DETAIL, "n4").by_gres == {"gpu": frozenset({2, 4})}
+    # another node's line is not ours; a host list is expanded by name
+    two = (
+        "Nodes=gpu[1-2] CPU_IDs=0-7 Mem=0 GRES=gpu:2080ti:2(IDX:2-3)\n"
+        "Nodes=gpu3 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)\n"
+    )
+    assert parse_scontrol_job(two, "gpu2").by_gres == {"gpu": frozenset({2, 3})}
+    assert parse_scontrol_job(two, "gpu3").by_gres == {"gpu": frozenset({0})}
+    assert parse_scontrol_job(two, "gpu9").by_gres == {}
+    # NumNodes= is not a Nodes= segment; no GRES at all
+    assert parse_scontrol_job("NumNodes=1 Nodes=n1 CPU_IDs=4 Mem=0 GRES_IDX=\n", "n1").by_gres == {}
+    # the one-line form (scontrol -o) has several key=value runs on one line
+    one = (
+        "JobId=1 NumNodes=1 JOB_GRES=gpu:a100:2   Nodes=hp-gpu01 CPU_IDs=0 Mem=1 "
+        "GRES=gpu:a100:2(IDX:0-1) MinCPUsNode=1"
+    )
+    assert parse_scontrol_job(one, "hp-gpu01").by_gres == {"gpu": frozenset({0, 1})}
+
+
+# -------------------------------------------------------------------- decision
+def test_pass_when_the_jobs_cards_are_fine():
+    d = decide(state(NODE), Allocation({"gpu": frozenset({0, 2})}), now=NOW)
+    assert d.ok and d.cards == ("nvidia/0", "nvidia/2")
+    assert d.reason.startswith("job cards ok: nvidia/0, nvidia/2 (patrol 42, 5 s ago)")
+
+
+def test_fail_when_an_allocated_card_needs_a_reset():
+    d = decide(state(NODE), Allocation({"gpu": frozenset({0, 1})}), now=NOW)
+    assert (d.exit_code, d.reason) == (1, "hetpatrol: reset_card nvidia/1")
+    d = decide(state(NODE), Allocation({"ascend": frozenset({1})}), now=NOW)
+    assert d.reason == "hetpatrol: isolate_card ascend/1/0"
+    d = decide(state(NODE), Allocation(uuids=frozenset({"gpu-bbbb"})), now=NOW)
+    assert not d.ok
+    d = decide(state(NODE), Allocation(ascend_ids=frozenset({1})), now=NOW)
+    assert not d.ok
+
+
+def test_a_job_without_cards_passes_a_node_with_bad_cards():
+    assert decide(state(NODE), Allocation(), now=NOW).ok
+
+
+def test_reboot_node_blocks_every_accelerator_job():
+    cards = [
+        card("nvidia", 0, "gpu", action="none"),
+        card("nvidia", 1, "gpu", action="reboot_node"),
+    ]
+    d = decide(state(cards), Allocation({"gpu": frozenset({0})}), now=NOW)
+    assert d.reason == "hetpatrol: reboot_node nvidia/1"
+    node_finding = {
+        "check": "nvml_driver",
+        "severity": "critical",
+        "message": "m",
+        "action": "reboot_node",
+    }
+    d = decide(
+        state([cards[0]], findings=[node_finding]), Allocation({"gpu": frozenset({0})}), now=NOW
+    )
+    assert d.reason == "hetpatrol: reboot_node node nvml_driver"
+    assert decide(state([cards[0]], findings=[node_finding]), Allocation(), now=NOW).ok
+
+
+def test_stale_missing_or_future_verdicts_fail():
+    d = decide(state(NODE, finished=NOW - 41), Allocation(), now=NOW)
+    assert d.reason == "hetpatrol: stale verdict: last patrol 41 s ago (max 40 s)"
+    assert decide(state(NODE, finished=NOW - 39), Allocation(), now=NOW).ok
+    assert not decide(state(NODE, finished=NOW + 400), Allocation(), now=NOW).ok
+    d = decide(None, Allocation(), now=NOW, read_error="no state file /x")
+    assert d.reason == "hetpatrol: no verdict: no state file /x"
+    assert not decide({"schema": "other"}, Allocation(), now=NOW).ok
+
+
+@pytest.mark.parametrize(
+    ("finished", "interval", "max_age"),
+    [
+        (NOW - 5, 10.0, None),
+        (NOW - 41, 10.0, None),
+        (NOW - 100, 30, None),
+        (NOW - 20, 10, 15.0),
+        (NOW + 301, 10, None),
+        ("x", 10, None),
+        (NOW - 5, "bad", None),
+        (NOW - 61, None, None),
+    ],
+)
+def test_staleness_agrees_with_hetpatrol_check(finished, interval, max_age):
+    doc = state(NODE, finished=finished, interval=interval)
+    mine = jobguard.verdict_age(doc, NOW, max_age)
+    theirs = healthcheck.verdict_age(doc, NOW, max_age)
+    assert mine[1] == theirs[1]
+    assert (mine[0] == theirs[0]) or (mine[0] != mine[0] and theirs[0] != theirs[0])
+
+
+def test_unmapped_idx_is_reported_not_failed():
+    d = decide(state(NODE), Allocation({"gpu": frozenset({0, 7})}), now=NOW)
+    assert d.ok and d.unmatched == ("gpu IDX 7",)
+    assert d.reason.endswith("not in the verdict: gpu IDX 7")
+
+
+def test_cards_without_an_action_field_are_judged_by_their_findings():
+    old = [
+        card(
+            "nvidia",
+            0,
+            "gpu",
+            findings=[{"check": "remapped_rows_failure", "severity": "critical"}],
+        ),
+        card("nvidia", 1, "gpu", findings=[{"check": "temperature", "severity": "warning"}]),
+    ]
+    assert not decide(state(old), Allocation({"gpu": frozenset({0})}), now=NOW).ok
+    assert decide(state(old), Allocation({"gpu": frozenset({1})}), now=NOW).ok
+
+
+def test_scontrol_only_when_it_could_change_the_answer():
+    env = parse_job_env({"SLURM_JOB_GPUS": "0"})
+    good = [card("nvidia", 0, "gpu", action="none"), card("ascend", 0, "ascend", action="watch")]
+    assert not jobguard.needs_scontrol(state(good), env)
+    assert not jobguard.needs_scontrol(state(NODE[:3]), env)  # gpu covered by the env
+    assert jobguard.needs_scontrol(state(NODE), env)  # a bad ascend card, no ascend env
+    assert jobguard.needs_scontrol(state(NODE[:3]), parse_job_env({}))
+    assert not jobguard.needs_scontrol(None, env)
+
+
+def test_guard_reads_the_file_and_runs_scontrol_only_when_needed(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state(NODE)))
+    calls = []
+
+    def runner(argv, timeout):
+        calls.append((list(argv), timeout))
+        return REAL_DETAIL
+
+    env = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "0"}
+    d = jobguard.guard(env, path, runner=runner, clock=lambda: NOW)
+    # gpu 0 fine, but the verdict has a bad ascend card the env says nothing about:
+    # scontrol says ascend IDX 0 (fine) -> pass
+    assert d.ok, d.reason
+    assert calls[0][0] == ["scontrol", "show", "job", "-d", "7"] and 0 < calls[0][1] <= 5
+    calls.clear()
+    path.write_text(json.dumps(state(NODE[:1])))
+    assert jobguard.guard(env, path, runner=runner, clock=lambda: NOW).ok
+    assert calls == []
+
+
+def test_guard_never_raises_and_fails_closed_on_a_missing_or_odd_file(tmp_path):
+    d = jobguard.guard({}, tmp_path / "nope.json", clock=lambda: NOW)
+    assert d.exit_code == 1 and "is the hetpatrol daemon running?" in d.reason
+    (tmp_path / "bad.json").write_text("{not json")
+    assert jobguard.guard({}, tmp_path / "bad.json", clock=lambda: NOW).exit_code == 1
+    assert jobguard.guard({}, tmp_path, clock=lambda: NOW).exit_code == 1  # a directory
+
+    def boom(argv, timeout):
+        raise subprocess.TimeoutExpired(argv, timeout)
+
+    (tmp_path / "s.json").write_text(json.dumps(state(NODE)))
+    env = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "hp-gpu01"}
+    d = jobguard.guard(env, tmp_path / "s.json", runner=boom, clock=lambda: NOW)
+    assert d.ok  # scontrol timed out: the job's cards are unknown, nothing to blame
+
+
+def test_the_guard_imports_nothing_heavy():
+    code = (
+        "import sys, hetpatrol.slurm.jobguard\n"
+        "heavy = {'yaml', 'jsonschema', 'prometheus_client', 'pynvml', 'structlog'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# ----------------------------------------------------------------- real Slurm
+def _prolog_script(state_path: Path, out: Path, tmp_path: Path) -> str:
+    py = tmp_path / "prolog.py"
+    py.write_text(
+        "import os, sys\n"
+        "from hetpatrol.slurm.jobguard import prolog_main\n"
+        f"w = lambda s: open({str(out)!r}, 'a').write(s)\n"
+        f"sys.exit(prolog_main(os.environ, {str(state_path)!r}, "
+        f"scontrol={shutil.which('scontrol')!r}, write=w))\n"
+    )
+    return f"#!/bin/sh\nexec {sys.executable} {py}\n"
+
+
+def _wait_file(path: Path, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text()
+        time.sleep(0.1)
+    raise AssertionError(f"{path} not written in {timeout:.0f} s")
+
+
+@pytest.mark.slurm
+def test_real_prolog_passes_good_cards_and_fails_a_bad_one(slurm_node, tmp_path):
+    """slurmd runs the guard as Prolog; its env has no SLURM_JOB_GPUS here (fake
+    /dev files), so the guard asks scontrol for the IDX, and fails on GPU IDX 1, with
+    hetpatrol's reason on the drained node."""
+    c = slurm_node
+    out = tmp_path / "guard.out"
+    state_path = tmp_path / "state.json"
+    cards = [card("nvidia", i, "gpu", action="none") for i in range(8)]
+    cards += [card("ascend", i, "ascend", action="none", chip=0) for i in range(8)]
+    cards[1]["action"] = "reset_card"
+    state_path.write_text(json.dumps(state(cards, finished=time.time(), interval=3600)))
+    with c.explain(), c.install_hook("prolog", _prolog_script(state_path, out, tmp_path)):
+        # a job on GPU IDX 0 only: passes (the bad card 1 is not the job's)
+        job = c.run("sbatch", "--parsable", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "true")
+        first = _wait_file(out)
+        assert first.startswith("job cards ok: nvidia/0"), first
+        c.run("scontrol", "wait_job", job.stdout.strip().split(";")[0], check=False)
+        c.wait_for(lambda line: line.split(" ")[1] == "idle", what="node idle")
+        out.unlink()
+        # two GPUs: IDX 0-1, and card 1 needs a reset -> the Prolog fails
+        c.run("sbatch", "--gres=gpu:2", "-o", "/dev/null", "--wrap", "true")
+        second = _wait_file(out)
+        assert second.strip() == "hetpatrol: reset_card nvidia/1", second
+        line = c.wait_for(lambda line: "drain" in line.split(" ")[1], what="node drained")
+        # hetpatrol's reason, set by the Prolog before it failed, not "Prolog error"
+        assert c.reason().startswith("hetpatrol: reset_card nvidia/1"), line
+        queue = c.run("squeue", "-h", "-o", "%T %r").stdout
+        assert "requeued held" in queue, queue  # Slurm requeues (and holds) the job
+    c.run("scancel", "--user=root", check=False)
+
+
+def test_reason_carries_the_action_fields_the_daemon_wrote():
+    bad = card("nvidia", 3, "gpu", action="reboot_node")
+    bad.update(action_source="nvidia_xid", action_code="xid:79", action_reason="RESTART_BM")
+    cards = [card("nvidia", i, "gpu", action="none") for i in range(3)] + [bad]
+    cards.append(card("nvidia", 4, "gpu", action="isolate_card"))
+    d = decide(state(cards), Allocation({"gpu": frozenset({3})}), now=NOW)
+    assert d.reason == "hetpatrol: reboot_node nvidia/3 xid 79 RESTART_BM"
+    d = decide(state(cards), Allocation({"gpu": frozenset({3, 4})}), now=NOW)
+    assert d.reason == (
+        "hetpatrol: reboot_node nvidia/3 xid 79 RESTART_BM; also nvidia/4 isolate_card"
+    )
+
+
+def test_prolog_main_sets_the_drain_reason_then_fails(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state(NODE, finished=time.time())))
+    calls, lines = [], []
+
+    def runner(argv, timeout):
+        calls.append(list(argv))
+        return REAL_DETAIL if argv[1] == "show" else ""
+
+    env = {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "1"}
+    rc = jobguard.prolog_main(env, path, runner=runner, write=lines.append)
+    assert rc == 1
+    assert calls[-1] == [
+        "scontrol",
+        "update",
+        "NodeName=hp-gpu01",
+        "State=DRAIN",
+        "Reason=hetpatrol: reset_card nvidia/1",
+    ]
+    assert lines == ["hetpatrol: reset_card nvidia/1\n"]
+    calls.clear()
+    env["SLURM_JOB_GPUS"] = "0"
+    assert jobguard.prolog_main(env, path, runner=runner, write=lines.append) == 0
+    assert all(c[1] != "update" for c in calls)
+
+
+def test_prolog_main_hard_time_limit_lets_the_job_through(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state(NODE, finished=time.time())))
+
+    def stuck(argv, timeout):
+        time.sleep(10)  # a scontrol that ignores its timeout
+
+    lines = []
+    env = {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "hp-gpu01"}
+    t = time.monotonic()
+    rc = jobguard.prolog_main(env, path, runner=stuck, timeout=1.0, write=lines.append)
+    assert rc == 0 and time.monotonic() - t < 5
+    assert lines == ["hard time limit 1 s hit: job let through\n"]
+
+
+def test_epilog_cards_from_env_and_scontrol():
+    calls = []
+
+    def runner(argv, timeout):
+        calls.append(argv)
+        return REAL_DETAIL
+
+    env = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "1"}
+    held, alloc = jobguard.epilog_cards(env, state(NODE), runner=runner)
+    # gpu from the env (IDX 1); ascend not covered -> scontrol: ascend IDX 0
+    assert [jobguard.card_name(c) for c in held] == ["ascend/0/0", "nvidia/1"]
+    assert len(calls) == 1
+    calls.clear()
+    env["ASCEND_VISIBLE_DEVICES"] = ""
+    held, _ = jobguard.epilog_cards(env, state(NODE), runner=runner)
+    assert [jobguard.card_name(c) for c in held] == ["nvidia/1"] and calls == []
+
+
+def test_a_newer_state_schema_is_read():
+    doc = state(NODE)
+    doc["schema"] = "hetpatrol.state/2"
+    assert decide(doc, Allocation({"gpu": frozenset({0})}), now=NOW).ok
+    doc["schema"] = "nothing.state/1"
+    assert not decide(doc, Allocation({"gpu": frozenset({0})}), now=NOW).ok
+
+
+def test_cli_main_in_a_fresh_process(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state(NODE, finished=time.time())))
+    code = "import sys\nfrom hetpatrol.slurm.jobguard import cli_main\nsys.exit(cli_main())\n"
+    env = {"SLURM_JOB_GPUS": "0", "PATH": "/usr/bin:/bin"}
+    run = subprocess.run(
+        [sys.executable, "-c", code, "--state-path", str(path), "--scontrol", "/bin/false"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (run.returncode, run.stdout.startswith("job cards ok: nvidia/0")) == (0, True), run
+    env["SLURM_JOB_GPUS"] = "1"
+    run = subprocess.run(
+        [sys.executable, "-c", code, "--state-path", str(path), "--no-set-reason"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (run.returncode, run.stdout) == (1, "hetpatrol: reset_card nvidia/1\n")
+    run = subprocess.run(
+        [sys.executable, "-c", code, "--state-path", str(path), "--block-on", "critical"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 2 and "not an action word" in run.stderr
