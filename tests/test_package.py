@@ -363,9 +363,9 @@ def test_installed_hetpatrol_runs_from_the_packaged_paths(installed):
 
 
 def _table(stdout: str) -> list[str]:
-    """``once`` output less the collector timing lines (``collector nvidia: ok, 8 cards,
-    0.033 s``), which differ from run to run."""
-    return [line for line in stdout.splitlines() if not line.startswith("collector ")]
+    """``once`` output less the collector lines (``  nvidia ok (8 cards, 0.033 s)``),
+    whose timings differ from run to run."""
+    return [line for line in stdout.splitlines() if not re.search(r"\d+ cards, [\d.]+ s\)", line)]
 
 
 @pytest.mark.slow
@@ -400,17 +400,17 @@ def test_installed_once_replay_as_root_and_as_the_hetpatrol_user(installed):
             assert res.returncode == 0, res.stdout + res.stderr
             table = _table(res.stdout)
             # the fixture's node: 8 H100 + 8 910B4, all OK
-            assert table[-1] == f"node {node}: OK (exit 0)"
-            cards = [line for line in table if line.startswith(("nvidia ", "ascend "))]
-            kinds = [tuple(line.split()[:2]) for line in cards]
-            assert kinds == [("ascend", "910b")] * 8 + [("nvidia", "h100")] * 8
-            # HEALTH, the column after BUS ID
-            health = {
-                re.search(r" [0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d +(\S+)", c)[1] for c in cards
-            }
-            assert health == {"OK"}
-            assert "collector nvidia: ok, 8 cards" in res.stdout
-            assert "collector ascend: ok, 8 cards" in res.stdout
+            assert table[0] == f"node {node}  OK   exit 0"
+            assert table[1].startswith("16 cards: 16 ok   drivers: ")
+            groups = [
+                line.split("  ")[0] for line in table if line.startswith(("nvidia ", "ascend "))
+            ]
+            assert groups == ["ascend 910b (gres ascend)", "nvidia h100 (gres gpu)"]
+            rows = [line.split() for line in table if re.match(r"^  \d+ ", line)]
+            health_words = {"OK", "WARNING", "CRITICAL", "UNKNOWN"}
+            assert [[w for w in r if w in health_words] for r in rows] == [["OK"]] * 16
+            assert "  nvidia ok (8 cards, " in res.stdout
+            assert "  ascend ok (8 cards, " in res.stdout
             # the same verdicts as this checkout's code
             assert table == _table(checkout.stdout)
     finally:
