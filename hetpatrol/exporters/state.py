@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # `check` and `status` import this module: keep them light
     from hetpatrol.patrol import PatrolReport
 
 STATE_SCHEMA = "hetpatrol.state/1"
+#: what every version of the state file's schema starts with
+STATE_SCHEMA_PREFIX = "hetpatrol.state/"
 
 
 def state_document(report: PatrolReport, interval_seconds: float) -> dict[str, Any]:
@@ -117,11 +119,13 @@ def write_state(path: Path, report: PatrolReport, interval_seconds: float) -> No
 STATE_READ_MAX = 64 * 1024 * 1024
 
 
-def read_state(path: Path) -> dict[str, Any]:
+def read_state(path: Path, accept: str = STATE_SCHEMA) -> dict[str, Any]:
     """Read a state file without blocking: at most :data:`STATE_READ_MAX` bytes.
 
-    Raises OSError (missing, unreadable, not a regular file: a FIFO or device is never
-    read) or ValueError (larger than the bound, not JSON, nested too deep, wrong schema).
+    ``accept``: the schema it must have (a prefix, such as :data:`STATE_SCHEMA_PREFIX`,
+    when it ends with ``/``). Raises OSError (missing, unreadable, not a regular file: a
+    FIFO or device is never read) or ValueError (larger than the bound, not JSON, nested
+    too deep, another schema).
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as fh:
@@ -134,6 +138,10 @@ def read_state(path: Path) -> dict[str, Any]:
         doc = json.loads(data.decode("utf-8"))
     except RecursionError:
         raise ValueError(f"{path} is nested too deep to be a state file") from None
-    if not isinstance(doc, dict) or doc.get("schema") != STATE_SCHEMA:
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    ok = isinstance(schema, str) and (
+        schema.startswith(accept) if accept.endswith("/") else schema == accept
+    )
+    if not ok:
         raise ValueError(f"{path} is not a hetpatrol state file")
     return doc

@@ -40,14 +40,12 @@ Nothing here imports yaml, jsonschema, prometheus_client, pynvml or structlog.
 
 from __future__ import annotations
 
-import errno
-import json
 import math
 import os
 import re
-import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from hetpatrol.actions.apply import drain_reason
@@ -58,16 +56,11 @@ from hetpatrol.actions.vocabulary import (
     ActionVerdict,
     is_action,
 )
+from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX, read_state
+from hetpatrol.healthcheck import stale_limit, verdict_age
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
-STATE_SCHEMA_PREFIX = "hetpatrol.state/"
-#: most bytes read of the state file (a real one is tens of KB)
-STATE_READ_MAX = 16 * 1024 * 1024
-STALE_INTERVALS = 3
-STALE_GRACE_SECONDS = 10.0
-CLOCK_SLACK_SECONDS = 300.0
-DEFAULT_MAX_AGE_SECONDS = 60.0
 #: most bytes of scontrol output looked at
 SCONTROL_MAX = 1024 * 1024
 
@@ -230,36 +223,6 @@ def parse_scontrol_job(text: str, node: str) -> Allocation:
 
 
 # ---------------------------------------------------------------------- verdict
-def stale_limit(doc: Mapping[str, Any], max_age: float | None = None) -> float:
-    """Seconds after which a verdict is stale (as :func:`hetpatrol.healthcheck.stale_limit`)."""
-    try:
-        if max_age is not None:
-            limit = float(max_age)
-        else:
-            interval = float(doc.get("interval_seconds") or 10.0)
-            limit = STALE_INTERVALS * interval + STALE_GRACE_SECONDS
-    except (TypeError, ValueError, OverflowError):
-        limit = math.nan
-    return limit if math.isfinite(limit) and limit > 0 else DEFAULT_MAX_AGE_SECONDS
-
-
-def verdict_age(
-    doc: Mapping[str, Any], now: float, max_age: float | None = None
-) -> tuple[float, bool]:
-    """(age in s, stale?) as :func:`hetpatrol.healthcheck.verdict_age` computes it."""
-    value = doc.get("finished")
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return math.nan, True
-    try:
-        finished = float(value)
-    except ValueError:
-        return math.nan, True
-    if not math.isfinite(finished) or finished > now + CLOCK_SLACK_SECONDS:
-        return math.nan, True
-    age = max(0.0, now - finished)
-    return age, age > stale_limit(doc, max_age)
-
-
 def card_name(card: Mapping[str, Any]) -> str:
     """``nvidia/3`` or ``ascend/0/1`` (vendor/index[/chip]), as drain reasons name cards."""
     name = f"{card.get('vendor')}/{card.get('index')}"
@@ -434,22 +397,10 @@ def decide(
 
 # ------------------------------------------------------------------------- I/O
 def read_state_bounded(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read the state file without blocking (O_NONBLOCK, regular files only, at most
-    :data:`STATE_READ_MAX` bytes). Raises OSError or ValueError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        data = fh.read(STATE_READ_MAX + 1)
-    if len(data) > STATE_READ_MAX:
-        raise ValueError(f"larger than {STATE_READ_MAX} bytes")
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except RecursionError:
-        raise ValueError("nested too deep") from None
-    if not isinstance(doc, dict):
-        raise ValueError("not a JSON object")
-    return doc
+    """The state file, read as ``hetpatrol check`` reads it (non-blocking, regular files
+    only, bounded: :func:`hetpatrol.exporters.state.read_state`), whatever the version
+    of its ``hetpatrol.state/N`` schema. Raises OSError or ValueError."""
+    return read_state(Path(path), accept=STATE_SCHEMA_PREFIX)
 
 
 Runner = Callable[[Sequence[str], float], str]
