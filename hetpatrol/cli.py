@@ -8,6 +8,7 @@ Commands:
   check            Slurm HealthCheckProgram: the daemon's last verdict, exit 0/1/2/3
   status           this node at a glance, from the running daemon's state file
   baseline         record the driver/firmware versions per card type as a baseline
+  ledger           card-hours per GRES type, metering audit, quotas (Slurm accounting)
 
 Usage errors exit 64 (EX_USAGE).
 """
@@ -28,6 +29,7 @@ from hetpatrol import __version__, deep_health
 from hetpatrol.collector import discover
 from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from hetpatrol.healthcheck import add_check_parser
+from hetpatrol.ledger.command import add_ledger_parser
 from hetpatrol.output import silence_stdout, write_stdout
 from hetpatrol.patrol import Patroller, PatrolReport
 from hetpatrol.replay import load_scenario
@@ -356,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_parser(sub)
 
     add_status_parser(sub)
+    add_ledger_parser(sub)
     for command in sub.choices.values():
         _add_log_options(command, argparse.SUPPRESS)
     return parser

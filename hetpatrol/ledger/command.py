@@ -1,0 +1,224 @@
+"""``hetpatrol ledger``: card-hours per GRES type, the metering audit, quotas.
+
+  hetpatrol ledger usage  [--start T] [--end T] [--by user,account,...] [--format F]
+  hetpatrol ledger audit  [--format text|json]
+  hetpatrol ledger quota  [--start T] [--end T] [--quota-file F] [--textfile P]
+
+Times: ``now``, ``now-7days`` (units minutes, hours, days, weeks), or local
+``YYYY-MM-DD[THH:MM[:SS]]``. Exit codes: usage 0; audit 0 fine / 1 warnings / 2 per-type
+metering impossible; quota 0 all below 80 % / 1 one at 80 % / 2 one at 100 %;
+69 (EX_UNAVAILABLE) when a Slurm command fails, 65 (EX_DATAERR) for unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from hetpatrol.ledger import audit as audit_mod
+from hetpatrol.ledger import quotas, report
+from hetpatrol.ledger.sacct_stream import SacctError, parse_lines, sacct_argv, stream_sacct
+from hetpatrol.ledger.slurm_state import SlurmQueryError, read_node_gres, run
+from hetpatrol.ledger.usage import GROUP_FIELDS, aggregate
+
+EX_DATAERR, EX_UNAVAILABLE = 65, 69
+_REL = re.compile(r"^now(?:-(\d+)(minutes?|hours?|days?|weeks?))?$")
+_UNIT = {"minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+
+
+def parse_when(text: str, now: float | None = None) -> float:
+    """``now``, ``now-7days`` or a local ISO time -> Unix seconds (argparse type)."""
+    now = time.time() if now is None else now
+    m = _REL.match(text.strip())
+    if m:
+        if not m.group(1):
+            return float(int(now))
+        return float(int(now) - int(m.group(1)) * _UNIT[m.group(2).rstrip("s")])
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: not now, now-N(minutes|hours|days|weeks) or YYYY-MM-DD[THH:MM[:SS]]"
+        ) from None
+
+
+def _local(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _by(text: str) -> tuple[str, ...]:
+    fields = tuple(f.strip() for f in text.split(",") if f.strip())
+    bad = [f for f in fields if f not in GROUP_FIELDS]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"cannot group by {', '.join(bad)}; one of {', '.join(GROUP_FIELDS)}"
+        )
+    return fields
+
+
+def _add_window(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--start", default="now-1days", help="window start (default now-1days)")
+    p.add_argument("--end", default="now", help="window end (default now)")
+    p.add_argument("--sacct", default="sacct", help="sacct argv prefix (shell words)")
+    p.add_argument("--scontrol", default="scontrol", help="scontrol argv prefix (shell words)")
+    p.add_argument(
+        "--sacct-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="read saved `sacct -P -n -o <fields>` output instead of running sacct ('-' = stdin)",
+    )
+    p.add_argument(
+        "--no-node-types",
+        action="store_true",
+        help="do not ask scontrol for the nodes' GRES types (untyped time stays untyped)",
+    )
+
+
+def add_ledger_parser(sub) -> None:
+    """Register ``ledger`` and its subcommands on the top-level subparsers ``sub``."""
+    p = sub.add_parser(
+        "ledger",
+        help="card-hours per GRES type from Slurm accounting",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    lsub = p.add_subparsers(dest="ledger_command", required=True)
+    u = lsub.add_parser("usage", help="card-hours, jobs and wait per GRES type")
+    _add_window(u)
+    u.add_argument(
+        "--by",
+        type=_by,
+        default=("account",),
+        metavar="FIELDS",
+        help=f"comma-separated, of {', '.join(GROUP_FIELDS)} (default account; "
+        "'' for the GRES types alone)",
+    )
+    u.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    u.set_defaults(func=cmd_usage)
+    a = lsub.add_parser("audit", help="can Slurm meter each card type? (exit 0/1/2)")
+    a.add_argument("--scontrol", default="scontrol", help="scontrol argv prefix (shell words)")
+    a.add_argument("--format", choices=("text", "json"), default="text")
+    a.set_defaults(func=cmd_audit)
+    q = lsub.add_parser("quota", help="usage against sacctmgr limits or a quota file")
+    _add_window(q)
+    q.add_argument("--sacctmgr", default="sacctmgr", help="sacctmgr argv prefix (shell words)")
+    q.add_argument(
+        "--quota-file", type=Path, default=None, help="YAML quotas instead of sacctmgr's limits"
+    )
+    q.add_argument(
+        "--textfile",
+        type=Path,
+        default=None,
+        metavar="P",
+        help="also write Prometheus text exposition to P (atomically)",
+    )
+    q.add_argument("--format", choices=("table", "json"), default="table")
+    q.set_defaults(func=cmd_quota)
+
+
+def _ledger(args, by: tuple[str, ...]):
+    now = time.time()
+    try:
+        start, end = parse_when(args.start, now), parse_when(args.end, now)
+    except argparse.ArgumentTypeError as exc:
+        raise SacctError(str(exc)) from None
+    if end <= start:
+        raise SacctError(f"--end ({args.end}) must be after --start ({args.start})")
+    node_gres = None
+    if not args.no_node_types:
+        node_gres = read_node_gres(shlex.split(args.scontrol))
+    if args.sacct_file is not None:
+        handle = sys.stdin if str(args.sacct_file) == "-" else open(args.sacct_file)  # noqa: SIM115
+        with handle:
+            return aggregate(parse_lines(handle), (start, end), now, by, node_gres)
+    argv = sacct_argv(_local(start), _local(end), shlex.split(args.sacct))
+    return aggregate(stream_sacct(argv), (start, end), now, by, node_gres)
+
+
+def _guard(fn):
+    def wrapped(args) -> int:
+        try:
+            return fn(args)
+        except (SacctError, quotas.QuotaError) as exc:
+            print(f"hetpatrol ledger: {exc}", file=sys.stderr)
+            return (
+                EX_DATAERR
+                if "line" in str(exc) or isinstance(exc, quotas.QuotaError)
+                else EX_UNAVAILABLE
+            )
+        except SlurmQueryError as exc:
+            print(f"hetpatrol ledger: {exc}", file=sys.stderr)
+            return EX_UNAVAILABLE
+
+    return wrapped
+
+
+@_guard
+def cmd_usage(args) -> int:
+    ledger = _ledger(args, args.by)
+    sys.stdout.write(report.render(ledger, args.format))
+    return 0
+
+
+@_guard
+def cmd_audit(args) -> int:
+    sc = shlex.split(args.scontrol)
+    findings = audit_mod.audit(
+        run([*sc, "show", "config"]),
+        run([*sc, "show", "node", "-o"]),
+        run([*sc, "show", "partition", "-o"]),
+    )
+    if args.format == "json":
+        print(json.dumps([f.to_dict() for f in findings], indent=2))
+    elif not findings:
+        print("ok: every card type on the nodes is tracked and priced apart")
+    else:
+        for f in findings:
+            print(f"{f.severity}: {f.message}")
+            if f.fix:
+                print(f"  fix: {f.fix}")
+    return audit_mod.exit_code(findings)
+
+
+@_guard
+def cmd_quota(args) -> int:
+    if args.quota_file is not None:
+        limits, parents = quotas.load_quota_file(args.quota_file), {}
+    else:
+        limits, parents = quotas.parse_assoc(run(quotas.sacctmgr_argv(shlex.split(args.sacctmgr))))
+    ledger = _ledger(args, ("account", "user"))
+    rows = quotas.evaluate(limits, ledger, parents)
+    if args.textfile is not None:
+        quotas.write_textfile(rows, ledger, args.textfile)
+    if args.format == "json":
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+    else:
+        head = ("ACCOUNT", "USER", "GRES", "LIMIT", "USED", "OF", "PCT", "STATUS")
+        table = [head]
+        for r in rows:
+            lim = r.limit
+            table.append(
+                (
+                    lim.account,
+                    lim.user or "-",
+                    lim.gres,
+                    lim.kind,
+                    f"{r.used:.2f}",
+                    f"{lim.value:g} {quotas.KINDS[lim.kind]}",
+                    f"{100 * r.ratio:.0f}%",
+                    r.status,
+                )
+            )
+        widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+        for row in table:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        if not rows:
+            print("(no card limits)")
+    return quotas.exit_code(rows)
