@@ -21,7 +21,6 @@ import shutil
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import slurm_cluster as base
