@@ -7,7 +7,8 @@
 Times: ``now``, ``now-7days`` (units minutes, hours, days, weeks), or local
 ``YYYY-MM-DD[THH:MM[:SS]]``. Exit codes: usage 0; audit 0 fine / 1 warnings / 2 per-type
 metering impossible; quota 0 all below 80 % / 1 one at 80 % / 2 one at 100 %;
-69 (EX_UNAVAILABLE) when a Slurm command fails, 65 (EX_DATAERR) for unreadable input.
+69 (EX_UNAVAILABLE) when a Slurm command fails, 65 (EX_DATAERR) for unreadable input,
+64 (EX_USAGE) for a window that cannot be.
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ from hetpatrol.ledger.sacct_stream import SacctError, parse_lines, sacct_argv, s
 from hetpatrol.ledger.slurm_state import SlurmQueryError, read_node_gres, run
 from hetpatrol.ledger.usage import GROUP_FIELDS, aggregate
 
-EX_DATAERR, EX_UNAVAILABLE = 65, 69
+EX_USAGE, EX_DATAERR, EX_UNAVAILABLE = 64, 65, 69
+
+
+class LedgerUsageError(ValueError):
+    """A window that cannot be (bad time, end before start): exit 64."""
+
+
 _REL = re.compile(r"^now(?:-(\d+)(minutes?|hours?|days?|weeks?))?$")
 _UNIT = {"minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 
@@ -128,9 +135,9 @@ def _ledger(args, by: tuple[str, ...]):
     try:
         start, end = parse_when(args.start, now), parse_when(args.end, now)
     except argparse.ArgumentTypeError as exc:
-        raise SacctError(str(exc)) from None
+        raise LedgerUsageError(str(exc)) from None
     if end <= start:
-        raise SacctError(f"--end ({args.end}) must be after --start ({args.start})")
+        raise LedgerUsageError(f"--end ({args.end}) must be after --start ({args.start})")
     node_gres = None
     if not args.no_node_types:
         node_gres = read_node_gres(shlex.split(args.scontrol))
@@ -146,6 +153,9 @@ def _guard(fn):
     def wrapped(args) -> int:
         try:
             return fn(args)
+        except LedgerUsageError as exc:
+            print(f"hetpatrol ledger: {exc}", file=sys.stderr)
+            return EX_USAGE
         except (SacctError, quotas.QuotaError) as exc:
             print(f"hetpatrol ledger: {exc}", file=sys.stderr)
             return (

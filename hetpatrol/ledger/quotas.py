@@ -24,7 +24,8 @@ How usage is measured per kind of limit:
 * ``MaxTRESPerJob``: the most cards of the type one run held in the window.
 
 A limit on an untyped name (``gres/gpu=8``) counts every type of that name.
-Status: ``ok`` below 80 %, ``warning`` from 80 %, ``reached`` from 100 % (at the limit: a per-job or concurrent limit allows it, a time quota is used up).
+Status: ``ok`` below 80 %, ``warning`` from 80 %, ``reached`` from 100 % (at the limit:
+a per-job or concurrent limit still allows it, a time quota is used up).
 """
 
 from __future__ import annotations

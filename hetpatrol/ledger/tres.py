@@ -12,8 +12,9 @@ the untyped ``gres/gpu`` counts every GPU of the job whatever its type. So:
   one; else they stay ``gpu`` (untyped) and the report says so;
 * ``gres/gpu:a100=1,gres/gpu=3``: 1 A100 and 2 GPUs of an untracked type (same rule).
 
-Usage TRES that are not cards (``gres/gpumem``, ``gres/gpuutil`` of the NVML
-acct_gather plugin; ``gres/mps``, ``gres/shard`` shares of a card) are left out.
+GRES that are not cards are left out: usage TRES (``gres/gpumem``, ``gres/gpuutil`` of
+the NVML acct_gather plugin), shares of a card (``gres/mps``, ``gres/shard``) and GRES
+some sites define for other things (``gres/cpu``, ``gres/vmem``, ``gres/craynetwork``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 from hetpatrol.slurm.gres import parse_count
 
 #: GRES names that count something other than whole cards
-NOT_CARDS = frozenset({"gpumem", "gpuutil", "mps", "shard"})
+NOT_CARDS = frozenset({"gpumem", "gpuutil", "mps", "shard", "cpu", "vmem", "craynetwork"})
 
 CardKey = tuple[str, "str | None"]  # (gres name, type or None), lower case
 
