@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from hetpatrol.ledger.sacct_stream import JobRun
-from hetpatrol.ledger.tres import CardKey, gres_tres, label
+from hetpatrol.ledger.tres import gres_tres, label
 from hetpatrol.slurm.gres import expand_hostlist
 
 #: what runs can be grouped by (the :class:`JobRun` attribute of each)
@@ -102,14 +103,14 @@ def _split(alloc_tres: str, cache: dict, bad: list[str]) -> tuple:
         return hit
     cards, bad_items = gres_tres(alloc_tres)
     bad.extend(bad_items)
-    typed: dict[CardKey, int] = {}
+    typed: dict[str, int] = {}
     untyped: dict[str, int] = {}
     typed_sum: dict[str, int] = {}
     for (name, gtype), count in cards.items():
         if gtype is None:
             untyped[name] = untyped.get(name, 0) + count
         else:
-            typed[(name, gtype)] = count
+            typed[label((name, gtype))] = count
             typed_sum[name] = typed_sum.get(name, 0) + count
     rest = tuple(
         (n, c - typed_sum.get(n, 0)) for n, c in untyped.items() if c > typed_sum.get(n, 0)
@@ -153,14 +154,18 @@ def aggregate(
         if b not in GROUP_FIELDS:
             raise ValueError(f"cannot group by {b!r}; one of {', '.join(GROUP_FIELDS)}")
     attrs = [GROUP_FIELDS[b] for b in by]
+    get_base = attrgetter(*attrs) if len(attrs) > 1 else None
     by_node = "node" in by
+    node_pos = by.index("node") if by_node else -1
     ws, we = window
     ledger = Ledger(tuple(by), window)
     groups = ledger.groups
+    running_cards = ledger.running_cards
     cache: dict = {}
     types_cache: dict[str, dict[str, frozenset[str]]] = {}
     node_gres = node_gres or {}
     bad: list[str] = []
+    count_running = now < we + 1
     for run in runs:
         ledger.records += 1
         start = run.start
@@ -168,7 +173,7 @@ def aggregate(
             continue
         end = run.end
         running = end is None
-        if end is None:
+        if running:
             end = now
         s = start if start > ws else ws
         e = end if end < we else we
@@ -179,10 +184,8 @@ def aggregate(
         typed, rest, nbad = _split(run.alloc_tres, cache, bad)
         if nbad:
             ledger.bad_tres_count += nbad
-        if not typed and not rest:
-            continue
-        cards = list(typed)
         if rest:
+            cards = list(typed)
             types = types_cache.get(run.nodes)
             if types is None:
                 types = node_types_of(run.nodes, node_gres)
@@ -192,26 +195,33 @@ def aggregate(
             for name, count in rest:
                 t = types.get(name)
                 if t and len(t) == 1:
-                    key = (name, next(iter(t)))
+                    lab = f"{name}:{next(iter(t))}"
                 else:
-                    key = (name, None)
+                    lab = name
                     ledger.untyped.add(name)
-                cards.append((key, count))
-        base = tuple(getattr(run, a) for a in attrs)
+                cards.append((lab, count))
+        elif typed:
+            cards = typed
+        else:
+            continue
+        if get_base is not None:
+            base = get_base(run)
+        elif attrs:
+            base = (getattr(run, attrs[0]),)
+        else:
+            base = ()
         if by_node:
             try:
                 node_list = expand_hostlist(run.nodes) or [run.nodes]
             except ValueError:
                 node_list = [run.nodes]
-            i = by.index("node")
-            bases = [base[:i] + (n,) + base[i + 1 :] for n in node_list]
+            bases = [(*base[:node_pos], n, *base[node_pos + 1 :]) for n in node_list]
         else:
-            bases = [base]
+            bases = (base,)
         share = 1.0 / len(bases)
         wait = start - run.submit if started_in and run.submit is not None else None
         last_run = run.state != "REQUEUED"
-        for key, count in cards:
-            lab = label(key)
+        for lab, count in cards:
             for b in bases:
                 gk = (*b, lab)
                 t = groups.get(gk)
@@ -226,7 +236,7 @@ def aggregate(
                     t.wait_seconds += wait
                 if count > t.max_cards:
                     t.max_cards = count
-                if running and now < we + 1:
-                    ledger.running_cards[gk] = ledger.running_cards.get(gk, 0) + count
+                if running and count_running:
+                    running_cards[gk] = running_cards.get(gk, 0) + count
     ledger.bad_tres = bad[:20]
     return ledger
