@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 
 from hetpatrol.ledger import audit as audit_mod
+from hetpatrol.ledger import efficiency as eff_mod
 from hetpatrol.ledger import quotas, report
 from hetpatrol.ledger.sacct_stream import SacctError, parse_lines, sacct_argv, stream_sacct
 from hetpatrol.ledger.slurm_state import SlurmQueryError, read_node_gres, run
@@ -128,9 +129,23 @@ def add_ledger_parser(sub) -> None:
     )
     q.add_argument("--format", choices=("table", "json"), default="table")
     q.set_defaults(func=cmd_quota)
+    e = lsub.add_parser("efficiency", help="cards allocated vs busy per job (Prometheus)")
+    _add_window(e)
+    e.add_argument("--prometheus", required=True, metavar="URL", help="http://host:9090")
+    e.add_argument("--job", action="append", default=None, help="only this job id (repeat)")
+    e.add_argument(
+        "--idle-below",
+        type=float,
+        default=0.1,
+        metavar="R",
+        help="list as idle the jobs below this efficiency (default 0.1)",
+    )
+    e.add_argument("--max-jobs", type=int, default=500)
+    e.add_argument("--format", choices=("table", "json"), default="table")
+    e.set_defaults(func=cmd_efficiency)
 
 
-def _ledger(args, by: tuple[str, ...]):
+def _window(args) -> tuple[float, float, float]:
     now = time.time()
     try:
         start, end = parse_when(args.start, now), parse_when(args.end, now)
@@ -138,15 +153,24 @@ def _ledger(args, by: tuple[str, ...]):
         raise LedgerUsageError(str(exc)) from None
     if end <= start:
         raise LedgerUsageError(f"--end ({args.end}) must be after --start ({args.start})")
-    node_gres = None
-    if not args.no_node_types:
-        node_gres = read_node_gres(shlex.split(args.scontrol))
+    return start, end, now
+
+
+def _runs(args, start: float, end: float):
     if args.sacct_file is not None:
         handle = sys.stdin if str(args.sacct_file) == "-" else open(args.sacct_file)  # noqa: SIM115
         with handle:
-            return aggregate(parse_lines(handle), (start, end), now, by, node_gres)
-    argv = sacct_argv(_local(start), _local(end), shlex.split(args.sacct))
-    return aggregate(stream_sacct(argv), (start, end), now, by, node_gres)
+            yield from parse_lines(handle)
+        return
+    yield from stream_sacct(sacct_argv(_local(start), _local(end), shlex.split(args.sacct)))
+
+
+def _ledger(args, by: tuple[str, ...]):
+    start, end, now = _window(args)
+    node_gres = None
+    if not args.no_node_types:
+        node_gres = read_node_gres(shlex.split(args.scontrol))
+    return aggregate(_runs(args, start, end), (start, end), now, by, node_gres)
 
 
 def _guard(fn):
@@ -163,7 +187,7 @@ def _guard(fn):
                 if "line" in str(exc) or isinstance(exc, quotas.QuotaError)
                 else EX_UNAVAILABLE
             )
-        except SlurmQueryError as exc:
+        except (SlurmQueryError, eff_mod.PrometheusError) as exc:
             print(f"hetpatrol ledger: {exc}", file=sys.stderr)
             return EX_UNAVAILABLE
 
@@ -232,3 +256,35 @@ def cmd_quota(args) -> int:
         if not rows:
             print("(no card limits)")
     return quotas.exit_code(rows)
+
+
+@_guard
+def cmd_efficiency(args) -> int:
+    start, end, now = _window(args)
+    prom = eff_mod.Prometheus(args.prometheus)
+    jobs = set(args.job) if args.job else None
+    found = eff_mod.efficiencies(_runs(args, start, end), prom, now, jobs, args.max_jobs)
+    idle = [
+        e for e in found
+        if e.status == "no_process" or (e.efficiency is not None and e.efficiency < args.idle_below)
+    ]  # fmt: skip
+    if args.format == "json":
+        print(json.dumps({"jobs": [e.to_dict() for e in found],
+                          "idle": [e.job_id for e in idle]}, indent=2))  # fmt: skip
+        return 0
+    head = ("JOB", "USER", "ACCOUNT", "CARDS", "ALLOC_H", "BUSY_H", "EFF", "IDLE", "STATUS")
+    table = [head]
+    for e in found:
+        eff = e.efficiency
+        table.append((e.job_id, e.user, e.account,
+                      ",".join(f"{k}x{v}" for k, v in sorted(e.allocated.items())),
+                      f"{e.allocated_card_seconds / 3600:.3f}", f"{e.busy_card_seconds / 3600:.3f}",
+                      "-" if eff is None else f"{100 * eff:.0f}%",
+                      "-" if e.idle_cards is None else str(e.idle_cards), e.status))  # fmt: skip
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    for r in table:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    if idle:
+        print(f"held cards idle (efficiency < {args.idle_below:g} or no process seen): "
+              + ", ".join(e.job_id for e in idle))  # fmt: skip
+    return 0
