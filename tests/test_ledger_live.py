@@ -11,6 +11,7 @@ that sacct reports for each run; the truncated window is checked against ``sacct
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -287,3 +288,52 @@ def test_running_job_counted_up_to_now(accounting_cluster, jobs):
         assert rows[("physics", "gpu:a100", "GrpTRES")]["used"] == 2  # held now, of 4
     finally:
         c.run("scancel", job, check=False)
+
+
+def sreport_seconds(cluster, tres: str, start: str, end: str) -> dict[str, float]:
+    """``sreport job SizesByAccount`` TRES-seconds per account for one TRES (one CPU-size
+    bucket: every test job has one CPU)."""
+    out = cluster.run(
+        "sreport", "-P", "-n", "-t", "seconds", f"--tres={tres}", "job", "SizesByAccount",
+        f"start={start}", f"end={end}", "grouping=1000", "FlatView",
+    ).stdout  # fmt: skip
+    totals = {}
+    for ln in out.splitlines():
+        parts = ln.split("|")
+        if len(parts) >= 4 and parts[2].isdigit():
+            totals[parts[1]] = float(parts[2]) + float(parts[3])
+    return totals
+
+
+def test_agrees_with_sreport_on_past_hours(accounting_cluster, jobs):
+    """sreport only reports whole past hours (it rounds its window to hours and stops at
+    the last full one). So the test jobs' records are moved 3 hours back in the
+    accounting database (and back again after): same jobs, same durations."""
+    ids, by_id = jobs
+    c = accounting_cluster
+    shift = 3 * 3600
+    cols = ("time_submit", "time_eligible", "time_start", "time_end")
+    where = f"id_job IN ({','.join(ids)})"
+    move = ", ".join(f"{col} = IF({col} > 0, {col} - {{s}}, 0)" for col in cols)
+    acct.sql(c, f"UPDATE hetpatroltest_job_table SET {move.format(s=shift)} WHERE {where}")
+    try:
+        starts = [ts(r["start"]) - shift for runs in by_id.values() for r in runs]
+        ends = [ts(r["end"]) - shift for runs in by_id.values() for r in runs]
+        w0 = math.floor(min(starts) / 3600) * 3600
+        w1 = math.floor(max(ends) / 3600) * 3600 + 3600
+        s_txt = datetime.fromtimestamp(w0).strftime("%Y-%m-%dT%H:%M:%S")
+        e_txt = datetime.fromtimestamp(w1).strftime("%Y-%m-%dT%H:%M:%S")
+        doc = ledger_json(c, "--start", s_txt, "--end", e_txt, "--by", "account")
+        got = {(r["account"], r["gres"]): r["card_seconds"] for r in doc["rows"]}
+        a100 = sreport_seconds(c, "gres/gpu:a100", s_txt, e_txt)
+        npu = sreport_seconds(c, "gres/ascend:910b", s_txt, e_txt)
+        assert got[("physics", "gpu:a100")] == a100["physics"]
+        assert got[("chemistry", "ascend:910b")] == npu["chemistry"]
+        # the requeued job: both runs, as in sreport (which reads every run's record)
+        assert got[("chemistry", "gpu:a100")] == a100["chemistry"]
+        want = expected(ids, by_id)
+        assert got[("chemistry", "gpu:a100")] == want[("chemistry", "hpbob", "gpu:a100")]
+        assert len(by_id[ids[0]]) == 2
+    finally:
+        back = move.format(s=-shift).replace("- -", "+ ")
+        acct.sql(c, f"UPDATE hetpatroltest_job_table SET {back} WHERE {where}")

@@ -1,6 +1,6 @@
 """Card-seconds, jobs and wait time per GRES type over a window, from :class:`JobRun`\\ s.
 
-Counting rules (what ``sreport``'s usage rollup does, and where the ledger differs):
+Counting rules (what ``sreport`` counts, and where the ledger differs):
 
 * A run holds its cards from Start to End; a running job (End ``Unknown``) up to ``now``.
   The time is cut at the window's edges, like the rollup and ``sacct -T``
@@ -10,15 +10,16 @@ Counting rules (what ``sreport``'s usage rollup does, and where the ledger diffe
   cancelled counts up to its End, like any other ended job.
 * Pending jobs (Start ``Unknown``) hold no cards and count nowhere.
 * ``jobs`` counts a job once, by the run that is not ``REQUEUED`` (its last one); ``runs``
-  counts every allocation with card time in the window. ``sreport job`` reports, which read
-  one record per job, count only the last run of a requeued job: the ledger counts more
-  there, on purpose (the cards were held).
+  counts every allocation with card time in the window. ``sreport job SizesByAccount``
+  counts the same card-seconds, every run included (tests/test_ledger_live.py compares
+  them); ``sreport cluster``/``user`` reports read the hourly rollup, so they see a job
+  only once its hour is rolled up.
 * Wait time is Start - Submit of the runs that started in the window (a requeued run's
   Submit is its requeue time, as sacct records it).
 * Grouping by node splits a multi-node run's cards evenly over its nodes (``sacct -X``
   gives the allocation's total, not the per-node split).
-* Suspended time is not subtracted (sacct's ``ElapsedRaw`` does subtract it; the rollup
-  counts allocated time).
+* Suspended time is not subtracted: a suspended job keeps its cards allocated. sacct's
+  Elapsed leaves suspended time out, so on suspended jobs the ledger counts more.
 """
 
 from __future__ import annotations
