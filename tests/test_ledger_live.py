@@ -21,6 +21,8 @@ import pytest
 import slurm_accounting as acct
 from prometheus_client.parser import text_string_to_metric_families
 
+from hetpatrol.ledger.sacct_stream import sacct_argv
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.accounting]
 accounting_cluster = acct.accounting_cluster
 
@@ -337,3 +339,33 @@ def test_agrees_with_sreport_on_past_hours(accounting_cluster, jobs):
     finally:
         back = move.format(s=-shift).replace("- -", "+ ")
         acct.sql(c, f"UPDATE hetpatroltest_job_table SET {back} WHERE {where}")
+
+
+def test_untyped_records_take_the_type_of_the_live_node(accounting_cluster, jobs, tmp_path):
+    """A site whose AccountingStorageTRES lacks the typed names records only ``gres/gpu=N``:
+    the same sacct records with their typed items removed are given the type that
+    ``scontrol show node`` reports for hp-gpu01 (gpu:a100, ascend:910b)."""
+    c = accounting_cluster
+    argv = sacct_argv("now-2hours", "now", ["sacct"])
+    records = c.run(*argv).stdout.splitlines()
+    stripped = []
+    for ln in records:
+        fields = ln.split("|")
+        fields[-1] = ",".join(
+            t for t in fields[-1].split(",") if not (t.startswith("gres/") and ":" in t)
+        )
+        stripped.append("|".join(fields))
+    assert all("gres/gpu:" not in ln and "gres/ascend:" not in ln for ln in stripped)
+    saved = tmp_path / "untyped.txt"
+    saved.write_text("\n".join(stripped) + "\n")
+    typed = ledger_json(c, "--start", "now-2hours", "--by", "account")
+    untyped = ledger_json(c, "--start", "now-2hours", "--by", "account", "--sacct-file", str(saved))
+    rows = {(r["account"], r["gres"]): r["card_seconds"] for r in untyped["rows"]}
+    want = {(r["account"], r["gres"]): r["card_seconds"] for r in typed["rows"]}
+    assert rows == pytest.approx(want)
+    assert untyped["notes"] == []
+    # without the nodes' types the time stays untyped, and the report says so
+    bare = ledger_json(c, "--start", "now-2hours", "--by", "", "--sacct-file", str(saved),
+                       "--no-node-types")  # fmt: skip
+    assert {r["gres"] for r in bare["rows"]} == {"gpu", "ascend"}
+    assert [n.split(":")[0] for n in bare["notes"]] == ["ascend", "gpu"]
