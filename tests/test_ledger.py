@@ -375,6 +375,8 @@ def test_cli_on_a_saved_file(tmp_path, capsys):
     assert "cannot run /nonexistent/sacct" in capsys.readouterr().err
     assert main([*args[:4], "--start", "now", "--end", "now-1days"]) == 64
     assert "--end (now-1days) must be after --start (now)" in capsys.readouterr().err
+    assert main(["ledger", "usage", "--no-node-types", "--sacct-file", "/nonexistent/x"]) == 64
+    assert "--sacct-file /nonexistent/x: No such file or directory" in capsys.readouterr().err
 
 
 def test_fields_are_what_the_parser_reads():

@@ -8,7 +8,7 @@ Times: ``now``, ``now-7days`` (units minutes, hours, days, weeks), or local
 ``YYYY-MM-DD[THH:MM[:SS]]``. Exit codes: usage 0; audit 0 fine / 1 warnings / 2 per-type
 metering impossible; quota 0 all below 80 % / 1 one at 80 % / 2 one at 100 %;
 69 (EX_UNAVAILABLE) when a Slurm command fails, 65 (EX_DATAERR) for unreadable input,
-64 (EX_USAGE) for a window that cannot be.
+64 (EX_USAGE) for a window that cannot be or a --sacct-file that cannot be opened.
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ from pathlib import Path
 from hetpatrol.ledger import audit as audit_mod
 from hetpatrol.ledger import efficiency as eff_mod
 from hetpatrol.ledger import quotas, report
-from hetpatrol.ledger.sacct_stream import SacctError, parse_lines, sacct_argv, stream_sacct
+from hetpatrol.ledger.sacct_stream import (
+    SacctDataError,
+    SacctError,
+    parse_lines,
+    sacct_argv,
+    stream_sacct,
+)
 from hetpatrol.ledger.slurm_state import SlurmQueryError, read_node_gres, run
 from hetpatrol.ledger.usage import GROUP_FIELDS, aggregate
 
@@ -33,7 +39,8 @@ EX_USAGE, EX_DATAERR, EX_UNAVAILABLE = 64, 65, 69
 
 
 class LedgerUsageError(ValueError):
-    """A window that cannot be (bad time, end before start): exit 64."""
+    """A window that cannot be (bad time, end before start), a file that cannot be
+    opened: exit 64."""
 
 
 _REL = re.compile(r"^now(?:-(\d+)(minutes?|hours?|days?|weeks?))?$")
@@ -158,7 +165,10 @@ def _window(args) -> tuple[float, float, float]:
 
 def _runs(args, start: float, end: float):
     if args.sacct_file is not None:
-        handle = sys.stdin if str(args.sacct_file) == "-" else open(args.sacct_file)  # noqa: SIM115
+        try:
+            handle = sys.stdin if str(args.sacct_file) == "-" else open(args.sacct_file)  # noqa: SIM115
+        except OSError as exc:
+            raise LedgerUsageError(f"--sacct-file {args.sacct_file}: {exc.strerror}") from None
         with handle:
             yield from parse_lines(handle)
         return
@@ -182,11 +192,8 @@ def _guard(fn):
             return EX_USAGE
         except (SacctError, quotas.QuotaError) as exc:
             print(f"hetpatrol ledger: {exc}", file=sys.stderr)
-            return (
-                EX_DATAERR
-                if "line" in str(exc) or isinstance(exc, quotas.QuotaError)
-                else EX_UNAVAILABLE
-            )
+            bad_data = isinstance(exc, SacctDataError | quotas.QuotaError)
+            return EX_DATAERR if bad_data else EX_UNAVAILABLE
         except (SlurmQueryError, eff_mod.PrometheusError) as exc:
             print(f"hetpatrol ledger: {exc}", file=sys.stderr)
             return EX_UNAVAILABLE

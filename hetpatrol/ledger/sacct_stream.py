@@ -48,7 +48,11 @@ FIELDS = (
 
 
 class SacctError(RuntimeError):
-    """sacct could not be run, exited non-zero, or printed a line that is not a record."""
+    """sacct could not be run, or exited non-zero (its stderr in the message)."""
+
+
+class SacctDataError(SacctError):
+    """A line that is not a record of the fields asked for (line number and raw text)."""
 
 
 @dataclass(slots=True)
@@ -133,7 +137,7 @@ def parse_lines(lines: Iterable[str]) -> Iterator[JobRun]:
     """``sacct -P -n -o`` :data:`FIELDS` lines -> :class:`JobRun`, lazily.
 
     Blank lines are skipped. A line with the wrong number of fields or an unreadable
-    time raises :class:`SacctError` with its line number and raw text (a job name or
+    time raises :class:`SacctDataError` with its line number and raw text (a job name or
     other free text with ``|`` in it is not among the fields, so this means the output
     is not what was asked for).
     """
@@ -146,7 +150,7 @@ def parse_lines(lines: Iterable[str]) -> Iterator[JobRun]:
         if len(p) != n:
             if not raw.strip():
                 continue
-            raise SacctError(
+            raise SacctDataError(
                 f"sacct line {lineno}: {len(p)} fields, expected {n} "
                 f"({','.join(FIELDS)}): {raw.rstrip()[:200]!r}"
             )
@@ -159,7 +163,7 @@ def parse_lines(lines: Iterable[str]) -> Iterator[JobRun]:
                 p[12],
             )  # fmt: skip
         except (ValueError, KeyError) as exc:
-            raise SacctError(f"sacct line {lineno}: {exc}: {raw.rstrip()[:200]!r}") from None
+            raise SacctDataError(f"sacct line {lineno}: {exc}: {raw.rstrip()[:200]!r}") from None
 
 
 def stream_sacct(argv: Sequence[str], timeout: float = 600.0) -> Iterator[JobRun]:
