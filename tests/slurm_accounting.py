@@ -141,16 +141,24 @@ def sql(cluster: base.SlurmCluster, statement: str) -> str:
     return out.stdout
 
 
-def add_users(cluster: base.SlurmCluster) -> dict[str, str]:
-    """The local users of :data:`USERS`, with an association each in its own account."""
+def add_users(cluster: base.SlurmCluster) -> list[str]:
+    """The local users of :data:`USERS`, with an association each in its own account;
+    returns the users it had to create (:func:`remove_users` deletes them)."""
+    created = []
     for user, account in USERS.items():
         try:
             pwd.getpwnam(user)
         except KeyError:
             subprocess.run(["useradd", "-M", "-s", "/bin/sh", user], check=True, timeout=20)
+            created.append(user)
         cluster.run("sacctmgr", "-i", "add", "account", account, "Cluster=hetpatroltest")
         cluster.run("sacctmgr", "-i", "add", "user", user, f"Account={account}")
-    return dict(USERS)
+    return created
+
+
+def remove_users(users: list[str]) -> None:
+    for user in users:
+        subprocess.run(["userdel", user], capture_output=True, timeout=20, check=False)
 
 
 def start_accounting_cluster() -> base.SlurmCluster:
@@ -184,13 +192,19 @@ def accounting_cluster():
         )
     if os.geteuid() != 0:
         base._fail_or_skip("the accounting stack runs as root: run as root")
+    created: list[str] = []
+    cluster = None
     try:
         cluster = start_accounting_cluster()
-        add_users(cluster)
+        created = add_users(cluster)
     except (RuntimeError, subprocess.SubprocessError) as exc:
+        if cluster is not None:
+            cluster.stop()
+            shutil.rmtree(cluster.root, ignore_errors=True)
         pytest.fail(f"Slurm accounting stack did not start: {exc}")
     try:
         yield cluster
     finally:
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)
+        remove_users(created)
