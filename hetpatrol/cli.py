@@ -29,7 +29,6 @@ from hetpatrol import __version__, deep_health
 from hetpatrol.collector import discover
 from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from hetpatrol.healthcheck import add_check_parser
-from hetpatrol.ledger.command import add_ledger_parser
 from hetpatrol.output import silence_stdout, write_stdout
 from hetpatrol.patrol import Patroller, PatrolReport
 from hetpatrol.replay import load_scenario
@@ -358,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_parser(sub)
 
     add_status_parser(sub)
+    from hetpatrol.ledger.command import add_ledger_parser  # the ledger: see its module
+
     add_ledger_parser(sub)
     for command in sub.choices.values():
         _add_log_options(command, argparse.SUPPRESS)
