@@ -7,14 +7,16 @@ The command (:func:`sacct_argv`)::
 
 * ``-X`` (``--allocations``): one line per allocation, not per step; ``AllocTRES`` of the
   allocation holds the cards.
-* ``-D`` (``--duplicates``): every run of a requeued job (the earlier runs end in state
-  ``REQUEUED``, each with its own Start/End), as the usage rollup behind ``sreport
-  cluster``/``user`` reports counts them; plain ``sacct`` shows only the last run.
-* ``-S``/``-E`` without ``-T``: sacct(1) (Slurm 22.05, https://slurm.schedmd.com/sacct.html,
-  ``--starttime``/``--endtime``/``--truncate``) selects the jobs that were in any state
-  during the window, with their real Start and End; ``-T`` would move Start/End to the
-  window's edges. The ledger cuts at the edges itself (:mod:`.usage`), so that the wait
-  time and a job's real span stay readable.
+* ``-D`` (``--duplicates``): every record that matches, so every run of a requeued job
+  (the earlier runs end in state ``REQUEUED``, each with its own Start/End; plain sacct
+  returns the most recent record per job id, sacct(1) ``--duplicates``). ``sreport job``
+  reports count every run too (tests/test_ledger_live.py compares them).
+* ``-S``/``-E`` without ``-T``: sacct(1) (Slurm 22.05, https://slurm.schedmd.com/sacct.html)
+  "Select jobs in any state after" ``--starttime`` and "before" ``--endtime``, with their
+  real Start and End; ``-T`` (``--truncate``) would set a Start before the window to
+  ``--starttime`` and an End after it to ``--endtime``. The ledger cuts at the edges
+  itself (:mod:`.usage`, the same arithmetic), so the wait time and a job's real span
+  stay readable.
 * ``--noconvert``: memory TRES in M as recorded, no unit scaling (the card counts are
   plain numbers either way).
 
