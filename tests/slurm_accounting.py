@@ -169,8 +169,9 @@ def start_accounting_cluster() -> base.SlurmCluster:
         "AccountingStorageHost": "127.0.0.1",
         "AccountingStoragePort": str(dbd_port),
         "AccountingStorageTRES": TRES,
-        # the munge socket for the persistent connection to slurmdbd (AuthInfo is not
-        # used there): slurm.conf(5) AccountingStoragePass
+        # the munge socket of the connection to slurmdbd (AuthInfo's socket is not used
+        # there): slurm.conf(5), AccountingStoragePass, "should specify the named port to
+        # be used for communications with the alternate MUNGE daemon"
         "AccountingStoragePass": "{root}/munge.socket",
         "AccountingStorageEnforce": "associations,limits",
         "JobCompType": "jobcomp/none",
