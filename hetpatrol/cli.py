@@ -8,6 +8,7 @@ Commands:
   check            Slurm HealthCheckProgram: the daemon's last verdict, exit 0/1/2/3
   status           this node at a glance, from the running daemon's state file
   baseline         record the driver/firmware versions per card type as a baseline
+  ledger           card-hours per GRES type, metering audit, quotas (Slurm accounting)
 
 Usage errors exit 64 (EX_USAGE).
 """
@@ -358,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_parser(sub)
 
     add_status_parser(sub)
+    from hetpatrol.ledger.command import add_ledger_parser  # the ledger: see its module
+
+    add_ledger_parser(sub)
     for command in sub.choices.values():
         _add_log_options(command, argparse.SUPPRESS)
     return parser

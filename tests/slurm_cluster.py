@@ -28,6 +28,7 @@ import subprocess
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,7 +183,8 @@ class SlurmCluster:
         return "\n".join(out)
 
     def stop(self) -> None:
-        for name in ("slurmd", "slurmctld", "munged"):
+        extra = [n for n in reversed(self.procs) if n not in ("slurmd", "slurmctld", "munged")]
+        for name in ("slurmd", "slurmctld", *extra, "munged"):
             proc = self.procs.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue
@@ -194,7 +196,9 @@ class SlurmCluster:
                 proc.wait(timeout=10)
 
 
-def _write_configs(root: Path, node: str) -> tuple[Path, Path]:
+def _write_configs(
+    root: Path, node: str, overrides: dict[str, str] | None = None
+) -> tuple[Path, Path]:
     host = socket.gethostname().split(".")[0]
     dev = root / "dev"
     dev.mkdir()
@@ -255,14 +259,36 @@ NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 State=UNKNOWN {gres}
 PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
 """
     )
+    if overrides:  # replace a key's line (or add it before NodeName=) in slurm.conf
+        lines = conf.read_text().splitlines()
+        for key, value in overrides.items():
+            line = f"{key}={value.replace('{root}', str(root))}"
+            hits = [i for i, ln in enumerate(lines) if ln.split("=", 1)[0] == key]
+            if hits:
+                lines[hits[0]] = line
+            else:
+                lines.insert(
+                    next(i for i, ln in enumerate(lines) if ln.startswith("NodeName=")), line
+                )
+        conf.write_text("\n".join(lines) + "\n")
     return conf, gres_conf
 
 
-def start_cluster() -> SlurmCluster:
-    """Start munged, slurmctld, slurmd; return once the node is idle. Raises on failure."""
+def start_cluster(
+    overrides: dict[str, str] | None = None,
+    after_munge: Callable[[SlurmCluster], None] | None = None,
+) -> SlurmCluster:
+    """Start munged, slurmctld, slurmd; return once the node is idle. Raises on failure.
+
+    ``overrides``: slurm.conf keys to replace or add (``{"AccountingStorageType": ...}``;
+    ``{root}`` in a value is the temp dir);
+    ``after_munge(cluster)`` runs once munged is up and before slurmctld starts (e.g. to
+    start slurmdbd, whose process it may add to ``cluster.procs``: those are stopped after
+    slurmctld, in reverse order of start). Both default to the plain cluster.
+    """
     root = Path(tempfile.mkdtemp(prefix="hetpatrol-slurm-"))
     root.chmod(0o755)  # munged: every directory above its socket must be searchable
-    conf, gres_conf = _write_configs(root, NODE_NAME)
+    conf, gres_conf = _write_configs(root, NODE_NAME, overrides)
     cluster = SlurmCluster(root, conf, gres_conf, NODE_NAME)
     log = root / "log"
     try:
@@ -298,6 +324,8 @@ def start_cluster() -> SlurmCluster:
             if cluster.procs["munged"].poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("munged did not create its socket")
             time.sleep(0.05)
+        if after_munge is not None:
+            after_munge(cluster)
         spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(conf)])
         spawn("slurmd", ["slurmd", "-D", "-N", NODE_NAME, "-f", str(conf)])
         state = ""

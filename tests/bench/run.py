@@ -52,6 +52,10 @@ Figures (goal in brackets):
   its detail sweep amortised over the patrols between two sweeps), counted on stand-in
   tools.
 
+- ``ledger_seconds`` [< 10], ``ledger_peak_rss_mb`` [< 100]: ``hetpatrol ledger usage``
+  over 1,000,000 generated sacct records streamed through a pipe (``tests/bench/ledger.py``,
+  also alone: ``--ledger-only``, size with ``--ledger-jobs``).
+
 ``--real-nvml`` (needs a GPU; not run where none is): per patrol time of
 ``NvidiaCollector`` on the real ``pynvml``, and of the same NVML calls replayed raw (the
 floor: no record is built), with their ratio; with ``nvidia-smi`` on the PATH, also the
@@ -1300,17 +1304,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scrape-windows", type=int, default=3)
     parser.add_argument("--scrape-seconds", type=float, default=2.0)
     parser.add_argument("--_serve-collect", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ledger-jobs", type=int, default=1_000_000, help="sacct records for tests/bench/ledger.py"
+    )
+    parser.add_argument("--ledger-only", action="store_true", help="the ledger figures only")
     args = parser.parse_args(argv)
     if args._serve_collect is not None:
         serve_collect_child(args._serve_collect)
         return 0
     if args.real_nvml:
         return run_real_nvml(args)
-    out = run_all(args)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import ledger as bench_ledger  # tests/bench/ledger.py: the 1M-record sacct stream
+
+    out = {} if args.ledger_only else run_all(args)
+    out["ledger"] = bench_ledger.run(args.ledger_jobs)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print_table(out)
+        if not args.ledger_only:
+            print_table(out)
+            print()
+        bench_ledger.print_table(out["ledger"])
     return 0
 
 

@@ -1,0 +1,297 @@
+"""``hetpatrol ledger``: card-hours per GRES type, the metering audit, quotas.
+
+  hetpatrol ledger usage  [--start T] [--end T] [--by user,account,...] [--format F]
+  hetpatrol ledger audit  [--format text|json]
+  hetpatrol ledger quota  [--start T] [--end T] [--quota-file F] [--textfile P]
+
+Times: ``now``, ``now-7days`` (units minutes, hours, days, weeks), or local
+``YYYY-MM-DD[THH:MM[:SS]]``. Exit codes: usage 0; audit 0 fine / 1 warnings / 2 per-type
+metering impossible; quota 0 all below 80 % / 1 one at 80 % / 2 one at 100 %;
+69 (EX_UNAVAILABLE) when a Slurm command fails, 65 (EX_DATAERR) for unreadable input,
+64 (EX_USAGE) for a window that cannot be or a --sacct-file that cannot be opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from hetpatrol.ledger import audit as audit_mod
+from hetpatrol.ledger import efficiency as eff_mod
+from hetpatrol.ledger import quotas, report
+from hetpatrol.ledger.sacct_stream import (
+    SacctDataError,
+    SacctError,
+    parse_lines,
+    sacct_argv,
+    stream_sacct,
+)
+from hetpatrol.ledger.slurm_state import SlurmQueryError, read_node_gres, run
+from hetpatrol.ledger.usage import GROUP_FIELDS, aggregate
+
+EX_USAGE, EX_DATAERR, EX_UNAVAILABLE = 64, 65, 69
+
+
+class LedgerUsageError(ValueError):
+    """A window that cannot be (bad time, end before start), a file that cannot be
+    opened: exit 64."""
+
+
+_REL = re.compile(r"^now(?:-(\d+)(minutes?|hours?|days?|weeks?))?$")
+_UNIT = {"minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+
+
+def parse_when(text: str, now: float | None = None) -> float:
+    """``now``, ``now-7days`` or a local ISO time -> Unix seconds (argparse type)."""
+    now = time.time() if now is None else now
+    m = _REL.match(text.strip())
+    if m:
+        if not m.group(1):
+            return float(int(now))
+        return float(int(now) - int(m.group(1)) * _UNIT[m.group(2).rstrip("s")])
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: not now, now-N(minutes|hours|days|weeks) or YYYY-MM-DD[THH:MM[:SS]]"
+        ) from None
+
+
+def _local(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _by(text: str) -> tuple[str, ...]:
+    fields = tuple(f.strip() for f in text.split(",") if f.strip())
+    bad = [f for f in fields if f not in GROUP_FIELDS]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"cannot group by {', '.join(bad)}; one of {', '.join(GROUP_FIELDS)}"
+        )
+    return fields
+
+
+def _add_window(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--start", default="now-1days", help="window start (default now-1days)")
+    p.add_argument("--end", default="now", help="window end (default now)")
+    p.add_argument("--sacct", default="sacct", help="sacct argv prefix (shell words)")
+    p.add_argument("--scontrol", default="scontrol", help="scontrol argv prefix (shell words)")
+    p.add_argument(
+        "--sacct-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="read saved `sacct -P -n -o <fields>` output instead of running sacct ('-' = stdin)",
+    )
+    p.add_argument(
+        "--no-node-types",
+        action="store_true",
+        help="do not ask scontrol for the nodes' GRES types (untyped time stays untyped)",
+    )
+
+
+def add_ledger_parser(sub) -> None:
+    """Register ``ledger`` and its subcommands on the top-level subparsers ``sub``."""
+    p = sub.add_parser(
+        "ledger",
+        help="card-hours per GRES type from Slurm accounting",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    lsub = p.add_subparsers(dest="ledger_command", required=True)
+    u = lsub.add_parser("usage", help="card-hours, jobs and wait per GRES type")
+    _add_window(u)
+    u.add_argument(
+        "--by",
+        type=_by,
+        default=("account",),
+        metavar="FIELDS",
+        help=f"comma-separated, of {', '.join(GROUP_FIELDS)} (default account; "
+        "'' for the GRES types alone)",
+    )
+    u.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    u.set_defaults(func=cmd_usage)
+    a = lsub.add_parser("audit", help="can Slurm meter each card type? (exit 0/1/2)")
+    a.add_argument("--scontrol", default="scontrol", help="scontrol argv prefix (shell words)")
+    a.add_argument("--format", choices=("text", "json"), default="text")
+    a.set_defaults(func=cmd_audit)
+    q = lsub.add_parser("quota", help="usage against sacctmgr limits or a quota file")
+    _add_window(q)
+    q.add_argument("--sacctmgr", default="sacctmgr", help="sacctmgr argv prefix (shell words)")
+    q.add_argument(
+        "--quota-file", type=Path, default=None, help="YAML quotas instead of sacctmgr's limits"
+    )
+    q.add_argument(
+        "--textfile",
+        type=Path,
+        default=None,
+        metavar="P",
+        help="also write Prometheus text exposition to P (atomically)",
+    )
+    q.add_argument("--format", choices=("table", "json"), default="table")
+    q.set_defaults(func=cmd_quota)
+    e = lsub.add_parser("efficiency", help="cards allocated vs busy per job (Prometheus)")
+    _add_window(e)
+    e.add_argument("--prometheus", required=True, metavar="URL", help="http://host:9090")
+    e.add_argument("--job", action="append", default=None, help="only this job id (repeat)")
+    e.add_argument(
+        "--idle-below",
+        type=float,
+        default=0.1,
+        metavar="R",
+        help="list as idle the jobs below this efficiency (default 0.1)",
+    )
+    e.add_argument("--max-jobs", type=int, default=500)
+    e.add_argument("--format", choices=("table", "json"), default="table")
+    e.set_defaults(func=cmd_efficiency)
+
+
+def _window(args) -> tuple[float, float, float]:
+    now = time.time()
+    try:
+        start, end = parse_when(args.start, now), parse_when(args.end, now)
+    except argparse.ArgumentTypeError as exc:
+        raise LedgerUsageError(str(exc)) from None
+    if end <= start:
+        raise LedgerUsageError(f"--end ({args.end}) must be after --start ({args.start})")
+    return start, end, now
+
+
+def _runs(args, start: float, end: float):
+    if args.sacct_file is not None:
+        try:
+            handle = sys.stdin if str(args.sacct_file) == "-" else open(args.sacct_file)  # noqa: SIM115
+        except OSError as exc:
+            raise LedgerUsageError(f"--sacct-file {args.sacct_file}: {exc.strerror}") from None
+        with handle:
+            yield from parse_lines(handle)
+        return
+    yield from stream_sacct(sacct_argv(_local(start), _local(end), shlex.split(args.sacct)))
+
+
+def _ledger(args, by: tuple[str, ...]):
+    start, end, now = _window(args)
+    node_gres = None
+    if not args.no_node_types:
+        node_gres = read_node_gres(shlex.split(args.scontrol))
+    return aggregate(_runs(args, start, end), (start, end), now, by, node_gres)
+
+
+def _guard(fn):
+    def wrapped(args) -> int:
+        try:
+            return fn(args)
+        except LedgerUsageError as exc:
+            print(f"hetpatrol ledger: {exc}", file=sys.stderr)
+            return EX_USAGE
+        except (SacctError, quotas.QuotaError) as exc:
+            print(f"hetpatrol ledger: {exc}", file=sys.stderr)
+            bad_data = isinstance(exc, SacctDataError | quotas.QuotaError)
+            return EX_DATAERR if bad_data else EX_UNAVAILABLE
+        except (SlurmQueryError, eff_mod.PrometheusError) as exc:
+            print(f"hetpatrol ledger: {exc}", file=sys.stderr)
+            return EX_UNAVAILABLE
+
+    return wrapped
+
+
+@_guard
+def cmd_usage(args) -> int:
+    ledger = _ledger(args, args.by)
+    sys.stdout.write(report.render(ledger, args.format))
+    return 0
+
+
+@_guard
+def cmd_audit(args) -> int:
+    sc = shlex.split(args.scontrol)
+    findings = audit_mod.audit(
+        run([*sc, "show", "config"]),
+        run([*sc, "show", "node", "-o"]),
+        run([*sc, "show", "partition", "-o"]),
+    )
+    if args.format == "json":
+        print(json.dumps([f.to_dict() for f in findings], indent=2))
+    elif not findings:
+        print("ok: every card type on the nodes is tracked and priced apart")
+    else:
+        for f in findings:
+            print(f"{f.severity}: {f.message}")
+            if f.fix:
+                print(f"  fix: {f.fix}")
+    return audit_mod.exit_code(findings)
+
+
+@_guard
+def cmd_quota(args) -> int:
+    if args.quota_file is not None:
+        limits, parents = quotas.load_quota_file(args.quota_file), {}
+    else:
+        limits, parents = quotas.parse_assoc(run(quotas.sacctmgr_argv(shlex.split(args.sacctmgr))))
+    ledger = _ledger(args, ("account", "user"))
+    rows = quotas.evaluate(limits, ledger, parents)
+    if args.textfile is not None:
+        quotas.write_textfile(rows, ledger, args.textfile)
+    if args.format == "json":
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+    else:
+        head = ("ACCOUNT", "USER", "GRES", "LIMIT", "USED", "OF", "PCT", "STATUS")
+        table = [head]
+        for r in rows:
+            lim = r.limit
+            table.append(
+                (
+                    lim.account,
+                    lim.user or "-",
+                    lim.gres,
+                    lim.kind,
+                    f"{r.used:.2f}",
+                    f"{lim.value:g} {quotas.KINDS[lim.kind]}",
+                    f"{100 * r.ratio:.0f}%",
+                    r.status,
+                )
+            )
+        widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+        for row in table:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        if not rows:
+            print("(no card limits)")
+    return quotas.exit_code(rows)
+
+
+@_guard
+def cmd_efficiency(args) -> int:
+    start, end, now = _window(args)
+    prom = eff_mod.Prometheus(args.prometheus)
+    jobs = set(args.job) if args.job else None
+    found = eff_mod.efficiencies(_runs(args, start, end), prom, now, jobs, args.max_jobs)
+    idle = [
+        e for e in found
+        if e.status == "no_process" or (e.efficiency is not None and e.efficiency < args.idle_below)
+    ]  # fmt: skip
+    if args.format == "json":
+        print(json.dumps({"jobs": [e.to_dict() for e in found],
+                          "idle": [e.job_id for e in idle]}, indent=2))  # fmt: skip
+        return 0
+    head = ("JOB", "USER", "ACCOUNT", "CARDS", "ALLOC_H", "BUSY_H", "EFF", "IDLE", "STATUS")
+    table = [head]
+    for e in found:
+        eff = e.efficiency
+        table.append((e.job_id, e.user, e.account,
+                      ",".join(f"{k}x{v}" for k, v in sorted(e.allocated.items())),
+                      f"{e.allocated_card_seconds / 3600:.3f}", f"{e.busy_card_seconds / 3600:.3f}",
+                      "-" if eff is None else f"{100 * eff:.0f}%",
+                      "-" if e.idle_cards is None else str(e.idle_cards), e.status))  # fmt: skip
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    for r in table:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    if idle:
+        print(f"held cards idle (efficiency < {args.idle_below:g} or no process seen): "
+              + ", ".join(e.job_id for e in idle))  # fmt: skip
+    return 0

@@ -1,0 +1,265 @@
+"""Card quotas per account (and user) and GRES type, against the ledger's usage.
+
+Limits come from what Slurm itself enforces (``sacctmgr show assoc``; sacctmgr(1),
+https://slurm.schedmd.com/sacctmgr.html, GrpTRESMins / GrpTRES / MaxTRESPerJob) or, for a
+site that meters outside Slurm, from a quota file (YAML)::
+
+    quotas:
+      - account: physics
+        gres: gpu:a100          # or a bare "gpu": every GPU type counts
+        card_hours: 500
+      - account: chemistry
+        user: hpbob             # optional: that user's share only
+        gres: ascend:910b
+        card_hours: 40
+
+How usage is measured per kind of limit:
+
+* ``GrpTRESMins`` and ``card_hours``: card-minutes (hours) the account (with its
+  sub-accounts, through ``ParentName``) or user held in the ledger's window. Slurm
+  enforces GrpTRESMins against its own decayed usage since the last reset
+  (``PriorityDecayHalfLife``, ``PriorityUsageResetPeriod``; only with
+  priority/multifactor): pick the window that matches the site's reset period.
+* ``GrpTRES``: cards of the type held now by running jobs.
+* ``MaxTRESPerJob``: the most cards of the type one run held in the window.
+
+A limit on an untyped name (``gres/gpu=8``) counts every type of that name.
+Status: ``ok`` below 80 %, ``warning`` from 80 %, ``reached`` from 100 % (at the limit:
+a per-job or concurrent limit still allows it, a time quota is used up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from hetpatrol.ledger.tres import parse_tres
+from hetpatrol.ledger.usage import Ledger
+from hetpatrol.slurm.gres import parse_count
+
+WARN_AT, REACHED_AT = 0.8, 1.0
+ASSOC_FIELDS = (
+    "Cluster",
+    "Account",
+    "User",
+    "Partition",
+    "ParentName",
+    "GrpTRESMins",
+    "GrpTRES",
+    "MaxTRESPerJob",
+)
+#: limit kind -> unit of its value
+KINDS = {
+    "GrpTRESMins": "card_minutes",
+    "card_hours": "card_hours",
+    "GrpTRES": "cards",
+    "MaxTRESPerJob": "cards",
+}
+
+
+class QuotaError(ValueError):
+    """A quota file or sacctmgr line that cannot be read (the text in the message)."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One limit: on ``account`` (``user`` empty: the whole account) for GRES ``gres``
+    (``gpu:a100``, or ``gpu`` for every type), ``kind`` one of :data:`KINDS`, ``value`` in
+    that kind's unit; ``source`` ``sacctmgr`` or the quota file's path."""
+
+    account: str
+    user: str
+    gres: str
+    kind: str
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    limit: Limit
+    used: float
+
+    @property
+    def ratio(self) -> float:
+        return self.used / self.limit.value if self.limit.value > 0 else float("inf")
+
+    @property
+    def status(self) -> str:
+        r = self.ratio
+        return "reached" if r >= REACHED_AT else "warning" if r >= WARN_AT else "ok"
+
+    def to_dict(self) -> dict:
+        lim = self.limit
+        return {
+            "account": lim.account,
+            "user": lim.user,
+            "gres": lim.gres,
+            "kind": lim.kind,
+            "unit": KINDS[lim.kind],
+            "limit": lim.value,
+            "used": round(self.used, 6),
+            "ratio": round(self.ratio, 6),
+            "status": self.status,
+            "source": lim.source,
+        }
+
+
+def sacctmgr_argv(prefix: Iterable[str] = ("sacctmgr",)) -> list[str]:
+    return [*prefix, "-n", "-P", "show", "assoc", "format=" + ",".join(ASSOC_FIELDS)]
+
+
+def parse_assoc(text: str) -> tuple[list[Limit], dict[str, str]]:
+    """``sacctmgr -n -P show assoc format=`` :data:`ASSOC_FIELDS` -> card limits and the
+    account -> parent account map. Limits on non-GRES TRES (cpu, mem) are left out."""
+    limits: list[Limit] = []
+    parents: dict[str, str] = {}
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) != len(ASSOC_FIELDS):
+            raise QuotaError(
+                f"sacctmgr line {lineno}: expected {len(ASSOC_FIELDS)} fields: {line!r}"
+            )
+        row = dict(zip(ASSOC_FIELDS, parts, strict=True))
+        if not row["User"] and row["ParentName"]:
+            parents[row["Account"]] = row["ParentName"]
+        for kind in ("GrpTRESMins", "GrpTRES", "MaxTRESPerJob"):
+            for key, value in parse_tres(row[kind]).items():
+                if not key.startswith("gres/"):
+                    continue
+                count = parse_count(value)
+                if count is None:
+                    raise QuotaError(f"sacctmgr line {lineno}: {kind} {key}={value!r}")
+                limits.append(
+                    Limit(
+                        row["Account"], row["User"], key[5:].lower(), kind, float(count), "sacctmgr"
+                    )
+                )
+    return limits, parents
+
+
+def load_quota_file(path: Path) -> list[Limit]:
+    """The limits of a quota file (see the module doc); :class:`QuotaError` naming the
+    entry when one lacks ``account``/``gres`` or has no positive ``card_hours``."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise QuotaError(f"{path}: {exc}") from None
+    entries = doc.get("quotas") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise QuotaError(f"{path}: expected a top-level 'quotas:' list")
+    out = []
+    for i, e in enumerate(entries, start=1):
+        if not isinstance(e, dict) or not e.get("account") or not e.get("gres"):
+            raise QuotaError(f"{path}: quota {i} needs 'account' and 'gres': {e!r}")
+        hours = e.get("card_hours")
+        if isinstance(hours, bool) or not isinstance(hours, int | float) or not hours > 0:
+            raise QuotaError(f"{path}: quota {i}: card_hours must be a number > 0: {hours!r}")
+        out.append(
+            Limit(
+                str(e["account"]),
+                str(e.get("user") or ""),
+                str(e["gres"]).lower(),
+                "card_hours",
+                float(hours),
+                str(path),
+            )
+        )
+    return out
+
+
+def _matches(limit_gres: str, gres: str) -> bool:
+    return gres == limit_gres or (":" not in limit_gres and gres.split(":")[0] == limit_gres)
+
+
+def evaluate(limits: Iterable[Limit], ledger: Ledger, parents: dict[str, str]) -> list[QuotaRow]:
+    """Usage against each limit. ``ledger`` must be grouped by ("account", "user")."""
+    if ledger.by != ("account", "user"):
+        raise ValueError("quota evaluation needs a ledger grouped by account, user")
+
+    def ancestors(account: str) -> list[str]:
+        out, seen = [account], {account}
+        while (p := parents.get(out[-1])) and p not in seen:
+            out.append(p)
+            seen.add(p)
+        return out
+
+    rows = []
+    for lim in limits:
+        used = 0.0
+        for (account, user, gres), t in ledger.groups.items():
+            if not _matches(lim.gres, gres) or lim.account not in ancestors(account):
+                continue
+            if lim.user and user != lim.user:
+                continue
+            if lim.kind == "GrpTRESMins":
+                used += t.card_seconds / 60.0
+            elif lim.kind == "card_hours":
+                used += t.card_seconds / 3600.0
+            elif lim.kind == "MaxTRESPerJob":
+                used = max(used, t.max_cards)
+            else:  # GrpTRES: cards held now
+                used += ledger.running_cards.get((account, user, gres), 0)
+        rows.append(QuotaRow(lim, used))
+    return rows
+
+
+def exit_code(rows: Iterable[QuotaRow]) -> int:
+    """0 every quota below 80 %, 1 one at 80 % or more, 2 one at 100 % or more."""
+    statuses = {r.status for r in rows}
+    return 2 if "reached" in statuses else 1 if "warning" in statuses else 0
+
+
+def write_textfile(rows: list[QuotaRow], ledger: Ledger, path: Path) -> None:
+    """The quotas as Prometheus text exposition (for node_exporter's textfile collector or
+    a push), written atomically:
+
+    ``hetpatrol_ledger_quota_usage_ratio{account,user,gres,limit}`` (used / limit),
+    ``hetpatrol_ledger_quota_limit`` and ``hetpatrol_ledger_quota_used`` in the limit's
+    unit (label ``unit``: card_minutes, card_hours, cards), and
+    ``hetpatrol_ledger_card_seconds{account,user,gres}`` (usage in the window).
+    """
+    from prometheus_client import CollectorRegistry, write_to_textfile
+    from prometheus_client.core import GaugeMetricFamily
+
+    class _Collector:
+        def collect(self):
+            labels = ["account", "user", "gres", "limit", "unit"]
+            ratio = GaugeMetricFamily(
+                "hetpatrol_ledger_quota_usage_ratio",
+                "Card usage over its quota (1 = quota reached).",
+                labels=labels[:4],
+            )
+            limit = GaugeMetricFamily(
+                "hetpatrol_ledger_quota_limit",
+                "Card quota, in the unit of label unit.",
+                labels=labels,
+            )
+            used = GaugeMetricFamily(
+                "hetpatrol_ledger_quota_used",
+                "Card usage counted against the quota, in the unit of label unit.",
+                labels=labels,
+            )
+            for r in rows:
+                lim = r.limit
+                lv = [lim.account, lim.user, lim.gres, lim.kind]
+                ratio.add_metric(lv, r.ratio)
+                limit.add_metric([*lv, KINDS[lim.kind]], lim.value)
+                used.add_metric([*lv, KINDS[lim.kind]], r.used)
+            secs = GaugeMetricFamily(
+                "hetpatrol_ledger_card_seconds",
+                "Cards x seconds held in the ledger window.",
+                labels=["account", "user", "gres"],
+            )
+            for (account, user, gres), t in sorted(ledger.groups.items()):
+                secs.add_metric([account, user, gres], t.card_seconds)
+            yield from (ratio, limit, used, secs)
+
+    registry = CollectorRegistry()
+    registry.register(_Collector())
+    write_to_textfile(str(path), registry)

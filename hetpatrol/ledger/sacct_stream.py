@@ -1,0 +1,206 @@
+"""``sacct`` job records, streamed: one allocation (one run of a job) per line, never the
+whole history in memory.
+
+The command (:func:`sacct_argv`)::
+
+    sacct -P -n --noconvert -X -D -a -S START -E END -o JobIDRaw,User,Account,...
+
+* ``-X`` (``--allocations``): one line per allocation, not per step; ``AllocTRES`` of the
+  allocation holds the cards.
+* ``-D`` (``--duplicates``): every record that matches, so every run of a requeued job
+  (the earlier runs end in state ``REQUEUED``, each with its own Start/End; plain sacct
+  returns the most recent record per job id, sacct(1) ``--duplicates``). ``sreport job``
+  reports count every run too (tests/test_ledger_live.py compares them).
+* ``-S``/``-E`` without ``-T``: sacct(1) (Slurm 22.05, https://slurm.schedmd.com/sacct.html)
+  "Select jobs in any state after" ``--starttime`` and "before" ``--endtime``, with their
+  real Start and End; ``-T`` (``--truncate``) would set a Start before the window to
+  ``--starttime`` and an End after it to ``--endtime``. The ledger cuts at the edges
+  itself (:mod:`.usage`, the same arithmetic), so the wait time and a job's real span
+  stay readable.
+* ``--noconvert``: memory TRES in M as recorded, no unit scaling (the card counts are
+  plain numbers either way).
+
+Times are the local wall-clock times sacct prints (``2026-12-01T07:21:22``; ``Unknown``
+for a job not started or not ended, ``None`` here).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+#: the ``--format`` fields, in order (``-P`` output has no header with ``-n``)
+FIELDS = (
+    "JobIDRaw",
+    "JobID",
+    "User",
+    "Account",
+    "Partition",
+    "QOS",
+    "NodeList",
+    "Submit",
+    "Start",
+    "End",
+    "ElapsedRaw",
+    "State",
+    "AllocTRES",
+)
+
+
+class SacctError(RuntimeError):
+    """sacct could not be run, or exited non-zero (its stderr in the message)."""
+
+
+class SacctDataError(SacctError):
+    """A line that is not a record of the fields asked for (line number and raw text)."""
+
+
+@dataclass(slots=True)
+class JobRun:
+    """One allocation (one run of a job) of ``sacct -X -D``.
+
+    Times are Unix seconds (None for ``Unknown``: not started, or still running);
+    ``elapsed`` is ``ElapsedRaw`` in seconds; ``state`` the first word of ``State``
+    (``CANCELLED by 0`` -> ``CANCELLED``); ``alloc_tres`` the raw ``AllocTRES`` string.
+    """
+
+    job_id: str
+    job_label: str
+    user: str
+    account: str
+    partition: str
+    qos: str
+    nodes: str
+    submit: float | None
+    start: float | None
+    end: float | None
+    elapsed: int
+    state: str
+    alloc_tres: str
+
+
+def sacct_argv(
+    start: str, end: str, prefix: Sequence[str] = ("sacct",), extra: Sequence[str] = ()
+) -> list[str]:
+    """The sacct command for the window [start, end) (sacct time formats)."""
+    return [
+        *prefix,
+        "-P",
+        "-n",
+        "--noconvert",
+        "-X",
+        "-D",
+        "-a",
+        "-S",
+        start,
+        "-E",
+        end,
+        "-o",
+        ",".join(FIELDS),
+        *extra,
+    ]
+
+
+class TimeParser:
+    """sacct's local ``YYYY-MM-DDTHH:MM:SS`` -> Unix seconds, fast.
+
+    The local epoch of each ``YYYY-MM-DDTHH:MM`` is computed once (``datetime.timestamp``,
+    so the time zone and its DST rules apply) and the seconds are added: a million records
+    over a month cost some 40,000 real conversions (the cache is emptied past
+    ``max_minutes`` entries). ``Unknown``, ``None``, ``N/A`` and empty give None; anything
+    else unreadable raises ``ValueError``.
+    """
+
+    def __init__(self, max_minutes: int = 1 << 20) -> None:
+        self._minutes: dict[str, float] = {}
+        self._max = max_minutes
+
+    def __call__(self, text: str) -> float | None:
+        base = self._minutes.get(text[:16])
+        if base is not None and len(text) == 19:
+            return base + _SECONDS[text[17:]]
+        if len(text) != 19 or text[10] != "T" or text[16] != ":" or text[17:] not in _SECONDS:
+            if text in ("Unknown", "None", "", "N/A"):
+                return None
+            return datetime.fromisoformat(text).timestamp()
+        base = datetime.fromisoformat(text[:16] + ":00").timestamp()
+        if len(self._minutes) >= self._max:
+            self._minutes.clear()
+        self._minutes[text[:16]] = base
+        return base + _SECONDS[text[17:]]
+
+
+_SECONDS = {f"{i:02d}": i for i in range(60)}
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[JobRun]:
+    """``sacct -P -n -o`` :data:`FIELDS` lines -> :class:`JobRun`, lazily.
+
+    Blank lines are skipped. A line with the wrong number of fields or an unreadable
+    time raises :class:`SacctDataError` with its line number and raw text (a job name or
+    other free text with ``|`` in it is not among the fields, so this means the output
+    is not what was asked for).
+    """
+    pt = TimeParser()
+    n = len(FIELDS)
+    lineno = 0
+    for raw in lines:
+        lineno += 1
+        p = raw.rstrip("\n").split("|")
+        if len(p) != n:
+            if not raw.strip():
+                continue
+            raise SacctDataError(
+                f"sacct line {lineno}: {len(p)} fields, expected {n} "
+                f"({','.join(FIELDS)}): {raw.rstrip()[:200]!r}"
+            )
+        try:
+            state = p[11]
+            yield JobRun(
+                p[0], p[1], p[2], p[3], p[4], p[5], p[6], pt(p[7]), pt(p[8]), pt(p[9]),
+                int(p[10]) if p[10] else 0,
+                state if " " not in state else state.split(" ", 1)[0],
+                p[12],
+            )  # fmt: skip
+        except (ValueError, KeyError) as exc:
+            raise SacctDataError(f"sacct line {lineno}: {exc}: {raw.rstrip()[:200]!r}") from None
+
+
+def stream_sacct(argv: Sequence[str], timeout: float = 600.0) -> Iterator[JobRun]:
+    """Run ``argv`` (see :func:`sacct_argv`) and yield its records as they arrive.
+
+    ``SacctError`` when sacct cannot be started or exits non-zero (with its stderr).
+    The process is killed if the consumer stops early or ``timeout`` seconds pass.
+    """
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1 << 16,
+        )
+    except OSError as exc:
+        raise SacctError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    assert proc.stdout is not None and proc.stderr is not None
+    finished = False
+    try:
+        yield from parse_lines(proc.stdout)
+        finished = True
+    finally:
+        if not finished:
+            proc.kill()
+        try:
+            err = proc.stderr.read()
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+            err = f"timed out after {timeout:.0f} s"
+        proc.stdout.close()
+        proc.stderr.close()
+    if rc != 0:
+        raise SacctError(f"{' '.join(argv[:1])} exited with {rc}: {err.strip()[-2000:]}")

@@ -1,0 +1,106 @@
+"""TRES strings as ``sacct``/``sacctmgr`` print them, and the cards they hold per GRES type.
+
+``billing=1,cpu=1,gres/gpu:a100=2,gres/gpu=2,mem=1M,node=1`` (``sacct -o AllocTRES``,
+``--noconvert``). Slurm records a typed GRES only when ``AccountingStorageTRES`` names it
+(slurm.conf(5), AccountingStorageTRES: "gres/gpu:tesla" is tracked only if configured);
+the untyped ``gres/gpu`` counts every GPU of the job whatever its type. So:
+
+* ``gres/gpu:a100=2,gres/gpu=2``: 2 A100 (the untyped count repeats the typed one);
+* ``gres/gpu=2`` alone (a ``--gres=gpu:2`` job where the type is not tracked, or a type
+  not in ``AccountingStorageTRES``): 2 GPUs of an unknown type, which
+  :func:`card_counts` attributes to the one GPU type the job's nodes have, if they have
+  one; else they stay ``gpu`` (untyped) and the report says so;
+* ``gres/gpu:a100=1,gres/gpu=3``: 1 A100 and 2 GPUs of an untracked type (same rule).
+
+GRES that are not cards are left out: usage TRES (``gres/gpumem``, ``gres/gpuutil`` of
+the NVML acct_gather plugin), shares of a card (``gres/mps``, ``gres/shard``) and GRES
+some sites define for other things (``gres/cpu``, ``gres/vmem``, ``gres/craynetwork``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hetpatrol.slurm.gres import parse_count
+
+#: GRES names that count something other than whole cards
+NOT_CARDS = frozenset({"gpumem", "gpuutil", "mps", "shard", "cpu", "vmem", "craynetwork"})
+
+CardKey = tuple[str, "str | None"]  # (gres name, type or None), lower case
+
+
+def parse_tres(text: str) -> dict[str, str]:
+    """``cpu=1,gres/gpu:a100=2`` -> ``{"cpu": "1", "gres/gpu:a100": "2"}`` (raw values).
+
+    Empty, ``(null)`` and items without ``=`` give nothing; a repeated key keeps the last.
+    """
+    out: dict[str, str] = {}
+    if not text or text == "(null)":
+        return out
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if sep and key:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def gres_tres(text: str) -> tuple[dict[CardKey, int], list[str]]:
+    """The card GRES of a TRES string: ``{(name, type|None): count}`` and the items whose
+    count could not be read (raw text, e.g. ``gres/gpu=x``), names and types lower case."""
+    cards: dict[CardKey, int] = {}
+    bad: list[str] = []
+    for key, value in parse_tres(text).items():
+        if not key.startswith("gres/"):
+            continue
+        name, _, gtype = key[5:].partition(":")
+        name = name.lower()
+        if name in NOT_CARDS:
+            continue
+        count = parse_count(value)
+        if count is None:
+            bad.append(f"{key}={value}")
+            continue
+        k = (name, gtype.lower() or None)
+        cards[k] = cards.get(k, 0) + count
+    return cards, bad
+
+
+def card_counts(
+    text: str, node_types: Mapping[str, frozenset[str]] | None = None
+) -> dict[CardKey, int]:
+    """Cards per (GRES name, type) of a job's ``AllocTRES``, typed and untyped reconciled.
+
+    Per GRES name: the typed counts as recorded; the untyped count minus their sum (GPUs
+    of a type not in ``AccountingStorageTRES``) goes to the single type that
+    ``node_types[name]`` names (the types the job's nodes have, from ``scontrol show
+    node``), else stays untyped ``(name, None)``. An untyped count below the typed sum
+    (never written by Slurm) keeps the typed counts.
+    """
+    cards, _bad = gres_tres(text)
+    out: dict[CardKey, int] = {}
+    untyped: dict[str, int] = {}
+    typed_sum: dict[str, int] = {}
+    for (name, gtype), count in cards.items():
+        if gtype is None:
+            untyped[name] = untyped.get(name, 0) + count
+        else:
+            out[(name, gtype)] = out.get((name, gtype), 0) + count
+            typed_sum[name] = typed_sum.get(name, 0) + count
+    for name, total in untyped.items():
+        rest = total - typed_sum.get(name, 0)
+        if rest <= 0:
+            continue
+        types = node_types.get(name) if node_types else None
+        key = (name, next(iter(types))) if types and len(types) == 1 else (name, None)
+        out[key] = out.get(key, 0) + rest
+    return out
+
+
+def label(key: CardKey) -> str:
+    """``("gpu", "a100")`` -> ``gpu:a100``; ``("gpu", None)`` -> ``gpu`` (type unknown)."""
+    return f"{key[0]}:{key[1]}" if key[1] else key[0]
+
+
+def tres_name(key: CardKey) -> str:
+    """``("gpu", "a100")`` -> ``gres/gpu:a100``, the TRES name Slurm uses."""
+    return "gres/" + label(key)
