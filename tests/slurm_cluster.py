@@ -141,7 +141,7 @@ class SlurmCluster:
                 proc.wait(timeout=10)
 
 
-def _write_configs(root: Path, node: str) -> tuple[Path, Path]:
+def _write_configs(root: Path, node: str, extra_conf: str = "") -> tuple[Path, Path]:
     host = socket.gethostname().split(".")[0]
     dev = root / "dev"
     dev.mkdir()
@@ -189,16 +189,20 @@ ReturnToService=2
 GresTypes=gpu,ascend
 NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 State=UNKNOWN {gres}
 PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
-"""
+{extra_conf}"""
     )
     return conf, gres_conf
 
 
-def start_cluster() -> SlurmCluster:
-    """Start munged, slurmctld, slurmd; return once the node is idle. Raises on failure."""
+def start_cluster(extra_conf: str = "") -> SlurmCluster:
+    """Start munged, slurmctld, slurmd; return once the node is idle. Raises on failure.
+
+    ``extra_conf``: slurm.conf lines appended as they are (more ``NodeName=`` lines for
+    nodes without a slurmd, which Slurm lists all the same, and their partitions).
+    """
     root = Path(tempfile.mkdtemp(prefix="hetpatrol-slurm-"))
     root.chmod(0o755)  # munged: every directory above its socket must be searchable
-    conf, gres_conf = _write_configs(root, NODE_NAME)
+    conf, gres_conf = _write_configs(root, NODE_NAME, extra_conf)
     cluster = SlurmCluster(root, conf, gres_conf, NODE_NAME)
     log = root / "log"
     try:
@@ -249,7 +253,7 @@ def start_cluster() -> SlurmCluster:
                 timeout=10,
             )
             state = out.stdout.strip()
-            if state == "idle":
+            if set(state.split()) == {"idle"}:  # one line per partition of the node
                 return cluster
             time.sleep(0.1)
         raise RuntimeError(f"node {NODE_NAME} not idle after {START_TIMEOUT:.0f} s: {state!r}")
