@@ -55,18 +55,20 @@ def compress_hostlist(names: Iterable[str]) -> str:
         pad = len(digits) > 1 and digits[0] == "0" or len(digits) in widths
         width = len(digits) if pad else 0
         groups.setdefault(prefix, {}).setdefault(width, []).append(int(digits))
-    parts: list[tuple[str, int, str]] = []
+    parts: list[tuple[str, int, int, str]] = []
     for prefix, by_width in groups.items():
         for width, numbers in by_width.items():
             ranges = _ranges(numbers)
             if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
-                parts.append((prefix, ranges[0][0], f"{prefix}{str(ranges[0][0]).zfill(width)}"))
+                parts.append(
+                    (prefix, ranges[0][0], width, f"{prefix}{str(ranges[0][0]).zfill(width)}")
+                )
                 continue
             z = [(str(lo).zfill(width), str(hi).zfill(width)) for lo, hi in ranges]
             text = ",".join(lo if lo == hi else f"{lo}-{hi}" for lo, hi in z)
-            parts.append((prefix, ranges[0][0], f"{prefix}[{text}]"))
-    parts.sort(key=lambda p: (p[0], p[1]))
-    return ",".join([p[2] for p in parts] + sorted(literal))
+            parts.append((prefix, ranges[0][0], width, f"{prefix}[{text}]"))
+    parts.sort(key=lambda p: (p[0], p[1], p[2]))
+    return ",".join([p[3] for p in parts] + sorted(literal))
 
 
 def name_prefix(name: str) -> str:
