@@ -134,19 +134,18 @@ def _label(k: GresKey) -> str:
 
 
 def _vendor(name: str, gtype: str | None, profiles: Sequence[Profile]) -> str:
-    """The vendor of a GRES (name, type) by the profiles: a profile of that GRES name
-    listing the type, else the only vendor using that name; "" when unknown."""
-    name = name.lower()
-    vendors = set()
-    for p in profiles:
-        if (p.gres or "").lower() != name:
-            continue
-        types = {t.lower() for t in p.card_types} | (
-            {p.gres_type.lower()} if p.gres_type else set()
-        )
-        if gtype and gtype.lower() in types:
-            return p.vendor
-        vendors.add(p.vendor)
+    """The vendor of a GRES (name, type) by the profiles: the profile listing the type as
+    a card type (whatever GRES name it maps to: Ascend registered as ``gpu:910b`` is
+    still Ascend), else the only vendor whose profiles use that name; "" when unknown."""
+    t = gtype.lower() if gtype else None
+    if t:
+        for p in profiles:
+            types = {c.lower() for c in p.card_types}
+            if p.gres_type:
+                types.add(p.gres_type.lower())
+            if t in types:
+                return p.vendor
+    vendors = {p.vendor for p in profiles if (p.gres or "").lower() == name.lower()}
     return vendors.pop() if len(vendors) == 1 else ""
 
 
@@ -433,6 +432,7 @@ def audit(inp: AuditInput) -> AuditReport:
                 ((v.where, tuple(sorted(t for _vv, t in node_classes[v.name] if t))), v.name)
                 for v in members
                 if node_classes[v.name]
+                and len({c[0] for c in node_classes[v.name]}) < 2  # mixed: mixed_node
                 and not {t for _vv, t in node_classes[v.name] if t}
                 <= {f.lower() for f in v.features}
             )
@@ -457,7 +457,8 @@ def audit(inp: AuditInput) -> AuditReport:
                 "mixed_node",
                 "warning",
                 f"nodes {compress_hostlist(names)}",
-                f"{len(names)} nodes carry cards of two vendors: a job sees the other vendor's "
+                f"{len(names)} node{'s' if len(names) != 1 else ''} with cards of two vendors: "
+                "a job sees the other vendor's "
                 "devices unless they are constrained per job (crosstalk risk)",
                 "prefer one vendor per node; else isolate devices (below)",
             )
