@@ -39,7 +39,7 @@ with a compressed host list) and the fix. The checks:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,7 @@ from hetpatrol.cluster.slurm_conf import Setting, SlurmConf
 from hetpatrol.cluster.slurm_nodes import SlurmNode
 from hetpatrol.config import Profile
 from hetpatrol.slurm.gres import (
+    GresConf,
     GresConfLine,
     GresEntry,
     expand_hostlist,
@@ -156,8 +157,9 @@ def _nodes(inp: AuditInput) -> list[NodeView]:
             names = expand_hostlist(decl.names)
         except ValueError:
             continue
+        gres = decl.gres  # parsed once per line, shared by its nodes
         for n in names:
-            views[n] = NodeView(n, decl.gres, decl.features, decl.where)
+            views[n] = NodeView(n, gres, decl.features, decl.where)
     if not views and inp.live_nodes:
         for sn in inp.live_nodes:
             views[sn.name] = NodeView(sn.name, sn.gres, sn.features, f"node {sn.name}")
@@ -178,6 +180,34 @@ def _nodes(inp: AuditInput) -> list[NodeView]:
             if sn.name in views:
                 views[sn.name].partitions.extend(sn.partitions)
     return list(views.values())
+
+
+def _gres_conf_index(lines: Sequence[GresConfLine]) -> Callable[[str], GresConf]:
+    """``gres_conf_for_node`` for many nodes: each line's ``NodeName=`` list expanded
+    once (a list too long to expand is asked name by name), the answer cached per
+    distinct set of matching lines."""
+    expanded: list[frozenset[str] | None] = []
+    for ln in lines:
+        if ln.nodes is None:
+            expanded.append(None)
+            continue
+        try:
+            expanded.append(frozenset(expand_hostlist(ln.nodes.text)))
+        except ValueError:
+            expanded.append(frozenset())
+    cache: dict[tuple[int, ...], GresConf] = {}
+
+    def lookup(node: str) -> GresConf:
+        key = tuple(
+            i
+            for i, (ln, names) in enumerate(zip(lines, expanded, strict=True))
+            if ln.nodes is None or node in names or (not names and node in ln.nodes)
+        )
+        if key not in cache:
+            cache[key] = gres_conf_for_node([lines[i] for i in key], node)
+        return cache[key]
+
+    return lookup
 
 
 def _group(items: Iterable[tuple[tuple, str]]) -> dict[tuple, list[str]]:
@@ -304,8 +334,9 @@ def audit(inp: AuditInput) -> AuditReport:
     # ---- gres_conf_count
     if inp.gres_conf:
         mism: dict[tuple, list[str]] = defaultdict(list)
+        gres_conf_of = _gres_conf_index(inp.gres_conf)
         for v in nodes:
-            gc = gres_conf_for_node(inp.gres_conf, v.name)
+            gc = gres_conf_of(v.name)
             if not gc.entries or not gc.complete:
                 continue
             want = {_key(e): e.count for e in sum_gres(v.gres) if e.name.lower() in card_names}

@@ -21,10 +21,14 @@ import json
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from hetpatrol.slurm.drain import ours
 from hetpatrol.slurm.gres import GresEntry, parse_gres, parse_scontrol_nodes
+
+#: The GRES strings of a cluster repeat (one per node batch): each is parsed once.
+_parse_gres = lru_cache(maxsize=8192)(parse_gres)
 
 #: Seconds one scontrol call may take (a 10,000-node JSON document takes about one).
 SCONTROL_TIMEOUT = 60.0
@@ -96,8 +100,8 @@ def node_from_json(obj: Mapping[str, Any]) -> SlurmNode:
         state=base,
         flags=frozenset(flags),
         partitions=_split_list(obj.get("partitions")),
-        gres=parse_gres(_text(obj.get("gres"))),
-        gres_used=parse_gres(_text(obj.get("gres_used"))),
+        gres=_parse_gres(_text(obj.get("gres"))),
+        gres_used=_parse_gres(_text(obj.get("gres_used"))),
         features=_split_list(obj.get("features")),
         reason=_text(obj.get("reason")),
         reason_user=_text(obj.get("reason_set_by_user")),
@@ -133,7 +137,7 @@ def parse_nodes_text(text: str) -> list[SlurmNode]:
                 flags=frozenset(flags),
                 partitions=_split_list(f.get("Partitions")),
                 gres=info.gres,
-                gres_used=parse_gres(f.get("GresUsed")),
+                gres_used=_parse_gres(f.get("GresUsed")),
                 features=_split_list(f.get("AvailableFeatures") or f.get("Features")),
                 reason=info.reason,
                 reason_user=info.reason_user,

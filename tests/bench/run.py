@@ -46,6 +46,11 @@ Figures (goal in brackets):
   (the collector answered from a dict of the recorded answers).
 - ``vs_collect_on_scrape_p99_ratio`` [report]: scrape p99 when every scrape runs a patrol
   and renders it (same HTTP server code, same load) / the cached p99.
+- ``fleet_10k_wall_s`` [<= 3], ``fleet_10k_rss_mb`` [<= 200], ``audit_10k_wall_s`` [<= 3],
+  ``audit_10k_rss_mb`` [<= 200]: ``hetpatrol fleet`` (Slurm 22.05 text path; the
+  ``scontrol --json`` path in the details) and ``hetpatrol audit-slurm`` on a synthetic
+  10,000-node mixed cluster, wall time and peak RSS of the real command
+  (``tests/bench/fleet.py``, which also runs alone).
 - ``vs_per_card_npu_smi_calls`` [report]: processes spawned per patrol for 8 NPUs by a
   per-card ``npu-smi info -t {health,common,usages,proc-mem} -i N`` sweep / by hetpatrol's
   Ascend collector as the bundled config sets it up (one ``npu-smi info`` a patrol, plus
@@ -99,6 +104,10 @@ KEYS = (
     "vs_nvidia_smi_xml_cpu_ratio",
     "vs_collect_on_scrape_p99_ratio",
     "vs_per_card_npu_smi_calls",
+    "fleet_10k_wall_s",
+    "fleet_10k_rss_mb",
+    "audit_10k_wall_s",
+    "audit_10k_rss_mb",
 )
 
 #: key -> (comparison, goal, goal text); "report" keys have none.
@@ -111,6 +120,10 @@ GOALS: dict[str, tuple[str, float, str]] = {
     "jsonl_lines_per_s": (">=", 50_000.0, ">= 50,000"),
     "rss_start_mb": ("<=", 40.0, "<= 40"),
     "vs_nvidia_smi_xml_cpu_ratio": (">=", 10.0, ">= 10"),
+    "fleet_10k_wall_s": ("<=", 3.0, "<= 3"),
+    "fleet_10k_rss_mb": ("<=", 200.0, "<= 200"),
+    "audit_10k_wall_s": ("<=", 3.0, "<= 3"),
+    "audit_10k_rss_mb": ("<=", 200.0, "<= 200"),
 }
 RSS_GROWTH_GOAL_MB = 1.0
 
@@ -1156,6 +1169,20 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         k: cos[k] for k in ("rate_per_s", "p50_ms", "p99_ms", "max_ms", "scrapes")
     }
     result["vs_collect_on_scrape_p99_ratio"] = cos["p99_ms"] / cached["p99_ms"]
+
+    # the cluster-wide commands on 10,000 nodes (tests/bench/fleet.py)
+    progress("fleet / audit-slurm on a synthetic 10,000-node cluster")
+    from fleet import bench as bench_fleet
+
+    fl = bench_fleet(10_000, r)
+    for key, src in (("fleet_10k", "fleet_text"), ("audit_10k", "audit")):
+        result[f"{key}_wall_s"] = fl[src]["wall_s"]
+        spreads[f"{key}_wall_s"] = fl[src]["wall_spread_s"]
+        result[f"{key}_rss_mb"] = fl[src]["peak_rss_mb"]
+    extra["fleet_10k_scontrol_json_wall_s_rss_mb"] = [
+        fl["fleet_json"]["wall_s"],
+        fl["fleet_json"]["peak_rss_mb"],
+    ]
 
     extra["bench_wall_s"] = time.perf_counter() - started
     meta = machine()
