@@ -162,7 +162,8 @@ def test_join_counts_per_class_partition_and_batch():
     assert (a100["vendor"], a100["card_type"], a100["gres"]) == ("nvidia", "a100", "gpu")
     assert (a100["nodes"], a100["cards_slurm"], a100["cards_seen"]) == (3, 24, 24)
     assert a100["health"] == {"ok": 22, "warning": 1, "critical": 1, "unknown": 0}
-    assert (a100["allocated"], a100["idle"]) == (3, 21)
+    # idle: gn001 8 - 3 allocated, gn003 8; gn002 is drained: none of its cards is idle
+    assert (a100["allocated"], a100["idle"]) == (3, 13)
     assert (a100["drained_hetpatrol"], a100["drained_other"], a100["silent"]) == (1, 0, 1)
     assert a100["hosts"] == "gn[001-003]"
     (gpu_part,) = a100["partitions"]

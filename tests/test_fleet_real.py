@@ -244,7 +244,7 @@ def test_fleet_table_names_batches_and_missing_nodes(env):
     assert "\x1b[" not in text  # NO_COLOR / not a terminal
     lines = text.splitlines()
     header = lines[0].split()
-    assert header[:4] == ["nodes", "slurm", "seen", "ok"]
+    assert header[:8] == ["class", "/", "partition", "/", "nodes", "nodes", "slurm", "seen"]
     rows = [line.split() for line in lines if line.strip().startswith("gn[001-002]")]
     # first the ascend 910b block (8 NPUs registered per node, sick-mixed reads 8), then a100
     assert [r[1:4] for r in rows] == [["2", "16", "8"], ["2", "8", "4"]]

@@ -126,6 +126,10 @@ class AuditReport:
         }
 
 
+def _n(count: int) -> str:
+    return f"{count} node{'s' if count != 1 else ''}"
+
+
 def _key(e: GresEntry) -> GresKey:
     return e.key
 
@@ -410,7 +414,8 @@ def audit(inp: AuditInput) -> AuditReport:
                     "gres_vs_daemons",
                     "info",
                     f"nodes {compress_hostlist(unseen)}",
-                    f"{len(unseen)} nodes with card GRES have no daemon metrics: not compared",
+                    f"{_n(len(unseen))} with card GRES {'have' if len(unseen) != 1 else 'has'} no "
+                    "daemon metrics: not compared",
                 )
             )
         if extra:
@@ -419,7 +424,7 @@ def audit(inp: AuditInput) -> AuditReport:
                     "gres_vs_daemons",
                     "warning",
                     f"nodes {compress_hostlist(extra)}",
-                    f"{len(extra)} nodes report cards to Prometheus but are not in slurm.conf",
+                    f"{_n(len(extra))} in Prometheus but not in Slurm's node list",
                     "add NodeName lines for them, or fix the scrape config's node label",
                 )
             )
@@ -488,7 +493,7 @@ def audit(inp: AuditInput) -> AuditReport:
                 "mixed_node",
                 "warning",
                 f"nodes {compress_hostlist(names)}",
-                f"{len(names)} node{'s' if len(names) != 1 else ''} with cards of two vendors: "
+                f"{_n(len(names))} with cards of two vendors: "
                 "a job sees the other vendor's "
                 "devices unless they are constrained per job (crosstalk risk)",
                 "prefer one vendor per node; else isolate devices (below)",
@@ -603,7 +608,8 @@ def audit(inp: AuditInput) -> AuditReport:
                 "healthcheck",
                 "warning",
                 hc.where if hc else conf.source,
-                f"HealthCheckProgram={hc.value if hc else '(not set)'} does not run hetpatrol",
+                f"HealthCheckProgram={hc.value if hc and hc.value else '(not set)'} does not run "
+                "hetpatrol",
                 "HealthCheckProgram=/usr/local/sbin/hetpatrol-healthcheck (runs `hetpatrol "
                 "check`), HealthCheckInterval=60",
             )
@@ -627,7 +633,8 @@ def audit(inp: AuditInput) -> AuditReport:
                 "healthcheck",
                 "info",
                 pro.where if pro else conf.source,
-                f"Prolog={pro.value if pro else '(not set)'} does not run hetpatrol: a card that "
+                f"Prolog={pro.value if pro and pro.value else '(not set)'} does not run hetpatrol: "
+                "a card that "
                 "failed since the last health check can still get a job",
                 "a Prolog that runs `hetpatrol check` (exit non-zero drains the node)",
             )

@@ -380,7 +380,9 @@ def build_fleet(
                     versions.setdefault(ck, Counter())[v] += 1
             c.actions.update(card_actions(d, ck))
             c.allocated = allocated.get(ck, 0)
-            c.idle = max(c.cards_slurm - c.allocated, 0)
+            # idle: registered, not allocated, on a node that can take jobs (not drained)
+            drained = node is not None and node.drained
+            c.idle = 0 if drained else max(c.cards_slurm - c.allocated, 0)
             if node is not None and node.drained:
                 if node.drained_by_hetpatrol:
                     c.drained_hetpatrol = 1

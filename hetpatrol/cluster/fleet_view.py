@@ -28,7 +28,7 @@ from hetpatrol.status_view import _Painter, _printable, use_color
 
 EXIT_UNKNOWN = 3
 HEADERS = (
-    "",
+    "class / partition / nodes",
     "nodes",
     "slurm",
     "seen",
@@ -97,8 +97,9 @@ def render(doc: dict[str, Any], *, color: bool = False) -> str:
         versions = cls["versions"]
         drift = len(versions) > 1
         for v in versions:
+            fw = f"  firmware {v['firmware_version']}" if v["firmware_version"] else ""
             text = (
-                f"  driver {v['driver_version'] or '?'}  firmware {v['firmware_version'] or '?'}"
+                f"  driver {v['driver_version'] or '?'}{fw}"
                 f": {v['nodes']} node{'s' if v['nodes'] != 1 else ''}"
             )
             rows.append(paint(text + ("  (drift)" if drift else ""), "warning" if drift else "dim"))
