@@ -49,6 +49,7 @@ class Env:
     def __init__(self, tmp: Path):
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
+        self.daemons: dict[str, subprocess.Popen] = {}
         self.prom_port = 0
         self.cluster = None
 
@@ -107,7 +108,9 @@ def env(tmp_path_factory):
             cmd += ["--listen", f"127.0.0.1:{port}", "--interval", "1"]
             cmd += ["--jsonl-path", str(tmp / f"{node}.jsonl")]
             cmd += ["--state-path", str(tmp / f"{node}.state.json")]
-            e.procs.append(subprocess.Popen(cmd, env=penv, stdout=log, stderr=subprocess.STDOUT))
+            proc = subprocess.Popen(cmd, env=penv, stdout=log, stderr=subprocess.STDOUT)
+            e.procs.append(proc)
+            e.daemons[node] = proc
             log.close()
             targets.append({"targets": [f"127.0.0.1:{port}"], "labels": {"node": node}})
         config = {
@@ -315,3 +318,39 @@ def test_audit_slurm_live_with_prometheus(env):
     assert ("mixed_node", "error") in checks
     # no HealthCheckProgram in the test slurm.conf
     assert ("healthcheck", "warning") in checks
+
+
+def test_fleet_from_saved_json_equals_the_text_path(env, tmp_path):
+    """`--slurm-nodes FILE` with the real `sinfo --json` of this cluster (Slurm 22.05's
+    openapi v0.0.38 document): the JSON path gives the same fleet as scontrol's text."""
+    saved = tmp_path / "nodes.json"
+    saved.write_text(env.cluster.run("sinfo", "--json").stdout)
+    by_json = env.hetpatrol(
+        "fleet", "--prometheus", env.prometheus, "--slurm-nodes", str(saved), "--json"
+    )
+    by_text = env.hetpatrol(
+        "fleet", "--prometheus", env.prometheus, "--scontrol", env.scontrol, "--json"
+    )
+    assert (by_json.returncode, by_text.returncode) == (2, 2), by_json.stderr
+    a, b = json.loads(by_json.stdout), json.loads(by_text.stdout)
+    assert a["sources"]["slurm"] == f"file {saved}"
+    for doc in (a, b):
+        del doc["generated_at"], doc["sources"]
+    assert a == b
+
+
+def test_a_stopped_daemon_is_listed_silent(env):
+    """Runs last (it stops ghost01's daemon): once Prometheus scrapes `up == 0` for it,
+    fleet lists it as silent (it stays listed as not in Slurm)."""
+    stop(env.daemons["ghost01"])
+    wait(
+        lambda: [s for s in env.query('up{node="ghost01"} == 0')],
+        what="Prometheus sees ghost01 down",
+    )
+    out = env.hetpatrol(
+        "fleet", "--prometheus", env.prometheus, "--scontrol", env.scontrol, "--json"
+    )
+    assert out.returncode == 2, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["silent"] == {"nodes": 1, "hosts": "ghost01"}
+    assert doc["prometheus_only"] == {"nodes": 1, "hosts": "ghost01"}

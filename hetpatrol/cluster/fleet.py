@@ -8,7 +8,8 @@ Sources (read once, no state kept):
   10,000-node answer stays small: cards per node and (vendor, card type, GRES name,
   driver, firmware) from ``hetpatrol_card_info``; cards per node and verdict from the
   ``hetpatrol_card_health`` state set; ``up`` of the scrape job; daemons whose last patrol
-  is older than three patrol intervals or that have not finished one
+  is older than three patrol intervals and a minute (the HetpatrolPatrolStale alert's
+  rule) or that have not finished one
   (``hetpatrol_last_patrol_timestamp_seconds``, ``hetpatrol_patrol_interval_seconds``,
   ``hetpatrol_patrol_ready``).
 
@@ -38,8 +39,11 @@ from hetpatrol.cluster.slurm_nodes import SlurmNode
 from hetpatrol.schema import EXIT_CODES
 
 HEALTHS = ("ok", "warning", "critical", "unknown")
-#: A daemon whose last patrol is older than this many patrol intervals is silent.
+#: A daemon whose last patrol is older than this many patrol intervals plus the slack
+#: (the scrape interval and a slow patrol) is silent: the rule of the HetpatrolPatrolStale
+#: alert in config/prometheus/hetpatrol-rules.yml.
 STALE_INTERVALS = 3
+STALE_SLACK_SECONDS = 60
 #: GRES names that are cards even when no daemon reports them.
 DEFAULT_CARD_GRES = frozenset({"gpu"})
 NO_PARTITION = "(none)"
@@ -64,7 +68,8 @@ def queries(node_label: str = "node", job: str = "hetpatrol") -> dict[str, str]:
         "up": f"up{sel}",
         "silent": (
             f"(time() - hetpatrol_last_patrol_timestamp_seconds{sel} > {STALE_INTERVALS} "
-            f"* hetpatrol_patrol_interval_seconds{sel}) or (hetpatrol_patrol_ready{sel} == 0)"
+            f"* hetpatrol_patrol_interval_seconds{sel} + {STALE_SLACK_SECONDS}) "
+            f"or (hetpatrol_patrol_ready{sel} == 0)"
         ),
     }
 
