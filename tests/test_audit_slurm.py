@@ -292,3 +292,35 @@ def test_task_cgroup_accepted(tmp_path, value):
     lines = [ln if not ln.startswith("TaskPlugin") else f"TaskPlugin={value}" for ln in MIXED]
     report = _run(_write(tmp_path, "slurm.conf", lines), cgroup={"constraindevices": "yes"})
     assert _found(report, "mixed_node") == [("mixed_node", "warning", "nodes mx01")]
+
+
+def test_live_nodes_grouped_and_matched_by_host_name():
+    """Without NodeName lines (scontrol show config) the nodes come from scontrol show
+    node: findings name them as a host list; a daemon keyed by NodeHostName matches."""
+    from hetpatrol.cluster.slurm_conf import SlurmConf
+    from hetpatrol.cluster.slurm_nodes import parse_nodes_text
+
+    live = parse_nodes_text(
+        "NodeName=gn001 NodeHostName=gn001.site State=IDLE Gres=gpu:a100:8 Partitions=p\n"
+        "NodeName=gn002 NodeHostName=gn002.site State=IDLE Gres=gpu:a100:8 Partitions=p\n"
+        "NodeName=gn003 State=IDLE Gres=gpu:8 Partitions=p\n"
+    )
+    daemons = {
+        f"{n}.site": DaemonNode(f"{n}.site", up=True, cards={("nvidia", "a100", "gpu"): 4})
+        for n in ("gn001", "gn002")
+    }
+    report = audit(
+        AuditInput(
+            conf=SlurmConf(source="scontrol show config"),
+            live_nodes=live,
+            daemons=daemons,
+            profiles=load_config().profiles,
+        )
+    )
+    vs = [(f.severity, f.where, f.message) for f in report.findings if f.check == "gres_vs_daemons"]
+    assert vs == [
+        ("error", "nodes gn[001-002]", "gn[001-002]: gpu:a100: Gres= 8, daemons found 4"),
+        ("info", "nodes gn003", "1 node with card GRES has no daemon metrics: not compared"),
+    ]
+    (untyped,) = [f for f in report.findings if f.check == "untyped_gres"]
+    assert (untyped.severity, untyped.where) == ("warning", "node gn003")

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hetpatrol.cluster.fleet import DaemonNode
@@ -126,6 +126,11 @@ class AuditReport:
         }
 
 
+def _where(where: str, names: list[str]) -> str:
+    """The file line, or for nodes read live (no line) ``node X`` / ``nodes gn[01-40]``."""
+    return where or f"node{'s' if len(names) != 1 else ''} {compress_hostlist(names)}"
+
+
 def _n(count: int) -> str:
     return f"{count} node{'s' if count != 1 else ''}"
 
@@ -166,7 +171,7 @@ def _nodes(inp: AuditInput) -> list[NodeView]:
             views[n] = NodeView(n, gres, decl.features, decl.where)
     if not views and inp.live_nodes:
         for sn in inp.live_nodes:
-            views[sn.name] = NodeView(sn.name, sn.gres, sn.features, f"node {sn.name}")
+            views[sn.name] = NodeView(sn.name, sn.gres, sn.features, "")  # no file line
     parts = inp.conf.partitions
     if parts:
         for p in parts:
@@ -214,6 +219,23 @@ def _gres_conf_index(lines: Sequence[GresConfLine]) -> Callable[[str], GresConf]
     return lookup
 
 
+def _by_node_name(
+    daemons: dict[str, DaemonNode], live: Sequence[SlurmNode]
+) -> dict[str, DaemonNode]:
+    """Daemons keyed by Slurm NodeName: a key that is a node's NodeHostName or NodeAddr
+    (and no NodeName) is renamed, as ``hetpatrol fleet`` matches them."""
+    names = {n.name for n in live}
+    alias: dict[str, str] = {}
+    for n in live:
+        for other in (n.hostname, n.address):
+            if other and other not in names:
+                alias[other] = n.name if other not in alias else ""
+    out: dict[str, DaemonNode] = {}
+    for key, d in daemons.items():
+        out[key if key in names else alias.get(key) or key] = d
+    return out
+
+
 def _group(items: Iterable[tuple[tuple, str]]) -> dict[tuple, list[str]]:
     out: dict[tuple, list[str]] = defaultdict(list)
     for key, name in items:
@@ -230,6 +252,8 @@ def audit(inp: AuditInput) -> AuditReport:
     nodes = _nodes(inp)
     profiles = inp.profiles
     card_names = {(p.gres or "").lower() for p in profiles if p.gres}
+    if inp.daemons is not None and inp.live_nodes:
+        inp = replace(inp, daemons=_by_node_name(inp.daemons, inp.live_nodes))
     daemon_classes: dict[str, set[tuple[str, str]]] = defaultdict(set)  # name -> {(vendor, type)}
     for d in (inp.daemons or {}).values():
         for vendor, ctype, gres in d.cards:
@@ -292,7 +316,7 @@ def audit(inp: AuditInput) -> AuditReport:
             AuditFinding(
                 "untyped_gres",
                 "error" if several else "warning",
-                where,
+                _where(where, names),
                 f"{compress_hostlist(names)}: GRES {name} has no type"
                 + (
                     f"; the cluster has {', '.join(classes)} under {name}: "
@@ -358,7 +382,7 @@ def audit(inp: AuditInput) -> AuditReport:
                 AuditFinding(
                     "gres_conf_count",
                     "error",
-                    where,
+                    _where(where, names),
                     f"{compress_hostlist(names)}: {text} (slurmd registers the gres.conf "
                     "count; Slurm drains a node with fewer than configured)",
                     f"make Gres= on this line and {inp.gres_conf_path} agree",
@@ -402,7 +426,7 @@ def audit(inp: AuditInput) -> AuditReport:
                 AuditFinding(
                     "gres_vs_daemons",
                     "error",
-                    where,
+                    _where(where, names),
                     f"{compress_hostlist(names)}: {text}",
                     f"Gres={fix} (or repair the missing cards)" if fix else "repair the cards",
                 )
@@ -477,7 +501,7 @@ def audit(inp: AuditInput) -> AuditReport:
                     AuditFinding(
                         "node_features",
                         "error",
-                        where,
+                        _where(where, names),
                         f"partition {pname} holds {len(classes)} card classes, but "
                         f"{compress_hostlist(names)} lack the feature "
                         f"{','.join(types) or '(card type unknown)'}: --constraint cannot "
