@@ -210,3 +210,27 @@ def test_queries_aggregate_on_the_server():
     assert 'hetpatrol_card_info{job="hp"}' in q["cards"]
     assert q["up"] == 'up{job="hp"}'
     assert set(q) == {"cards", "health", "up", "silent"}
+
+
+def test_read_nodes_prefers_json_and_says_why_it_failed(tmp_path):
+    """read_nodes runs `scontrol --json show node` first (Slurm >= 23.02), else
+    `scontrol -d -o show node`; a stand-in script plays scontrol here (the real 22.05
+    scontrol, which refuses --json, is run in test_fleet_real.py)."""
+    from hetpatrol.cluster.slurm_nodes import SlurmReadError, read_nodes
+
+    text = (samples_dir("slurm") / "slurmrestd-v0.0.42-node.slurm24.11.json").read_text()
+    saved = tmp_path / "nodes.json"
+    saved.write_text(re.sub(r'"meta": \{\s*<<< TRIMMED >>>\s*\}', '"meta": {}', text))
+    script = tmp_path / "scontrol"
+    script.write_text(f'#!/bin/sh\n[ "$1" = "--json" ] && exec cat {saved}\nexit 9\n')
+    script.chmod(0o755)
+    nodes, source = read_nodes([str(script)])
+    assert (source, [n.name for n in nodes]) == ("json", ["host1"])
+    script.write_text(
+        '#!/bin/sh\necho "slurm_load_node error: Unable to contact slurm controller" >&2\nexit 1\n'
+    )
+    with pytest.raises(SlurmReadError) as err:
+        read_nodes([str(script)])
+    assert str(err.value) == (
+        f"{script} -d -o show node: slurm_load_node error: Unable to contact slurm controller"
+    )
