@@ -234,3 +234,42 @@ def test_read_nodes_prefers_json_and_says_why_it_failed(tmp_path):
     assert str(err.value) == (
         f"{script} -d -o show node: slurm_load_node error: Unable to contact slurm controller"
     )
+
+
+def test_queries_refuse_a_bad_label_and_quote_the_job():
+    with pytest.raises(ValueError, match="not a Prometheus label name"):
+        queries('node"}) or vector(1', "hetpatrol")
+    assert queries("node", 'a"b')["up"] == 'up{job="a\\"b"}'
+
+
+def test_cards_without_a_verdict_are_unknown_and_slurm_only_classes_get_a_vendor():
+    from hetpatrol.cluster.audit import vendor_of_gres
+    from hetpatrol.config import load_config
+
+    profiles = load_config().profiles
+    nodes = parse_nodes_text(
+        "NodeName=gn001 State=IDLE Gres=gpu:a100:8 Partitions=p\n"
+        "NodeName=an01 State=IDLE Gres=ascend:910b:8 Partitions=q\n"
+    )
+    answers = _answers(
+        up=[({"node": "gn001"}, 1)],
+        cards=[_card("gn001", "nvidia", "a100", "gpu", 8)],
+        health=[_health("gn001", "nvidia", "a100", "ok", 6)],  # 2 cards lack the series
+    )
+    report = build_fleet(
+        nodes,
+        daemon_nodes(answers, "node"),
+        card_gres={"gpu", "ascend"},
+        vendor_of=lambda n, t: vendor_of_gres(n, t, profiles),
+    )
+    doc = report.to_json()
+    classes = {(c["vendor"], c["card_type"]): c for c in doc["classes"]}
+    assert classes[("nvidia", "a100")]["health"] == {
+        "ok": 6,
+        "warning": 0,
+        "critical": 0,
+        "unknown": 2,
+    }
+    # an01 has no daemon: its class is named by the bundled profiles (910b is Ascend)
+    assert classes[("ascend", "910b")]["cards_slurm"] == 8
+    assert report.exit_code == 3

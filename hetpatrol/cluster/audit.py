@@ -143,7 +143,7 @@ def _label(k: GresKey) -> str:
     return f"{k[0]}:{k[1]}" if k[1] else k[0]
 
 
-def _vendor(name: str, gtype: str | None, profiles: Sequence[Profile]) -> str:
+def vendor_of_gres(name: str, gtype: str | None, profiles: Sequence[Profile]) -> str:
     """The vendor of a GRES (name, type) by the profiles: the profile listing the type as
     a card type (whatever GRES name it maps to: Ascend registered as ``gpu:910b`` is
     still Ascend), else the only vendor whose profiles use that name; "" when unknown."""
@@ -344,7 +344,7 @@ def audit(inp: AuditInput) -> AuditReport:
     # ---- shared_gres_name: one name, two vendors
     for name in sorted(types_by_name):
         vendors = {v for v, _t in daemon_classes.get(name, ())} or {
-            _vendor(name, t, profiles) for t in types_by_name[name] if t
+            vendor_of_gres(name, t, profiles) for t in types_by_name[name] if t
         }
         vendors.discard("")
         if len(vendors) >= 2:
@@ -461,7 +461,7 @@ def audit(inp: AuditInput) -> AuditReport:
         out = set()
         for e in v.gres:
             if e.name.lower() in card_names:
-                out.add((_vendor(e.name, e.type, profiles), (e.type or "").lower()))
+                out.add((vendor_of_gres(e.name, e.type, profiles), (e.type or "").lower()))
         return out
 
     node_classes = {v.name: classes_of(v) for v in nodes}

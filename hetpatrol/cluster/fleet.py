@@ -27,9 +27,11 @@ untyped class. Only card GRES names count: those the daemons report, and ``gpu``
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,11 +52,17 @@ NO_PARTITION = "(none)"
 NOT_IN_SLURM = "(not in Slurm)"
 
 ClassKey = tuple[str, str, str]  # (vendor, card_type, gres); "" = not known
+_LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 def queries(node_label: str = "node", job: str = "hetpatrol") -> dict[str, str]:
-    """The PromQL of each source, keyed ``cards``, ``health``, ``up``, ``silent``."""
-    sel = f'{{job="{job}"}}'
+    """The PromQL of each source, keyed ``cards``, ``health``, ``up``, ``silent``.
+
+    ``ValueError`` when ``node_label`` is not a Prometheus label name.
+    """
+    if not _LABEL_RE.match(node_label):
+        raise ValueError(f"{node_label!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+    sel = "{job=" + json.dumps(job) + "}"  # a PromQL string literal: quotes escaped
     by = f"{node_label}, instance"
     return {
         "cards": (
@@ -142,6 +150,10 @@ def daemon_nodes(answers: dict[str, list[Sample]], node_label: str) -> dict[str,
         )
     for node in out.values():
         _fold_typeless(node)
+        for ck, n in node.cards.items():  # cards without a verdict series are unknown
+            missing = n - sum(node.health.get(ck, Counter()).values())
+            if missing > 0:
+                node.health.setdefault(ck, Counter())["unknown"] += missing
     return out
 
 
@@ -225,6 +237,7 @@ def _class_of(
     entry_type: str | None,
     local: Iterable[ClassKey],
     known: dict[tuple[str, str], ClassKey],
+    vendor_of: Callable[[str, str | None], str] | None = None,
 ) -> ClassKey:
     name = entry_name.lower()
     if entry_type:
@@ -232,7 +245,10 @@ def _class_of(
         for ck in local:
             if ck[2].lower() == name and ck[1].lower() == t:
                 return ck
-        return known.get((name, t), ("", entry_type, entry_name))
+        if (name, t) in known:
+            return known[(name, t)]
+        vendor = vendor_of(entry_name, entry_type) if vendor_of else ""
+        return (vendor, entry_type, entry_name)
     same = [ck for ck in local if ck[2].lower() == name]
     return same[0] if len(same) == 1 else ("", "", entry_name)
 
@@ -334,8 +350,13 @@ def build_fleet(
     daemons: dict[str, DaemonNode],
     *,
     card_gres: Iterable[str] = DEFAULT_CARD_GRES,
+    vendor_of: Callable[[str, str | None], str] | None = None,
 ) -> FleetReport:
-    """Join Slurm's ``nodes`` with the ``daemons`` (from :func:`read_daemons`)."""
+    """Join Slurm's ``nodes`` with the ``daemons`` (from :func:`read_daemons`).
+
+    ``vendor_of(gres_name, gres_type)`` names the vendor of a class no daemon reports
+    (from the config's profiles; "" when unknown).
+    """
     by_name = {n.name: n for n in nodes}
     alias: dict[str, str] = {}
     for n in nodes:
@@ -370,10 +391,10 @@ def build_fleet(
         if node is not None:
             for e in node.gres:
                 if e.name.lower() in gres_names:
-                    registered[_class_of(e.name, e.type, local, known)] += e.count
+                    registered[_class_of(e.name, e.type, local, known, vendor_of)] += e.count
             for e in node.gres_used:
                 if e.name.lower() in gres_names:
-                    allocated[_class_of(e.name, e.type, local, known)] += e.count
+                    allocated[_class_of(e.name, e.type, local, known, vendor_of)] += e.count
         quiet = d is None or d.quiet
         for ck in dict.fromkeys([*registered, *local]):
             c = Counts(nodes=1, names=[name])

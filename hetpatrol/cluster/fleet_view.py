@@ -20,9 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hetpatrol.cluster.audit import vendor_of_gres
 from hetpatrol.cluster.fleet import HEALTHS, FleetReport, build_fleet, read_daemons
 from hetpatrol.cluster.prom_query import PrometheusClient, PrometheusError
 from hetpatrol.cluster.slurm_nodes import SlurmReadError, parse_nodes, read_nodes
+from hetpatrol.config import load_config
 from hetpatrol.output import write_stdout
 from hetpatrol.status_view import _Painter, _printable, use_color
 
@@ -155,7 +157,16 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     except (SlurmReadError, PrometheusError, OSError, ValueError) as exc:
         print(f"hetpatrol fleet: {exc}", file=sys.stderr)
         return EXIT_UNKNOWN
-    report: FleetReport = build_fleet(nodes, daemons)
+    if not daemons:
+        print(
+            f"hetpatrol fleet: no series of job {args.job!r} in {args.prometheus}: check --job "
+            "and the scrape config",
+            file=sys.stderr,
+        )
+    profiles = load_config().profiles
+    report: FleetReport = build_fleet(
+        nodes, daemons, vendor_of=lambda name, gtype: vendor_of_gres(name, gtype, profiles)
+    )
     report.slurm_source = source
     report.prometheus = args.prometheus
     doc = report.to_json()
