@@ -186,8 +186,8 @@ class Counts:
     nodes: int = 0
     cards_slurm: int = 0
     cards_seen: int = 0
-    health: Counter = field(default_factory=Counter)
-    actions: Counter = field(default_factory=Counter)  # hook: filled once cards carry one
+    health: dict[str, int] = field(default_factory=dict)
+    actions: dict[str, int] = field(default_factory=dict)  # hook: filled once cards carry one
     allocated: int = 0
     idle: int = 0
     drained_hetpatrol: int = 0
@@ -199,8 +199,9 @@ class Counts:
         self.nodes += other.nodes
         self.cards_slurm += other.cards_slurm
         self.cards_seen += other.cards_seen
-        self.health.update(other.health)
-        self.actions.update(other.actions)
+        for counter, more in ((self.health, other.health), (self.actions, other.actions)):
+            for k, n in more.items():  # plain dicts: Counter.update is slow at this scale
+                counter[k] = counter.get(k, 0) + n
         self.allocated += other.allocated
         self.idle += other.idle
         self.drained_hetpatrol += other.drained_hetpatrol
@@ -401,10 +402,14 @@ def build_fleet(
             c.cards_slurm = registered.get(ck, 0)
             c.cards_seen = d.cards.get(ck, 0) if d else 0
             if d:
-                c.health.update(d.health.get(ck, Counter()))
+                health = d.health.get(ck)
+                if health:
+                    c.health = dict(health)
                 for v in d.versions.get(ck, ()):
                     versions.setdefault(ck, Counter())[v] += 1
-            c.actions.update(card_actions(d, ck))
+            actions = card_actions(d, ck)
+            if actions:
+                c.actions = dict(actions)
             c.allocated = allocated.get(ck, 0)
             # idle: registered, not allocated, on a node that can take jobs (not drained)
             drained = node is not None and node.drained

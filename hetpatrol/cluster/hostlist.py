@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 _TAIL_RE = re.compile(r"^(.*?)([0-9]+)$")
 
@@ -42,11 +43,11 @@ def compress_hostlist(names: Iterable[str]) -> str:
     padded: dict[str, set[int]] = {}
     parsed: list[tuple[str, str]] = []
     for name in names:
-        m = _TAIL_RE.match(name)
-        if m is None or not m.group(2).isascii():
+        split = _split(name)
+        if split is None:
             literal.add(name)
             continue
-        prefix, digits = m.group(1), m.group(2)
+        prefix, digits = split
         parsed.append((prefix, digits))
         if len(digits) > 1 and digits[0] == "0":
             padded.setdefault(prefix, set()).add(len(digits))
@@ -69,6 +70,15 @@ def compress_hostlist(names: Iterable[str]) -> str:
             parts.append((prefix, ranges[0][0], width, f"{prefix}[{text}]"))
     parts.sort(key=lambda p: (p[0], p[1], p[2]))
     return ",".join([p[3] for p in parts] + sorted(literal))
+
+
+@lru_cache(maxsize=65536)
+def _split(name: str) -> tuple[str, str] | None:
+    """(prefix, trailing ASCII digits), or None without such digits."""
+    m = _TAIL_RE.match(name)
+    if m is None or not m.group(2).isascii():
+        return None
+    return m.group(1), m.group(2)
 
 
 def name_prefix(name: str) -> str:

@@ -76,7 +76,7 @@ def _split_list(value: Any) -> tuple[str, ...]:
         return ()
     if isinstance(value, str):
         return tuple(v.strip() for v in value.split(",") if v.strip() and v.strip() != "(null)")
-    return tuple(str(v) for v in value if str(v).strip())
+    return tuple(v if isinstance(v, str) else str(v) for v in value if v or v == 0)
 
 
 def _text(value: Any) -> str | None:
