@@ -181,7 +181,19 @@ def read_daemons(
 # ----------------------------------------------------------------------------- join
 @dataclass
 class Counts:
-    """One row: nodes and cards of one class in a partition / batch (see README)."""
+    """One row: the nodes of one card class in a partition, a batch, or the whole class.
+
+    - ``nodes``: Slurm nodes (and Prometheus-only nodes) holding or registering the class.
+    - ``cards_slurm``: count registered in Slurm (``Gres=``); ``allocated``: in use by jobs
+      (``GresUsed=``); ``idle``: registered minus allocated on nodes not drained.
+    - ``cards_seen``: card (chip) records the daemons export (``hetpatrol_card_info``);
+      ``health``: those per verdict (``hetpatrol_card_health``; a card without a verdict
+      series counts as ``unknown``).
+    - ``drained_hetpatrol`` / ``drained_other``: nodes with the DRAIN flag, by whether the
+      reason starts ``hetpatrol:``; ``silent``: nodes whose daemon is down, stale, not
+      ready or absent from Prometheus.
+    - ``actions``: cards per action (see :func:`card_actions`); ``names``: the nodes.
+    """
 
     nodes: int = 0
     cards_slurm: int = 0
@@ -256,7 +268,17 @@ def _class_of(
 
 @dataclass
 class FleetReport:
-    """The joined view; :meth:`to_json` is ``hetpatrol fleet --json``."""
+    """The joined view; :meth:`to_json` is ``hetpatrol fleet --json``::
+
+        {"health": "critical", "exit_code": 2, "nodes": 5, "sources": {...},
+         "classes": [{"vendor", "card_type", "gres", <Counts>, "hosts",
+                      "partitions": [{"partition", <Counts>, "batches": [<Counts>...]}],
+                      "versions": [{"driver_version", "firmware_version", "nodes"}]}],
+         "slurm_only": {"nodes", "hosts", "with_card_gres"},
+         "prometheus_only": {"nodes", "hosts"}, "silent": {"nodes", "hosts"}}
+
+    ``hosts`` are Slurm host lists (:func:`compress_hostlist`).
+    """
 
     classes: dict[ClassKey, dict[str, dict[tuple[str, int], Counts]]]
     totals: dict[ClassKey, Counts]
