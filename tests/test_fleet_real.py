@@ -45,6 +45,17 @@ ADMIN_REASON = "disk replaced"
 HP_REASON = "hetpatrol: vendor_health ascend/3"
 
 
+def _leaky(replay: Path) -> Path:
+    """The replay with a loader config naming both CUDA and CANN (the daemon's
+    library_path_mix finding: the runtimes of this mixed node are not kept apart)."""
+    conf = replay / "root" / "etc" / "ld.so.conf.d"
+    conf.mkdir(parents=True)
+    (conf / "vendors.conf").write_text(
+        "/usr/local/cuda/lib64\n/usr/local/Ascend/ascend-toolkit/latest/lib64\n"
+    )
+    return replay
+
+
 class Env:
     def __init__(self, tmp: Path):
         self.tmp = tmp
@@ -94,7 +105,7 @@ def env(tmp_path_factory):
         pytest.fail(str(exc))
     penv = dict(os.environ, XDG_STATE_HOME=str(tmp / "xdg"), PYTHONUNBUFFERED="1")
     daemons = {
-        "hp-gpu01": make_replay(tmp / "a100x8", 8, node="hp-gpu01"),
+        "hp-gpu01": _leaky(make_replay(tmp / "a100x8", 8, node="hp-gpu01")),
         "gn001": NODES / "sick-mixed",
         "an01": NODES / "ascend-a3-only",
         "ghost01": NODES / "ascend-dcmi-error",
@@ -313,6 +324,20 @@ def test_audit_slurm_live_with_prometheus(env):
         "npu": "one card class",  # the daemon finds 910_93 only
         "spare": "mixed nodes",
     }
+    runtime = [
+        (f["severity"], f["where"], f["message"])
+        for f in doc["findings"]
+        if f["check"] == "mixed_node" and f["where"].startswith("node ")
+    ]
+    assert runtime == [
+        (
+            "error",
+            "node hp-gpu01",
+            "hp-gpu01: CUDA and CANN runtimes are not kept apart (daemon finding "
+            "library_path_mix): a job loads the other vendor's libraries",
+        ),
+        ("info", "node gn002", "1 node without daemon metrics: runtime isolation not checked"),
+    ]
     checks = {(f["check"], f["severity"]) for f in doc["findings"]}
     # the test cluster runs TaskPlugin=task/none: mixed nodes are not isolated
     assert ("mixed_node", "error") in checks

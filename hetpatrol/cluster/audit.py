@@ -26,7 +26,8 @@ with a compressed host list) and the fix. The checks:
     carry the card type so ``--constraint`` works: ``node_features``), or mixed nodes
     (``mixed_node``: crosstalk risk; devices must be isolated per job: ``TaskPlugin``
     with ``task/cgroup`` and cgroup.conf ``ConstrainDevices=yes``,
-    https://slurm.schedmd.com/cgroup.conf.html).
+    https://slurm.schedmd.com/cgroup.conf.html; and, with the daemons' metrics, the
+    runtimes: no ``library_path_mix`` / ``global_ld_library_path`` finding on the node).
 ``tres``
     ``AccountingStorageTRES`` holds ``gres/<name>`` and ``gres/<name>:<type>`` of every
     typed class (https://slurm.schedmd.com/tres.html: only the listed GRES are tracked);
@@ -43,7 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hetpatrol.cluster.fleet import DaemonNode
+from hetpatrol.cluster.fleet import RUNTIME_CHECKS, DaemonNode
 from hetpatrol.cluster.hostlist import compress_hostlist
 from hetpatrol.cluster.slurm_conf import Setting, SlurmConf
 from hetpatrol.cluster.slurm_nodes import SlurmNode
@@ -523,6 +524,35 @@ def audit(inp: AuditInput) -> AuditReport:
                 "prefer one vendor per node; else isolate devices (below)",
             )
         )
+        if inp.daemons is not None:
+            leaky = _group(
+                (tuple(sorted(inp.daemons[n].node_findings & set(RUNTIME_CHECKS))), n)
+                for n in names
+                if n in inp.daemons and inp.daemons[n].node_findings & set(RUNTIME_CHECKS)
+            )
+            for checks, hosts in sorted(leaky.items()):
+                add(
+                    AuditFinding(
+                        "mixed_node",
+                        "error",
+                        _where("", hosts),
+                        f"{compress_hostlist(hosts)}: CUDA and CANN runtimes are not kept "
+                        f"apart (daemon finding {', '.join(checks)}): a job loads the other "
+                        "vendor's libraries",
+                        "keep vendor libraries out of ld.so.conf and the login-wide "
+                        "LD_LIBRARY_PATH; set them per job (module, job script, container)",
+                    )
+                )
+            unread = [n for n in names if n not in inp.daemons]
+            if unread:
+                add(
+                    AuditFinding(
+                        "mixed_node",
+                        "info",
+                        _where("", unread),
+                        f"{_n(len(unread))} without daemon metrics: runtime isolation not checked",
+                    )
+                )
         if "task/cgroup" not in task:
             s = conf.get("TaskPlugin")
             add(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpatrol.cluster.audit import SEVERITIES, AuditInput, AuditReport, audit
-from hetpatrol.cluster.fleet import read_daemons
+from hetpatrol.cluster.fleet import add_node_findings, read_daemons, runtime_query
 from hetpatrol.cluster.prom_query import PrometheusClient, PrometheusError
 from hetpatrol.cluster.slurm_conf import (
     SlurmConf,
@@ -111,9 +111,10 @@ def gather(args: argparse.Namespace) -> AuditInput:
         cgroup = parse_cgroup_conf(cg_path.read_text(errors="replace"))
     daemons = None
     if args.prometheus:
-        daemons = read_daemons(
-            PrometheusClient(args.prometheus, args.timeout), args.node_label, args.job
-        )
+        client = PrometheusClient(args.prometheus, args.timeout)
+        daemons = read_daemons(client, args.node_label, args.job)
+        runtime = client.query(runtime_query(args.node_label, args.job))
+        add_node_findings(daemons, runtime, args.node_label)
     return AuditInput(
         conf=conf,
         gres_conf=gres_lines,

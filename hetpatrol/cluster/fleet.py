@@ -82,6 +82,30 @@ def queries(node_label: str = "node", job: str = "hetpatrol") -> dict[str, str]:
     }
 
 
+#: The daemon's node checks that say a node's vendor runtimes are not kept apart
+#: (README "Environment crosstalk").
+RUNTIME_CHECKS = ("library_path_mix", "global_ld_library_path")
+
+
+def runtime_query(node_label: str = "node", job: str = "hetpatrol") -> str:
+    """Nodes with an active runtime-crosstalk finding, per check (for audit-slurm)."""
+    queries(node_label, job)  # the same checks of the label
+    checks = "|".join(RUNTIME_CHECKS)
+    return (
+        f"count by ({node_label}, instance, check) (hetpatrol_node_finding"
+        "{job=" + json.dumps(job) + f', check=~"{checks}"' + "} == 1)"
+    )
+
+
+def add_node_findings(
+    daemons: dict[str, DaemonNode], samples: Iterable[Sample], node_label: str
+) -> None:
+    """Attach the answer of :func:`runtime_query` to the daemons (new keys are added)."""
+    for s in samples:
+        k = _key(s.labels, node_label)
+        daemons.setdefault(k, DaemonNode(k)).node_findings.add(s.labels.get("check", ""))
+
+
 #: The queries with the default node label and job (documented in the README).
 QUERIES = queries()
 
@@ -97,6 +121,8 @@ class DaemonNode:
     cards: Counter = field(default_factory=Counter)  # ClassKey -> cards (chip records)
     health: dict[ClassKey, Counter] = field(default_factory=dict)
     versions: dict[ClassKey, set[tuple[str, str]]] = field(default_factory=dict)
+    #: active node-level findings by check name (audit-slurm reads the runtime ones)
+    node_findings: set[str] = field(default_factory=set)
 
     @property
     def quiet(self) -> bool:

@@ -38,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from hetpatrol.cluster.fleet import queries  # noqa: E402
+from hetpatrol.cluster.fleet import queries, runtime_query  # noqa: E402
 from hetpatrol.cluster.hostlist import compress_hostlist  # noqa: E402
 
 HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
@@ -154,7 +154,7 @@ def prometheus_answers(nodes: list[dict[str, Any]]) -> dict[str, bytes]:
     """Query -> the JSON Prometheus would answer (instant vectors, aggregated by node)."""
     q = queries()
     now = time.time()
-    cards, health, up, silent = [], [], [], []
+    cards, health, up, silent, runtime = [], [], [], [], []
 
     def vec(labels: dict[str, str], value: float) -> dict[str, Any]:
         return {"metric": labels, "value": [now, repr(value) if value % 1 else str(int(value))]}
@@ -166,6 +166,8 @@ def prometheus_answers(nodes: list[dict[str, Any]]) -> dict[str, bytes]:
         up.append(vec({**base, "job": "hetpatrol", "__name__": "up"}, 1))
         if nd["silent"]:
             silent.append(vec({**base, "job": "hetpatrol"}, 9999))
+        if nd["kind"] == "mixed" and nd["alloc"] == 3:  # CUDA and CANN in ld.so.conf
+            runtime.append(vec({**base, "check": "library_path_mix"}, 1))
         for vendor, ctype, gres, count in nd["classes"]:
             fw = "92.00.9E.00.02" if vendor == "nvidia" else ""
             drv = nd["driver"] if vendor == "nvidia" else "25.2.0"
@@ -212,6 +214,7 @@ def prometheus_answers(nodes: list[dict[str, Any]]) -> dict[str, bytes]:
         q["health"]: doc(health),
         q["up"]: doc(up),
         q["silent"]: doc(silent),
+        runtime_query(): doc(runtime),
     }
 
 
