@@ -324,3 +324,20 @@ def test_live_nodes_grouped_and_matched_by_host_name():
     ]
     (untyped,) = [f for f in report.findings if f.check == "untyped_gres"]
     assert (untyped.severity, untyped.where) == ("warning", "node gn003")
+
+
+def test_mixed_node_runtimes_from_the_daemons(tmp_path):
+    conf = _write(tmp_path, "slurm.conf", MIXED)
+    mx = DaemonNode("mx01", up=True, cards={("nvidia", "a100", "gpu"): 4})
+    mx.cards[("ascend", "910b", "ascend")] = 4
+    mx.node_findings = {"global_ld_library_path", "gres_mismatch"}
+    report = _run(conf, cgroup={"constraindevices": "yes"}, daemons={"mx01": mx})
+    (leak,) = [f for f in report.findings if f.check == "mixed_node" and "runtimes" in f.message]
+    assert leak.where == "node mx01"
+    assert "(daemon finding global_ld_library_path)" in leak.message
+    report = _run(conf, cgroup={"constraindevices": "yes"}, daemons={})
+    assert [(f.severity, f.where) for f in report.findings if f.check == "mixed_node"] == [
+        ("warning", "nodes mx01"),
+        ("info", "node mx01"),  # no daemon: runtimes not checked
+        ("error", f"{conf}:2"),  # TaskPlugin=task/affinity, as above
+    ]
