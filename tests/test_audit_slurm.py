@@ -341,3 +341,26 @@ def test_mixed_node_runtimes_from_the_daemons(tmp_path):
         ("info", "node mx01"),  # no daemon: runtimes not checked
         ("error", f"{conf}:2"),  # TaskPlugin=task/affinity, as above
     ]
+
+
+def test_unreadable_gres_line_is_an_error(tmp_path, monkeypatch):
+    import hetpatrol.cluster.slurm_conf as sc
+
+    real = sc.parse_gres
+
+    def strict(text):
+        if text and "X" in text:
+            raise ValueError(f"GRES item 'gpu:a100:X': not name[:type][:count] in {text!r}")
+        return real(text)
+
+    monkeypatch.setattr(sc, "parse_gres", strict)
+    conf = _write(
+        tmp_path,
+        "slurm.conf",
+        ["GresTypes=gpu", "NodeName=gn01 Gres=gpu:a100:X", "NodeName=gn02 Gres=gpu:a100:8"],
+    )
+    report = _run(conf)
+    (bad,) = [f for f in report.findings if f.check == "gres_syntax"]
+    assert (bad.severity, bad.where) == ("error", f"{conf}:2")
+    assert bad.message.startswith("Gres= cannot be read: GRES item 'gpu:a100:X'")
+    assert report.nodes == 2  # gn01 kept, without GRES

@@ -273,3 +273,35 @@ def test_cards_without_a_verdict_are_unknown_and_slurm_only_classes_get_a_vendor
     # an01 has no daemon: its class is named by the bundled profiles (910b is Ascend)
     assert classes[("ascend", "910b")]["cards_slurm"] == 8
     assert report.exit_code == 3
+
+
+def test_an_unreadable_gres_keeps_the_node_and_says_why(monkeypatch):
+    """A GRES string the parser refuses (newer parsers raise on text Slurm would not
+    print): the node stays in the view, its error is listed, the fleet is unknown."""
+    import hetpatrol.cluster.slurm_nodes as sn
+
+    real = sn._parse_gres
+
+    def strict(text):
+        if text and "X" in text:
+            raise ValueError(f"GRES item 'gpu:a100:X': not name[:type][:count] in {text!r}")
+        return real(text)
+
+    monkeypatch.setattr(sn, "_parse_gres", strict)
+    nodes = sn.parse_nodes_text(
+        "NodeName=gn001 State=IDLE Gres=gpu:a100:8 Partitions=p\n"
+        "NodeName=gn002 State=IDLE Gres=gpu:a100:8 GresUsed=gpu:a100:X Partitions=p\n"
+    )
+    assert [n.name for n in nodes] == ["gn001", "gn002"]
+    assert nodes[1].gres_error.startswith("GRES item 'gpu:a100:X'")
+    assert nodes[1].gres == (GresEntry("gpu", "a100", 8),)  # Gres= itself was readable
+    answers = _answers(
+        up=[({"node": n}, 1) for n in ("gn001", "gn002")],
+        cards=[_card(n, "nvidia", "a100", "gpu", 8) for n in ("gn001", "gn002")],
+        health=[_health(n, "nvidia", "a100", "ok", 8) for n in ("gn001", "gn002")],
+    )
+    report = build_fleet(nodes, daemon_nodes(answers, "node"))
+    doc = report.to_json()
+    assert doc["gres_unreadable"] == [{"node": "gn002", "error": nodes[1].gres_error}]
+    assert report.exit_code == 3
+    assert "Slurm GRES of gn002 unreadable: GRES item" in render(doc)

@@ -262,6 +262,18 @@ def audit(inp: AuditInput) -> AuditReport:
                 card_names.add(gres.lower())
                 daemon_classes[gres.lower()].add((vendor, ctype.lower()))
 
+    for decl in conf.nodes:
+        if (err := decl.gres_error) is not None:
+            add(
+                AuditFinding(
+                    "gres_syntax",
+                    "error",
+                    decl.where,
+                    f"Gres= cannot be read: {err}",
+                    "Gres=<name>[:<type>]:<count>,... (slurm.conf(5), NodeName Gres)",
+                )
+            )
+
     # ---- gres_types
     used: dict[str, str] = {}
     for decl in conf.nodes:

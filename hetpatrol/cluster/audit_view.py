@@ -28,10 +28,10 @@ from hetpatrol.cluster.slurm_conf import (
     parse_slurm_conf,
 )
 from hetpatrol.cluster.slurm_nodes import SlurmReadError, read_nodes
+from hetpatrol.cluster.term import Painter, printable, use_color
 from hetpatrol.config import load_config
 from hetpatrol.output import write_stdout
 from hetpatrol.slurm.gres import parse_gres_conf
-from hetpatrol.status_view import _Painter, _printable, use_color
 
 EXIT_UNKNOWN = 3
 _STYLE = {"error": "critical", "warning": "warning", "info": "info"}
@@ -50,8 +50,8 @@ def parse_cgroup_conf(text: str) -> dict[str, str]:
 
 def render(doc: dict[str, Any], *, color: bool = False) -> str:
     """The human list of findings, errors first, each with where and the fix."""
-    doc = _printable(doc)
-    paint = _Painter(color)
+    doc = printable(doc)
+    paint = Painter(color)
     out = []
     for f in doc["findings"]:
         sev = f["severity"]

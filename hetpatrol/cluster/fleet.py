@@ -314,6 +314,8 @@ class FleetReport:
     prometheus_only: list[str]
     silent: list[str]
     nodes_total: int
+    #: (node, why) for nodes whose Gres=/GresUsed= Slurm text could not be read
+    gres_unreadable: list[tuple[str, str]] = field(default_factory=list)
     slurm_source: str = ""
     prometheus: str = ""
     generated_at: float = 0.0
@@ -334,7 +336,8 @@ class FleetReport:
                     worst = h
             if (t.silent or t.cards_seen < t.cards_slurm) and rank[worst] < rank["unknown"]:
                 worst = "unknown"
-        if (self.slurm_only_with_cards or self.silent) and rank[worst] < rank["unknown"]:
+        quiet = self.slurm_only_with_cards or self.silent or self.gres_unreadable
+        if quiet and rank[worst] < rank["unknown"]:
             worst = "unknown"
         return worst
 
@@ -391,6 +394,7 @@ class FleetReport:
                 "hosts": compress_hostlist(self.prometheus_only),
             },
             "silent": {"nodes": len(self.silent), "hosts": compress_hostlist(self.silent)},
+            "gres_unreadable": [{"node": n, "error": e} for n, e in self.gres_unreadable],
         }
 
 
@@ -495,5 +499,6 @@ def build_fleet(
         prometheus_only=sorted(prometheus_only),
         silent=silent,
         nodes_total=len(nodes) + len(prometheus_only),
+        gres_unreadable=[(n.name, n.gres_error) for n in nodes if n.gres_error],
         generated_at=time.time(),
     )

@@ -24,9 +24,9 @@ from hetpatrol.cluster.audit import vendor_of_gres
 from hetpatrol.cluster.fleet import HEALTHS, FleetReport, build_fleet, read_daemons
 from hetpatrol.cluster.prom_query import PrometheusClient, PrometheusError
 from hetpatrol.cluster.slurm_nodes import SlurmReadError, parse_nodes, read_nodes
+from hetpatrol.cluster.term import Painter, printable, use_color
 from hetpatrol.config import load_config
 from hetpatrol.output import write_stdout
-from hetpatrol.status_view import _Painter, _printable, use_color
 
 EXIT_UNKNOWN = 3
 HEADERS = (
@@ -79,8 +79,8 @@ def _styles(c: dict[str, Any], base: str = "") -> list[str]:
 
 def render(doc: dict[str, Any], *, color: bool = False) -> str:
     """The human table of :meth:`FleetReport.to_json`'s document."""
-    doc = _printable(doc)
-    paint = _Painter(color)
+    doc = printable(doc)
+    paint = Painter(color)
     rows: list[tuple[list[str], list[str]] | str] = [(list(HEADERS), ["bold"] * len(HEADERS))]
     for cls in doc["classes"]:
         vendor = cls["vendor"] or "?"
@@ -134,6 +134,8 @@ def render(doc: dict[str, Any], *, color: bool = False) -> str:
             if part.get("with_card_gres"):
                 line += f"  (with card GRES: {part['with_card_gres']})"
             out.append(paint(line, "unknown"))
+    for bad in doc.get("gres_unreadable", ()):
+        out.append(paint(f"Slurm GRES of {bad['node']} unreadable: {bad['error']}", "unknown"))
     health = doc["health"]
     out.append(
         paint(

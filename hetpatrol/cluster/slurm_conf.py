@@ -48,7 +48,20 @@ class NodeDecl:
 
     @property
     def gres(self) -> tuple[GresEntry, ...]:
-        return parse_gres(self.gres_text)
+        """The ``Gres=`` entries; () when it cannot be read (see :attr:`gres_error`)."""
+        try:
+            return parse_gres(self.gres_text)
+        except ValueError:
+            return ()
+
+    @property
+    def gres_error(self) -> str | None:
+        """Why ``Gres=`` cannot be read (a string Slurm would refuse), else None."""
+        try:
+            parse_gres(self.gres_text)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
 
 @dataclass(frozen=True)

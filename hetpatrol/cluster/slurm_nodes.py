@@ -59,6 +59,9 @@ class SlurmNode:
     reason_user: str | None = None
     hostname: str | None = None
     address: str | None = None
+    #: why ``Gres=``/``GresUsed=`` could not be read (the raw text is in the message);
+    #: the node is kept, with no GRES from that field
+    gres_error: str | None = None
 
     @property
     def drained(self) -> bool:
@@ -86,6 +89,15 @@ def _text(value: Any) -> str | None:
     return text or None
 
 
+def _gres(text: str | None, errors: list[str]) -> tuple[GresEntry, ...]:
+    """Parsed GRES, or () with the error noted (a GRES string Slurm would not print)."""
+    try:
+        return _parse_gres(text)
+    except ValueError as exc:
+        errors.append(str(exc))
+        return ()
+
+
 def node_from_json(obj: Mapping[str, Any]) -> SlurmNode:
     """One node object of ``scontrol --json show node`` / ``sinfo --json`` (either era)."""
     state = obj.get("state")
@@ -95,18 +107,20 @@ def node_from_json(obj: Mapping[str, Any]) -> SlurmNode:
         base, flags = words[0], flags | set(words[1:])
     else:  # v0.0.37: "idle" + state_flags
         base = str(state or "UNKNOWN").upper()
+    errors: list[str] = []
     return SlurmNode(
         name=str(obj.get("name") or ""),
         state=base,
         flags=frozenset(flags),
         partitions=_split_list(obj.get("partitions")),
-        gres=_parse_gres(_text(obj.get("gres"))),
-        gres_used=_parse_gres(_text(obj.get("gres_used"))),
+        gres=_gres(_text(obj.get("gres")), errors),
+        gres_used=_gres(_text(obj.get("gres_used")), errors),
         features=_split_list(obj.get("features")),
         reason=_text(obj.get("reason")),
         reason_user=_text(obj.get("reason_set_by_user")),
         hostname=_text(obj.get("hostname")),
         address=_text(obj.get("address")),
+        gres_error="; ".join(errors) or None,
     )
 
 
@@ -130,6 +144,8 @@ def parse_nodes_text(text: str) -> list[SlurmNode]:
     for info in parse_scontrol_nodes(text):
         f = info.fields
         flags = set(info.flags)
+        # the node-daemon parser notes an unreadable Gres= in gres_error (newer trees)
+        errors = [e for e in (getattr(info, "gres_error", None),) if e]
         out.append(
             SlurmNode(
                 name=info.name,
@@ -137,12 +153,13 @@ def parse_nodes_text(text: str) -> list[SlurmNode]:
                 flags=frozenset(flags),
                 partitions=_split_list(f.get("Partitions")),
                 gres=info.gres,
-                gres_used=_parse_gres(f.get("GresUsed")),
+                gres_used=_gres(f.get("GresUsed"), errors),
                 features=_split_list(f.get("AvailableFeatures") or f.get("Features")),
                 reason=info.reason,
                 reason_user=info.reason_user,
                 hostname=f.get("NodeHostName"),
                 address=f.get("NodeAddr"),
+                gres_error="; ".join(errors) or None,
             )
         )
     return out
