@@ -149,9 +149,27 @@ def add_audit_parser(sub: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--slurm-conf", type=Path, default=None, metavar="FILE")
-    p.add_argument("--gres-conf", type=Path, default=None, metavar="FILE")
-    p.add_argument("--cgroup-conf", type=Path, default=None, metavar="FILE")
+    p.add_argument(
+        "--slurm-conf",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="slurm.conf to check (default: the running cluster's scontrol show config)",
+    )
+    p.add_argument(
+        "--gres-conf",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="gres.conf (default: the one beside slurm.conf, when there)",
+    )
+    p.add_argument(
+        "--cgroup-conf",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="cgroup.conf (default: the one beside slurm.conf, when there)",
+    )
     p.add_argument(
         "--live",
         action="store_true",
@@ -167,16 +185,25 @@ def add_audit_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--prometheus", default=None, metavar="URL", help="compare Gres= with the daemons' cards"
     )
-    p.add_argument("--node-label", default="node")
-    p.add_argument("--job", default="hetpatrol")
+    p.add_argument(
+        "--node-label",
+        default="node",
+        help="the target label holding the Slurm node name (default: node)",
+    )
+    p.add_argument("--job", default="hetpatrol", help="the scrape job (default: hetpatrol)")
     p.add_argument(
         "--config",
         type=Path,
         default=None,
         help="hetpatrol config whose profiles map GRES to vendors (default: the bundled one)",
     )
-    p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per source (default 60)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the list")
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the list: on a terminal (auto, not with NO_COLOR), always, never",
+    )
     p.set_defaults(func=cmd_audit)
     return p

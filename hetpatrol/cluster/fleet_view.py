@@ -217,6 +217,11 @@ def add_fleet_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--job", default="hetpatrol", help="the scrape job (default: hetpatrol)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per source (default 60)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the table: on a terminal (auto, not with NO_COLOR), always, never",
+    )
     p.set_defaults(func=cmd_fleet)
     return p
