@@ -50,7 +50,7 @@ Figures (goal in brackets):
   ``audit_10k_rss_mb`` [<= 200]: ``hetpatrol fleet`` (Slurm 22.05 text path; the
   ``scontrol --json`` path in the details) and ``hetpatrol audit-slurm`` on a synthetic
   10,000-node mixed cluster, wall time and peak RSS of the real command
-  (``tests/bench/fleet.py``, which also runs alone).
+  (``tests/bench/fleet.py``; ``run.py --fleet`` runs only these).
 - ``vs_per_card_npu_smi_calls`` [report]: processes spawned per patrol for 8 NPUs by a
   per-card ``npu-smi info -t {health,common,usages,proc-mem} -i N`` sweep / by hetpatrol's
   Ascend collector as the bundled config sets it up (one ``npu-smi info`` a patrol, plus
@@ -1326,8 +1326,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-patrols", type=int, default=10_000)
     parser.add_argument("--scrape-windows", type=int, default=3)
     parser.add_argument("--scrape-seconds", type=float, default=2.0)
+    parser.add_argument(
+        "--fleet", action="store_true", help="only fleet / audit-slurm on 10,000 nodes"
+    )
     parser.add_argument("--_serve-collect", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.fleet:
+        from fleet import main as fleet_main
+
+        return fleet_main(["--repeats", str(args.repeats), *(["--json"] if args.json else [])])
     if args._serve_collect is not None:
         serve_collect_child(args._serve_collect)
         return 0
