@@ -18,6 +18,7 @@ prints something that is not the node document.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -138,10 +139,33 @@ def parse_nodes_json(text: str) -> list[SlurmNode]:
     return [node_from_json(n) for n in doc["nodes"] if isinstance(n, dict)]
 
 
+#: The fields read from ``scontrol -d -o show node`` (the rest of a line is dropped
+#: before parsing: a 22.05 node line has about 45 fields).
+_WANTED_RE = re.compile(
+    r"(?:^|(?<=\s))(?:NodeName|State|Gres|GresUsed|Partitions|AvailableFeatures|Features"
+    r"|NodeHostName|NodeAddr)=\S*"
+)
+
+
+def _slim(text: str) -> str:
+    """One-line (``-o``) output with only the wanted ``Key=value`` words before
+    ``Reason=`` kept (``Reason=`` and what follows it kept whole); multi-line output
+    (a line not starting ``NodeName=``) is returned as it is."""
+    lines = text.splitlines()
+    if not all(line.startswith("NodeName=") for line in lines if line.strip()):
+        return text
+    out = []
+    for line in lines:
+        idx = line.find(" Reason=")
+        head, tail = (line, "") if idx < 0 else (line[:idx], line[idx:])
+        out.append(" ".join(_WANTED_RE.findall(head)) + tail)
+    return "\n".join(out)
+
+
 def parse_nodes_text(text: str) -> list[SlurmNode]:
     """``scontrol [-d] [-o] show node`` output, through :func:`parse_scontrol_nodes`."""
     out = []
-    for info in parse_scontrol_nodes(text):
+    for info in parse_scontrol_nodes(_slim(text)):
         f = info.fields
         flags = set(info.flags)
         # the node-daemon parser notes an unreadable Gres= in gres_error (newer trees)
