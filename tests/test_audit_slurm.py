@@ -364,3 +364,30 @@ def test_unreadable_gres_line_is_an_error(tmp_path, monkeypatch):
     assert (bad.severity, bad.where) == ("error", f"{conf}:2")
     assert bad.message.startswith("Gres= cannot be read: GRES item 'gpu:a100:X'")
     assert report.nodes == 2  # gn01 kept, without GRES
+
+
+@pytest.mark.parametrize(
+    ("sample", "gres", "count_findings"),
+    [
+        # AutoDetect=nvml and no Name= line: the counts come from NVML, nothing to compare
+        ("gres.conf.site-autodetect-nvml.conf", "gpu:titanxp:1", []),
+        # one Orin GPU through its DRM render node: File= counts 1
+        ("gres.conf.site-jetson-orin-dri.conf", "gpu:orin:1", []),
+        (
+            "gres.conf.site-jetson-orin-dri.conf",
+            "gpu:orin:2",
+            ["gpu:orin: slurm.conf 2, gres.conf 1"],
+        ),
+    ],
+)
+def test_single_node_site_files(tmp_path, sample, gres, count_findings):
+    conf = _write(
+        tmp_path,
+        "slurm.conf",
+        ["GresTypes=gpu", f"NodeName=n01 Gres={gres}", "PartitionName=p Nodes=n01"],
+    )
+    report = _run(conf, samples_dir("slurm") / sample)
+    found = [f.message for f in report.findings if f.check == "gres_conf_count"]
+    assert [m.split(" (")[0].removeprefix("n01: ") for m in found] == count_findings
+    assert report.layouts == {"p": "one card class"}
+    assert not [f for f in report.findings if f.check in ("untyped_gres", "gres_types")]
