@@ -42,6 +42,13 @@ PartitionName=spare Nodes=gn002 State=UP
 PartitionName=npu Nodes=an01 State=UP
 """
 ADMIN_REASON = "disk replaced"
+# the relabel rule README "Fleet view" shows, read from there
+RELABEL = yaml.safe_load(
+    (Path(__file__).resolve().parents[1] / "README.md")
+    .read_text()
+    .split("    relabel_configs:\n", 1)[1]
+    .split("```", 1)[0]
+)[0]
 HP_REASON = "hetpatrol: vendor_health ascend/3"
 
 
@@ -132,7 +139,16 @@ def env(tmp_path_factory):
                     "scrape_interval": "1s",
                     "scrape_timeout": "1s",
                     "static_configs": targets,
-                }
+                },
+                {  # the README's relabel: node = the host of the target address
+                    "job_name": "relabel-check",
+                    "scrape_interval": "1s",
+                    "scrape_timeout": "1s",
+                    "static_configs": [
+                        {"targets": [targets[0]["targets"][0].replace("127.0.0.1", "localhost")]}
+                    ],
+                    "relabel_configs": [RELABEL],
+                },
             ],
         }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -379,3 +395,13 @@ def test_a_stopped_daemon_is_listed_silent(env):
     doc = json.loads(out.stdout)
     assert doc["silent"] == {"nodes": 1, "hosts": "ghost01"}
     assert doc["prometheus_only"] == {"nodes": 1, "hosts": "ghost01"}
+
+
+def test_the_readme_relabel_gives_the_node_label(env):
+    assert RELABEL == {
+        "source_labels": ["__address__"],
+        "regex": "([^:]+)(?::\\d+)?",
+        "target_label": "node",
+    }
+    up = wait(lambda: env.query('up{job="relabel-check"} == 1'), what="relabel job scraped")
+    assert up[0]["metric"]["node"] == "localhost"
