@@ -126,7 +126,7 @@ class DaemonNode:
 
     @property
     def quiet(self) -> bool:
-        """Down, stale, not ready, or scraped without any card series."""
+        """Its target is down (``up == 0``), or its last patrol is stale or missing."""
         return self.up is False or self.silent
 
 
