@@ -6,6 +6,8 @@ wrong cards or Slurm will drain nodes; ``warning``: a gap an operator should clo
 ``info``: how the cluster is laid out), where (``file:line``, or ``node``/``partition``
 with a compressed host list) and the fix. The checks:
 
+``gres_syntax``
+    A ``Gres=`` that cannot be read (the node is kept, without GRES).
 ``gres_types``
     ``GresTypes`` lists every GRES name used by ``NodeName ... Gres=`` and gres.conf
     ``Name=`` (slurm.conf(5): GresTypes, "A comma-delimited list of generic resources
