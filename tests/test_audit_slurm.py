@@ -391,3 +391,24 @@ def test_single_node_site_files(tmp_path, sample, gres, count_findings):
     assert [m.split(" (")[0].removeprefix("n01: ") for m in found] == count_findings
     assert report.layouts == {"p": "one card class"}
     assert not [f for f in report.findings if f.check in ("untyped_gres", "gres_types")]
+
+
+def test_partitions_of_nodesets(tmp_path):
+    """Partition Nodes= naming NodeSets (by Nodes= and by Feature=), slurm.conf(5)."""
+    conf = _write(
+        tmp_path,
+        "slurm.conf",
+        [
+            "GresTypes=gpu,ascend",
+            "NodeName=gn[01-02] Gres=gpu:a100:8 Features=a100",
+            "NodeName=an[01-02] Gres=ascend:910b:8",
+            "NodeSet=npus Nodes=an[01-02]",
+            "NodeSet=a100s Feature=a100",
+            "PartitionName=gpu Nodes=a100s",
+            "PartitionName=all Nodes=a100s,npus",
+        ],
+    )
+    report = _run(conf)
+    assert report.layouts == {"all": "several vendors (features)", "gpu": "one card class"}
+    (feat,) = [f for f in report.findings if f.check == "node_features"]
+    assert (feat.where, feat.fix) == (f"{conf}:3", "Features=910b on the node's line")

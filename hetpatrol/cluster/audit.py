@@ -57,6 +57,7 @@ from hetpatrol.slurm.gres import (
     GresEntry,
     expand_hostlist,
     gres_conf_for_node,
+    split_top,
     sum_gres,
 )
 
@@ -129,6 +130,30 @@ class AuditReport:
         }
 
 
+def _members(
+    spec: str, views: dict[str, NodeView], nodesets: dict[str, dict[str, str]]
+) -> list[str]:
+    """The nodes of a partition's ``Nodes=``: ``ALL``, host lists, and NodeSet names
+    (a NodeSet's ``Nodes=`` list or the nodes carrying its ``Feature=``), slurm.conf(5)."""
+    if spec.upper() == "ALL":
+        return list(views)
+    out: list[str] = []
+    for item in split_top(spec):
+        ns = nodesets.get(item)
+        if ns is not None:
+            if "nodes" in ns:
+                out.extend(_members(ns["nodes"], views, {}))
+            feature = (ns.get("feature") or "").lower()
+            if feature:
+                out.extend(n for n, v in views.items() if feature in map(str.lower, v.features))
+            continue
+        try:
+            out.extend(n for n in expand_hostlist(item) if n in views)
+        except ValueError:
+            continue
+    return out
+
+
 def _where(where: str, names: list[str]) -> str:
     """The file line, or for nodes read live (no line) ``node X`` / ``nodes gn[01-40]``."""
     return where or f"node{'s' if len(names) != 1 else ''} {compress_hostlist(names)}"
@@ -178,14 +203,7 @@ def _nodes(inp: AuditInput) -> list[NodeView]:
     parts = inp.conf.partitions
     if parts:
         for p in parts:
-            if p.nodes.upper() == "ALL":
-                members = list(views)
-            else:
-                try:
-                    members = [n for n in expand_hostlist(p.nodes) if n in views]
-                except ValueError:
-                    members = []
-            for n in members:
+            for n in dict.fromkeys(_members(p.nodes, views, inp.conf.nodesets)):
                 views[n].partitions.append(p.name)
     elif inp.live_nodes:
         for sn in inp.live_nodes:

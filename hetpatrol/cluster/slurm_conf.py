@@ -82,6 +82,8 @@ class SlurmConf:
     settings: dict[str, Setting] = field(default_factory=dict)
     nodes: list[NodeDecl] = field(default_factory=list)
     partitions: list[PartitionDecl] = field(default_factory=list)
+    #: ``NodeSet=name Nodes=...`` / ``Feature=...``: name -> its keys (lower-case)
+    nodesets: dict[str, dict[str, str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     def get(self, key: str) -> Setting | None:
@@ -171,7 +173,9 @@ def parse_slurm_conf(path: Path, conf: SlurmConf | None = None, depth: int = 0) 
             conf.partitions.append(
                 PartitionDecl(head_value, merged.get("nodes", ""), where, merged)
             )
-        elif head_key.lower() in ("nodeset", "frontendname", "downnodes", "switchname"):
+        elif head_key.lower() == "nodeset":
+            conf.nodesets[head_value] = {k.lower(): v for k, v in pairs[1:]}
+        elif head_key.lower() in ("frontendname", "downnodes", "switchname"):
             continue
         else:
             for key, value in pairs:
