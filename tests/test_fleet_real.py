@@ -171,9 +171,9 @@ def env(tmp_path_factory):
         wait(lambda: http_text(f"{e.prometheus}/-/ready"), what="prometheus ready")
         wait(
             lambda: (
-                {s["metric"]["node"] for s in e.query("hetpatrol_card_info")}
+                {s["metric"]["node"] for s in e.query('hetpatrol_card_info{job="hetpatrol"}')}
                 == {"hp-gpu01", "gn001", "an01"}
-                and len(e.query("hetpatrol_patrol_ready == 1")) == 4
+                and len(e.query('hetpatrol_patrol_ready{job="hetpatrol"} == 1')) == 4
             ),
             what="cards of both card nodes scraped, all daemons ready",
         )
