@@ -107,7 +107,7 @@ def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fleetreal")
     e = Env(tmp)
     try:
-        e.cluster = start_cluster(EXTRA_CONF)
+        e.cluster = start_cluster(extra_conf=EXTRA_CONF)
     except RuntimeError as exc:
         pytest.fail(str(exc))
     penv = dict(os.environ, XDG_STATE_HOME=str(tmp / "xdg"), PYTHONUNBUFFERED="1")
