@@ -9,6 +9,8 @@ Commands:
   status           this node at a glance, from the running daemon's state file
   baseline         record the driver/firmware versions per card type as a baseline
   ledger           card-hours per GRES type, metering audit, quotas (Slurm accounting)
+  fleet            the cluster per card class, partition and node batch (Slurm + Prometheus)
+  audit-slurm      check slurm.conf / gres.conf / the nodes for a mixed cluster
 
 Usage errors exit 64 (EX_USAGE).
 """
@@ -26,6 +28,8 @@ from typing import Any, NoReturn
 import structlog
 
 from hetpatrol import __version__, deep_health
+from hetpatrol.cluster.audit_view import add_audit_parser
+from hetpatrol.cluster.fleet_view import add_fleet_parser
 from hetpatrol.collector import discover
 from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from hetpatrol.healthcheck import add_check_parser
@@ -362,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hetpatrol.ledger.command import add_ledger_parser  # the ledger: see its module
 
     add_ledger_parser(sub)
+    # the cluster-wide commands (hetpatrol/cluster/)
+    add_fleet_parser(sub)
+    add_audit_parser(sub)
     for command in sub.choices.values():
         _add_log_options(command, argparse.SUPPRESS)
     return parser

@@ -197,7 +197,7 @@ class SlurmCluster:
 
 
 def _write_configs(
-    root: Path, node: str, overrides: dict[str, str] | None = None
+    root: Path, node: str, overrides: dict[str, str] | None = None, extra_conf: str = ""
 ) -> tuple[Path, Path]:
     host = socket.gethostname().split(".")[0]
     dev = root / "dev"
@@ -257,7 +257,7 @@ ReturnToService=2
 GresTypes=gpu,ascend
 NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 State=UNKNOWN {gres}
 PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
-"""
+{extra_conf}"""
     )
     if overrides:  # replace a key's line (or add it before NodeName=) in slurm.conf
         lines = conf.read_text().splitlines()
@@ -277,6 +277,7 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
 def start_cluster(
     overrides: dict[str, str] | None = None,
     after_munge: Callable[[SlurmCluster], None] | None = None,
+    extra_conf: str = "",
 ) -> SlurmCluster:
     """Start munged, slurmctld, slurmd; return once the node is idle. Raises on failure.
 
@@ -284,11 +285,14 @@ def start_cluster(
     ``{root}`` in a value is the temp dir);
     ``after_munge(cluster)`` runs once munged is up and before slurmctld starts (e.g. to
     start slurmdbd, whose process it may add to ``cluster.procs``: those are stopped after
-    slurmctld, in reverse order of start). Both default to the plain cluster.
+    slurmctld, in reverse order of start);
+    ``extra_conf``: slurm.conf lines appended as they are (more ``NodeName=`` lines for
+    nodes without a slurmd, which Slurm lists all the same, and their partitions).
+    All default to the plain cluster.
     """
     root = Path(tempfile.mkdtemp(prefix="hetpatrol-slurm-"))
     root.chmod(0o755)  # munged: every directory above its socket must be searchable
-    conf, gres_conf = _write_configs(root, NODE_NAME, overrides)
+    conf, gres_conf = _write_configs(root, NODE_NAME, overrides, extra_conf)
     cluster = SlurmCluster(root, conf, gres_conf, NODE_NAME)
     log = root / "log"
     try:
@@ -341,7 +345,7 @@ def start_cluster(
                 timeout=10,
             )
             state = out.stdout.strip()
-            if state == "idle":
+            if set(state.split()) == {"idle"}:  # one line per partition of the node
                 return cluster
             time.sleep(0.1)
         raise RuntimeError(f"node {NODE_NAME} not idle after {START_TIMEOUT:.0f} s: {state!r}")

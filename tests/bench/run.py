@@ -46,6 +46,11 @@ Figures (goal in brackets):
   (the collector answered from a dict of the recorded answers).
 - ``vs_collect_on_scrape_p99_ratio`` [report]: scrape p99 when every scrape runs a patrol
   and renders it (same HTTP server code, same load) / the cached p99.
+- ``fleet_10k_wall_s`` [<= 3], ``fleet_10k_rss_mb`` [<= 200], ``audit_10k_wall_s`` [<= 3],
+  ``audit_10k_rss_mb`` [<= 200]: ``hetpatrol fleet`` (Slurm 22.05 text path; the
+  ``scontrol --json`` path in the details) and ``hetpatrol audit-slurm`` on a synthetic
+  10,000-node mixed cluster, wall time and peak RSS of the real command
+  (``tests/bench/fleet.py``; ``run.py --fleet`` runs only these).
 - ``vs_per_card_npu_smi_calls`` [report]: processes spawned per patrol for 8 NPUs by a
   per-card ``npu-smi info -t {health,common,usages,proc-mem} -i N`` sweep / by hetpatrol's
   Ascend collector as the bundled config sets it up (one ``npu-smi info`` a patrol, plus
@@ -103,6 +108,10 @@ KEYS = (
     "vs_nvidia_smi_xml_cpu_ratio",
     "vs_collect_on_scrape_p99_ratio",
     "vs_per_card_npu_smi_calls",
+    "fleet_10k_wall_s",
+    "fleet_10k_rss_mb",
+    "audit_10k_wall_s",
+    "audit_10k_rss_mb",
 )
 
 #: key -> (comparison, goal, goal text); "report" keys have none.
@@ -115,6 +124,10 @@ GOALS: dict[str, tuple[str, float, str]] = {
     "jsonl_lines_per_s": (">=", 50_000.0, ">= 50,000"),
     "rss_start_mb": ("<=", 40.0, "<= 40"),
     "vs_nvidia_smi_xml_cpu_ratio": (">=", 10.0, ">= 10"),
+    "fleet_10k_wall_s": ("<=", 3.0, "<= 3"),
+    "fleet_10k_rss_mb": ("<=", 200.0, "<= 200"),
+    "audit_10k_wall_s": ("<=", 3.0, "<= 3"),
+    "audit_10k_rss_mb": ("<=", 200.0, "<= 200"),
 }
 RSS_GROWTH_GOAL_MB = 1.0
 
@@ -1161,6 +1174,20 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     }
     result["vs_collect_on_scrape_p99_ratio"] = cos["p99_ms"] / cached["p99_ms"]
 
+    # the cluster-wide commands on 10,000 nodes (tests/bench/fleet.py)
+    progress("fleet / audit-slurm on a synthetic 10,000-node cluster")
+    from fleet import bench as bench_fleet
+
+    fl = bench_fleet(10_000, r)
+    for key, src in (("fleet_10k", "fleet_text"), ("audit_10k", "audit")):
+        result[f"{key}_wall_s"] = fl[src]["wall_s"]
+        spreads[f"{key}_wall_s"] = fl[src]["wall_spread_s"]
+        result[f"{key}_rss_mb"] = fl[src]["peak_rss_mb"]
+    extra["fleet_10k_scontrol_json_wall_s_rss_mb"] = [
+        fl["fleet_json"]["wall_s"],
+        fl["fleet_json"]["peak_rss_mb"],
+    ]
+
     extra["bench_wall_s"] = time.perf_counter() - started
     meta = machine()
     meta.update(
@@ -1303,12 +1330,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-patrols", type=int, default=10_000)
     parser.add_argument("--scrape-windows", type=int, default=3)
     parser.add_argument("--scrape-seconds", type=float, default=2.0)
+    parser.add_argument(
+        "--fleet", action="store_true", help="only fleet / audit-slurm on 10,000 nodes"
+    )
     parser.add_argument("--_serve-collect", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--ledger-jobs", type=int, default=1_000_000, help="sacct records for tests/bench/ledger.py"
     )
     parser.add_argument("--ledger-only", action="store_true", help="the ledger figures only")
     args = parser.parse_args(argv)
+    if args.fleet:
+        from fleet import main as fleet_main
+
+        return fleet_main(["--repeats", str(args.repeats), *(["--json"] if args.json else [])])
     if args._serve_collect is not None:
         serve_collect_child(args._serve_collect)
         return 0

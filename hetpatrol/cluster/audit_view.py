@@ -1,0 +1,209 @@
+"""``hetpatrol audit-slurm``: the command around :func:`hetpatrol.cluster.audit.audit`.
+
+Sources: ``--slurm-conf`` (its Includes followed; gres.conf and cgroup.conf beside it are
+read when present), else the running cluster's ``scontrol show config``, ``scontrol show
+partition -o`` and ``scontrol -d -o show node``. ``--prometheus`` adds the daemons' cards
+(the ``gres_vs_daemons`` check and the card classes of each node).
+
+Exit code: 0 nothing to fix, 1 warnings, 2 errors, 3 a source could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hetpatrol.cluster.audit import SEVERITIES, AuditInput, AuditReport, audit
+from hetpatrol.cluster.fleet import add_node_findings, read_daemons, runtime_query
+from hetpatrol.cluster.prom_query import PrometheusClient, PrometheusError
+from hetpatrol.cluster.slurm_conf import (
+    SlurmConf,
+    parse_show_config,
+    parse_show_partitions,
+    parse_slurm_conf,
+)
+from hetpatrol.cluster.slurm_nodes import SlurmReadError, read_nodes
+from hetpatrol.cluster.term import Painter, printable, use_color
+from hetpatrol.config import load_config
+from hetpatrol.output import write_stdout
+from hetpatrol.slurm.gres import parse_gres_conf
+
+EXIT_UNKNOWN = 3
+_STYLE = {"error": "critical", "warning": "warning", "info": "info"}
+
+
+def parse_cgroup_conf(text: str) -> dict[str, str]:
+    """``Key=Value`` lines of cgroup.conf, keys lower-case, comments dropped."""
+    out = {}
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip().lower()] = value.strip()
+    return out
+
+
+def render(doc: dict[str, Any], *, color: bool = False) -> str:
+    """The human list of findings, errors first, each with where and the fix."""
+    doc = printable(doc)
+    paint = Painter(color)
+    out = []
+    for f in doc["findings"]:
+        sev = f["severity"]
+        out.append(f"{paint(sev.upper().ljust(7), _STYLE[sev])} {f['check']:<17} {f['where']}")
+        out.append(f"        {f['message']}")
+        if f["fix"]:
+            out.append(paint(f"        fix: {f['fix']}", "dim"))
+    counts = {s: sum(1 for f in doc["findings"] if f["severity"] == s) for s in SEVERITIES}
+    out.append("")
+    out.append(
+        f"audit: {doc['nodes']} nodes, {counts['error']} errors, {counts['warning']} warnings, "
+        f"{counts['info']} notes (exit {doc['exit_code']})"
+    )
+    return "\n".join(out) + "\n"
+
+
+def _scontrol(argv: list[str], args: list[str], timeout: float) -> str:
+    try:
+        proc = subprocess.run(
+            [*argv, *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except FileNotFoundError:
+        raise SlurmReadError(f"{argv[0]}: not found") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmReadError(f"{' '.join([*argv, *args])}: no answer in {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        detail = (proc.stderr.strip() or "no output").splitlines()[-1]
+        raise SlurmReadError(f"{' '.join([*argv, *args])}: {detail}")
+    return proc.stdout
+
+
+def gather(args: argparse.Namespace) -> AuditInput:
+    """Read every source the options name; ``SlurmReadError``/``PrometheusError``/
+    ``OSError`` when one cannot be read."""
+    live = None
+    if args.slurm_conf is not None:
+        conf: SlurmConf = parse_slurm_conf(args.slurm_conf)
+        base = args.slurm_conf.parent
+    else:
+        conf = parse_show_config(_scontrol(args.scontrol, ["show", "config"], args.timeout))
+        conf.partitions = parse_show_partitions(
+            _scontrol(args.scontrol, ["show", "partition", "-o"], args.timeout)
+        )
+        base = None
+        s = conf.get("SLURM_CONF")
+        if s is not None and s.value:
+            base = Path(s.value).parent
+    if args.live or args.slurm_conf is None:
+        live, _source = read_nodes(args.scontrol, args.timeout)
+    gres_path = args.gres_conf or (base / "gres.conf" if base else None)
+    gres_lines = None
+    if gres_path is not None and (args.gres_conf is not None or gres_path.is_file()):
+        gres_lines = parse_gres_conf(gres_path.read_text(errors="replace"))
+    cg_path = args.cgroup_conf or (base / "cgroup.conf" if base else None)
+    cgroup = None
+    if cg_path is not None and (args.cgroup_conf is not None or cg_path.is_file()):
+        cgroup = parse_cgroup_conf(cg_path.read_text(errors="replace"))
+    daemons = None
+    if args.prometheus:
+        client = PrometheusClient(args.prometheus, args.timeout)
+        daemons = read_daemons(client, args.node_label, args.job)
+        runtime = client.query(runtime_query(args.node_label, args.job))
+        add_node_findings(daemons, runtime, args.node_label)
+    return AuditInput(
+        conf=conf,
+        gres_conf=gres_lines,
+        gres_conf_path=str(gres_path) if gres_path else "gres.conf",
+        cgroup=cgroup,
+        cgroup_path=str(cg_path) if cg_path else "cgroup.conf",
+        live_nodes=live,
+        daemons=daemons,
+        profiles=load_config(args.config).profiles,
+    )
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    try:
+        inp = gather(args)
+    except (SlurmReadError, PrometheusError, OSError, ValueError) as exc:
+        print(f"hetpatrol audit-slurm: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    report: AuditReport = audit(inp)
+    doc = report.to_json()
+    if args.json:
+        write_stdout(json.dumps(doc, indent=1) + "\n")
+    else:
+        write_stdout(render(doc, color=use_color(sys.stdout, args.color)))
+    return report.exit_code
+
+
+def add_audit_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "audit-slurm",
+        help="check slurm.conf / gres.conf / the nodes for a mixed cluster; exit 0/1/2",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--slurm-conf",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="slurm.conf to check (default: the running cluster's scontrol show config)",
+    )
+    p.add_argument(
+        "--gres-conf",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="gres.conf (default: the one beside slurm.conf, when there)",
+    )
+    p.add_argument(
+        "--cgroup-conf",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="cgroup.conf (default: the one beside slurm.conf, when there)",
+    )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="also read the nodes from scontrol (implied without --slurm-conf)",
+    )
+    p.add_argument(
+        "--scontrol",
+        type=shlex.split,
+        default=["scontrol"],
+        metavar="CMD",
+        help='scontrol command line (default "scontrol")',
+    )
+    p.add_argument(
+        "--prometheus", default=None, metavar="URL", help="compare Gres= with the daemons' cards"
+    )
+    p.add_argument(
+        "--node-label",
+        default="node",
+        help="the target label holding the Slurm node name (default: node)",
+    )
+    p.add_argument("--job", default="hetpatrol", help="the scrape job (default: hetpatrol)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="hetpatrol config whose profiles map GRES to vendors (default: the bundled one)",
+    )
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per source (default 60)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the list")
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the list: on a terminal (auto, not with NO_COLOR), always, never",
+    )
+    p.set_defaults(func=cmd_audit)
+    return p

@@ -1,0 +1,227 @@
+"""``hetpatrol fleet``: the command, its table and its JSON.
+
+One block per card class (vendor, card type, GRES name): the class total, then a row per
+partition and under it a row per node batch (nodes of one name prefix with the same
+number of cards of the class registered, hostlist-compressed: ``gn[001-040]``), then the
+driver/firmware versions in use with node counts. After the classes: nodes Slurm knows
+but Prometheus does not, the reverse, and nodes whose daemon is silent.
+
+Exit code: 0 all cards healthy, 1 warning, 2 critical, 3 unknown (an unknown card, a
+silent daemon, registered cards not seen, a node with card GRES that Prometheus lacks,
+or a source that cannot be read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from hetpatrol.cluster.audit import vendor_of_gres
+from hetpatrol.cluster.fleet import HEALTHS, FleetReport, build_fleet, read_daemons
+from hetpatrol.cluster.prom_query import PrometheusClient, PrometheusError
+from hetpatrol.cluster.slurm_nodes import SlurmReadError, parse_nodes, read_nodes
+from hetpatrol.cluster.term import Painter, printable, use_color
+from hetpatrol.config import load_config
+from hetpatrol.output import write_stdout
+
+EXIT_UNKNOWN = 3
+HEADERS = (
+    "class / partition / nodes",
+    "nodes",
+    "slurm",
+    "seen",
+    "ok",
+    "warn",
+    "crit",
+    "unkn",
+    "alloc",
+    "idle",
+    "drain-hp",
+    "drain-other",
+    "silent",
+)
+_HEALTH_COL = {"ok": 4, "warning": 5, "critical": 6, "unknown": 7}
+
+
+def _cells(label: str, c: dict[str, Any]) -> list[str]:
+    h = c["health"]
+    return [
+        label,
+        str(c["nodes"]),
+        str(c["cards_slurm"]),
+        str(c["cards_seen"]),
+        *(str(h[k]) for k in HEALTHS),
+        str(c["allocated"]),
+        str(c["idle"]),
+        str(c["drained_hetpatrol"]),
+        str(c["drained_other"]),
+        str(c["silent"]),
+    ]
+
+
+def _styles(c: dict[str, Any], base: str = "") -> list[str]:
+    styles = [base] * len(HEADERS)
+    for health, col in _HEALTH_COL.items():
+        if c["health"][health]:
+            styles[col] = health
+    if c["cards_seen"] < c["cards_slurm"]:
+        styles[3] = "unknown"
+    if c["silent"]:
+        styles[12] = "unknown"
+    if c["drained_hetpatrol"]:
+        styles[10] = "warning"
+    return styles
+
+
+def render(doc: dict[str, Any], *, color: bool = False) -> str:
+    """The human table of :meth:`FleetReport.to_json`'s document."""
+    doc = printable(doc)
+    paint = Painter(color)
+    rows: list[tuple[list[str], list[str]] | str] = [(list(HEADERS), ["bold"] * len(HEADERS))]
+    for cls in doc["classes"]:
+        vendor = cls["vendor"] or "?"
+        ctype = cls["card_type"] or "(untyped)"
+        gres = cls["gres"] or "?"
+        worst = next((h for h in ("critical", "unknown", "warning") if cls["health"][h]), "ok")
+        rows.append("")
+        rows.append(
+            ([f"{vendor} {ctype}  gres {gres}", *_cells("", cls)[1:]], [worst] + _styles(cls)[1:])
+        )
+        for part in cls["partitions"]:
+            label = f"  partition {part['partition']}"
+            rows.append(([label, *_cells("", part)[1:]], _styles(part)))
+            for b in part["batches"]:
+                rows.append(([f"    {b['hosts']}", *_cells("", b)[1:]], _styles(b, "dim")))
+        versions = cls["versions"]
+        drift = len(versions) > 1
+        for v in versions:
+            fw = f"  firmware {v['firmware_version']}" if v["firmware_version"] else ""
+            text = (
+                f"  driver {v['driver_version'] or '?'}{fw}"
+                f": {v['nodes']} node{'s' if v['nodes'] != 1 else ''}"
+            )
+            rows.append(paint(text + ("  (drift)" if drift else ""), "warning" if drift else "dim"))
+    widths = [0] * len(HEADERS)
+    for r in rows:
+        if isinstance(r, tuple):
+            for i, cell in enumerate(r[0]):
+                widths[i] = max(widths[i], len(cell))
+    out = []
+    for r in rows:
+        if isinstance(r, str):
+            out.append(r)
+            continue
+        cells, styles = r
+        parts = []
+        for i, cell in enumerate(cells):
+            text = cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
+            parts.append(paint(text, styles[i]) if styles[i] else text)
+        out.append("  ".join(parts).rstrip())
+    out.append("")
+    for key, title in (
+        ("slurm_only", "in Slurm, not in Prometheus"),
+        ("prometheus_only", "in Prometheus, not in Slurm"),
+        ("silent", "daemon silent (down, stale or not ready)"),
+    ):
+        part = doc[key]
+        if part["nodes"]:
+            line = f"{title}: {part['nodes']} node{'s' if part['nodes'] != 1 else ''}: "
+            line += part["hosts"]
+            if part.get("with_card_gres"):
+                line += f"  (with card GRES: {part['with_card_gres']})"
+            out.append(paint(line, "unknown"))
+    for bad in doc.get("gres_unreadable", ()):
+        out.append(paint(f"Slurm GRES of {bad['node']} unreadable: {bad['error']}", "unknown"))
+    health = doc["health"]
+    out.append(
+        paint(
+            f"fleet: {doc['nodes']} nodes, {health.upper()} (exit {doc['exit_code']})",
+            health,
+        )
+    )
+    return "\n".join(out) + "\n"
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    try:
+        if args.slurm_nodes is not None:
+            path = args.slurm_nodes
+            text = sys.stdin.read() if str(path) == "-" else path.read_text()
+            nodes, source = parse_nodes(text), f"file {args.slurm_nodes}"
+        else:
+            nodes, source = read_nodes(args.scontrol, args.timeout)
+        client = PrometheusClient(args.prometheus, args.timeout)
+        daemons = read_daemons(client, args.node_label, args.job)
+    except (SlurmReadError, PrometheusError, OSError, ValueError) as exc:
+        print(f"hetpatrol fleet: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    if not daemons:
+        print(
+            f"hetpatrol fleet: no series of job {args.job!r} in {args.prometheus}: check --job "
+            "and the scrape config",
+            file=sys.stderr,
+        )
+    profiles = load_config().profiles
+    report: FleetReport = build_fleet(
+        nodes, daemons, vendor_of=lambda name, gtype: vendor_of_gres(name, gtype, profiles)
+    )
+    report.slurm_source = source
+    report.prometheus = args.prometheus
+    doc = report.to_json()
+    if args.json:
+        write_stdout(json.dumps(doc, indent=1) + "\n")
+    else:
+        write_stdout(render(doc, color=use_color(sys.stdout, args.color)))
+    return report.exit_code
+
+
+def add_fleet_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "fleet",
+        help="the cluster per card class, partition and node batch (Slurm + Prometheus); "
+        "exit 0/1/2/3",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--prometheus",
+        required=True,
+        metavar="URL",
+        help="Prometheus base URL, e.g. http://prometheus:9090",
+    )
+    p.add_argument(
+        "--scontrol",
+        type=shlex.split,
+        default=["scontrol"],
+        metavar="CMD",
+        help='scontrol command line (default "scontrol"; e.g. "env SLURM_CONF=/x scontrol")',
+    )
+    p.add_argument(
+        "--slurm-nodes",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="read the nodes from this file (scontrol --json show node, sinfo --json or "
+        "scontrol -d -o show node output; - for stdin) instead of running scontrol",
+    )
+    p.add_argument(
+        "--node-label",
+        default="node",
+        help="the target label holding the Slurm node name (default: node; without it "
+        "the host of `instance`)",
+    )
+    p.add_argument("--job", default="hetpatrol", help="the scrape job (default: hetpatrol)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per source (default 60)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the table: on a terminal (auto, not with NO_COLOR), always, never",
+    )
+    p.set_defaults(func=cmd_fleet)
+    return p
