@@ -90,7 +90,7 @@ def printable(value: Any) -> Any:
     return value
 
 
-class _Painter:
+class Painter:
     def __init__(self, color: bool):
         self.color = color
 
@@ -155,7 +155,7 @@ def card_count(cards: Sequence[Mapping[str, Any]]) -> str:
     return f"{n} card{'s' if n != 1 else ''}"
 
 
-def _health_counts(cards: Iterable[Mapping[str, Any]], paint: _Painter) -> str:
+def _health_counts(cards: Iterable[Mapping[str, Any]], paint: Painter) -> str:
     counts: dict[str, int] = {}
     for c in cards:
         counts[str(c.get("health"))] = counts.get(str(c.get("health")), 0) + 1
@@ -213,7 +213,7 @@ class _Writer:
         )
 
 
-def _finding_line(f: Mapping[str, Any], paint: _Painter, width: int | None, indent: int) -> list:
+def _finding_line(f: Mapping[str, Any], paint: Painter, width: int | None, indent: int) -> list:
     sev = str(f.get("severity"))
     text = f"{sev} {f.get('check')}: {f.get('message')}"
     w = _Writer(width)
@@ -243,7 +243,7 @@ def render(
     not a patrol just made. Control characters in its strings are printed escaped."""
     doc = printable(doc)
     source = printable(source)
-    paint = _Painter(color)
+    paint = Painter(color)
     health = str(doc.get("health") or "unknown")
     cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
     out = _Writer(width)

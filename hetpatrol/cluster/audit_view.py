@@ -28,8 +28,8 @@ from hetpatrol.cluster.slurm_conf import (
     parse_slurm_conf,
 )
 from hetpatrol.cluster.slurm_nodes import SlurmReadError, read_nodes
-from hetpatrol.cluster.term import Painter, printable, use_color
 from hetpatrol.config import load_config
+from hetpatrol.node_view import Painter, printable, use_color
 from hetpatrol.output import write_stdout
 from hetpatrol.slurm.gres import parse_gres_conf
 

@@ -24,8 +24,8 @@ from hetpatrol.cluster.audit import vendor_of_gres
 from hetpatrol.cluster.fleet import HEALTHS, FleetReport, build_fleet, read_daemons
 from hetpatrol.cluster.prom_query import PrometheusClient, PrometheusError
 from hetpatrol.cluster.slurm_nodes import SlurmReadError, parse_nodes, read_nodes
-from hetpatrol.cluster.term import Painter, printable, use_color
 from hetpatrol.config import load_config
+from hetpatrol.node_view import Painter, printable, use_color
 from hetpatrol.output import write_stdout
 
 EXIT_UNKNOWN = 3
