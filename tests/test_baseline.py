@@ -264,7 +264,9 @@ def test_readme_fleet_query_finds_the_odd_node_out(tmp_path):
     """The query the README documents, run by promtool on three nodes' card_info."""
     import subprocess
 
-    assert FLEET_QUERY in Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
+    assert (
+        FLEET_QUERY in Path(__file__).resolve().parents[1].joinpath("docs", "checks.md").read_text()
+    )
     promtool = require_program("promtool", package="prometheus")
     (tmp_path / "r.yml").write_text(
         yaml.safe_dump(

@@ -42,9 +42,9 @@ PartitionName=spare Nodes=gn002 State=UP
 PartitionName=npu Nodes=an01 State=UP
 """
 ADMIN_REASON = "disk replaced"
-# the relabel rule README "Fleet view" shows, read from there
+# the relabel rule docs/fleet.md "Fleet view" shows, read from there
 RELABEL = yaml.safe_load(
-    (Path(__file__).resolve().parents[1] / "README.md")
+    (Path(__file__).resolve().parents[1] / "docs" / "fleet.md")
     .read_text()
     .split("    relabel_configs:\n", 1)[1]
     .split("```", 1)[0]

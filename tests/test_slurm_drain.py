@@ -409,12 +409,12 @@ def test_resume_skipped_is_said_once_per_change(config):
 
 
 def test_readme_state_table_is_the_code_table():
-    """README.md's "Slurm node states" table says what hetpatrol.slurm.states does."""
+    """docs/slurm.md's "Slurm node states" table says what hetpatrol.slurm.states does."""
     from conftest import REPO
 
     from hetpatrol.slurm.states import BASE_STATES, FLAGS
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "slurm.md").read_text()
     rows = re.findall(r"^\| `([A-Z_?]+)` \| (base|flag) \| (yes|no) \| (yes|no) \|", text, re.M)
     table = {**BASE_STATES, **FLAGS}
     assert {name for name, *_ in rows} == set(table)

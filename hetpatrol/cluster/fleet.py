@@ -15,7 +15,7 @@ Sources (read once, no state kept):
 
 The daemon's series carry no node name: Prometheus adds it as a target label (``node``
 by default, ``--node-label``), from the scrape config (a ``labels:`` block of a static or
-file_sd target, or a relabel of ``__address__``; see README "Fleet view"). A series
+file_sd target, or a relabel of ``__address__``; see docs/fleet.md "Fleet view"). A series
 without that label is keyed by the host part of ``instance``. A Prometheus key matches a
 Slurm node by NodeName, else NodeHostName, else NodeAddr.
 
@@ -83,7 +83,7 @@ def queries(node_label: str = "node", job: str = "hetpatrol") -> dict[str, str]:
 
 
 #: The daemon's node checks that say a node's vendor runtimes are not kept apart
-#: (README "Environment crosstalk").
+#: (docs/checks.md "Environment crosstalk").
 RUNTIME_CHECKS = ("library_path_mix", "global_ld_library_path")
 
 
@@ -106,7 +106,7 @@ def add_node_findings(
         daemons.setdefault(k, DaemonNode(k)).node_findings.add(s.labels.get("check", ""))
 
 
-#: The queries with the default node label and job (documented in the README).
+#: The queries with the default node label and job (documented in docs/fleet.md).
 QUERIES = queries()
 
 

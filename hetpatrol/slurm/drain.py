@@ -9,7 +9,7 @@ Rules (``slurm.enabled`` and ``slurm.drain.enabled``, both off by default):
   configured``) is never replaced: the decision is logged as ``drain_skipped``.
 - A node carrying the DRAIN flag without any reason was drained by someone else: never
   re-drained (it would then read as ours and be resumed), ``drain_skipped`` once.
-- The Slurm state decides too (:mod:`hetpatrol.slurm.states`, the table in README.md):
+- The Slurm state decides too (:mod:`hetpatrol.slurm.states`, the table in docs/slurm.md):
   IDLE, ALLOCATED and MIXED with the DRAIN, COMPLETING, PLANNED, CLOUD, DYNAMIC_NORM or
   PERFCTRS flags are acted on; ``boot`` (REBOOT_ISSUED), ``@`` (REBOOT_REQUESTED),
   ``#`` (POWERING_UP), ``resv`` (RESERVED), ``fail`` (FAIL), ``maint``, ``*`` (not

@@ -9,7 +9,7 @@ names come from Slurm's own tables (``node_states[]`` and ``node_state_flags[]``
 The decision is per base state and per flag, for each action (drain, resume); a node is
 acted on only when its base state *and every one* of its flags allow the action. A base
 state or flag not in these tables (a newer Slurm, a ``?``) is never acted on: the caller
-says so once (the event's ``detail``). The same table is in README.md ("Slurm node
+says so once (the event's ``detail``). The same table is in docs/slurm.md ("Slurm node
 states") and is used by the daemon (:mod:`hetpatrol.slurm.drain`) and by the root helper
 (:mod:`hetpatrol.scontrol_helper`).
 """
