@@ -16,13 +16,14 @@ considered equivalent to labels that do not exist").
 
 from __future__ import annotations
 
+import gzip
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -34,6 +35,7 @@ from prometheus_client.core import (
 from hetpatrol import __version__
 from hetpatrol.collector import STATE_ABSENT, STATE_DISABLED, STATE_FAILED, STATE_HUNG, STATE_OK
 from hetpatrol.exporters.deep_metrics import deep_metrics
+from hetpatrol.exporters.text_format import TextRenderer
 from hetpatrol.patrol import PatrolReport
 from hetpatrol.schema import EXIT_CODES, HEALTH_STATES, CardRecord
 
@@ -434,28 +436,10 @@ def _gres_metrics(gres: dict | None) -> Iterable[Metric]:
     yield from families.values()
 
 
-class _ReportCollector:
-    """prometheus_client collector yielding the families of the current report."""
-
-    def __init__(self) -> None:
-        self.report: PatrolReport | None = None
-        self.stats = ExporterStats()
-        self.collectors: Sequence[str] = ()
-        self.patrols_total = 0
-        self.user_labels = True
-
-    def collect(self) -> Iterator[Metric]:
-        return report_metrics(
-            self.report,
-            self.stats,
-            self.collectors,
-            self.patrols_total,
-            user_labels=self.user_labels,
-        )
-
-
 class Exposition:
-    """Holds the rendered exposition text of the last report (thread-safe swap)."""
+    """Holds the exposition of the last report, rendered once per patrol (thread-safe
+    swap): the text, and its gzip form made once, on the first scrape that asks for it
+    (Prometheus always sends ``Accept-Encoding: gzip``)."""
 
     def __init__(
         self,
@@ -464,42 +448,79 @@ class Exposition:
         *,
         user_labels: bool = True,
     ):
-        self._source = _ReportCollector()
-        self._source.user_labels = user_labels
-        self._source.collectors = tuple(collectors)
-        if stats is not None:
-            self._source.stats = stats
-        self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(self._source)  # type: ignore[arg-type]
-        self._body = generate_latest(self._registry)
+        self._report: PatrolReport | None = None
+        self._stats = stats if stats is not None else ExporterStats()
+        self._collectors = tuple(collectors)
+        self._patrols_total = 0
+        self._user_labels = user_labels
+        self._renderer = TextRenderer()
         self._lock = threading.Lock()
+        self._body = self._render()
+        self._gzip: bytes | None = None
+
+    def _render(self) -> bytes:
+        return self._renderer.render(
+            report_metrics(
+                self._report,
+                self._stats,
+                self._collectors,
+                self._patrols_total,
+                user_labels=self._user_labels,
+            )
+        )
 
     @property
     def stats(self) -> ExporterStats:
-        return self._source.stats
+        return self._stats
 
     @property
     def user_labels(self) -> bool:
         """Whether ``user``/``slurm_job`` labels are rendered (from the next update)."""
-        return self._source.user_labels
+        return self._user_labels
 
     @user_labels.setter
     def user_labels(self, on: bool) -> None:
-        self._source.user_labels = on
+        self._user_labels = on
 
     def update(self, report: PatrolReport | None, patrols_total: int | None = None) -> bytes:
         """Render ``report`` once; later scrapes get these bytes. Returns them."""
         with self._lock:
-            self._source.report = report
+            self._report = report
             if patrols_total is not None:
-                self._source.patrols_total = patrols_total
-            body = generate_latest(self._registry)
-            self._body = body
+                self._patrols_total = patrols_total
+            body = self._render()
+            self._body, self._gzip = body, None
         return body
 
     @property
     def body(self) -> bytes:
         return self._body
+
+    def body_gzip(self) -> bytes:
+        """The gzip form of :attr:`body` (compressed once per render, ``mtime`` 0 so the
+        same text gives the same bytes)."""
+        with self._lock:
+            if self._gzip is None:
+                self._gzip = gzip.compress(self._body, compresslevel=6, mtime=0)
+            return self._gzip
+
+
+def accepts_gzip(header: str | None) -> bool:
+    """Whether an ``Accept-Encoding`` value accepts gzip (RFC 9110 12.5.3: a ``gzip`` or
+    ``*`` coding whose ``q`` is not 0)."""
+    for item in (header or "").split(","):
+        coding, _, params = item.strip().partition(";")
+        if coding.strip().lower() not in ("gzip", "*"):
+            continue
+        q = params.strip().lower()
+        if q.startswith("q="):
+            try:
+                if float(q[2:]) <= 0:
+                    continue
+            except ValueError:
+                continue
+        return True
+    return False
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -514,8 +535,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server API
         path = self.path.split("?", 1)[0]
+        encoding = None
         if path == "/metrics":
             body, ctype, status = self.server.exposition.body, CONTENT_TYPE_LATEST, 200
+            if accepts_gzip(self.headers.get("Accept-Encoding")):
+                body, encoding = self.server.exposition.body_gzip(), "gzip"
         elif path == "/":
             body = b'<html><body><h1>hetpatrol</h1><a href="/metrics">metrics</a></body></html>'
             ctype, status = "text/html; charset=utf-8", 200
@@ -523,6 +547,10 @@ class _Handler(BaseHTTPRequestHandler):
             body, ctype, status = b"not found\n", "text/plain; charset=utf-8", 404
         self.send_response(status)
         self.send_header("Content-Type", ctype)
+        if path == "/metrics":
+            self.send_header("Vary", "Accept-Encoding")
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
