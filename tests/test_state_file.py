@@ -23,6 +23,7 @@ from hetpatrol.daemon import Daemon
 from hetpatrol.exporters import state
 from hetpatrol.exporters.state import read_state, write_atomic, write_state
 from hetpatrol.healthcheck import check
+from hetpatrol.patrol import Patroller
 
 REFUSED = "not a regular file: refusing to replace it"
 
@@ -253,3 +254,30 @@ def test_a_state_file_nested_too_deep_is_damaged_in_one_line(tmp_path, capsys):
         "",
         f"hetpatrol status: the state file {path} is damaged: {why}\n",
     )
+
+
+def test_state_bytes_are_the_state_document_without_decoding_the_card_lines():
+    from hetpatrol.exporters.state import state_bytes, state_document
+
+    for scenario in ("sick-mixed", "ascend-a3-only", "ascend-dcmi-error"):
+        patroller = Patroller(load_config(), replay_dir=NODES / scenario)
+        try:
+            report = patroller.run()
+        finally:
+            patroller.close()
+        data = state_bytes(report, 10.0)
+        assert data.endswith(b"}\n") and data.count(b"\n") == 1
+        assert json.loads(data) == state_document(report, 10.0)
+
+
+def test_a_world_readable_state_file_from_before_becomes_private(tmp_path):
+    # an older hetpatrol wrote 0644: the next write must not keep that mode
+    path = tmp_path / "state.json"
+    path.write_text("{}")
+    path.chmod(0o644)
+    patroller = Patroller(load_config(), replay_dir=NODES / "healthy-mixed")
+    try:
+        write_state(path, patroller.run(), 10.0)
+    finally:
+        patroller.close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640

@@ -28,9 +28,12 @@ STATE_SCHEMA = "hetpatrol.state/1"
 STATE_SCHEMA_PREFIX = "hetpatrol.state/"
 
 
-def state_document(report: PatrolReport, interval_seconds: float) -> dict[str, Any]:
-    """The state file's content: node verdict, collectors and every card line."""
-    return {
+def state_document(
+    report: PatrolReport, interval_seconds: float, *, cards: bool = True
+) -> dict[str, Any]:
+    """The state file's content: node verdict, collectors and every card line (decoded;
+    left out with ``cards=False``)."""
+    doc = {
         "schema": STATE_SCHEMA,
         "node": report.node,
         "seq": report.seq,
@@ -40,8 +43,10 @@ def state_document(report: PatrolReport, interval_seconds: float) -> dict[str, A
         "exit_code": report.exit_code,
         "collectors": {s.name: s.to_dict() for s in report.collectors},
         "findings": [f.to_dict() for f in report.node_findings],
-        "cards": [json.loads(line) for line in report.card_lines],
     }
+    if cards:
+        doc["cards"] = [json.loads(line) for line in report.card_lines]
+    return doc
 
 
 #: targets whose stale temporary files this process has already removed
@@ -79,11 +84,11 @@ def write_atomic(path: Path, data: bytes, *, make_parents: bool = False, mode: i
     if make_parents:
         path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = os.stat(path).st_mode
+        existing = os.stat(path).st_mode
     except FileNotFoundError:
         pass  # nothing there yet (or a dangling symlink, which the rename replaces)
     else:
-        if not stat.S_ISREG(mode):
+        if not stat.S_ISREG(existing):
             raise OSError(errno.EEXIST, "not a regular file: refusing to replace it", str(path))
     _sweep_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -106,13 +111,19 @@ def write_state(path: Path, report: PatrolReport, interval_seconds: float) -> No
     """Write the state document of ``report`` to ``path`` atomically, mode
     :data:`~hetpatrol.exporters.PRIVATE_FILE_MODE` like the JSONL log: it holds the same
     per-process users and Slurm jobs. Raises OSError."""
-    doc = state_document(report, interval_seconds)
     write_atomic(
-        path,
-        json.dumps(doc, separators=(",", ":")).encode() + b"\n",
-        make_parents=True,
-        mode=PRIVATE_FILE_MODE,
+        path, state_bytes(report, interval_seconds), make_parents=True, mode=PRIVATE_FILE_MODE
     )
+
+
+def state_bytes(report: PatrolReport, interval_seconds: float) -> bytes:
+    """The state file's bytes: :func:`state_document` as compact JSON, with the card
+    lines put in as the JSONL sink wrote them (already JSON: not decoded and encoded
+    again every patrol)."""
+    head = state_document(report, interval_seconds, cards=False)
+    text = json.dumps(head, separators=(",", ":"))
+    cards = ",".join(line.rstrip("\n") for line in report.card_lines)
+    return f'{text[:-1]},"cards":[{cards}]}}\n'.encode()
 
 
 #: Most bytes a state file may have (a real one is tens of KB).
