@@ -57,6 +57,10 @@ Figures (goal in brackets):
   its detail sweep amortised over the patrols between two sweeps), counted on stand-in
   tools.
 
+- The real daemon measured from outside, spawning a stand-in ``npu-smi`` every patrol
+  (CPU per card per patrol at 8-64 NPUs, RSS, in-step scrape latency with and without
+  gzip beside node_exporter's, ``hetpatrol check`` wall): ``tests/bench/daemon.py``
+  (``--daemon`` runs only that).
 - ``ledger_seconds`` [< 10], ``ledger_peak_rss_mb`` [< 100]: ``hetpatrol ledger usage``
   over 1,000,000 generated sacct records streamed through a pipe (``tests/bench/ledger.py``,
   also alone: ``--ledger-only``, size with ``--ledger-jobs``).
@@ -1338,7 +1342,14 @@ def main(argv: list[str] | None = None) -> int:
         "--ledger-jobs", type=int, default=1_000_000, help="sacct records for tests/bench/ledger.py"
     )
     parser.add_argument("--ledger-only", action="store_true", help="the ledger figures only")
+    parser.add_argument(
+        "--daemon", action="store_true", help="only the real daemon from outside (daemon.py)"
+    )
     args = parser.parse_args(argv)
+    if args.daemon:
+        from daemon import main as daemon_main  # tests/bench/daemon.py
+
+        return daemon_main(["--json"] if args.json else [])
     if args.fleet:
         from fleet import main as fleet_main
 
