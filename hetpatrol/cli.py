@@ -8,6 +8,8 @@ Commands:
   check            Slurm HealthCheckProgram: the daemon's last verdict, exit 0/1/2/3
   status           this node at a glance, from the running daemon's state file
   baseline         record the driver/firmware versions per card type as a baseline
+  prolog           Slurm Prolog: refuse a job whose cards need a drain action
+  epilog           Slurm Epilog: one quick patrol of the finished job's cards
   ledger           card-hours per GRES type, metering audit, quotas (Slurm accounting)
   fleet            the cluster per card class, partition and node batch (Slurm + Prometheus)
   audit-slurm      check slurm.conf / gres.conf / the nodes for a mixed cluster
@@ -38,6 +40,7 @@ from hetpatrol.output import plain_help, silence_stdout, write_stdout
 from hetpatrol.patrol import Patroller, PatrolReport
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import jsonl_json_schema
+from hetpatrol.slurm.epilog import add_epilog_parser
 from hetpatrol.status_view import add_status_parser
 
 
@@ -241,6 +244,21 @@ def cmd_validate_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prolog(args: argparse.Namespace) -> int:
+    from hetpatrol.slurm.jobguard import cli_main
+
+    return cli_main(args.args)
+
+
+def _epilog_patrol(args: argparse.Namespace):
+    """The epilog's one patrol: the command's config and replay, collectors closed after."""
+
+    def patrol():
+        return _one_patrol(args).cards
+
+    return patrol
+
+
 EX_USAGE = 64
 EX_CANTCREAT = 73
 
@@ -366,6 +384,15 @@ def build_parser() -> argparse.ArgumentParser:
     from hetpatrol.ledger.command import add_ledger_parser  # the ledger: see its module
 
     add_ledger_parser(sub)
+    # Slurm's Prolog and Epilog (hetpatrol/slurm/jobguard.py, epilog.py)
+    p = sub.add_parser(
+        "prolog",
+        help="Slurm Prolog: refuse a job whose cards need a drain action (see docs/actions.md)",
+        add_help=False,
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER, help="hetpatrol prolog --help")
+    p.set_defaults(func=_cmd_prolog)
+    add_epilog_parser(sub, _epilog_patrol)
     # the cluster-wide commands (hetpatrol/cluster/)
     add_fleet_parser(sub)
     add_audit_parser(sub)

@@ -40,6 +40,10 @@ def _fast_check_args(argv: Sequence[str]) -> dict[str, str] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``hetpatrol`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["prolog"]:  # Slurm runs it before every job: the guard's imports only
+        from hetpatrol.slurm.jobguard import cli_main as prolog_main
+
+        return prolog_main(args[1:])
     if args[:1] == ["check"]:
         fast = _fast_check_args(args[1:])
         if fast is not None:

@@ -437,4 +437,7 @@ def test_cli_main_in_a_fresh_process(tmp_path):
         text=True,
         timeout=30,
     )
-    assert run.returncode == 2 and "not an action word" in run.stderr
+    # a bad Prolog= line is hetpatrol's fault, not the cards': said, the job let through
+    # (a non-zero exit would drain every node the line runs on)
+    assert run.returncode == 0 and "not an action word" in run.stderr
+    assert run.stderr.rstrip().endswith(": job let through")

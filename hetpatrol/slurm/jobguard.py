@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -591,20 +592,34 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
 
     from hetpatrol.actions.vocabulary import parse_action
 
-    p = argparse.ArgumentParser(
+    class FailOpen(argparse.ArgumentParser):
+        """A Prolog that exits non-zero drains the node: a usage error of hetpatrol's own
+        (a bad Prolog= line) must not drain every node of the cluster. It is said on
+        stderr (slurmd's log) and the job goes through."""
+
+        def error(self, message: str):  # type: ignore[override]
+            self.print_usage(sys.stderr)
+            self.exit(EXIT_PASS, f"{self.prog}: error: {message}: job let through\n")
+
+    p = FailOpen(
         prog="hetpatrol prolog",
         description="Slurm Prolog: fail (drain + requeue) when a card of this job needs "
         "an action in --block-on, or the daemon's verdict is stale; else exit 0.",
     )
-    p.add_argument("--state-path", default=os.environ.get("HETPATROL_STATE_PATH"))
-    p.add_argument("--max-age", type=float, default=None, metavar="S")
-    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    p.add_argument(
+        "--state-path",
+        default=os.environ.get("HETPATROL_STATE_PATH"),
+        metavar="P",
+        help="the daemon's state file (default: $HETPATROL_STATE_PATH)",
+    )
+    p.add_argument("--max-age", type=float, default=None, metavar="S", help="stale after S seconds")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="hard time limit")
     p.add_argument(
         "--block-on",
         default=",".join(sorted(DEFAULT_DRAIN_ACTIONS)),
         help="comma-separated action words (default: %(default)s)",
     )
-    p.add_argument("--scontrol", default=None)
+    p.add_argument("--scontrol", default=None, help="scontrol to run (absolute path)")
     p.add_argument("--no-set-reason", action="store_true", help="leave Slurm's own reason")
     args = p.parse_args(argv)
     if not args.state_path:

@@ -1,0 +1,192 @@
+"""``hetpatrol epilog``: after a job, one quick patrol of the cards it held.
+
+Slurm runs ``Epilog=`` on the node when a job ends (as SlurmdUser, root); a non-zero exit
+drains the node (slurm.conf(5), Epilog: "If the Epilog fails (returns a non-zero exit
+code), this will result in the node being set to a DRAIN state"). A fault the job caused
+(an XID in the kernel log, a GPU gone, rows to remap) is then seen before the next job
+lands on that card, not up to one patrol interval later.
+
+Steps, bounded by ``--timeout`` (a hard limit: hetpatrol running out of time lets the
+node be, as the prolog does):
+
+1. the job's cards: :func:`hetpatrol.slurm.jobguard.epilog_cards` on the daemon's state
+   file (the environment's ``SLURM_JOB_GPUS`` / ``CUDA_VISIBLE_DEVICES`` /
+   ``ASCEND_VISIBLE_DEVICES``, else ``scontrol show job -d``);
+2. one patrol of this node (every enabled collector, the kernel log within its window),
+   without writing the daemon's JSONL log or state file;
+3. each held card found again (by UUID, serial or bus id, else vendor/index/chip): its
+   action (:func:`hetpatrol.actions.findings.card_action`). A card whose action is in
+   ``--block-on`` (default: the drain actions) sets the node's drain reason to
+   hetpatrol's (``hetpatrol: reset_card nvidia/6 ...``) and exits 1. A held card the
+   patrol no longer lists (it fell off the bus) counts as ``reboot_node``.
+
+No state file, no card of the job, nothing bad: exit 0. Prints one line.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hetpatrol.actions.apply import drain_reason
+from hetpatrol.actions.findings import card_action
+from hetpatrol.actions.vocabulary import (
+    DEFAULT_DRAIN_ACTIONS,
+    REBOOT_NODE,
+    ActionVerdict,
+    parse_action,
+    worst_verdict,
+)
+from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX, read_state
+from hetpatrol.slurm.jobguard import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    card_name,
+    epilog_cards,
+    run_scontrol,
+)
+
+Patrol = Callable[[], Sequence[Any]]
+
+
+def _identity(card: Any) -> set[tuple[str, str]]:
+    get = card.get if isinstance(card, Mapping) else lambda k: getattr(card, k, None)
+    return {(k, str(get(k)).lower()) for k in ("uuid", "serial", "bus_id") if get(k)}
+
+
+def _position(card: Any) -> tuple:
+    get = card.get if isinstance(card, Mapping) else lambda k: getattr(card, k, None)
+    return (get("vendor"), get("index"), get("chip"))
+
+
+def judge_held(
+    held: Sequence[Mapping[str, Any]], cards: Sequence[Any], block_on: frozenset[str]
+) -> tuple[list[tuple[str, ActionVerdict]], list[str]]:
+    """(the held cards whose action is in ``block_on``, with it; the names of held cards
+    the patrol read fine). ``cards`` are the new patrol's records."""
+    bad: list[tuple[str, ActionVerdict]] = []
+    fine: list[str] = []
+    for old in held:
+        ident = _identity(old)
+        now = next((c for c in cards if ident and ident & _identity(c)), None)
+        if now is None:  # a card read without identity now (lost before its UUID was read)
+            now = next(
+                (c for c in cards if _position(c) == _position(old) and not _identity(c)), None
+            )
+        name = card_name(old)
+        if now is None:
+            verdict = ActionVerdict(REBOOT_NODE, "epilog", None, "no longer listed")
+        else:
+            verdict = card_action(list(now.findings), levels=None)
+        if verdict.action in block_on:
+            bad.append((name, verdict))
+        else:
+            fine.append(name)
+    return bad, fine
+
+
+def run_epilog(
+    env: Mapping[str, str],
+    state_path: str | os.PathLike[str],
+    patrol: Patrol,
+    *,
+    block_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS,
+    set_reason: bool = True,
+    scontrol: str = "scontrol",
+    timeout: float = 30.0,
+    runner: Callable[[Sequence[str], float], str] = run_scontrol,
+) -> tuple[int, str]:
+    """(exit code, one line). ``patrol`` runs one patrol and returns its card records.
+    Never raises for what it reads; the caller bounds the whole run in time."""
+    start = time.monotonic()
+    try:
+        doc = read_state(Path(state_path), accept=STATE_SCHEMA_PREFIX)
+    except FileNotFoundError:
+        return EXIT_PASS, f"hetpatrol epilog: no state file {state_path}: nothing to check"
+    except (OSError, ValueError) as exc:
+        return EXIT_PASS, f"hetpatrol epilog: cannot read {state_path}: {exc}: nothing checked"
+    held, alloc = epilog_cards(env, doc, timeout=max(0.1, timeout / 3), runner=runner)
+    if not held:
+        why = "; ".join(alloc.errors) if alloc.errors else "the job held no card of this node"
+        return EXIT_PASS, f"hetpatrol epilog: {why}"
+    bad, fine = judge_held(held, patrol(), block_on)
+    if not bad:
+        return EXIT_PASS, f"hetpatrol epilog: {', '.join(fine)} fine after the job"
+    where = ",".join(name for name, _ in bad)
+    reason = drain_reason(where, worst_verdict(v for _, v in bad))
+    node = env.get("SLURMD_NODENAME") or str(doc.get("node") or "")
+    left = timeout - (time.monotonic() - start)
+    if set_reason and node and left > 0.05:
+        argv = [scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
+        try:
+            runner(argv, left)
+        except Exception as exc:  # noqa: BLE001 - Slurm's own "Epilog error" remains
+            reason += f" (reason not set: {type(exc).__name__})"
+    return EXIT_FAIL, reason
+
+
+def add_epilog_parser(sub: Any, patrol_factory: Callable[[Any], Patrol]) -> None:
+    """Register ``hetpatrol epilog``; ``patrol_factory(args)`` gives the one patrol."""
+    import argparse
+
+    p = sub.add_parser(
+        "epilog",
+        help="Slurm Epilog: one quick patrol of the finished job's cards; exit 1 (drain) "
+        "when one needs an action",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--config", type=Path, default=None, help="config file (default: bundled)")
+    p.add_argument("--replay", type=Path, default=None, metavar="DIR", help="replay DIR")
+    p.add_argument("--node", default=None, help="node name (overrides the config)")
+    p.add_argument(
+        "--state-path",
+        default=os.environ.get("HETPATROL_STATE_PATH"),
+        metavar="P",
+        help="the daemon's state file (default: $HETPATROL_STATE_PATH)",
+    )
+    p.add_argument(
+        "--block-on",
+        default=",".join(sorted(DEFAULT_DRAIN_ACTIONS)),
+        help="comma-separated action words that drain (default: %(default)s)",
+    )
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="hard limit")
+    p.add_argument("--scontrol", default="scontrol", help="scontrol (absolute in slurm.conf)")
+    p.add_argument("--no-set-reason", action="store_true", help="leave Slurm's own reason")
+
+    def cmd(args: argparse.Namespace) -> int:
+        import signal
+
+        if not args.state_path:
+            p.error("--state-path (or HETPATROL_STATE_PATH) is required")
+        try:
+            block_on = frozenset(parse_action(w) for w in args.block_on.split(",") if w.strip())
+        except ValueError as exc:
+            p.error(f"--block-on: {exc}")
+
+        def expire(_sig: int, _frame: object) -> None:
+            raise TimeoutError
+
+        old = signal.signal(signal.SIGALRM, expire)
+        signal.alarm(max(1, int(args.timeout) + 1))
+        try:
+            code, line = run_epilog(
+                os.environ,
+                args.state_path,
+                patrol_factory(args),
+                block_on=block_on,
+                set_reason=not args.no_set_reason,
+                scontrol=args.scontrol,
+                timeout=args.timeout,
+            )
+        except TimeoutError:
+            code, line = EXIT_PASS, f"hetpatrol epilog: hard limit {args.timeout:g} s hit"
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+        print(line.replace("\n", " "))
+        return code
+
+    p.set_defaults(func=cmd)
