@@ -171,6 +171,8 @@ class Daemon:
     def publish(self, report: PatrolReport) -> None:
         """Act on the report in Slurm, write it to every sink, then render the exposition."""
         events = self.drain_policy.on_report(report, self.config)  # JSONL event lines
+        drains = self.config.slurm.enabled and self.config.slurm.drain.enabled
+        self.stats.drain_breaker_open = self.drain_policy.breaker_open if drains else None
         if self.sink is not None:
             self.sink.write_lines((*report.jsonl_lines(), *events))
             self.stats.jsonl_write_errors = self.sink.write_errors

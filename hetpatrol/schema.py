@@ -472,6 +472,7 @@ def event_json_schema() -> dict[str, Any]:
         "drain",
         "resume",
         "drain_skipped",
+        "drain_held",
         "resume_skipped",
         "drain_failed",
         "resume_failed",

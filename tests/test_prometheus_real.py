@@ -331,7 +331,7 @@ def test_every_rule_evaluates_cleanly_on_real_series(fleet):
         return rules if all(r.get("lastEvaluation", "").startswith("2") for r in rules) else None
 
     rules = wait(evaluated, what="every rule evaluated once")
-    assert len(rules) == 19
+    assert len(rules) == 20
     bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert bad == []
 

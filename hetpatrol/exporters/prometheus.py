@@ -82,6 +82,8 @@ class ExporterStats:
     interval_seconds: float | None = None
     #: Slurm drain policy decisions by event (``drain``, ``resume``, ``drain_skipped``...)
     slurm_events: dict[str, int] = field(default_factory=dict)
+    #: the drain circuit breaker holds a drain (None: draining is off)
+    drain_breaker_open: bool | None = None
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -282,6 +284,13 @@ def _sink_metrics(stats: ExporterStats) -> Iterable[Metric]:
         for event, n in sorted(stats.slurm_events.items()):
             events.add_metric([event], n)
         yield events
+    if stats.drain_breaker_open is not None:
+        yield GaugeMetricFamily(
+            "hetpatrol_drain_breaker_open",
+            "1 while the drain circuit breaker holds this node's drain: too many nodes of "
+            "its partitions were drained by hetpatrol within the window.",
+            value=int(stats.drain_breaker_open),
+        )
 
 
 def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Metric]:

@@ -46,8 +46,9 @@ from hetpatrol.schema import (
     HEALTH_WARNING,
     CardRecord,
 )
+from hetpatrol.slurm.breaker import SINFO_FORMAT, hold_reason, parse_sinfo
 from hetpatrol.slurm.gres import NodeInfo, find_node
-from hetpatrol.slurm.inventory import Runner, run_scontrol
+from hetpatrol.slurm.inventory import Runner, run_scontrol, tool_error
 from hetpatrol.slurm.settings import SlurmSettings
 from hetpatrol.slurm.states import DRAIN, REASON_PREFIX, RESUME, foreign_reason, may, ours
 from hetpatrol.tool import run_tool
@@ -67,9 +68,11 @@ EVENT_DRAIN_SKIPPED = "drain_skipped"
 EVENT_RESUME_SKIPPED = "resume_skipped"
 EVENT_DRAIN_FAILED = "drain_failed"
 EVENT_RESUME_FAILED = "resume_failed"
+EVENT_DRAIN_HELD = "drain_held"
 _RESUME_EVENTS = (EVENT_RESUME, EVENT_RESUME_SKIPPED, EVENT_RESUME_FAILED)
 EVENTS = (
     EVENT_DRAIN,
+    EVENT_DRAIN_HELD,
     EVENT_RESUME,
     EVENT_DRAIN_SKIPPED,
     EVENT_RESUME_SKIPPED,
@@ -140,6 +143,8 @@ class DrainPolicy:
         #: dry run: the drain we would have made, so its resume is logged too
         self.simulated_drain: str | None = None
         self.counts: dict[str, int] = {e: 0 for e in EVENTS}
+        #: True while a drain is held by the circuit breaker (exported as a gauge)
+        self.breaker_open = False
         self._last_quiet: tuple[str, str] | None = None
 
     # --------------------------------------------------------------------- entry
@@ -180,6 +185,7 @@ class DrainPolicy:
             self.healthy_streak = 0
             return []
         self.healthy_streak += 1
+        self.breaker_open = False
         if self._last_quiet is not None and self._last_quiet[0] not in _RESUME_EVENTS:
             self._last_quiet = None  # a healthy patrol ends the episode of drain events
         if self.healthy_streak < settings.drain.resume_after_patrols:
@@ -202,6 +208,10 @@ class DrainPolicy:
         why_not = understood(info, DRAIN)
         if why_not is not None:
             return self._quiet(report, node, EVENT_DRAIN_SKIPPED, reason, info, detail=why_not)
+        held = self._breaker(settings, node, info)
+        self.breaker_open = held is not None
+        if held is not None:
+            return self._quiet(report, node, EVENT_DRAIN_HELD, reason, info, detail=held)
         argv = [*settings.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
         if settings.drain.dry_run:
             self.simulated_drain = reason
@@ -254,6 +264,28 @@ class DrainPolicy:
         return [self._event(report, node, EVENT_RESUME, reason, info, command=argv)]
 
     # -------------------------------------------------------------------- helpers
+    def _breaker(self, settings: SlurmSettings, node: str, info: NodeInfo) -> str | None:
+        """:func:`hetpatrol.slurm.breaker.hold_reason` for this node's partitions, or
+        None. When the partitions cannot be read the drain goes ahead (a real fault is
+        not held for want of a count) and the log says so."""
+        breaker = settings.drain.breaker
+        if not breaker.enabled:
+            return None
+        partitions = info.fields.get("Partitions", "")
+        if not partitions or partitions == "(null)":
+            return None
+        argv = [*breaker.sinfo, "-h", "-N", "-p", partitions, "-o", SINFO_FORMAT]
+        try:
+            out = self.runner(argv, settings.timeout_seconds)
+        except OSError as exc:
+            log.warning("drain_breaker_unread", error=exc.strerror or str(exc))
+            return None
+        error = tool_error(out)
+        if error is not None:
+            log.warning("drain_breaker_unread", error=error)
+            return None
+        return hold_reason(parse_sinfo(out.stdout), node, self.clock(), breaker)
+
     def _query(self, settings: SlurmSettings, node: str) -> tuple[NodeInfo | None, str | None]:
         out, error = run_scontrol(settings, ["show", "node", "-o", node], self.runner)
         if error is not None or out is None:

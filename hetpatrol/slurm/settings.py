@@ -13,6 +13,11 @@
         enabled: false               # drain on critical, resume our own drains
         dry_run: false               # log the decisions, change nothing
         resume_after_patrols: 3      # consecutive healthy patrols before a resume
+        breaker:                     # hold a drain when many nodes are drained already
+          enabled: true
+          max_share: 0.10            # of the nodes of this node's partitions ...
+          window_seconds: 600        # ... drained by hetpatrol within this window
+          sinfo: ["sinfo"]           # read-only, run as the daemon's user
 
 Kept apart from :mod:`hetpatrol.config` so that module only wires it in: the JSON Schema
 fragment :data:`SLURM_SCHEMA` is checked with the rest of the file (errors name key and
@@ -26,6 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hetpatrol.slurm.breaker import BreakerSettings
 
 DEFAULT_GRES_CONF = "/etc/slurm/gres.conf"
 
@@ -50,6 +57,20 @@ SLURM_SCHEMA: dict[str, Any] = {
                 "enabled": {"type": "boolean"},
                 "dry_run": {"type": "boolean"},
                 "resume_after_patrols": {"type": "integer", "minimum": 1},
+                "breaker": {
+                    "type": ["object", "null"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "enabled": {"type": "boolean"},
+                        "max_share": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                        "window_seconds": {"type": "number", "exclusiveMinimum": 0},
+                        "sinfo": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "string", "minLength": 1},
+                        },
+                    },
+                },
             },
         },
     },
@@ -63,6 +84,7 @@ class DrainSettings:
     enabled: bool = False
     dry_run: bool = False
     resume_after_patrols: int = 3
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
 
 
 @dataclass(frozen=True)
@@ -101,5 +123,15 @@ def build_slurm_settings(
             enabled=bool(drain.get("enabled", False)),
             dry_run=bool(drain.get("dry_run", False)),
             resume_after_patrols=int(drain.get("resume_after_patrols", 3)),
+            breaker=_breaker(drain.get("breaker") or {}),
         ),
+    )
+
+
+def _breaker(data: Mapping[str, Any]) -> BreakerSettings:
+    return BreakerSettings(
+        enabled=bool(data.get("enabled", True)),
+        max_share=float(data.get("max_share", 0.10)),
+        window_seconds=float(data.get("window_seconds", 600.0)),
+        sinfo=tuple(data.get("sinfo", ("sinfo",))),
     )
