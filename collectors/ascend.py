@@ -70,9 +70,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hetpatrol.ascend_detail import DetailReader
-from hetpatrol.collector import STATE_ABSENT, Collector, CollectorError, CollectResult
-from hetpatrol.schema import CardRecord, ProcessInfo, normalize_bus_id
+from hetpatrol.collector import (
+    STATE_ABSENT,
+    Collector,
+    CollectorError,
+    CollectResult,
+    VendorInfo,
+)
+from hetpatrol.collectors.ascend_detail import DetailReader
+from hetpatrol.schema import (
+    HEALTH_CRITICAL,
+    HEALTH_OK,
+    HEALTH_UNKNOWN,
+    HEALTH_WARNING,
+    CardRecord,
+    ProcessInfo,
+    normalize_bus_id,
+)
 from hetpatrol.tool import ReplayTool, ToolOutput, run_tool
 
 __all__ = [
@@ -863,13 +877,25 @@ class AscendCollector(Collector):
     - ``detail``, ``detail_interval_seconds``, ``detail_timeout_seconds``,
       ``detail_budget_seconds``, ``hccn_tool``: the slower detail commands
       (``npu-smi info -t health``, ``hccn_tool``), see
-      :class:`hetpatrol.ascend_detail.DetailReader`.
+      :class:`hetpatrol.collectors.ascend_detail.DetailReader`.
 
     ``runner`` (``(argv, timeout_seconds) -> ToolOutput``) is :func:`run_tool`, or
     :meth:`ReplayTool.run` when ``replay_dir`` is set; tests may replace it.
     """
 
     name: ClassVar[str] = "ascend"
+    #: npu-smi ``Health`` words: OK, Warning (minor alarm), Alarm (major), Critical
+    #: (urgent), UNKNOWN (device absent or not started)
+    vendor_info: ClassVar[VendorInfo] = VendorInfo(
+        health_words={
+            "ok": (HEALTH_OK, None),
+            "warning": (HEALTH_WARNING, None),
+            "alarm": (HEALTH_CRITICAL, None),
+            "critical": (HEALTH_CRITICAL, None),
+            "unknown": (HEALTH_UNKNOWN, None),
+        },
+        link_kinds=("roce",),
+    )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
         super().__init__(options, replay_dir=replay_dir)

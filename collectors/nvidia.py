@@ -123,6 +123,7 @@ from hetpatrol.collector import (
     Collector,
     CollectorError,
     CollectResult,
+    VendorInfo,
 )
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import (
@@ -476,6 +477,38 @@ class NvidiaCollector(Collector):
     """
 
     name = "nvidia"
+    vendor_info = VendorInfo(
+        # the vendor_health markers this collector sets when a call raised
+        health_words={
+            "gpu_is_lost": (
+                HEALTH_CRITICAL,
+                "GPU is lost (fell off the bus): NVML answers GpuIsLost",
+            ),
+            "reset_required": (
+                HEALTH_CRITICAL,
+                "GPU requires a reset: NVML answers ResetRequired",
+            ),
+            "unknown_error": (
+                HEALTH_CRITICAL,
+                "NVML answers Unknown error for a core call of this GPU (handle, "
+                "memory, or its whole identity)",
+            ),
+            "insufficient_power": (
+                HEALTH_CRITICAL,
+                "GPU has insufficient power (external power cable?): NVML answers "
+                "InsufficientPower",
+            ),
+        },
+        # nvmlClocksEventReasons bits (nvml.h: nvmlClocksEventReasonSwThermalSlowdown
+        # 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80, HwSlowdown 0x8)
+        clock_event_reason_bits={
+            "hw_slowdown": 0x8,
+            "sw_thermal": 0x20,
+            "hw_thermal": 0x40,
+            "hw_power_brake": 0x80,
+        },
+        link_kinds=("nvlink",),
+    )
 
     def __init__(
         self,

@@ -57,6 +57,52 @@ class CollectResult:
     duration_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class VendorInfo:
+    """What the checks must know of a vendor's words, declared by its plugin
+    (:attr:`Collector.vendor_info`), so that no check names a vendor.
+
+    - ``health_words``: the raw ``vendor_health`` words the plugin writes (lower case) ->
+      (severity, text of the finding or None for "vendor health is <word>"); a word not
+      listed is ``unknown``;
+    - ``clock_event_reason_bits``: what the bits of ``counters["clocks_event_reasons"]``
+      mean (``sw_thermal``, ``hw_thermal``, ``hw_slowdown``, ``hw_power_brake``); empty
+      when the vendor reports no such mask;
+    - ``link_kinds``: the ``links[].kind`` values the plugin writes.
+    """
+
+    health_words: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
+    clock_event_reason_bits: Mapping[str, int] = field(default_factory=dict)
+    link_kinds: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    """How one collector fared in one patrol (exported per collector)."""
+
+    name: str
+    state: str
+    cards: int
+    duration_seconds: float
+    error: str | None = None
+    raw: str | None = None
+
+    @property
+    def up(self) -> bool:
+        """True when the collector answered (``ok``) or correctly found no stack (``absent``)."""
+        return self.state in (STATE_OK, STATE_ABSENT, STATE_DISABLED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "up": self.up,
+            "state": self.state,
+            "cards": self.cards,
+            "duration_seconds": round(self.duration_seconds, 6),
+            "error": self.error,
+            "raw": self.raw,
+        }
+
+
 class Collector(abc.ABC):
     """Base class of every vendor collector.
 
@@ -71,6 +117,8 @@ class Collector(abc.ABC):
     """
 
     name: ClassVar[str] = ""
+    #: the vendor words the checks read (see :class:`VendorInfo`)
+    vendor_info: ClassVar[VendorInfo] = VendorInfo()
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
         self.options = dict(options)

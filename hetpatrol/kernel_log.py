@@ -3,7 +3,7 @@
 Reading only (the collector side of the data flow): this module parses kernel log
 lines into :class:`KernelEvent` objects, reads them from ``/dev/kmsg`` (or a recorded
 log when replaying), folds bursts and keeps the window counts. It never judges: the
-severity of an event is decided by :mod:`hetpatrol.xid`.
+severity of an event is decided by :mod:`hetpatrol.checks.kernel_events`.
 
 Line shapes understood (each seen in a published recording, see the tests):
 

@@ -1,6 +1,6 @@
 """One patrol: run every collector (bounded in time), judge the records, build the report.
 
-Data flows one way: collectors -> :func:`hetpatrol.thresholds.judge` -> an immutable
+Data flows one way: collectors -> :func:`hetpatrol.judge.judge` -> an immutable
 :class:`PatrolReport` that the exporters only read.
 
 Time bounds: each collector runs in its own worker thread and the patrol waits for it at
@@ -19,28 +19,29 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from hetpatrol import processes, xid
+from hetpatrol import processes
+from hetpatrol.checks import kernel_events
+from hetpatrol.checks.environment import EnvironmentCheck
+from hetpatrol.checks.facts import NodeCheck
 from hetpatrol.collector import (
-    STATE_ABSENT,
     STATE_DISABLED,
     STATE_FAILED,
     STATE_HUNG,
     STATE_OK,
     Collector,
     CollectorError,
+    CollectorStatus,
     CollectResult,
     load_collector,
 )
 from hetpatrol.config import Config
-from hetpatrol.environment import EnvironmentCheck
+from hetpatrol.judge import judge, run_node_check
 from hetpatrol.kernel_log import KernelLogSnapshot, open_kernel_log
-from hetpatrol.nodecheck import NodeCheck, default_node_checks, run_node_check
 from hetpatrol.schema import (
     EXIT_CODES,
     HEALTH_CRITICAL,
@@ -49,45 +50,14 @@ from hetpatrol.schema import (
     PATROL_SCHEMA,
     CardRecord,
     Finding,
+    rfc3339,
     worst,
 )
-from hetpatrol.thresholds import judge
+from hetpatrol.slurm.inventory import GresCheck
 
 log = structlog.get_logger("hetpatrol.patrol")
 
 HANG_MARGIN_SECONDS = 1.0
-
-
-def rfc3339(ts: float) -> str:
-    """RFC 3339 UTC timestamp with milliseconds: ``2026-11-29T16:30:54.123Z``."""
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-@dataclass(frozen=True)
-class CollectorStatus:
-    """How one collector fared in one patrol (exported per collector)."""
-
-    name: str
-    state: str
-    cards: int
-    duration_seconds: float
-    error: str | None = None
-    raw: str | None = None
-
-    @property
-    def up(self) -> bool:
-        """True when the collector answered (``ok``) or correctly found no stack (``absent``)."""
-        return self.state in (STATE_OK, STATE_ABSENT, STATE_DISABLED)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "up": self.up,
-            "state": self.state,
-            "cards": self.cards,
-            "duration_seconds": round(self.duration_seconds, 6),
-            "error": self.error,
-            "raw": self.raw,
-        }
 
 
 @dataclass(frozen=True)
@@ -165,6 +135,11 @@ def patrol_summary(
         "changes": list(changes),
         **dict(node_checks or {}),
     }
+
+
+def default_node_checks() -> list[NodeCheck]:
+    """The built-in node checks (each is a no-op while its config section is off)."""
+    return [GresCheck()]
 
 
 class _BoundedCollector:
@@ -251,7 +226,7 @@ class Patroller:
     ``enrich_processes`` fills process user and Slurm job from this host (off in replay:
     recorded pids belong to another machine). ``collectors`` gives ready collector
     instances by name instead of loading the plugins the config names (tests, embedding).
-    ``node_checks`` replaces the built-in node checks (:mod:`hetpatrol.nodecheck`: the
+    ``node_checks`` replaces the built-in node checks (:func:`default_node_checks`: the
     Slurm GRES check, a no-op while ``slurm.enabled`` is off); they run after the
     thresholds and the recovery hold, before the report is built.
     """
@@ -269,7 +244,7 @@ class Patroller:
         self.node_checks = list(default_node_checks() if node_checks is None else node_checks)
         # Kernel log (XIDs) and the environment check read this host: not for the
         # scripted collectors of tests and embedders (``collectors`` given).
-        kl = config.kernel_log
+        kl = config.top[kernel_events.NAME]
         self.kernel_log = (
             open_kernel_log(
                 kl.enabled,
@@ -332,7 +307,7 @@ class Patroller:
         self._last_cards = previous._last_cards
         self._seen_cards = previous._seen_cards
         self._last_collector_state = previous._last_collector_state
-        if previous.config.kernel_log == self.config.kernel_log:
+        if previous.config.top[kernel_events.NAME] == self.config.top[kernel_events.NAME]:
             if self.kernel_log is not None:
                 self.kernel_log.close()
             self.kernel_log, previous.kernel_log = previous.kernel_log, None
@@ -408,10 +383,10 @@ class Patroller:
             self._last_collector_state[result.collector] = result.state
         statuses.extend(CollectorStatus(n, STATE_DISABLED, 0, 0.0) for n in disabled)
 
-        kernel = xid.patrol_kernel_log(
+        kernel = kernel_events.patrol_kernel_log(
             self.kernel_log,
             cards,
-            self.config.kernel_log,
+            self.config.top[kernel_events.NAME],
             node=self.config.node,
             seq=self.seq,
             ts_format=rfc3339,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 # The verdict words, their order and exit codes live in hetpatrol.verdict (imported by
@@ -38,6 +39,12 @@ from hetpatrol.verdict import (  # noqa: F401
 CARD_SCHEMA = "hetpatrol.card/1"
 PATROL_SCHEMA = "hetpatrol.patrol/1"
 EVENT_SCHEMA = "hetpatrol.event/1"
+
+
+def rfc3339(ts: float) -> str:
+    """RFC 3339 UTC timestamp with milliseconds: ``2026-11-29T16:30:54.123Z``."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
 
 _BUS_ID_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-Fx]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])$"
@@ -82,6 +89,22 @@ _PLAUSIBLE: dict[str, tuple[float, float]] = {
     "hugepages_used": (0, 2**40),
     "hugepages_total": (0, 2**40),
 }
+
+
+@dataclass(frozen=True)
+class Levels:
+    """A warning and a critical level of a count or a measure (``None``: that level off)."""
+
+    warning: float | None = None
+    critical: float | None = None
+
+    def severity(self, value: float) -> str | None:
+        """``critical`` or ``warning`` when ``value`` reaches that level, else None."""
+        if self.critical is not None and value >= self.critical:
+            return HEALTH_CRITICAL
+        if self.warning is not None and value >= self.warning:
+            return HEALTH_WARNING
+        return None
 
 
 @dataclass
@@ -450,6 +473,51 @@ def gres_json_schema() -> dict[str, Any]:
     }
 
 
+#: class of a kernel-log event (the judge in hetpatrol.checks.kernel_events sets it)
+CLASS_DRAIN = "drain"
+CLASS_APPLICATION = "application"
+CLASS_INFO = "informational"
+CLASS_OTHER = "other"
+
+#: ``event`` of a kernel-log line: an NVIDIA XID, or a failure that prints no Xid
+KERNEL_EVENTS = ("xid", "kernel")
+KERNEL_EVENT_REQUIRED = ("severity", "class", "xid", "bus_id", "count", "message", "raw")
+
+
+def kernel_event_properties() -> dict[str, Any]:
+    """Properties of a ``kind: "event"`` line with ``event`` ``xid`` or ``kernel`` (merged
+    into :func:`event_json_schema`; ``seq`` is the patrol's)."""
+    string = {"type": ["string", "null"]}
+    integer = {"type": ["integer", "null"]}
+    return {
+        "severity": {"enum": [SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL]},
+        "class": {"enum": [CLASS_DRAIN, CLASS_APPLICATION, CLASS_INFO, CLASS_OTHER]},
+        "xid": integer,
+        "reason": string,
+        "name": string,
+        "bus_id": string,
+        "vendor": string,
+        "index": integer,
+        "chip": integer,
+        "uuid": string,
+        "pid": integer,
+        "process": string,
+        "user": string,
+        "job_id": string,
+        "nvlink_unit": string,
+        "fatal": {"type": ["boolean", "null"]},
+        "link": integer,
+        "recovery_action": string,
+        "count": {"type": "integer", "minimum": 1},
+        "window_count": {"type": "integer", "minimum": 0},
+        "in_window": {"type": "boolean"},
+        "message": {"type": "string"},
+        "log_time": string,
+        "kmsg_seq": integer,
+        "raw": {"type": "string"},
+    }
+
+
 def event_json_schema() -> dict[str, Any]:
     """JSON Schema of a ``kind: "event"`` line: a Slurm drain/resume decision.
 
@@ -463,10 +531,8 @@ def event_json_schema() -> dict[str, Any]:
 
     ``event`` ``xid`` / ``kernel``: a GPU fault read from the kernel log (an NVIDIA XID,
     or a failure that prints no Xid), judged; its fields are those of
-    :func:`hetpatrol.xid.kernel_event_properties`.
+    :func:`kernel_event_properties`.
     """
-    from hetpatrol.xid import KERNEL_EVENT_REQUIRED, KERNEL_EVENTS, kernel_event_properties
-
     nullable_string = {"type": ["string", "null"]}
     decisions = [
         "drain",

@@ -227,9 +227,9 @@ def _device_acl(pairs: list[tuple[str, str]]) -> dict[str, str]:
 def test_sandbox_keeps_the_kernel_log_readable():
     """ProtectKernelLogs=yes put a 0:0 placeholder over /dev/kmsg, DevicePolicy=closed
     had no /dev/kmsg and the bounding set no CAP_SYSLOG: XIDs were never seen."""
+    from hetpatrol.checks.kernel_events import KernelLogRules
     from hetpatrol.host_access import DEVICE_NODES
     from hetpatrol.kernel_log import KMSG_PATH
-    from hetpatrol.xid import KernelLogRules
 
     pairs = _directives(UNIT)
     d = dict(pairs)

@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from hetpatrol.patrol import rfc3339
 from hetpatrol.schema import (
     EVENT_SCHEMA,
     HEALTH_CRITICAL,
     HEALTH_OK,
     HEALTH_WARNING,
     CardRecord,
+    rfc3339,
 )
 from hetpatrol.slurm.gres import NodeInfo, find_node
 from hetpatrol.slurm.inventory import Runner, run_scontrol

@@ -32,6 +32,7 @@ from typing import Any
 import structlog
 
 from hetpatrol import processes
+from hetpatrol.config_file import SEVERITY_OR_OFF
 from hetpatrol.kernel_log import (
     KIND_KERNEL,
     KIND_XID,
@@ -43,6 +44,10 @@ from hetpatrol.kernel_log import (
     KernelOccurrence,
 )
 from hetpatrol.schema import (
+    CLASS_APPLICATION,
+    CLASS_DRAIN,
+    CLASS_INFO,
+    CLASS_OTHER,
     EVENT_SCHEMA,
     HEALTH_CRITICAL,
     HEALTH_WARNING,
@@ -59,10 +64,6 @@ NVLINK5_XIDS = frozenset(range(144, 151))
 APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 INFO_XIDS = frozenset({63, 92})
 
-CLASS_DRAIN = "drain"
-CLASS_APPLICATION = "application"
-CLASS_INFO = "informational"
-CLASS_OTHER = "other"
 
 #: Short names of the XIDs hetpatrol classifies (NVIDIA's XID catalogue).
 XID_NAMES: dict[int, str] = {
@@ -122,6 +123,51 @@ class KernelLogRules:
     xid_severity: Mapping[int, str] = field(default_factory=dict)
     repeat_critical: Mapping[int, int] = field(default_factory=lambda: {94: 3})
     unknown_xid_severity: str = HEALTH_WARNING
+
+
+NAME = "kernel_events"
+TOP_SCHEMA: dict[str, Any] = {
+    "kernel_log": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "enabled": {"type": "boolean"},
+            "path": {"type": "string", "minLength": 1},
+            "window_seconds": {"type": "number", "exclusiveMinimum": 0},
+            "burst_seconds": {"type": "number", "minimum": 0},
+            "xid_severity": {
+                "type": "object",
+                "propertyNames": {"pattern": "^[0-9]{1,4}$"},
+                "additionalProperties": SEVERITY_OR_OFF,
+            },
+            "repeat_critical": {
+                "type": "object",
+                "propertyNames": {"pattern": "^[0-9]{1,4}$"},
+                "additionalProperties": {"type": "integer", "minimum": 1},
+            },
+            "unknown_xid_severity": SEVERITY_OR_OFF,
+        },
+    },
+}
+
+
+def build_top(data: Mapping[str, Any]) -> KernelLogRules:
+    """The ``kernel_log`` section of the config file's top level ``data``."""
+    section = data.get("kernel_log")
+    s = section or {}
+    base = KernelLogRules()
+    return KernelLogRules(
+        enabled=bool(s.get("enabled", base.enabled)),
+        path=str(s.get("path", base.path)),
+        window_seconds=float(s.get("window_seconds", base.window_seconds)),
+        burst_seconds=float(s.get("burst_seconds", base.burst_seconds)),
+        xid_severity={int(k): v for k, v in (s.get("xid_severity") or {}).items()},
+        repeat_critical={
+            **base.repeat_critical,
+            **{int(k): int(v) for k, v in (s.get("repeat_critical") or {}).items()},
+        },
+        unknown_xid_severity=s.get("unknown_xid_severity", base.unknown_xid_severity),
+    )
 
 
 def classify(occ: KernelOccurrence, window_count: int, rules: KernelLogRules) -> tuple[str, str]:
@@ -340,44 +386,6 @@ def card_xid_totals(
         if card is not None:
             out.append((card, what, total))
     return out
-
-
-KERNEL_EVENTS = (KIND_XID, KIND_KERNEL)
-KERNEL_EVENT_REQUIRED = ("severity", "class", "xid", "bus_id", "count", "message", "raw")
-
-
-def kernel_event_properties() -> dict[str, Any]:
-    """Properties of a ``kind: "event"`` line with ``event`` ``xid`` or ``kernel`` (merged
-    into :func:`hetpatrol.schema.event_json_schema`; ``seq`` is the patrol's)."""
-    string = {"type": ["string", "null"]}
-    integer = {"type": ["integer", "null"]}
-    return {
-        "severity": {"enum": [SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL]},
-        "class": {"enum": [CLASS_DRAIN, CLASS_APPLICATION, CLASS_INFO, CLASS_OTHER]},
-        "xid": integer,
-        "reason": string,
-        "name": string,
-        "bus_id": string,
-        "vendor": string,
-        "index": integer,
-        "chip": integer,
-        "uuid": string,
-        "pid": integer,
-        "process": string,
-        "user": string,
-        "job_id": string,
-        "nvlink_unit": string,
-        "fatal": {"type": ["boolean", "null"]},
-        "link": integer,
-        "recovery_action": string,
-        "count": {"type": "integer", "minimum": 1},
-        "window_count": {"type": "integer", "minimum": 0},
-        "in_window": {"type": "boolean"},
-        "message": {"type": "string"},
-        "log_time": string,
-        "kmsg_seq": integer,
-        "raw": {"type": "string"},
-    }
 
 
 CHECK_UNREADABLE = "kernel_log_unreadable"
