@@ -12,6 +12,7 @@ expression). Every error names the key path and the line of the file, e.g.::
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import math
 import os
@@ -25,6 +26,7 @@ from typing import Any
 import jsonschema
 
 from hetpatrol.checks.registry import CARD_CHECKS, TOP_SECTIONS
+from hetpatrol.collector import discover
 from hetpatrol.config_file import (
     EX_CONFIG,
     ConfigError,
@@ -43,8 +45,14 @@ from hetpatrol.yaml_document import (
     read_document,
 )
 
-#: Collectors run when the config has no ``collectors:`` section.
+#: The built-in collectors, in the order they run when the config has no ``collectors:``
+#: section; every other plugin registered in the ``hetpatrol.collectors`` entry-point
+#: group runs after them, by name (a new vendor edits nothing here).
 DEFAULT_COLLECTORS = ("nvidia", "ascend")
+#: A plugin's default card-type profiles (and so its GRES name): ``<module>_profiles.yaml``
+#: beside its module (``profiles.yaml`` in a plugin package), a mapping with one key,
+#: ``profiles``, shaped like the config's. Used for a vendor the config has no profile for.
+PLUGIN_PROFILES_SUFFIX = "_profiles.yaml"
 
 
 # --------------------------------------------------------------------------- schema
@@ -362,12 +370,90 @@ def _top_checks(data: dict, src: str, lines: dict) -> tuple[dict[str, Any], Path
     return top, baseline_file
 
 
+def _registered_collectors() -> tuple[str, ...]:
+    """The built-ins, then every other registered plugin by name."""
+    others = sorted(set(discover()) - set(DEFAULT_COLLECTORS))
+    return (*DEFAULT_COLLECTORS, *others)
+
+
+def plugin_profiles_path(name: str) -> Path | None:
+    """Where the plugin registered as ``name`` keeps its default profiles (the file may
+    not exist); None when no plugin has that name or its module cannot be found."""
+    ep = discover().get(name)
+    if ep is None:
+        return None
+    try:
+        spec = importlib.util.find_spec(ep.module)  # type: ignore[attr-defined]
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    origin = Path(spec.origin)
+    if origin.name == "__init__.py":
+        return origin.with_name("profiles.yaml")
+    return origin.with_name(origin.stem + PLUGIN_PROFILES_SUFFIX)
+
+
+def _plugin_profiles(name: str, defaults: dict, taken: set[str]) -> list[Profile]:
+    """The default profiles the plugin ``name`` ships (none when it ships no file),
+    checked like the config's own; ``ConfigError`` naming that file."""
+    path = plugin_profiles_path(name)
+    if path is None or not path.is_file():
+        return []
+    src = str(path)
+    try:
+        data, node = parse_document(read_document(path))
+    except (OSError, DocumentError) as exc:
+        raise ConfigError(f"cannot read the plugin's profiles: {exc}", path=src) from None
+    lines = line_map(node, src=src) if node is not None else {}
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["profiles"],
+        "properties": {"profiles": CONFIG_SCHEMA["properties"]["profiles"]},
+    }
+    for err in jsonschema.Draft202012Validator(schema).iter_errors(data):
+        raise config_error(err.message, src, lines, tuple(err.absolute_path))
+    out = []
+    for i, p in enumerate(data["profiles"]):
+        where = ("profiles", i)
+        if p["vendor"] != name:
+            raise config_error(f"a profile of vendor {name!r} only", src, lines, (*where, "vendor"))
+        if p["name"] in taken:
+            raise config_error(f"profile name {p['name']!r} used twice", src, lines, where)
+        taken.add(p["name"])
+        out.append(_profile(p, defaults, where, src, lines))
+    return out
+
+
+def _profile(p: dict, defaults: dict, where: tuple, src: str, lines: dict) -> Profile:
+    """One checked profile entry (``where``: its key path in ``src``)."""
+    pattern = None
+    if p.get("model") is not None:
+        try:
+            pattern = re.compile(p["model"], re.IGNORECASE)
+        except re.error as exc:
+            raise config_error(
+                f"invalid regular expression: {exc}", src, lines, (*where, "model")
+            ) from exc
+    return Profile(
+        name=p["name"],
+        vendor=p["vendor"],
+        card_types=tuple(p.get("card_types", ())),
+        model=pattern,
+        gres=p.get("gres"),
+        gres_type=p.get("gres_type"),
+        checks=_profile_checks(defaults, p, where, src, lines),
+    )
+
+
 def _build(data: dict, src: str, lines: dict) -> Config:
     defaults = data.get("defaults", {}) or {}
     sections = data.get("collectors")
+    registered = _registered_collectors()
     if sections is None:
-        sections = {name: {} for name in DEFAULT_COLLECTORS}
-    vendors = sorted(set(DEFAULT_COLLECTORS) | set(sections))
+        sections = {name: {} for name in registered}
+    vendors = sorted(set(registered) | set(sections))
     fallback = Profile(
         name="defaults",
         vendor="",
@@ -389,25 +475,12 @@ def _build(data: dict, src: str, lines: dict) -> Config:
                 f"profile name {p['name']!r} used twice", src, lines, ("profiles", i, "name")
             )
         names.add(p["name"])
-        pattern = None
-        if p.get("model") is not None:
-            try:
-                pattern = re.compile(p["model"], re.IGNORECASE)
-            except re.error as exc:
-                raise config_error(
-                    f"invalid regular expression: {exc}", src, lines, ("profiles", i, "model")
-                ) from exc
-        profiles.append(
-            Profile(
-                name=p["name"],
-                vendor=p["vendor"],
-                card_types=tuple(p.get("card_types", ())),
-                model=pattern,
-                gres=p.get("gres"),
-                gres_type=p.get("gres_type"),
-                checks=_profile_checks(defaults, p, ("profiles", i), src, lines),
-            )
-        )
+        profiles.append(_profile(p, defaults, ("profiles", i), src, lines))
+
+    written = {p.vendor for p in profiles}
+    for name in sections:
+        if name not in written:  # a vendor the config says nothing about: its plugin's
+            profiles.extend(_plugin_profiles(name, defaults, {p.name for p in profiles}))
 
     collectors = []
     # No `collectors:` section means every built-in collector with its defaults (a node

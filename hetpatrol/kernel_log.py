@@ -95,6 +95,10 @@ CAP_SYSLOG_BIT = 34
 #: src/shared/dev-setup.c make_inaccessible_nodes).
 INACCESSIBLE_DEVICE = (0, 0)
 
+#: the vendor whose driver prints the lines this reader parses (NVRM: the NVIDIA kernel
+#: module); the kernel-log check attributes unnamed events and blindness to its cards
+EVENT_VENDOR = "nvidia"
+
 KIND_XID = "xid"
 KIND_KERNEL = "kernel"
 

@@ -433,8 +433,9 @@ def patrol_json_schema() -> dict[str, Any]:
                 },
             },
             "environment": {
-                "description": "the library-path crosstalk check (ok, absent, ...)",
-                "type": "object",
+                "description": "the library-path crosstalk check (ok, absent, ...); null "
+                "while it is switched off",
+                "type": ["object", "null"],
                 "properties": {"state": {"type": "string"}, "root": {"type": ["string", "null"]}},
             },
         },
@@ -582,13 +583,14 @@ def link_json_schema() -> dict[str, Any]:
     error counters since driver load (``replay``, ``recovery``, ``crc_flit``,
     ``crc_data``); RoCE: ``net_health`` (hccn_tool ``-net_health``), ``link_up_count``
     and ``link_down_times`` (``-link_stat``), ``optical`` (``-optical``), ``ts`` of the
-    read (detail commands run at a slower cadence than the patrol).
+    read (detail commands run at a slower cadence than the patrol). ``kind`` is the
+    plugin's word for the link (``nvlink``, ``roce``; ``VendorInfo.link_kinds``).
     """
     return {
         "type": "object",
         "required": ["kind", "link", "state"],
         "properties": {
-            "kind": {"enum": ["nvlink", "roce"]},
+            "kind": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"},
             "link": {"type": "integer"},
             "state": {"enum": ["up", "down", None]},
             "counters": {"type": "object", "additionalProperties": {"type": "integer"}},

@@ -34,6 +34,7 @@ import structlog
 from hetpatrol import processes
 from hetpatrol.config_file import SEVERITY_OR_OFF
 from hetpatrol.kernel_log import (
+    EVENT_VENDOR,
     KIND_KERNEL,
     KIND_XID,
     REASON_FALLEN_OFF_BUS,
@@ -230,7 +231,7 @@ def _match(bus_id: str | None, uuid: str | None, cards: Sequence[CardRecord]) ->
             return card
     if not bus_id:
         return None
-    blind = [c for c in cards if c.vendor == "nvidia" and c.bus_id is None and c.uuid is None]
+    blind = [c for c in cards if c.vendor == EVENT_VENDOR and c.bus_id is None and c.uuid is None]
     return blind[0] if len(blind) == 1 else None
 
 
@@ -407,7 +408,7 @@ def unreadable_finding(
         return None
     if replay and snapshot.state == "absent":
         return None
-    gpus = sum(1 for c in cards if c.vendor == "nvidia")
+    gpus = sum(1 for c in cards if c.vendor == EVENT_VENDOR)
     if not gpus:
         return None
     why = snapshot.error or f"kernel log {snapshot.source} {snapshot.state}"
