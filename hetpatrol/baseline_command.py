@@ -17,7 +17,7 @@ from hetpatrol.checks.baseline import (
 )
 from hetpatrol.config import Config, ConfigError
 from hetpatrol.exporters.state import write_atomic
-from hetpatrol.patrol import PatrolReport
+from hetpatrol.report import PatrolReport
 from hetpatrol.schema import rfc3339
 
 

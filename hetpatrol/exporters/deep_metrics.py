@@ -16,7 +16,7 @@ from hetpatrol.checks.kernel_events import card_xid_totals
 from hetpatrol.exporters.labels import CARD_LABELS, card_labels
 
 if TYPE_CHECKING:
-    from hetpatrol.patrol import PatrolReport
+    from hetpatrol.report import PatrolReport
 
 
 def deep_metrics(report: PatrolReport) -> Iterable[Metric]:

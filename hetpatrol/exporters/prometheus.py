@@ -35,7 +35,7 @@ from hetpatrol import __version__
 from hetpatrol.collector import STATE_ABSENT, STATE_DISABLED, STATE_FAILED, STATE_HUNG, STATE_OK
 from hetpatrol.exporters.deep_metrics import deep_metrics
 from hetpatrol.exporters.labels import CARD_LABELS, card_labels
-from hetpatrol.patrol import PatrolReport
+from hetpatrol.report import PatrolReport
 from hetpatrol.schema import EXIT_CODES, HEALTH_STATES, CardRecord
 
 COLLECTOR_STATES = (STATE_OK, STATE_ABSENT, STATE_FAILED, STATE_HUNG, STATE_DISABLED, "pending")

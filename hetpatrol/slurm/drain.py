@@ -54,7 +54,7 @@ from hetpatrol.tool import run_tool
 
 if TYPE_CHECKING:
     from hetpatrol.config import Config
-    from hetpatrol.patrol import PatrolReport
+    from hetpatrol.report import PatrolReport
 
 log = structlog.get_logger("hetpatrol.slurm")
 
