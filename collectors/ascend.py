@@ -75,6 +75,7 @@ from hetpatrol.collector import (
     Collector,
     CollectorError,
     CollectResult,
+    DeviceNode,
     VendorInfo,
 )
 from hetpatrol.collectors.ascend_detail import DetailReader
@@ -867,6 +868,11 @@ def card_type_for(name: str | None, chips_per_npu: int = 1, has_phy_id: bool = F
 Runner = Callable[[Sequence[str], float], ToolOutput]
 
 
+#: /dev/davinciN per NPU chip: an Atlas A3 node has 16 (vendor sample
+#: npu-smi-info_910_93-A3_16chip_*).
+ASCEND_MAX_CHIPS = 16
+
+
 class AscendCollector(Collector):
     """Ascend NPUs through ``npu-smi info``: one :class:`CardRecord` per chip.
 
@@ -895,6 +901,23 @@ class AscendCollector(Collector):
             "unknown": (HEALTH_UNKNOWN, None),
         },
         link_kinds=("roce",),
+        # npu-smi / hccn_tool: the management nodes and one /dev/davinciN per chip
+        # (hiascend.com: "Use in Containers", --device=/dev/davinciN /dev/davinci_manager
+        # /dev/hisi_hdc /dev/devmm_svm).
+        device_nodes=(
+            DeviceNode("/dev/davinci_manager", "rw", "npu-smi"),
+            DeviceNode("/dev/devmm_svm", "rw", "npu-smi"),
+            DeviceNode("/dev/hisi_hdc", "rw", "npu-smi"),
+            DeviceNode("/dev/davinci{n}", "rw", "npu-smi", None, ASCEND_MAX_CHIPS),
+        ),
+        # npu-smi: /usr/local/sbin (/usr/local/bin on some SoC boards), hiascend.com
+        # MindCluster "Default Content Mounted by Ascend Docker Runtime"; hccn_tool:
+        # /usr/local/Ascend/driver/tools (MindCluster fault-diagnosis guide,
+        # "/usr/local/Ascend/driver/tools/hccn_tool -i ${device_id} -link -g").
+        tool_dirs={
+            "npu-smi": ("/usr/local/sbin", "/usr/local/bin"),
+            "hccn_tool": ("/usr/local/Ascend/driver/tools",),
+        },
     )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):

@@ -123,8 +123,10 @@ from hetpatrol.collector import (
     Collector,
     CollectorError,
     CollectResult,
+    DeviceNode,
     VendorInfo,
 )
+from hetpatrol.collectors.nvidia_kmsg import NVRM
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
@@ -464,6 +466,11 @@ def _psutil_process_name(pid: int) -> str | None:
         return None
 
 
+#: /dev/nvidiaN per GPU: an HGX/DGX board carries 8; 16 leaves room (the device group
+#: allows them all anyway).
+NVIDIA_MAX_GPUS = 16
+
+
 class NvidiaCollector(Collector):
     """Reads every NVIDIA GPU through NVML.
 
@@ -508,6 +515,17 @@ class NvidiaCollector(Collector):
             "hw_power_brake": 0x80,
         },
         link_kinds=("nvlink",),
+        kernel_log=NVRM,  # XIDs and "fallen off the bus" (hetpatrol.collectors.nvidia_kmsg)
+        # NVML: /dev/nvidiactl (195:255) and /dev/nvidiaN (195:N) share the major the
+        # NVIDIA kernel module registers as "nvidia-frontend"; nvidia-uvm and nvidia-caps
+        # (/dev/nvidia-caps/nvidia-capN, MIG) have majors of their own. (nvidia-modprobe(1);
+        # NVIDIA driver README "Installing the NVIDIA Driver", device files)
+        device_nodes=(
+            DeviceNode("/dev/nvidiactl", "rw", "NVML", "nvidia-frontend"),
+            DeviceNode("/dev/nvidia{n}", "rw", "NVML", "nvidia-frontend", NVIDIA_MAX_GPUS),
+            DeviceNode("/dev/nvidia-uvm", "rw", "NVML", "nvidia-uvm"),
+            DeviceNode("/dev/nvidia-caps/nvidia-cap{n}", "r", "NVML (MIG)", "nvidia-caps", 2),
+        ),
     )
 
     def __init__(

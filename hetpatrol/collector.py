@@ -58,6 +58,20 @@ class CollectResult:
 
 
 @dataclass(frozen=True)
+class DeviceNode:
+    """One device node (or numbered family) a vendor's reads open, and who opens it:
+    ``path`` (``{n}`` numbered ``0 .. count-1``), the least ``access`` (``"r"``/``"rw"``),
+    ``user`` (the library or tool), ``group`` (the ``/proc/devices`` group systemd's
+    ``DeviceAllow=char-<group>`` names; None: only the path)."""
+
+    path: str
+    access: str
+    user: str
+    group: str | None = None
+    count: int = 1
+
+
+@dataclass(frozen=True)
 class VendorInfo:
     """What the checks must know of a vendor's words, declared by its plugin
     (:attr:`Collector.vendor_info`), so that no check names a vendor.
@@ -68,12 +82,21 @@ class VendorInfo:
     - ``clock_event_reason_bits``: what the bits of ``counters["clocks_event_reasons"]``
       mean (``sw_thermal``, ``hw_thermal``, ``hw_slowdown``, ``hw_power_brake``); empty
       when the vendor reports no such mask;
-    - ``link_kinds``: the ``links[].kind`` values the plugin writes.
+    - ``link_kinds``: the ``links[].kind`` values the plugin writes;
+    - ``kernel_log``: the vendor's kernel-log line patterns, a
+      :class:`hetpatrol.kernel_log.KernelLogPatterns` (None: its faults are not in the
+      kernel log);
+    - ``device_nodes``: the :class:`DeviceNode` rows its reads open (a sandbox must keep
+      them open: :mod:`hetpatrol.host_access`); ``tool_dirs``: program -> the
+      directories the vendor installs it in.
     """
 
     health_words: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
     clock_event_reason_bits: Mapping[str, int] = field(default_factory=dict)
     link_kinds: tuple[str, ...] = ()
+    kernel_log: Any = None
+    device_nodes: tuple[DeviceNode, ...] = ()
+    tool_dirs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

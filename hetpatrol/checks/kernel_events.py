@@ -25,7 +25,7 @@ record read at start-up) is written as an event line but makes no finding.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,6 @@ import structlog
 from hetpatrol import processes
 from hetpatrol.config_file import SEVERITY_OR_OFF
 from hetpatrol.kernel_log import (
-    EVENT_VENDOR,
     KIND_KERNEL,
     KIND_XID,
     REASON_FALLEN_OFF_BUS,
@@ -216,7 +215,9 @@ def _what(occ: KernelOccurrence) -> str:
     return REASON_TEXT.get(ev.reason or "", ev.reason or "kernel fault")
 
 
-def _match(bus_id: str | None, uuid: str | None, cards: Sequence[CardRecord]) -> CardRecord | None:
+def _match(
+    bus_id: str | None, uuid: str | None, cards: Sequence[CardRecord], vendors: Collection[str]
+) -> CardRecord | None:
     """The card a kernel event is about: by bus id, else by UUID, else by elimination.
 
     Elimination: a GPU that fell off the bus before its first read has no bus id in
@@ -231,7 +232,7 @@ def _match(bus_id: str | None, uuid: str | None, cards: Sequence[CardRecord]) ->
             return card
     if not bus_id:
         return None
-    blind = [c for c in cards if c.vendor == EVENT_VENDOR and c.bus_id is None and c.uuid is None]
+    blind = [c for c in cards if c.vendor in vendors and c.bus_id is None and c.uuid is None]
     return blind[0] if len(blind) == 1 else None
 
 
@@ -305,7 +306,7 @@ def apply_kernel_log(
         ev = occ.event
         severity, _cls = classify(occ, counts.get(ev.key, occ.count), rules)
         uuid = ev.uuid or snapshot.uuids.get(ev.bus_id or "")
-        card = _match(ev.bus_id, uuid, cards)
+        card = _match(ev.bus_id, uuid, cards, (ev.vendor,) if ev.vendor else snapshot.vendors)
         if card is not None:
             card_of[id(card)] = card
             per_card.setdefault(id(card), []).append((occ, severity))
@@ -329,7 +330,7 @@ def apply_kernel_log(
         ev = occ.event
         severity, cls = classify(occ, counts.get(ev.key, occ.count), rules)
         uuid = ev.uuid or snapshot.uuids.get(ev.bus_id or "")
-        card = _match(ev.bus_id, uuid, cards)
+        card = _match(ev.bus_id, uuid, cards, (ev.vendor,) if ev.vendor else snapshot.vendors)
         user = job = None
         if lookup_process is not None and ev.pid is not None and cls == CLASS_APPLICATION:
             user, job = lookup_process(ev.pid)
@@ -383,7 +384,7 @@ def card_xid_totals(
     for (bus, kind, what), total in sorted(snapshot.totals.items()):
         if kind != KIND_XID:
             continue
-        card = _match(bus or None, snapshot.uuids.get(bus), cards)
+        card = _match(bus or None, snapshot.uuids.get(bus), cards, snapshot.vendors)
         if card is not None:
             out.append((card, what, total))
     return out
@@ -408,14 +409,16 @@ def unreadable_finding(
         return None
     if replay and snapshot.state == "absent":
         return None
-    gpus = sum(1 for c in cards if c.vendor == EVENT_VENDOR)
-    if not gpus:
+    counts = {v: sum(1 for c in cards if c.vendor == v) for v in snapshot.vendors}
+    blind = [f"{n} {snapshot.vendors[v]}(s)" for v, n in counts.items() if n]
+    if not blind:
         return None
     why = snapshot.error or f"kernel log {snapshot.source} {snapshot.state}"
     return Finding(
         CHECK_UNREADABLE,
         HEALTH_WARNING,
-        f"{why}; XIDs and GPUs fallen off the bus are not seen on this node's {gpus} NVIDIA GPU(s)",
+        f"{why}; XIDs and GPUs fallen off the bus are not seen on this node's "
+        + " and ".join(blind),
         value=snapshot.state,
     )
 
@@ -460,6 +463,7 @@ def patrol_kernel_log(
             error=f"{type(exc).__name__}: {exc}",
             source=source.source,
             window_seconds=rules.window_seconds,
+            vendors=source.vendors,
         )
     previous = getattr(source, "_last_state", None)
     if previous != (snapshot.state, snapshot.error):
