@@ -231,27 +231,22 @@ _CONTROL_RE = re.compile(r"[\x01-\x08\x0a-\x1f\x7f]")
 #: ``1e308``: a float to the eye, text to YAML 1.1 (PyYAML wants ``1.0e+308``).
 _YAML11_TEXT_FLOAT = re.compile(r"([-+]?[0-9]+)[eE]([-+]?[0-9]+)")
 
-#: Mappings whose keys are read as numbers or case-folded codes: (path pattern, how a
-#: key is read). "0079" and "79" are one XID; 8c03a000 and 8C03A000 one fault code.
-_NORMALISED_KEYS: tuple[tuple[tuple[str, ...], Any], ...] = (
-    (("kernel_log", "xid_severity"), int),
-    (("kernel_log", "repeat_critical"), int),
-    (("ascend_fault_codes", "overrides"), str.upper),
-)
-
 
 def _check_normalised_keys(data: dict, src: str, lines: dict) -> None:
     """Refuse two keys of one mapping that are read as the same one (one would silently
-    win): top-level ``kernel_log`` maps, and fault-code overrides in ``defaults`` and
-    every profile."""
+    win): "0079" and "79" are one XID, 8c03a000 and 8C03A000 one fault code. The check
+    families declare such mappings: ``TOP_NORMALISED_KEYS`` (top level) and
+    ``PROFILE_NORMALISED_KEYS`` (``defaults`` and every profile), as (key path, how a key
+    is read)."""
     places: list[tuple[tuple, Any, Any]] = []
-    for keys, read in _NORMALISED_KEYS:
-        if keys[0] == "kernel_log":
+    for check in TOP_SECTIONS:
+        for keys, read in getattr(check, "TOP_NORMALISED_KEYS", ()):
             places.append((keys, (data.get(keys[0]) or {}).get(keys[1]), read))
-        else:
-            sections = [(("defaults",), data.get("defaults") or {})] + [
-                (("profiles", i), p) for i, p in enumerate(data.get("profiles") or [])
-            ]
+    sections = [(("defaults",), data.get("defaults") or {})] + [
+        (("profiles", i), p) for i, p in enumerate(data.get("profiles") or [])
+    ]
+    for check in CARD_CHECKS:
+        for keys, read in getattr(check, "PROFILE_NORMALISED_KEYS", ()):
             for where, section in sections:
                 value = (section.get(keys[0]) or {}).get(keys[1])
                 places.append(((*where, *keys), value, read))
@@ -260,12 +255,11 @@ def _check_normalised_keys(data: dict, src: str, lines: dict) -> None:
         for key in mapping or {}:
             norm = read(str(key))
             if norm in seen:
-                key_path = (*path, key)
-                raise ConfigError(
+                raise config_error(
                     f"the same key as {seen[norm]!r} (both read as {norm!r})",
-                    path=src,
-                    line=line_for(lines, key_path),
-                    key=format_key_path(key_path),
+                    src,
+                    lines,
+                    (*path, key),
                 )
             seen[norm] = key
 

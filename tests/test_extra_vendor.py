@@ -31,8 +31,34 @@ from hetpatrol.slurm.inventory import compare
 PLUGIN = '''
 """Acme X1 accelerators (a third-party hetpatrol plugin: this file and its profiles)."""
 
+import re
+
 from hetpatrol.collector import STATE_OK, Collector, CollectResult, VendorInfo
+from hetpatrol.kernel_log import KIND_KERNEL, KernelEvent, pci_bus_id
 from hetpatrol.schema import HEALTH_OK, HEALTH_WARNING, CardRecord
+
+_TRIP = re.compile(r"acme: (?P<bus>[0-9a-f:.]+) thermal trip")
+
+
+class AcmeKernelLog:
+    """What the acme driver prints in the kernel log."""
+
+    vendor = "acme"
+    cards_name = "Acme card"
+
+    def events(self, lines):
+        for line in lines:
+            m = _TRIP.search(line.text)
+            if m:
+                yield KernelEvent(
+                    kind=KIND_KERNEL,
+                    bus_id=pci_bus_id(m.group("bus")),
+                    raw=line.raw,
+                    message=line.text,
+                    reason="thermal_trip",
+                    log_time=line.log_time,
+                    clock=line.clock,
+                )
 
 
 class AcmeCollector(Collector):
@@ -43,6 +69,7 @@ class AcmeCollector(Collector):
             "degraded": (HEALTH_WARNING, "acme-smi says degraded: reseat the card"),
         },
         link_kinds=("acmelink",),
+        kernel_log=AcmeKernelLog(),
     )
 
     def collect(self):
@@ -78,9 +105,11 @@ profiles:
 CONFIG = """
 node: lab-07
 listen: null
-kernel_log: {enabled: false}
-environment: {enabled: false}
+kernel_log: {{enabled: true, path: "{log}"}}
+environment: {{enabled: false}}
 """
+#: the node's kernel log, as dmesg prints it
+KERNEL_LOG = "[ 1843.308145] acme: 0000:02:00.0 thermal trip\n"
 
 
 @pytest.fixture
@@ -105,7 +134,9 @@ def acme(tmp_path, monkeypatch):
 
 
 def test_new_vendor_is_one_plugin_file_and_its_profiles(acme, tmp_path, capsys):
-    config = load_config(text=CONFIG)
+    log = tmp_path / "kern.log"
+    log.write_text(KERNEL_LOG)
+    config = load_config(text=CONFIG.format(log=log))
     # no `collectors:` section: every registered plugin runs, the new one included
     assert [c.name for c in config.collectors] == ["nvidia", "ascend", "acme"]
     profile = config.profile_for("acme", "x1", "Acme X1")
@@ -122,8 +153,11 @@ def test_new_vendor_is_one_plugin_file_and_its_profiles(acme, tmp_path, capsys):
         (1, "acme", "critical"),  # 84 C >= the profile's critical 80 C
         (2, "acme", "warning"),  # the plugin's word "degraded"
     ]
-    (hot,) = cards[1].findings
+    hot, trip = cards[1].findings
     assert (hot.check, hot.value, hot.threshold) == ("temperature", 84.0, 80)
+    # the plugin's kernel-log line, matched to the card by its bus id
+    assert (trip.check, trip.severity) == ("kernel_fault", "critical")
+    assert "kernel log, GPU 0000:02:00.0: thermal_trip x1" in trip.message
     (word,) = cards[2].findings
     assert (word.check, word.severity, word.message) == (
         "vendor_health",
@@ -144,6 +178,13 @@ def test_new_vendor_is_one_plugin_file_and_its_profiles(acme, tmp_path, capsys):
         ("x1", "warning"),
     ]
     assert acme_lines[0]["links"] == [{"kind": "acmelink", "link": 0, "state": "up"}]
+    (event,) = [x for x in lines if x["kind"] == "event"]
+    assert (event["event"], event["vendor"], event["index"], event["bus_id"]) == (
+        "kernel",
+        "acme",
+        1,
+        "0000:02:00.0",
+    )
 
     # Prometheus
     body = Exposition([c.name for c in config.collectors]).update(report).decode()

@@ -21,6 +21,8 @@ from hetpatrol.config_file import SEVERITY_OR_OFF, bundled_data
 from hetpatrol.schema import HEALTH_WARNING, SEVERITY_INFO, CardRecord, Finding, worst
 
 NAME = "fault_codes"
+#: fault codes are read case-folded: 8c03a000 and 8C03A000 are one key
+PROFILE_NORMALISED_KEYS = ((("ascend_fault_codes", "overrides"), str.upper),)
 FAULT_CODE_FILE = "ascend_fault_codes.yaml"
 
 PROFILE_SCHEMA: dict[str, Any] = {

@@ -126,6 +126,11 @@ class KernelLogRules:
 
 
 NAME = "kernel_events"
+#: mappings whose keys are XID numbers: "0079" and "79" are one key
+TOP_NORMALISED_KEYS = (
+    (("kernel_log", "xid_severity"), int),
+    (("kernel_log", "repeat_critical"), int),
+)
 TOP_SCHEMA: dict[str, Any] = {
     "kernel_log": {
         "type": "object",
