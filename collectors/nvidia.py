@@ -55,7 +55,7 @@ Error mapping (DESIGN section 4):
 - Per call, ``NotSupported``: value ``None`` and ``{"source": <call>, "error":
   "NotSupported"}``; never unhealthy.
 - ``GpuIsLost`` / ``ResetRequired``: an error entry and a marker in ``vendor_health``
-  that the thresholds turn into critical (see :data:`VENDOR_HEALTH`). After either no
+  that the checks turn into critical (``vendor_info.health_words``). After either no
   further call is made on that GPU in this patrol (each may block for seconds); identity
   already read is kept.
 - ``Unknown`` on a core call (:data:`CORE_CALLS`: the handle, the memory read; or UUID,
@@ -156,8 +156,8 @@ __all__ = [
 ]
 
 #: ``vendor_health`` markers set by this collector (``None`` when NVML raised none of
-#: these: NVML has no overall health verdict of its own). The thresholds make a card
-#: with any of them critical.
+#: these: NVML has no overall health verdict of its own). ``vendor_info.health_words``
+#: makes a card with any of them critical.
 VH_GPU_IS_LOST = "gpu_is_lost"  #: NVMLError_GpuIsLost: fell off the bus
 VH_RESET_REQUIRED = "reset_required"  #: NVMLError_ResetRequired: needs a GPU reset
 VH_UNKNOWN_ERROR = "unknown_error"  #: NVMLError_Unknown on some call
@@ -487,20 +487,20 @@ class NvidiaCollector(Collector):
     vendor_info = VendorInfo(
         # the vendor_health markers this collector sets when a call raised
         health_words={
-            "gpu_is_lost": (
+            VH_GPU_IS_LOST: (
                 HEALTH_CRITICAL,
                 "GPU is lost (fell off the bus): NVML answers GpuIsLost",
             ),
-            "reset_required": (
+            VH_RESET_REQUIRED: (
                 HEALTH_CRITICAL,
                 "GPU requires a reset: NVML answers ResetRequired",
             ),
-            "unknown_error": (
+            VH_UNKNOWN_ERROR: (
                 HEALTH_CRITICAL,
                 "NVML answers Unknown error for a core call of this GPU (handle, "
                 "memory, or its whole identity)",
             ),
-            "insufficient_power": (
+            VH_INSUFFICIENT_POWER: (
                 HEALTH_CRITICAL,
                 "GPU has insufficient power (external power cable?): NVML answers "
                 "InsufficientPower",

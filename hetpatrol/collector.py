@@ -1,8 +1,10 @@
 """The collector plugin interface: what a vendor plugin gets and what it must return.
 
 A collector only reads vendor state and fills :class:`~hetpatrol.schema.CardRecord`
-objects. It never judges (the thresholds do) and never writes anywhere (the exporters
-do). Plugins register in the ``hetpatrol.collectors`` entry-point group.
+objects. It never judges (the checks do, :mod:`hetpatrol.checks`) and never writes
+anywhere (the exporters do). Plugins register in the ``hetpatrol.collectors``
+entry-point group; what the checks must know of a vendor's words, the plugin declares
+in :class:`VendorInfo`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The unified card record (schema ``hetpatrol.card/1``) and the JSON Schema of the JSONL lines.
 
-Every collector fills :class:`CardRecord` objects; the thresholds add findings and the
-verdict; the exporters serialise them. Field names are a contract read by operators'
-tooling: fields may be added, none renamed.
+Every collector fills :class:`CardRecord` objects; the checks (:mod:`hetpatrol.checks`)
+add findings and the verdict; the exporters serialise them. Field names are a contract
+read by operators' tooling: fields may be added, none renamed.
 
 Conventions:
 - every value carries its unit in its name (``_bytes``, ``_celsius``, ``_watts``,
