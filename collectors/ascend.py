@@ -70,9 +70,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hetpatrol.ascend_detail import DetailReader
-from hetpatrol.collector import STATE_ABSENT, Collector, CollectorError, CollectResult
-from hetpatrol.schema import CardRecord, ProcessInfo, normalize_bus_id
+from hetpatrol.collector import (
+    STATE_ABSENT,
+    Collector,
+    CollectorError,
+    CollectResult,
+    DeviceNode,
+    VendorInfo,
+)
+from hetpatrol.collectors.ascend_detail import DetailReader
+from hetpatrol.schema import (
+    HEALTH_CRITICAL,
+    HEALTH_OK,
+    HEALTH_UNKNOWN,
+    HEALTH_WARNING,
+    CardRecord,
+    ProcessInfo,
+    normalize_bus_id,
+)
 from hetpatrol.tool import ReplayTool, ToolOutput, run_tool
 
 __all__ = [
@@ -853,6 +868,11 @@ def card_type_for(name: str | None, chips_per_npu: int = 1, has_phy_id: bool = F
 Runner = Callable[[Sequence[str], float], ToolOutput]
 
 
+#: /dev/davinciN per NPU chip: an Atlas A3 node has 16 (vendor sample
+#: npu-smi-info_910_93-A3_16chip_*).
+ASCEND_MAX_CHIPS = 16
+
+
 class AscendCollector(Collector):
     """Ascend NPUs through ``npu-smi info``: one :class:`CardRecord` per chip.
 
@@ -863,13 +883,42 @@ class AscendCollector(Collector):
     - ``detail``, ``detail_interval_seconds``, ``detail_timeout_seconds``,
       ``detail_budget_seconds``, ``hccn_tool``: the slower detail commands
       (``npu-smi info -t health``, ``hccn_tool``), see
-      :class:`hetpatrol.ascend_detail.DetailReader`.
+      :class:`hetpatrol.collectors.ascend_detail.DetailReader`.
 
     ``runner`` (``(argv, timeout_seconds) -> ToolOutput``) is :func:`run_tool`, or
     :meth:`ReplayTool.run` when ``replay_dir`` is set; tests may replace it.
     """
 
     name: ClassVar[str] = "ascend"
+    #: npu-smi ``Health`` words: OK, Warning (minor alarm), Alarm (major), Critical
+    #: (urgent), UNKNOWN (device absent or not started)
+    vendor_info: ClassVar[VendorInfo] = VendorInfo(
+        health_words={
+            "ok": (HEALTH_OK, None),
+            "warning": (HEALTH_WARNING, None),
+            "alarm": (HEALTH_CRITICAL, None),
+            "critical": (HEALTH_CRITICAL, None),
+            "unknown": (HEALTH_UNKNOWN, None),
+        },
+        link_kinds=("roce",),
+        # npu-smi / hccn_tool: the management nodes and one /dev/davinciN per chip
+        # (hiascend.com: "Use in Containers", --device=/dev/davinciN /dev/davinci_manager
+        # /dev/hisi_hdc /dev/devmm_svm).
+        device_nodes=(
+            DeviceNode("/dev/davinci_manager", "rw", "npu-smi"),
+            DeviceNode("/dev/devmm_svm", "rw", "npu-smi"),
+            DeviceNode("/dev/hisi_hdc", "rw", "npu-smi"),
+            DeviceNode("/dev/davinci{n}", "rw", "npu-smi", None, ASCEND_MAX_CHIPS),
+        ),
+        # npu-smi: /usr/local/sbin (/usr/local/bin on some SoC boards), hiascend.com
+        # MindCluster "Default Content Mounted by Ascend Docker Runtime"; hccn_tool:
+        # /usr/local/Ascend/driver/tools (MindCluster fault-diagnosis guide,
+        # "/usr/local/Ascend/driver/tools/hccn_tool -i ${device_id} -link -g").
+        tool_dirs={
+            "npu-smi": ("/usr/local/sbin", "/usr/local/bin"),
+            "hccn_tool": ("/usr/local/Ascend/driver/tools",),
+        },
+    )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
         super().__init__(options, replay_dir=replay_dir)

@@ -55,7 +55,7 @@ Error mapping (DESIGN section 4):
 - Per call, ``NotSupported``: value ``None`` and ``{"source": <call>, "error":
   "NotSupported"}``; never unhealthy.
 - ``GpuIsLost`` / ``ResetRequired``: an error entry and a marker in ``vendor_health``
-  that the thresholds turn into critical (see :data:`VENDOR_HEALTH`). After either no
+  that the checks turn into critical (``vendor_info.health_words``). After either no
   further call is made on that GPU in this patrol (each may block for seconds); identity
   already read is kept.
 - ``Unknown`` on a core call (:data:`CORE_CALLS`: the handle, the memory read; or UUID,
@@ -123,7 +123,10 @@ from hetpatrol.collector import (
     Collector,
     CollectorError,
     CollectResult,
+    DeviceNode,
+    VendorInfo,
 )
+from hetpatrol.collectors.nvidia_kmsg import NVRM
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
@@ -153,8 +156,8 @@ __all__ = [
 ]
 
 #: ``vendor_health`` markers set by this collector (``None`` when NVML raised none of
-#: these: NVML has no overall health verdict of its own). The thresholds make a card
-#: with any of them critical.
+#: these: NVML has no overall health verdict of its own). ``vendor_info.health_words``
+#: makes a card with any of them critical.
 VH_GPU_IS_LOST = "gpu_is_lost"  #: NVMLError_GpuIsLost: fell off the bus
 VH_RESET_REQUIRED = "reset_required"  #: NVMLError_ResetRequired: needs a GPU reset
 VH_UNKNOWN_ERROR = "unknown_error"  #: NVMLError_Unknown on some call
@@ -463,6 +466,11 @@ def _psutil_process_name(pid: int) -> str | None:
         return None
 
 
+#: /dev/nvidiaN per GPU: an HGX/DGX board carries 8; 16 leaves room (the device group
+#: allows them all anyway).
+NVIDIA_MAX_GPUS = 16
+
+
 class NvidiaCollector(Collector):
     """Reads every NVIDIA GPU through NVML.
 
@@ -476,6 +484,49 @@ class NvidiaCollector(Collector):
     """
 
     name = "nvidia"
+    vendor_info = VendorInfo(
+        # the vendor_health markers this collector sets when a call raised
+        health_words={
+            VH_GPU_IS_LOST: (
+                HEALTH_CRITICAL,
+                "GPU is lost (fell off the bus): NVML answers GpuIsLost",
+            ),
+            VH_RESET_REQUIRED: (
+                HEALTH_CRITICAL,
+                "GPU requires a reset: NVML answers ResetRequired",
+            ),
+            VH_UNKNOWN_ERROR: (
+                HEALTH_CRITICAL,
+                "NVML answers Unknown error for a core call of this GPU (handle, "
+                "memory, or its whole identity)",
+            ),
+            VH_INSUFFICIENT_POWER: (
+                HEALTH_CRITICAL,
+                "GPU has insufficient power (external power cable?): NVML answers "
+                "InsufficientPower",
+            ),
+        },
+        # nvmlClocksEventReasons bits (nvml.h: nvmlClocksEventReasonSwThermalSlowdown
+        # 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80, HwSlowdown 0x8)
+        clock_event_reason_bits={
+            "hw_slowdown": 0x8,
+            "sw_thermal": 0x20,
+            "hw_thermal": 0x40,
+            "hw_power_brake": 0x80,
+        },
+        link_kinds=("nvlink",),
+        kernel_log=NVRM,  # XIDs and "fallen off the bus" (hetpatrol.collectors.nvidia_kmsg)
+        # NVML: /dev/nvidiactl (195:255) and /dev/nvidiaN (195:N) share the major the
+        # NVIDIA kernel module registers as "nvidia-frontend"; nvidia-uvm and nvidia-caps
+        # (/dev/nvidia-caps/nvidia-capN, MIG) have majors of their own. (nvidia-modprobe(1);
+        # NVIDIA driver README "Installing the NVIDIA Driver", device files)
+        device_nodes=(
+            DeviceNode("/dev/nvidiactl", "rw", "NVML", "nvidia-frontend"),
+            DeviceNode("/dev/nvidia{n}", "rw", "NVML", "nvidia-frontend", NVIDIA_MAX_GPUS),
+            DeviceNode("/dev/nvidia-uvm", "rw", "NVML", "nvidia-uvm"),
+            DeviceNode("/dev/nvidia-caps/nvidia-cap{n}", "r", "NVML (MIG)", "nvidia-caps", 2),
+        ),
+    )
 
     def __init__(
         self,

@@ -29,7 +29,8 @@ from typing import Any, NoReturn
 
 import structlog
 
-from hetpatrol import __version__, deep_health
+from hetpatrol import __version__
+from hetpatrol.baseline_command import with_baseline_file, write_baseline
 from hetpatrol.cluster.audit_view import add_audit_parser
 from hetpatrol.cluster.fleet_view import add_fleet_parser
 from hetpatrol.collector import discover
@@ -73,7 +74,7 @@ def _load(args: argparse.Namespace) -> Config:
     if node is None and getattr(args, "replay", None) is not None:
         node = load_scenario(args.replay).get("node")
     if getattr(args, "baseline", None) is not None:  # once --baseline FILE
-        config = replace(config, **deep_health.baseline_override(args.baseline))
+        config = with_baseline_file(config, args.baseline)
     return replace(config, node=str(node)) if node else config
 
 
@@ -203,9 +204,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     """Record this node's driver and firmware versions per card type as a baseline."""
     report = _one_patrol(args)
     try:
-        return deep_health.write_baseline(
-            report, args.write, sys.stdout, sys.stderr, force=args.force
-        )
+        return write_baseline(report, args.write, sys.stdout, sys.stderr, force=args.force)
     except BrokenPipeError:  # stdout, not the file: main() handles it
         raise
     except OSError as exc:

@@ -1,8 +1,10 @@
 """The collector plugin interface: what a vendor plugin gets and what it must return.
 
 A collector only reads vendor state and fills :class:`~hetpatrol.schema.CardRecord`
-objects. It never judges (the thresholds do) and never writes anywhere (the exporters
-do). Plugins register in the ``hetpatrol.collectors`` entry-point group.
+objects. It never judges (the checks do, :mod:`hetpatrol.checks`) and never writes
+anywhere (the exporters do). Plugins register in the ``hetpatrol.collectors``
+entry-point group; what the checks must know of a vendor's words, the plugin declares
+in :class:`VendorInfo`.
 """
 
 from __future__ import annotations
@@ -57,6 +59,75 @@ class CollectResult:
     duration_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class DeviceNode:
+    """One device node (or numbered family) a vendor's reads open, and who opens it:
+    ``path`` (``{n}`` numbered ``0 .. count-1``), the least ``access`` (``"r"``/``"rw"``),
+    ``user`` (the library or tool), ``group`` (the ``/proc/devices`` group systemd's
+    ``DeviceAllow=char-<group>`` names; None: only the path)."""
+
+    path: str
+    access: str
+    user: str
+    group: str | None = None
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class VendorInfo:
+    """What the checks must know of a vendor's words, declared by its plugin
+    (:attr:`Collector.vendor_info`), so that no check names a vendor.
+
+    - ``health_words``: the raw ``vendor_health`` words the plugin writes (lower case) ->
+      (severity, text of the finding or None for "vendor health is <word>"); a word not
+      listed is ``unknown``;
+    - ``clock_event_reason_bits``: what the bits of ``counters["clocks_event_reasons"]``
+      mean (``sw_thermal``, ``hw_thermal``, ``hw_slowdown``, ``hw_power_brake``); empty
+      when the vendor reports no such mask;
+    - ``link_kinds``: the ``links[].kind`` values the plugin writes;
+    - ``kernel_log``: the vendor's kernel-log line patterns, a
+      :class:`hetpatrol.kernel_log.KernelLogPatterns` (None: its faults are not in the
+      kernel log);
+    - ``device_nodes``: the :class:`DeviceNode` rows its reads open (a sandbox must keep
+      them open: :mod:`hetpatrol.host_access`); ``tool_dirs``: program -> the
+      directories the vendor installs it in.
+    """
+
+    health_words: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
+    clock_event_reason_bits: Mapping[str, int] = field(default_factory=dict)
+    link_kinds: tuple[str, ...] = ()
+    kernel_log: Any = None
+    device_nodes: tuple[DeviceNode, ...] = ()
+    tool_dirs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    """How one collector fared in one patrol (exported per collector)."""
+
+    name: str
+    state: str
+    cards: int
+    duration_seconds: float
+    error: str | None = None
+    raw: str | None = None
+
+    @property
+    def up(self) -> bool:
+        """True when the collector answered (``ok``) or correctly found no stack (``absent``)."""
+        return self.state in (STATE_OK, STATE_ABSENT, STATE_DISABLED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "up": self.up,
+            "state": self.state,
+            "cards": self.cards,
+            "duration_seconds": round(self.duration_seconds, 6),
+            "error": self.error,
+            "raw": self.raw,
+        }
+
+
 class Collector(abc.ABC):
     """Base class of every vendor collector.
 
@@ -71,6 +142,8 @@ class Collector(abc.ABC):
     """
 
     name: ClassVar[str] = ""
+    #: the vendor words the checks read (see :class:`VendorInfo`)
+    vendor_info: ClassVar[VendorInfo] = VendorInfo()
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
         self.options = dict(options)

@@ -12,21 +12,31 @@ expression). Every error names the key path and the line of the file, e.g.::
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import math
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
-from hetpatrol import deep_health
-from hetpatrol.schema import HEALTH_CRITICAL, HEALTH_WARNING, SEVERITY_INFO
+from hetpatrol.checks.registry import CARD_CHECKS, TOP_SECTIONS
+from hetpatrol.collector import discover
+from hetpatrol.config_file import (
+    EX_CONFIG,
+    ConfigError,
+    SettingError,
+    bundled_config_path,
+    config_error,
+    expand_path,
+    line_for,
+    line_map,
+)
 from hetpatrol.slurm.settings import SLURM_SCHEMA, SlurmSettings, build_slurm_settings
 from hetpatrol.yaml_document import (
     DocumentError,
@@ -35,50 +45,25 @@ from hetpatrol.yaml_document import (
     read_document,
 )
 
-EX_CONFIG = 78
-
-THRESHOLD_KEYS = (
-    "temperature_celsius",
-    "memory_used_ratio",
-    "power_ratio",
-    "ecc_uncorrected_total",
-)
-STATE_CHECK_KEYS = ("remapped_rows_pending", "remapped_rows_failure", "retired_pages_pending")
-
-
-#: Collectors run when the config has no ``collectors:`` section.
+#: The built-in collectors, in the order they run when the config has no ``collectors:``
+#: section; every other plugin registered in the ``hetpatrol.collectors`` entry-point
+#: group runs after them, by name (a new vendor edits nothing here).
 DEFAULT_COLLECTORS = ("nvidia", "ascend")
-
-
-class ConfigError(Exception):
-    """A configuration that cannot be used. ``str()`` names file, line and key path."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: str | None = None,
-        line: int | None = None,
-        key: str | None = None,
-    ):
-        self.path, self.line, self.key = path, line, key
-        where = path or "<config>"
-        if line is not None:
-            where += f":{line}"
-        text = f"{where}: {key}: {message}" if key else f"{where}: {message}"
-        super().__init__(text)
+#: A plugin's default card-type profiles (and so its GRES name): ``<module>_profiles.yaml``
+#: beside its module (``profiles.yaml`` in a plugin package), a mapping with one key,
+#: ``profiles``, shaped like the config's. Used for a vendor the config has no profile for.
+PLUGIN_PROFILES_SUFFIX = "_profiles.yaml"
 
 
 # --------------------------------------------------------------------------- schema
-_LEVEL = {"type": ["number", "null"]}
-_THRESHOLD = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {"warning": _LEVEL, "critical": _LEVEL},
-}
-_SEVERITY = {"enum": [SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL]}
-_THRESHOLDS = {k: _THRESHOLD for k in THRESHOLD_KEYS} | {k: _SEVERITY for k in STATE_CHECK_KEYS}
-_THRESHOLDS |= deep_health.PROFILE_SCHEMA  # baseline, clock events, PCIe, NVLink, RoCE...
+#: the keys of a profile (and of ``defaults``) that the check families declare
+_THRESHOLDS: dict[str, Any] = {}
+for _check in CARD_CHECKS:
+    _THRESHOLDS |= _check.PROFILE_SCHEMA
+#: the top-level keys the check families declare (kernel_log, baseline_file, environment)
+_TOP: dict[str, Any] = {}
+for _check in TOP_SECTIONS:
+    _TOP |= _check.TOP_SCHEMA
 
 _SECONDS = {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}
 _ARGV = {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}}
@@ -142,7 +127,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         },
         "defaults": {"type": "object", "additionalProperties": False, "properties": _THRESHOLDS},
         "slurm": SLURM_SCHEMA,
-        **deep_health.TOP_SCHEMA,  # kernel_log, baseline_file, environment
+        **_TOP,
         "profiles": {
             "type": "array",
             "items": {
@@ -166,16 +151,11 @@ CONFIG_SCHEMA: dict[str, Any] = {
 
 # ----------------------------------------------------------------------- data model
 @dataclass(frozen=True)
-class Threshold:
-    """A warning and a critical level (``None`` = that level off)."""
-
-    warning: float | None = None
-    critical: float | None = None
-
-
-@dataclass(frozen=True)
 class Profile:
-    """Thresholds and GRES mapping for one card type (or family)."""
+    """GRES mapping and the check families' settings for one card type (or family).
+
+    ``checks`` maps each card check family's ``NAME`` to its settings for this profile
+    (``checks["card_thresholds"].thresholds["temperature_celsius"]``)."""
 
     name: str
     vendor: str
@@ -183,9 +163,7 @@ class Profile:
     model: re.Pattern[str] | None = None
     gres: str | None = None
     gres_type: str | None = None
-    thresholds: dict[str, Threshold] = field(default_factory=dict)
-    state_checks: dict[str, str] = field(default_factory=dict)
-    deep: deep_health.DeepThresholds = deep_health.DeepThresholds()
+    checks: Mapping[str, Any] = field(default_factory=dict)
 
     def matches(self, vendor: str, card_type: str | None, model: str | None) -> bool:
         """True when this profile applies to a card of that vendor, type and model name."""
@@ -225,10 +203,10 @@ class Config:
     collectors: tuple[CollectorConfig, ...] = ()
     profiles: tuple[Profile, ...] = ()
     slurm: SlurmSettings = SlurmSettings()
-    kernel_log: deep_health.KernelLogRules = deep_health.KernelLogRules()
-    environment: deep_health.EnvironmentSettings = deep_health.EnvironmentSettings()
-    #: expected versions per (vendor, card type) from ``baseline_file``
-    baselines: deep_health.BaselineTable = field(default_factory=dict)
+    #: top-level settings of the check families, by their ``NAME``: ``kernel_events``
+    #: (the ``kernel_log`` section), ``environment``, ``baseline`` (expected versions per
+    #: (vendor, card type) from ``baseline_file``)
+    top: Mapping[str, Any] = field(default_factory=dict)
     baseline_file: Path | None = None
     #: what a card no profile applies to is judged by: the ``defaults`` section
     defaults: Profile | None = None
@@ -246,31 +224,6 @@ class Config:
 
 
 # --------------------------------------------------------------------------- loading
-def bundled_config_path() -> Path:
-    """Path of the default configuration shipped with the package."""
-    return Path(str(resources.files("hetpatrol.bundled").joinpath("hetpatrol.yaml")))
-
-
-_VAR_RE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
-
-
-def expand_path(text: str) -> Path:
-    """Expand ``${VAR:-default}``, ``$VAR`` and ``~`` in a configured path."""
-
-    def sub(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(3)
-        value = os.environ.get(name)
-        if value:
-            return value
-        return m.group(2) if m.group(2) is not None else ""
-
-    return Path(os.path.expanduser(_VAR_RE.sub(sub, text)))
-
-
-#: YAML tags a mapping key may have: a string, or the merge key ``<<``.
-_KEY_TAGS = ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")
-
-
 #: Control characters no setting holds (a tab may sit in a path or a command).
 _CONTROL_RE = re.compile(r"[\x01-\x08\x0a-\x1f\x7f]")
 
@@ -278,27 +231,22 @@ _CONTROL_RE = re.compile(r"[\x01-\x08\x0a-\x1f\x7f]")
 #: ``1e308``: a float to the eye, text to YAML 1.1 (PyYAML wants ``1.0e+308``).
 _YAML11_TEXT_FLOAT = re.compile(r"([-+]?[0-9]+)[eE]([-+]?[0-9]+)")
 
-#: Mappings whose keys are read as numbers or case-folded codes: (path pattern, how a
-#: key is read). "0079" and "79" are one XID; 8c03a000 and 8C03A000 one fault code.
-_NORMALISED_KEYS: tuple[tuple[tuple[str, ...], Any], ...] = (
-    (("kernel_log", "xid_severity"), int),
-    (("kernel_log", "repeat_critical"), int),
-    (("ascend_fault_codes", "overrides"), str.upper),
-)
-
 
 def _check_normalised_keys(data: dict, src: str, lines: dict) -> None:
     """Refuse two keys of one mapping that are read as the same one (one would silently
-    win): top-level ``kernel_log`` maps, and fault-code overrides in ``defaults`` and
-    every profile."""
+    win): "0079" and "79" are one XID, 8c03a000 and 8C03A000 one fault code. The check
+    families declare such mappings: ``TOP_NORMALISED_KEYS`` (top level) and
+    ``PROFILE_NORMALISED_KEYS`` (``defaults`` and every profile), as (key path, how a key
+    is read)."""
     places: list[tuple[tuple, Any, Any]] = []
-    for keys, read in _NORMALISED_KEYS:
-        if keys[0] == "kernel_log":
+    for check in TOP_SECTIONS:
+        for keys, read in getattr(check, "TOP_NORMALISED_KEYS", ()):
             places.append((keys, (data.get(keys[0]) or {}).get(keys[1]), read))
-        else:
-            sections = [(("defaults",), data.get("defaults") or {})] + [
-                (("profiles", i), p) for i, p in enumerate(data.get("profiles") or [])
-            ]
+    sections = [(("defaults",), data.get("defaults") or {})] + [
+        (("profiles", i), p) for i, p in enumerate(data.get("profiles") or [])
+    ]
+    for check in CARD_CHECKS:
+        for keys, read in getattr(check, "PROFILE_NORMALISED_KEYS", ()):
             for where, section in sections:
                 value = (section.get(keys[0]) or {}).get(keys[1])
                 places.append(((*where, *keys), value, read))
@@ -307,12 +255,11 @@ def _check_normalised_keys(data: dict, src: str, lines: dict) -> None:
         for key in mapping or {}:
             norm = read(str(key))
             if norm in seen:
-                key_path = (*path, key)
-                raise ConfigError(
+                raise config_error(
                     f"the same key as {seen[norm]!r} (both read as {norm!r})",
-                    path=src,
-                    line=_line_for(lines, key_path),
-                    key=format_key_path(key_path),
+                    src,
+                    lines,
+                    (*path, key),
                 )
             seen[norm] = key
 
@@ -330,50 +277,13 @@ def _check_values(value: Any, path: tuple, src: str, lines: dict) -> None:
     elif isinstance(value, str) and (m := _CONTROL_RE.search(value)):
         problem = f"contains a control character (U+{ord(m[0]):04X})"
     if problem:
-        raise ConfigError(problem, path=src, line=_line_for(lines, path), key=format_key_path(path))
+        raise ConfigError(problem, path=src, line=line_for(lines, path), key=format_key_path(path))
     if isinstance(value, dict):
         for k, v in value.items():
             _check_values(v, (*path, k), src, lines)
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _check_values(v, (*path, i), src, lines)
-
-
-def _line_map(
-    node: yaml.Node, path: tuple = (), out: dict | None = None, src: str = ""
-) -> dict[tuple, int]:
-    """Map every key path of a composed YAML tree to its 1-based line; refuse keys that
-    are not strings. (Duplicate keys were refused by the document reader.)"""
-    if out is None:
-        out = {}
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag not in _KEY_TAGS:
-                shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else "<complex>"
-                raise ConfigError(
-                    f"key {shown!r} is not a string (quote it)",
-                    path=src,
-                    line=key_node.start_mark.line + 1,
-                    key=format_key_path((*path, str(shown))),
-                )
-            key = key_node.value
-            out[(*path, key)] = key_node.start_mark.line + 1
-            _line_map(value_node, (*path, key), out, src)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            out[(*path, i)] = item.start_mark.line + 1
-            _line_map(item, (*path, i), out, src)
-    return out
-
-
-def _line_for(lines: dict[tuple, int], path: tuple) -> int | None:
-    while True:
-        if path in lines:
-            return lines[path]
-        if not path:
-            return None
-        path = path[:-1]
 
 
 def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None = None) -> Config:
@@ -398,7 +308,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
         raise ConfigError(exc.message, path=src, line=exc.line, key=key) from None
     if data is None:
         data = {}
-    lines = _line_map(node, src=src) if node is not None else {}
+    lines = line_map(node, src=src) if node is not None else {}
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping of keys", path=src, line=1)
     _check_values(data, (), src, lines)
@@ -418,138 +328,153 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
             exp = m[2] if m[2][0] in "+-" else f"+{m[2]}"
             message += f" (YAML reads an exponent without a dot as text: write {m[1]}.0e{exp})"
         raise ConfigError(
-            message, path=src, line=_line_for(lines, epath), key=format_key_path(epath)
+            message, path=src, line=line_for(lines, epath), key=format_key_path(epath)
         )
     _check_normalised_keys(data, src, lines)
     return _build(data, src, lines)
 
 
-def _check_threshold(value: dict, path: tuple, src: str, lines: dict) -> Threshold:
-    t = Threshold(warning=value.get("warning"), critical=value.get("critical"))
-    if t.warning is not None and t.critical is not None and t.warning > t.critical:
-        key_path = (*path, "warning")
-        raise ConfigError(
-            f"warning {t.warning} is above critical {t.critical}",
-            path=src,
-            line=_line_for(lines, key_path),
-            key=format_key_path(key_path),
-        )
-    for level in ("warning", "critical"):
-        v = getattr(t, level)
-        problem = None
-        if v is not None and v < 0:
-            problem = f"{v} is negative"
-        elif v is not None and v > 1 and path[-1] in _AT_MOST_ONE:
-            problem = f"{v} is above 1: a ratio (0.95 is 95 %)"
-        if problem:
-            key_path = (*path, level)
-            raise ConfigError(
-                problem, path=src, line=_line_for(lines, key_path), key=format_key_path(key_path)
-            )
-    return t
+def _profile_checks(
+    defaults: dict, profile: dict | None, where: tuple, src: str, lines: dict
+) -> dict[str, Any]:
+    """Each card check family's settings for one profile (``profile`` None: the
+    ``defaults`` section alone); a value a family refuses is a ``ConfigError`` there."""
+    out: dict[str, Any] = {}
+    for check in CARD_CHECKS:
+        try:
+            out[check.NAME] = check.build_profile(defaults, profile, where)
+        except SettingError as exc:
+            raise config_error(exc.message, src, lines, exc.key_path) from None
+    return out
 
 
-#: Thresholds that are a share of a whole (``power_ratio`` may pass 1: power over limit).
-_AT_MOST_ONE = ("memory_used_ratio",)
-#: Deep-health settings with a warning and a critical level, as key paths in a profile.
-_DEEP_LEVELS = (("nvlink", "errors_total"), ("roce", "link_flaps"))
+def _top_checks(data: dict, src: str, lines: dict) -> tuple[dict[str, Any], Path | None]:
+    """Top-level settings of the check families, and the baseline file's path; a
+    baseline file that cannot be read is a ``ConfigError`` at ``baseline_file``."""
+    top: dict[str, Any] = {}
+    baseline_file = None
+    for check in TOP_SECTIONS:
+        if check.NAME == "baseline":
+            try:
+                top[check.NAME], baseline_file = check.build_top(data, src, expand_path)
+            except ValueError as exc:
+                raise config_error(str(exc), src, lines, ("baseline_file",)) from None
+        else:
+            top[check.NAME] = check.build_top(data)
+    return top, baseline_file
 
 
-def _check_deep_levels(
-    section: dict, built: deep_health.DeepThresholds, path: tuple, src: str, lines: dict
-) -> None:
-    """Each level pair of ``section`` as written, then as merged over the defaults."""
-    for keys in _DEEP_LEVELS:
-        value = section.get(keys[0]) or {}
-        if keys[1] in value:
-            _check_threshold(value[keys[1]] or {}, (*path, *keys), src, lines)
-        levels = getattr(built, "_".join(keys))
-        warning, critical = levels.warning, levels.critical
-        if warning is not None and critical is not None and warning > critical:
-            key_path = (*path, *keys)
-            raise ConfigError(
-                f"warning {warning} is above critical {critical} "
-                "(merged with the levels it inherits)",
-                path=src,
-                line=_line_for(lines, key_path),
-                key=format_key_path(key_path),
-            )
+def _registered_collectors() -> tuple[str, ...]:
+    """The built-ins, then every other registered plugin by name."""
+    others = sorted(set(discover()) - set(DEFAULT_COLLECTORS))
+    return (*DEFAULT_COLLECTORS, *others)
+
+
+def plugin_profiles_path(name: str) -> Path | None:
+    """Where the plugin registered as ``name`` keeps its default profiles (the file may
+    not exist); None when no plugin has that name or its module cannot be found."""
+    ep = discover().get(name)
+    if ep is None:
+        return None
+    try:
+        spec = importlib.util.find_spec(ep.module)  # type: ignore[attr-defined]
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    origin = Path(spec.origin)
+    if origin.name == "__init__.py":
+        return origin.with_name("profiles.yaml")
+    return origin.with_name(origin.stem + PLUGIN_PROFILES_SUFFIX)
+
+
+def _plugin_profiles(name: str, defaults: dict, taken: set[str]) -> list[Profile]:
+    """The default profiles the plugin ``name`` ships (none when it ships no file),
+    checked like the config's own; ``ConfigError`` naming that file."""
+    path = plugin_profiles_path(name)
+    if path is None or not path.is_file():
+        return []
+    src = str(path)
+    try:
+        data, node = parse_document(read_document(path))
+    except (OSError, DocumentError) as exc:
+        raise ConfigError(f"cannot read the plugin's profiles: {exc}", path=src) from None
+    lines = line_map(node, src=src) if node is not None else {}
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["profiles"],
+        "properties": {"profiles": CONFIG_SCHEMA["properties"]["profiles"]},
+    }
+    for err in jsonschema.Draft202012Validator(schema).iter_errors(data):
+        raise config_error(err.message, src, lines, tuple(err.absolute_path))
+    out = []
+    for i, p in enumerate(data["profiles"]):
+        where = ("profiles", i)
+        if p["vendor"] != name:
+            raise config_error(f"a profile of vendor {name!r} only", src, lines, (*where, "vendor"))
+        if p["name"] in taken:
+            raise config_error(f"profile name {p['name']!r} used twice", src, lines, where)
+        taken.add(p["name"])
+        out.append(_profile(p, defaults, where, src, lines))
+    return out
+
+
+def _profile(p: dict, defaults: dict, where: tuple, src: str, lines: dict) -> Profile:
+    """One checked profile entry (``where``: its key path in ``src``)."""
+    pattern = None
+    if p.get("model") is not None:
+        try:
+            pattern = re.compile(p["model"], re.IGNORECASE)
+        except re.error as exc:
+            raise config_error(
+                f"invalid regular expression: {exc}", src, lines, (*where, "model")
+            ) from exc
+    return Profile(
+        name=p["name"],
+        vendor=p["vendor"],
+        card_types=tuple(p.get("card_types", ())),
+        model=pattern,
+        gres=p.get("gres"),
+        gres_type=p.get("gres_type"),
+        checks=_profile_checks(defaults, p, where, src, lines),
+    )
 
 
 def _build(data: dict, src: str, lines: dict) -> Config:
     defaults = data.get("defaults", {}) or {}
-    default_thresholds = {
-        k: _check_threshold(defaults[k], ("defaults", k), src, lines)
-        for k in THRESHOLD_KEYS
-        if k in defaults
-    }
-    default_states = {k: defaults[k] for k in STATE_CHECK_KEYS if k in defaults}
-
     sections = data.get("collectors")
+    registered = _registered_collectors()
     if sections is None:
-        sections = {name: {} for name in DEFAULT_COLLECTORS}
-    vendors = sorted(set(DEFAULT_COLLECTORS) | set(sections))
+        sections = {name: {} for name in registered}
+    vendors = sorted(set(registered) | set(sections))
     fallback = Profile(
         name="defaults",
         vendor="",
-        thresholds=dict(default_thresholds),
-        state_checks={k: HEALTH_CRITICAL for k in STATE_CHECK_KEYS} | default_states,
-        deep=deep_health.build_thresholds(defaults, {}),
+        checks=_profile_checks(defaults, None, ("defaults",), src, lines),
     )
-    _check_deep_levels(defaults, fallback.deep, ("defaults",), src, lines)
 
     profiles = []
     names: set[str] = set()
     for i, p in enumerate(data.get("profiles", []) or []):
         if p["vendor"] not in vendors:
-            raise ConfigError(
+            raise config_error(
                 f"unknown vendor {p['vendor']!r}: a collector's name, one of " + ", ".join(vendors),
-                path=src,
-                line=_line_for(lines, ("profiles", i, "vendor")),
-                key=format_key_path(("profiles", i, "vendor")),
+                src,
+                lines,
+                ("profiles", i, "vendor"),
             )
         if p["name"] in names:
-            raise ConfigError(
-                f"profile name {p['name']!r} used twice",
-                path=src,
-                line=_line_for(lines, ("profiles", i, "name")),
-                key=format_key_path(("profiles", i, "name")),
+            raise config_error(
+                f"profile name {p['name']!r} used twice", src, lines, ("profiles", i, "name")
             )
         names.add(p["name"])
-        pattern = None
-        if p.get("model") is not None:
-            try:
-                pattern = re.compile(p["model"], re.IGNORECASE)
-            except re.error as exc:
-                key_path = ("profiles", i, "model")
-                raise ConfigError(
-                    f"invalid regular expression: {exc}",
-                    path=src,
-                    line=_line_for(lines, key_path),
-                    key=format_key_path(key_path),
-                ) from exc
-        thresholds = dict(default_thresholds)
-        for k in THRESHOLD_KEYS:
-            if k in p:  # a level the profile leaves unset comes from `defaults`
-                base = default_thresholds.get(k, Threshold())
-                levels = {"warning": base.warning, "critical": base.critical} | (p[k] or {})
-                thresholds[k] = _check_threshold(levels, ("profiles", i, k), src, lines)
-        states = {k: HEALTH_CRITICAL for k in STATE_CHECK_KEYS} | default_states
-        states |= {k: p[k] for k in STATE_CHECK_KEYS if k in p}
-        profiles.append(
-            Profile(
-                name=p["name"],
-                vendor=p["vendor"],
-                card_types=tuple(p.get("card_types", ())),
-                model=pattern,
-                gres=p.get("gres"),
-                gres_type=p.get("gres_type"),
-                thresholds=thresholds,
-                state_checks=states,
-                deep=deep_health.build_thresholds(defaults, p),
-            )
-        )
-        _check_deep_levels(p, profiles[-1].deep, ("profiles", i), src, lines)
+        profiles.append(_profile(p, defaults, ("profiles", i), src, lines))
+
+    written = {p.vendor for p in profiles}
+    for name in sections:
+        if name not in written:  # a vendor the config says nothing about: its plugin's
+            profiles.extend(_plugin_profiles(name, defaults, {p.name for p in profiles}))
 
     collectors = []
     # No `collectors:` section means every built-in collector with its defaults (a node
@@ -569,7 +494,8 @@ def _build(data: dict, src: str, lines: dict) -> Config:
 
     listen = data.get("listen", "0.0.0.0:9477")
     if listen is not None:
-        _check_listen(listen, src, _line_for(lines, ("listen",)))
+        _check_listen(listen, src, line_for(lines, ("listen",)))
+    top, baseline_file = _top_checks(data, src, lines)
 
     jsonl = data.get("jsonl") or {}
     jsonl_path = jsonl.get("path")
@@ -592,7 +518,8 @@ def _build(data: dict, src: str, lines: dict) -> Config:
         defaults=fallback,
         key_lines=lines,
         slurm=build_slurm_settings(data.get("slurm"), expand_path),
-        **deep_health.build_config_fields(data, src, lines),
+        top=top,
+        baseline_file=baseline_file,
     )
 
 
@@ -625,3 +552,17 @@ def _check_listen(listen: str, src: str, line: int | None) -> None:
         parse_listen(listen)
     except ValueError as exc:
         raise ConfigError(str(exc), path=src, line=line, key="listen") from exc
+
+
+#: the loader's public names (EX_CONFIG, ConfigError and the bundled file's path are
+#: defined in hetpatrol.config_file, below the sections that raise them)
+__all__ = [
+    "EX_CONFIG",
+    "CollectorConfig",
+    "Config",
+    "ConfigError",
+    "Profile",
+    "bundled_config_path",
+    "load_config",
+    "parse_listen",
+]

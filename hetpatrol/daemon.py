@@ -169,14 +169,10 @@ class Daemon:
 
     # ---------------------------------------------------------------------- loop
     def publish(self, report: PatrolReport) -> None:
-        """Act on the report in Slurm, write it to every sink, then render the exposition."""
-        events = self.drain_policy.on_report(report, self.config)  # JSONL event lines
-        drains = self.config.slurm.enabled and self.config.slurm.drain.enabled
-        self.stats.drain_breaker_open = self.drain_policy.breaker_open if drains else None
-        if self.sink is not None:
-            self.sink.write_lines((*report.jsonl_lines(), *events))
-            self.stats.jsonl_write_errors = self.sink.write_errors
-            self.stats.jsonl_lines_written = self.sink.lines_written
+        """Write the report to every sink, then act on it in Slurm (a drain always
+        follows a patrol already on disk), write those decisions, then render the
+        exposition."""
+        self._write_jsonl(report.jsonl_lines())
         if self.config.state_path is not None:
             try:
                 write_state(self.config.state_path, report, self.config.interval_seconds)
@@ -185,11 +181,22 @@ class Daemon:
                 self.stats.state_write_errors = self._state_failures.errors
             else:
                 self._state_failures.succeeded(self.config.state_path)
+        events = self.drain_policy.on_report(report, self.config)  # JSONL event lines
+        drains = self.config.slurm.enabled and self.config.slurm.drain.enabled
+        self.stats.drain_breaker_open = self.drain_policy.breaker_open if drains else None
+        if events:
+            self._write_jsonl(events)
         self.patrols += 1
         self.last_report = report
         body = self.exposition.update(report, self.patrols)
         if self.config.textfile_path is not None:
             self._write_textfile(self.config.textfile_path, body)
+
+    def _write_jsonl(self, lines) -> None:
+        if self.sink is not None:
+            self.sink.write_lines(tuple(lines))
+            self.stats.jsonl_write_errors = self.sink.write_errors
+            self.stats.jsonl_lines_written = self.sink.lines_written
 
     def _write_textfile(self, path: Path, body: bytes) -> None:
         """node_exporter textfile: the same bytes as /metrics, via ``.*.tmp`` + rename."""

@@ -1,9 +1,12 @@
-"""The kernel log as a source: NVIDIA XIDs and the GPU failures that print no Xid.
+"""The kernel log as a source: the card failures a vendor's driver prints there.
 
-Reading only (the collector side of the data flow): this module parses kernel log
-lines into :class:`KernelEvent` objects, reads them from ``/dev/kmsg`` (or a recorded
-log when replaying), folds bursts and keeps the window counts. It never judges: the
-severity of an event is decided by :mod:`hetpatrol.xid`.
+Reading only (the collector side of the data flow): this module takes the prefixes off
+kernel log records, reads them from ``/dev/kmsg`` (or a recorded log when replaying),
+folds bursts and keeps the window counts. What a line *means* is the vendor's word: each
+plugin that has kernel-log lines declares a :class:`KernelLogPatterns`
+(``VendorInfo.kernel_log``; NVIDIA's ``NVRM:`` XIDs are in
+``hetpatrol.collectors.nvidia_kmsg``). It never judges: the severity of an event is
+decided by :mod:`hetpatrol.checks.kernel_events`.
 
 Line shapes understood (each seen in a published recording, see the tests):
 
@@ -19,14 +22,6 @@ Line shapes understood (each seen in a published recording, see the tests):
 - a message printed over several lines (``The NVIDIA GPU 0000:b3:00.0`` / ``(PCI ID:
   ...)`` / ``fallen off the bus``): dmesg indents the continuation lines; they are
   joined to the line they continue.
-
-XID lines: ``NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, <text>``;
-``pid='<unknown>'``/``name=<unknown>`` mean unknown; old drivers print neither; the
-PCI domain may be non-zero (``PCI:0019:01:00``); NVLink5 XIDs 144-150 carry a unit,
-``Fatal``/``Nonfatal``, ``XC0 i0 Link 13`` and six hex words; XID 154 names the new
-recovery action. Failures without an Xid: ``fallen off the bus``,
-``NV_ERR_RESET_REQUIRED``, ``RmInitAdapter failed`` / ``rm_init_adapter failed``.
-``NVRM: GPU at PCI:0000:9b:00: GPU-<uuid>`` lines name the GPU's UUID.
 """
 
 from __future__ import annotations
@@ -37,10 +32,11 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 from hetpatrol.schema import normalize_bus_id
 
@@ -105,26 +101,9 @@ REASON_RM_INIT_FAILED = "rm_init_adapter_failed"
 # ------------------------------------------------------------------------------ parsing
 # "(?a)": \d is an ASCII digit only (not "٧٩", which int() would read as 79).
 
-_BUS = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-_XID_RE = re.compile(
-    r"(?a)NVRM: Xid \((?:PCI:)?(?P<bus>" + _BUS + r")[^)]*\):\s*(?P<xid>\d+)(?:,\s*(?P<rest>.*))?$"
-)
-_PID_RE = re.compile(r"(?a)^pid=(?:'?<unknown>'?|(?P<pid>\d+)),\s*")
-_NAME_RE = re.compile(r"^name=(?P<name>[^,]*),\s*")
-_NVLINK5_RE = re.compile(
-    r"(?a)^(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<sev>Fatal|Non-?[Ff]atal)\s+XC(?P<xc>\d+)\s+"
-    r"i(?P<inst>\d+)\s+Link\s+(?P<link>-?\d+)"
-)
-_RECOVERY_RE = re.compile(r"to\s+0x(?P<code>[0-9a-fA-F]+)\s*\((?P<action>[^)]*)\)")
-_IDENTITY_RE = re.compile(r"NVRM: GPU at PCI:(?P<bus>" + _BUS + r"):\s*(?P<uuid>GPU-[0-9a-fA-F-]+)")
-_ANY_BUS_RE = re.compile(r"(?:PCI:)?(?<![0-9a-fA-F:])(?P<bus>" + _BUS + r")(?![0-9a-fA-F])")
-_GPU_HEAD_RE = re.compile(r"NVRM: The NVIDIA GPU (?P<bus>" + _BUS + r")")
+BUS_PATTERN = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+ANY_BUS_RE = re.compile(r"(?:PCI:)?(?<![0-9a-fA-F:])(?P<bus>" + BUS_PATTERN + r")(?![0-9a-fA-F])")
 
-_KERNEL_REASONS = (
-    (re.compile(r"fallen off the bus", re.I), REASON_FALLEN_OFF_BUS),
-    (re.compile(r"NV_ERR_RESET_REQUIRED"), REASON_RESET_REQUIRED),
-    (re.compile(r"rm_?init_?adapter failed", re.I), REASON_RM_INIT_FAILED),
-)
 
 # Prefixes, tried in this order; each may appear once.
 _KMSG_RE = re.compile(r"(?a)^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
@@ -159,7 +138,8 @@ class KernelEvent:
     - ``recovery_action``: XID 154's new action (``None``, ``GPU Reset Required``...);
     - ``log_time``: the time stamp as the line wrote it; ``clock``: that stamp as
       (``"boot"`` seconds since boot | ``"wall"`` seconds, value), for burst folding;
-    - ``seq``: the ``/dev/kmsg`` sequence number; ``raw``: the line(s) as read.
+    - ``seq``: the ``/dev/kmsg`` sequence number; ``raw``: the line(s) as read;
+    - ``vendor``: whose driver printed it (the plugin whose patterns matched).
     """
 
     kind: str
@@ -178,6 +158,7 @@ class KernelEvent:
     log_time: str | None = None
     clock: tuple[str, float] | None = None
     seq: int | None = None
+    vendor: str | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -187,7 +168,7 @@ class KernelEvent:
 
 
 @dataclass
-class _Line:
+class LogLine:
     """One logical record after its prefixes were taken off."""
 
     text: str
@@ -199,7 +180,7 @@ class _Line:
     usec: int | None = None
 
 
-def _bus(text: str) -> str | None:
+def pci_bus_id(text: str) -> str | None:
     """Normalised bus id; the Xid line omits the PCI function, which is 0 for a GPU."""
     return normalize_bus_id(text if "." in text else text + ".0")
 
@@ -223,11 +204,11 @@ def _iso(text: str) -> float | None:
         return None
 
 
-def _strip_prefixes(line: str) -> _Line | None:
+def _strip_prefixes(line: str) -> LogLine | None:
     """Take the known prefixes off ``line``; None when it is a continuation line."""
     raw = line.rstrip("\r\n")
     text = raw
-    out = _Line(text="", raw=raw)
+    out = LogLine(text="", raw=raw)
     m = _KMSG_RE.match(text)
     if m:
         out.kmsg = True
@@ -283,16 +264,16 @@ def _strip_prefixes(line: str) -> _Line | None:
     return out
 
 
-def _logical_lines(lines: Iterable[str]) -> Iterator[_Line]:
+def _logical_lines(lines: Iterable[str]) -> Iterator[LogLine]:
     """Prefix-stripped records, continuation lines joined to the record they continue."""
-    current: _Line | None = None
+    current: LogLine | None = None
     for line in lines:
         if not line.strip():
             continue
         parsed = _strip_prefixes(line)
         if parsed is None:
             if current is None:
-                parsed = _Line(text=line.strip(), raw=line.rstrip("\r\n"))
+                parsed = LogLine(text=line.strip(), raw=line.rstrip("\r\n"))
             else:
                 if current.kmsg and _DICT_LINE_RE.match(line):
                     continue  # /dev/kmsg dictionary: SUBSYSTEM=pci, DEVICE=+pci:...
@@ -306,95 +287,61 @@ def _logical_lines(lines: Iterable[str]) -> Iterator[_Line]:
         yield current
 
 
-def _parse_xid(m: re.Match[str], line: _Line) -> KernelEvent:
-    rest = (m.group("rest") or "").strip()
-    pid: int | None = None
-    process: str | None = None
-    pm = _PID_RE.match(rest)
-    if pm:
-        pid = int(pm.group("pid")) if pm.group("pid") else None
-        rest = rest[pm.end() :]
-    nm = _NAME_RE.match(rest)
-    if nm:
-        name = nm.group("name").strip().strip("'")
-        process = None if name in ("", "<unknown>") else name
-        rest = rest[nm.end() :]
-    xid = int(m.group("xid"))
-    unit = fatal = link = action = None
-    lm = _NVLINK5_RE.match(rest)
-    if lm:
-        unit = lm.group("unit")
-        fatal = lm.group("sev").lower() == "fatal"
-        link = int(lm.group("link"))
-    if xid == 154:
-        am = _RECOVERY_RE.search(rest)
-        if am:
-            action = am.group("action").strip()
-    return KernelEvent(
-        kind=KIND_XID,
-        bus_id=_bus(m.group("bus")),
-        raw=line.raw,
-        message=rest,
-        xid=xid,
-        pid=pid,
-        process=process,
-        nvlink_unit=unit,
-        fatal=fatal,
-        link=link,
-        recovery_action=action,
-        log_time=line.log_time,
-        clock=line.clock,
-        seq=line.seq,
-    )
+class KernelLogPatterns(Protocol):
+    """What a vendor's plugin declares to have its kernel-log lines read
+    (``VendorInfo.kernel_log``): the vendor name its events carry, and ``events()``:
+    from the logical lines of a read, in order, each :class:`KernelEvent` it recognises
+    and a ``(bus_id, uuid)`` pair for each line that names a card's UUID."""
+
+    #: the ``vendor`` of the events (and of the cards they are matched to)
+    vendor: str
+    #: what its cards are called in a message: ``"NVIDIA GPU"``
+    cards_name: str
+
+    def events(self, lines: Sequence[LogLine]) -> Iterator[KernelEvent | tuple[str, str]]: ...
 
 
-def _events(lines: Iterable[_Line]) -> Iterator[KernelEvent | tuple[str, str]]:
-    """Events, and ``(bus_id, uuid)`` pairs for the lines that name a GPU's UUID."""
-    head_bus: str | None = None  # "The NVIDIA GPU <bus>" whose text goes on in later lines
-    for line in lines:
-        text = line.text
-        if "NVRM" not in text:
+def registered_patterns() -> tuple[KernelLogPatterns, ...]:
+    """The kernel-log patterns every registered collector plugin declares (loaded through
+    the ``hetpatrol.collectors`` entry points; a plugin that fails to load adds none)."""
+    from importlib.metadata import entry_points
+
+    found = []
+    for ep in sorted(entry_points(group="hetpatrol.collectors"), key=lambda e: e.name):
+        try:
+            info = getattr(ep.load(), "vendor_info", None)
+        except Exception:  # noqa: BLE001 - a broken plugin is reported where configured
             continue
-        m = _XID_RE.search(text)
-        if m:
-            head_bus = None
-            yield _parse_xid(m, line)
-            continue
-        im = _IDENTITY_RE.search(text)
-        if im:
-            yield (_bus(im.group("bus")) or "", im.group("uuid"))
-            continue
-        hm = _GPU_HEAD_RE.search(text)
-        for regex, reason in _KERNEL_REASONS:
-            if not regex.search(text):
-                continue
-            bm = _ANY_BUS_RE.search(text)
-            bus = _bus(bm.group("bus")) if bm else head_bus
-            yield KernelEvent(
-                kind=KIND_KERNEL,
-                bus_id=bus,
-                raw=line.raw,
-                message=text[text.find("NVRM") :],
-                reason=reason,
-                log_time=line.log_time,
-                clock=line.clock,
-                seq=line.seq,
-            )
-            hm = None
-            break
-        # syslog splits a multi-line message into lines of their own: remember the GPU
-        # the message starts with, for a "fallen off the bus" line without a bus id.
-        head_bus = _bus(hm.group("bus")) if hm else head_bus
+        patterns = getattr(info, "kernel_log", None)
+        if patterns is not None:
+            found.append(patterns)
+    return tuple(found)
 
 
-def parse_lines(lines: Iterable[str]) -> list[KernelEvent]:
+def _events(
+    lines: Iterable[LogLine], patterns: Sequence[KernelLogPatterns] | None
+) -> Iterator[KernelEvent | tuple[str, str]]:
+    """Every vendor's events in ``lines`` (one vendor after the other)."""
+    if patterns is None:
+        patterns = registered_patterns()
+    logical = list(lines)
+    for vendor in patterns:
+        for item in vendor.events(logical):
+            if isinstance(item, KernelEvent) and item.vendor is None:
+                item = replace(item, vendor=vendor.vendor)
+            yield item
+
+
+def parse_lines(
+    lines: Iterable[str], patterns: Sequence[KernelLogPatterns] | None = None
+) -> list[KernelEvent]:
     """Every GPU event in ``lines`` (any of the shapes in the module doc), in order.
 
     Events after a line naming a GPU's UUID carry that UUID.
     """
     uuids: dict[str, str] = {}
     out: list[KernelEvent] = []
-    for item in _events(_logical_lines(lines)):
+    for item in _events(_logical_lines(lines), patterns):
         if isinstance(item, tuple):
             uuids[item[0]] = item[1]
             continue
@@ -404,21 +351,24 @@ def parse_lines(lines: Iterable[str]) -> list[KernelEvent]:
     return out
 
 
-def parse_text(text: str) -> list[KernelEvent]:
+def parse_text(text: str, patterns: Sequence[KernelLogPatterns] | None = None) -> list[KernelEvent]:
     """:func:`parse_lines` over a whole log text."""
-    return parse_lines(text.splitlines())
+    return parse_lines(text.splitlines(), patterns)
 
 
 # ------------------------------------------------------------------------------ readers
 
 
 def _named_events(
-    lines: Iterable[str], uuids: dict[str, str], result: ReadResult
+    lines: Iterable[str],
+    uuids: dict[str, str],
+    result: ReadResult,
+    patterns: Sequence[KernelLogPatterns],
 ) -> Iterator[KernelEvent]:
     """The events of ``lines``, each with its GPU's UUID when a ``GPU UUID`` line (of this
     read or an earlier one: ``uuids``, updated) named the bus id; new names go into
     ``result.uuids`` too."""
-    for item in _events(_logical_lines(lines)):
+    for item in _events(_logical_lines(lines), patterns):
         if isinstance(item, tuple):
             uuids[item[0]] = item[1]
             result.uuids[item[0]] = item[1]
@@ -499,8 +449,14 @@ class KmsgReader:
     """Reads ``/dev/kmsg`` without blocking: the ring buffer at the first read, then only
     the records written since. One ``read()`` per record, with an 8 KiB buffer."""
 
-    def __init__(self, path: str | os.PathLike[str] = KMSG_PATH):
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = KMSG_PATH,
+        patterns: Sequence[KernelLogPatterns] | None = None,
+    ):
         self.path = str(path)
+        #: the vendors' line patterns (None: every registered plugin's)
+        self.patterns = registered_patterns() if patterns is None else tuple(patterns)
         self._fd: int | None = None
         self._last_seq = -1
         self._error: str | None = None
@@ -577,7 +533,7 @@ class KmsgReader:
             if m:
                 self._last_seq = int(m.group("seq"))
             lines.append(first)
-        for item in _named_events(lines, self._uuids, result):
+        for item in _named_events(lines, self._uuids, result, self.patterns):
             when = None
             if item.clock is not None and item.clock[0] == "boot":
                 when = now_wall - (now_boot - item.clock[1])
@@ -598,8 +554,14 @@ class TextLogReader:
     appended between two patrols is read over the next patrols.
     """
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        patterns: Sequence[KernelLogPatterns] | None = None,
+    ):
         self.path = Path(path)
+        #: the vendors' line patterns (None: every registered plugin's)
+        self.patterns = registered_patterns() if patterns is None else tuple(patterns)
         self._offset = 0
         self._partial = ""
         self._uuids: dict[str, str] = {}
@@ -640,7 +602,7 @@ class TextLogReader:
                 f"{self.path} is {size} bytes: read from its last {TEXT_READ_MAX} "
                 f"({skipped} bytes at its start skipped)"
             )
-        for item in _named_events(lines, self._uuids, result):
+        for item in _named_events(lines, self._uuids, result, self.patterns):
             result.events.append((item, None))
         return result
 
@@ -685,6 +647,8 @@ class KernelLogSnapshot:
     totals: dict[tuple[str, str, str], int] = field(default_factory=dict)
     uuids: dict[str, str] = field(default_factory=dict)
     lost: int = 0
+    #: vendor -> what its cards are called, for every vendor whose lines are read
+    vendors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -731,6 +695,11 @@ class KernelLog:
         self._uuids: dict[str, str] = {}
         self._next_id = 1
         self._lost = 0
+
+    @property
+    def vendors(self) -> dict[str, str]:
+        """vendor -> what its cards are called, for each vendor whose lines are read."""
+        return {p.vendor: p.cards_name for p in getattr(self.reader, "patterns", ())}
 
     @property
     def source(self) -> str:
@@ -788,6 +757,7 @@ class KernelLog:
             totals=dict(self._totals),
             uuids=dict(self._uuids),
             lost=self._lost,
+            vendors=self.vendors,
         )
 
 

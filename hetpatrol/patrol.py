@@ -1,6 +1,6 @@
 """One patrol: run every collector (bounded in time), judge the records, build the report.
 
-Data flows one way: collectors -> :func:`hetpatrol.thresholds.judge` -> an immutable
+Data flows one way: collectors -> :func:`hetpatrol.judge.judge` -> an immutable
 :class:`PatrolReport` that the exporters only read.
 
 Time bounds: each collector runs in its own worker thread and the patrol waits for it at
@@ -13,235 +13,51 @@ three different verdicts.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from hetpatrol import processes, xid
+from hetpatrol import processes
+from hetpatrol.bounded import HANG_MARGIN_SECONDS, BoundedCollector
+from hetpatrol.checks import kernel_events
+from hetpatrol.checks.environment import EnvironmentCheck
+from hetpatrol.checks.facts import NodeCheck
 from hetpatrol.collector import (
-    STATE_ABSENT,
     STATE_DISABLED,
     STATE_FAILED,
     STATE_HUNG,
     STATE_OK,
     Collector,
-    CollectorError,
+    CollectorStatus,
     CollectResult,
     load_collector,
 )
 from hetpatrol.config import Config
-from hetpatrol.environment import EnvironmentCheck
-from hetpatrol.kernel_log import KernelLogSnapshot, open_kernel_log
-from hetpatrol.nodecheck import NodeCheck, default_node_checks, run_node_check
+from hetpatrol.judge import judge, run_node_check
+from hetpatrol.kernel_log import open_kernel_log
+from hetpatrol.report import PatrolReport, encode_line, patrol_summary
 from hetpatrol.schema import (
-    EXIT_CODES,
     HEALTH_CRITICAL,
     HEALTH_OK,
     HEALTH_UNKNOWN,
-    PATROL_SCHEMA,
     CardRecord,
     Finding,
+    rfc3339,
     worst,
 )
-from hetpatrol.thresholds import judge
+from hetpatrol.slurm.inventory import GresCheck
 
 log = structlog.get_logger("hetpatrol.patrol")
 
-HANG_MARGIN_SECONDS = 1.0
 
-
-def rfc3339(ts: float) -> str:
-    """RFC 3339 UTC timestamp with milliseconds: ``2026-11-29T16:30:54.123Z``."""
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-@dataclass(frozen=True)
-class CollectorStatus:
-    """How one collector fared in one patrol (exported per collector)."""
-
-    name: str
-    state: str
-    cards: int
-    duration_seconds: float
-    error: str | None = None
-    raw: str | None = None
-
-    @property
-    def up(self) -> bool:
-        """True when the collector answered (``ok``) or correctly found no stack (``absent``)."""
-        return self.state in (STATE_OK, STATE_ABSENT, STATE_DISABLED)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "up": self.up,
-            "state": self.state,
-            "cards": self.cards,
-            "duration_seconds": round(self.duration_seconds, 6),
-            "error": self.error,
-            "raw": self.raw,
-        }
-
-
-@dataclass(frozen=True)
-class PatrolReport:
-    """The immutable result of one patrol, read by every exporter.
-
-    ``cards`` are judged records; ``card_lines``/``patrol_line`` are the JSONL lines,
-    encoded once here so every sink writes the same bytes. ``node_checks`` holds each
-    node check's summary by name (``gres``: Slurm registration vs cards), as written
-    in the patrol line.
-    """
-
-    seq: int
-    node: str
-    started: float
-    finished: float
-    cards: tuple[CardRecord, ...]
-    collectors: tuple[CollectorStatus, ...]
-    node_findings: tuple[Finding, ...]
-    changes: tuple[dict[str, Any], ...]
-    health: str
-    node_checks: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    card_lines: tuple[str, ...] = field(default=(), repr=False)
-    patrol_line: str = field(default="", repr=False)
-    #: ``kind: "event"`` lines of the GPU faults first read from the kernel log in
-    #: this patrol (XIDs...), written after the card lines; and that log's snapshot
-    event_lines: tuple[str, ...] = field(default=(), repr=False)
-    kernel_log: KernelLogSnapshot | None = field(default=None, repr=False)
-
-    @property
-    def duration_seconds(self) -> float:
-        return self.finished - self.started
-
-    @property
-    def exit_code(self) -> int:
-        """Nagios convention: 0 ok, 1 warning, 2 critical, 3 unknown."""
-        return EXIT_CODES[self.health]
-
-    def jsonl_lines(self) -> tuple[str, ...]:
-        """Every JSONL line of this patrol (cards then the patrol summary), with newlines."""
-        return (*self.card_lines, *self.event_lines, self.patrol_line)
-
-
-def patrol_summary(
-    seq: int,
-    node: str,
-    started: float,
-    finished: float,
-    cards: Sequence[CardRecord],
-    collectors: Sequence[CollectorStatus],
-    node_findings: Sequence[Finding],
-    changes: Sequence[dict[str, Any]],
-    health: str,
-    node_checks: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The ``kind: "patrol"`` line as a dict (schema ``hetpatrol.patrol/1``).
-
-    ``node_checks`` adds one key per node check (``gres``).
-    """
-    counts = {h: 0 for h in ("ok", "warning", "critical", "unknown")}
-    for c in cards:
-        counts[c.health] += 1
-    return {
-        "kind": "patrol",
-        "schema": PATROL_SCHEMA,
-        "ts": rfc3339(finished),
-        "node": node,
-        "seq": seq,
-        "health": health,
-        "exit_code": EXIT_CODES[health],
-        "duration_seconds": round(finished - started, 6),
-        "cards": counts,
-        "collectors": {s.name: s.to_dict() for s in collectors},
-        "findings": [f.to_dict() for f in node_findings],
-        "changes": list(changes),
-        **dict(node_checks or {}),
-    }
-
-
-class _BoundedCollector:
-    """A collector run in a worker thread, so a stuck vendor call cannot stop a patrol.
-
-    Each call gets a daemon thread: a call stuck forever in a vendor library neither
-    blocks the patrol nor the daemon's exit.
-    """
-
-    def __init__(self, name: str, collector: Collector, timeout_seconds: float):
-        self.name = name
-        self.collector = collector
-        self.timeout_seconds = timeout_seconds
-        self._future: Future[CollectResult] | None = None
-        self._stuck_since: float | None = None
-
-    def start(self) -> bool:
-        """Start a collect unless the previous one is still stuck. True if started."""
-        if self._future is not None and not self._future.done():
-            return False
-        future: Future[CollectResult] = Future()
-        self._future = future
-        threading.Thread(
-            target=self._timed_collect, args=(future,), daemon=True, name=f"collect-{self.name}"
-        ).start()
-        return True
-
-    def _timed_collect(self, future: Future[CollectResult]) -> None:
-        future.set_result(self._collect_once())
-
-    def _collect_once(self) -> CollectResult:
-        t0 = time.monotonic()
-        try:
-            result = self.collector.collect()
-        except CollectorError as exc:
-            state = STATE_HUNG if exc.hung else STATE_FAILED
-            result = CollectResult(self.name, state=state, error=str(exc), raw=exc.raw)
-        except Exception as exc:  # noqa: BLE001 - a plugin bug must not stop the patrol
-            result = CollectResult(
-                self.name, state=STATE_FAILED, error=f"{type(exc).__name__}: {exc}"
-            )
-        result.collector = self.name
-        result.duration_seconds = time.monotonic() - t0
-        return result
-
-    def wait(self, deadline: float, started_now: bool) -> CollectResult:
-        assert self._future is not None
-        if not started_now:
-            stuck = time.monotonic() - (self._stuck_since or time.monotonic())
-            return CollectResult(
-                self.name,
-                state=STATE_HUNG,
-                duration_seconds=0.0,
-                error=f"{self.name} collector still stuck in its previous "
-                f"call for {stuck:.0f} s; no new call started",
-            )
-        remaining = max(0.0, deadline - time.monotonic())
-        try:
-            result = self._future.result(timeout=remaining)
-        except TimeoutError:
-            self._stuck_since = time.monotonic() - self.timeout_seconds
-            return CollectResult(
-                self.name,
-                state=STATE_HUNG,
-                duration_seconds=self.timeout_seconds,
-                error=f"{self.name} collector did not return within {self.timeout_seconds:g} s",
-            )
-        self._stuck_since = None
-        return result
-
-    def close(self) -> None:
-        if self._future is not None and not self._future.done():
-            return  # still stuck inside the vendor library: closing it could block too
-        try:
-            self.collector.close()
-        except Exception as exc:  # noqa: BLE001
-            log.warning("collector_close_failed", collector=self.name, error=str(exc))
+def default_node_checks() -> list[NodeCheck]:
+    """The built-in node checks (each is a no-op while its config section is off)."""
+    return [GresCheck()]
 
 
 class Patroller:
@@ -251,7 +67,7 @@ class Patroller:
     ``enrich_processes`` fills process user and Slurm job from this host (off in replay:
     recorded pids belong to another machine). ``collectors`` gives ready collector
     instances by name instead of loading the plugins the config names (tests, embedding).
-    ``node_checks`` replaces the built-in node checks (:mod:`hetpatrol.nodecheck`: the
+    ``node_checks`` replaces the built-in node checks (:func:`default_node_checks`: the
     Slurm GRES check, a no-op while ``slurm.enabled`` is off); they run after the
     thresholds and the recovery hold, before the report is built.
     """
@@ -269,7 +85,7 @@ class Patroller:
         self.node_checks = list(default_node_checks() if node_checks is None else node_checks)
         # Kernel log (XIDs) and the environment check read this host: not for the
         # scripted collectors of tests and embedders (``collectors`` given).
-        kl = config.kernel_log
+        kl = config.top[kernel_events.NAME]
         self.kernel_log = (
             open_kernel_log(
                 kl.enabled,
@@ -286,7 +102,7 @@ class Patroller:
         self.replay_dir = replay_dir
         self.enrich_processes = replay_dir is None if enrich_processes is None else enrich_processes
         self.seq = 0
-        self._collectors: dict[str, _BoundedCollector] = {}
+        self._collectors: dict[str, BoundedCollector] = {}
         self._load_errors: dict[str, str] = {}
         self._last_cards: dict[str, list[CardRecord]] = {}
         #: every card each collector listed since start, by identity (see _missing_finding)
@@ -299,9 +115,7 @@ class Patroller:
         if collectors is not None:
             timeouts = {c.name: c.timeout_seconds for c in config.collectors}
             for name, collector in collectors.items():
-                self._collectors[name] = _BoundedCollector(
-                    name, collector, timeouts.get(name, 10.0)
-                )
+                self._collectors[name] = BoundedCollector(name, collector, timeouts.get(name, 10.0))
         else:
             self._setup_collectors()
 
@@ -318,7 +132,7 @@ class Patroller:
             except Exception as exc:  # noqa: BLE001 - a broken plugin stops only itself
                 self._load_errors[cc.name] = f"plugin failed to load: {type(exc).__name__}: {exc}"
                 continue
-            self._collectors[cc.name] = _BoundedCollector(cc.name, collector, cc.timeout_seconds)
+            self._collectors[cc.name] = BoundedCollector(cc.name, collector, cc.timeout_seconds)
 
     def adopt(self, previous: Patroller) -> None:
         """Carry the running state over from the patroller this one replaces (reload).
@@ -332,7 +146,7 @@ class Patroller:
         self._last_cards = previous._last_cards
         self._seen_cards = previous._seen_cards
         self._last_collector_state = previous._last_collector_state
-        if previous.config.kernel_log == self.config.kernel_log:
+        if previous.config.top[kernel_events.NAME] == self.config.top[kernel_events.NAME]:
             if self.kernel_log is not None:
                 self.kernel_log.close()
             self.kernel_log, previous.kernel_log = previous.kernel_log, None
@@ -408,10 +222,10 @@ class Patroller:
             self._last_collector_state[result.collector] = result.state
         statuses.extend(CollectorStatus(n, STATE_DISABLED, 0, 0.0) for n in disabled)
 
-        kernel = xid.patrol_kernel_log(
+        kernel = kernel_events.patrol_kernel_log(
             self.kernel_log,
             cards,
-            self.config.kernel_log,
+            self.config.top[kernel_events.NAME],
             node=self.config.node,
             seq=self.seq,
             ts_format=rfc3339,
@@ -463,9 +277,9 @@ class Patroller:
             changes=tuple(changes),
             health=health,
             node_checks=check_data,
-            card_lines=tuple(_encode(c.to_dict()) for c in cards),
-            patrol_line=_encode(summary),
-            event_lines=tuple(_encode(e) for e in kernel.events),
+            card_lines=tuple(encode_line(c.to_dict()) for c in cards),
+            patrol_line=encode_line(summary),
+            event_lines=tuple(encode_line(e) for e in kernel.events),
             kernel_log=kernel.snapshot,
         )
 
@@ -635,11 +449,13 @@ def _recover_identity(records: Sequence[CardRecord], previous: Sequence[CardReco
                 setattr(rec, name, getattr(before, name))
 
 
-def _encode(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
-
-
-__all__ = ["PatrolReport", "Patroller", "CollectorStatus", "rfc3339", "HEALTH_CRITICAL"]
+__all__ = [
+    "HANG_MARGIN_SECONDS",
+    "CollectorStatus",
+    "PatrolReport",
+    "Patroller",
+    "default_node_checks",
+]
 
 
 def _identities(rec: CardRecord) -> list[tuple]:

@@ -1,8 +1,8 @@
 """The unified card record (schema ``hetpatrol.card/1``) and the JSON Schema of the JSONL lines.
 
-Every collector fills :class:`CardRecord` objects; the thresholds add findings and the
-verdict; the exporters serialise them. Field names are a contract read by operators'
-tooling: fields may be added, none renamed.
+Every collector fills :class:`CardRecord` objects; the checks (:mod:`hetpatrol.checks`)
+add findings and the verdict; the exporters serialise them. Field names are a contract
+read by operators' tooling: fields may be added, none renamed.
 
 Conventions:
 - every value carries its unit in its name (``_bytes``, ``_celsius``, ``_watts``,
@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 # The verdict words, their order and exit codes live in hetpatrol.verdict (imported by
@@ -38,6 +39,12 @@ from hetpatrol.verdict import (  # noqa: F401
 CARD_SCHEMA = "hetpatrol.card/1"
 PATROL_SCHEMA = "hetpatrol.patrol/1"
 EVENT_SCHEMA = "hetpatrol.event/1"
+
+
+def rfc3339(ts: float) -> str:
+    """RFC 3339 UTC timestamp with milliseconds: ``2026-11-29T16:30:54.123Z``."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
 
 _BUS_ID_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-Fx]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])$"
@@ -82,6 +89,22 @@ _PLAUSIBLE: dict[str, tuple[float, float]] = {
     "hugepages_used": (0, 2**40),
     "hugepages_total": (0, 2**40),
 }
+
+
+@dataclass(frozen=True)
+class Levels:
+    """A warning and a critical level of a count or a measure (``None``: that level off)."""
+
+    warning: float | None = None
+    critical: float | None = None
+
+    def severity(self, value: float) -> str | None:
+        """``critical`` or ``warning`` when ``value`` reaches that level, else None."""
+        if self.critical is not None and value >= self.critical:
+            return HEALTH_CRITICAL
+        if self.warning is not None and value >= self.warning:
+            return HEALTH_WARNING
+        return None
 
 
 @dataclass
@@ -410,8 +433,9 @@ def patrol_json_schema() -> dict[str, Any]:
                 },
             },
             "environment": {
-                "description": "the library-path crosstalk check (ok, absent, ...)",
-                "type": "object",
+                "description": "the library-path crosstalk check (ok, absent, ...); null "
+                "while it is switched off",
+                "type": ["object", "null"],
                 "properties": {"state": {"type": "string"}, "root": {"type": ["string", "null"]}},
             },
         },
@@ -450,6 +474,51 @@ def gres_json_schema() -> dict[str, Any]:
     }
 
 
+#: class of a kernel-log event (the judge in hetpatrol.checks.kernel_events sets it)
+CLASS_DRAIN = "drain"
+CLASS_APPLICATION = "application"
+CLASS_INFO = "informational"
+CLASS_OTHER = "other"
+
+#: ``event`` of a kernel-log line: an NVIDIA XID, or a failure that prints no Xid
+KERNEL_EVENTS = ("xid", "kernel")
+KERNEL_EVENT_REQUIRED = ("severity", "class", "xid", "bus_id", "count", "message", "raw")
+
+
+def kernel_event_properties() -> dict[str, Any]:
+    """Properties of a ``kind: "event"`` line with ``event`` ``xid`` or ``kernel`` (merged
+    into :func:`event_json_schema`; ``seq`` is the patrol's)."""
+    string = {"type": ["string", "null"]}
+    integer = {"type": ["integer", "null"]}
+    return {
+        "severity": {"enum": [SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL]},
+        "class": {"enum": [CLASS_DRAIN, CLASS_APPLICATION, CLASS_INFO, CLASS_OTHER]},
+        "xid": integer,
+        "reason": string,
+        "name": string,
+        "bus_id": string,
+        "vendor": string,
+        "index": integer,
+        "chip": integer,
+        "uuid": string,
+        "pid": integer,
+        "process": string,
+        "user": string,
+        "job_id": string,
+        "nvlink_unit": string,
+        "fatal": {"type": ["boolean", "null"]},
+        "link": integer,
+        "recovery_action": string,
+        "count": {"type": "integer", "minimum": 1},
+        "window_count": {"type": "integer", "minimum": 0},
+        "in_window": {"type": "boolean"},
+        "message": {"type": "string"},
+        "log_time": string,
+        "kmsg_seq": integer,
+        "raw": {"type": "string"},
+    }
+
+
 def event_json_schema() -> dict[str, Any]:
     """JSON Schema of a ``kind: "event"`` line: a Slurm drain/resume decision.
 
@@ -463,10 +532,8 @@ def event_json_schema() -> dict[str, Any]:
 
     ``event`` ``xid`` / ``kernel``: a GPU fault read from the kernel log (an NVIDIA XID,
     or a failure that prints no Xid), judged; its fields are those of
-    :func:`hetpatrol.xid.kernel_event_properties`.
+    :func:`kernel_event_properties`.
     """
-    from hetpatrol.xid import KERNEL_EVENT_REQUIRED, KERNEL_EVENTS, kernel_event_properties
-
     nullable_string = {"type": ["string", "null"]}
     decisions = [
         "drain",
@@ -517,13 +584,14 @@ def link_json_schema() -> dict[str, Any]:
     error counters since driver load (``replay``, ``recovery``, ``crc_flit``,
     ``crc_data``); RoCE: ``net_health`` (hccn_tool ``-net_health``), ``link_up_count``
     and ``link_down_times`` (``-link_stat``), ``optical`` (``-optical``), ``ts`` of the
-    read (detail commands run at a slower cadence than the patrol).
+    read (detail commands run at a slower cadence than the patrol). ``kind`` is the
+    plugin's word for the link (``nvlink``, ``roce``; ``VendorInfo.link_kinds``).
     """
     return {
         "type": "object",
         "required": ["kind", "link", "state"],
         "properties": {
-            "kind": {"enum": ["nvlink", "roce"]},
+            "kind": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"},
             "link": {"type": "integer"},
             "state": {"enum": ["up", "down", None]},
             "counters": {"type": "object", "additionalProperties": {"type": "integer"}},

@@ -16,7 +16,7 @@ from hetpatrol.actions.vocabulary import (
     WATCH,
     ActionVerdict,
 )
-from hetpatrol.ascend_detail import parse_health
+from hetpatrol.collectors.ascend_detail import parse_health
 from hetpatrol.schema import Finding
 from tests.conftest import samples_dir
 

@@ -18,15 +18,15 @@ from hetpatrol.actions.vocabulary import (
     WATCH,
 )
 from hetpatrol.config import load_config
+from hetpatrol.judge import judge
 from hetpatrol.schema import CardRecord, Finding
-from hetpatrol.thresholds import evaluate_card
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _checks_in_the_code() -> set[str]:
     """Every literal check name given to Finding(...) or ``check = "..."`` in the code,
-    plus the names thresholds.py builds in a loop / through _level."""
+    plus the names the card thresholds build in a loop / through _level."""
     names: set[str] = set()
     for path in list((REPO / "hetpatrol").rglob("*.py")) + list((REPO / "collectors").glob("*.py")):
         # the action tables themselves, and the cluster commands' audit findings (slurm.conf
@@ -102,7 +102,7 @@ def test_xid_finding_takes_the_highest_xid_action():
 
 
 def test_xid_154_action_is_read_from_the_message_xid_py_writes():
-    # the text hetpatrol.xid._findings builds for an XID 154 episode
+    # the text hetpatrol.checks.kernel_events builds for an XID 154 episode
     msg = (
         "kernel log, GPU 0000:07:00.0: XID 154 (GPU Recovery Action Changed) -> Node Reboot "
         "Required x1 (critical) in the last 3600 s: drain the node and reset the GPU"
@@ -143,8 +143,7 @@ def test_card_action_of_real_threshold_findings():
     rec.remapped_rows_failure = True
     rec.remapped_rows_pending = True
     rec.temperature_celsius = 50.0
-    profile = cfg.profile_for(rec.vendor, rec.card_type, rec.model)
-    found = evaluate_card(rec, profile)
+    found = judge(rec, cfg).findings
     assert {f.check for f in found} == {"remapped_rows_failure", "remapped_rows_pending"}
     v = findings.card_action(found)
     assert (v.action, v.code) == (REPLACE_CARD, "check:remapped_rows_failure")
@@ -169,9 +168,11 @@ def test_a_card_with_only_quiet_findings_names_its_first_finding():
     ],
 )
 def test_vendor_health_by_value(raw, action):
-    from hetpatrol.thresholds import VENDOR_HEALTH_SEVERITY
+    from hetpatrol.collectors.ascend import AscendCollector
+    from hetpatrol.collectors.nvidia import NvidiaCollector
 
-    severity = VENDOR_HEALTH_SEVERITY.get(raw.lower(), "unknown")
+    words = {**NvidiaCollector.vendor_info.health_words, **AscendCollector.vendor_info.health_words}
+    severity = words.get(raw.lower(), ("unknown", None))[0]
     assert findings.finding_action(Finding("vendor_health", severity, "m", value=raw)).action == (
         action
     )
@@ -188,7 +189,7 @@ def test_vendor_health_by_value(raw, action):
     ],
 )
 def test_gpu_recovery_action_finding_by_value(value, severity, action):
-    # the finding hetpatrol.thresholds makes from counters.gpu_recovery_action
+    # the finding the card thresholds make from counters.gpu_recovery_action
     f = Finding("gpu_recovery_action", severity, "NVML recovery action ...", value=value)
     assert findings.finding_action(f).action == action
     assert findings.finding_action(Finding("nvml_field_error", "critical", "m")).action == WATCH

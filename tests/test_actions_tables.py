@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetpatrol import kernel_log, xid
+from hetpatrol import kernel_log
 from hetpatrol.actions import ascend_levels, nvidia_xid, nvml_recovery, vocabulary
 from hetpatrol.actions.vocabulary import (
     ISOLATE_CARD,
@@ -24,6 +24,7 @@ from hetpatrol.actions.vocabulary import (
     RESTART_JOB,
     WATCH,
 )
+from hetpatrol.checks import kernel_events as xid
 from tests.conftest import samples_dir
 
 # ------------------------------------------------------------------ vocabulary
@@ -272,7 +273,7 @@ def test_ascend_codes_from_the_bundled_table(code, action):
 
 
 def test_level_column_added_without_breaking_the_existing_table():
-    from hetpatrol.ascend_detail import fault_code_table
+    from hetpatrol.checks.fault_codes import fault_code_table
 
     # the severity/class/action prose the ascend_fault_code finding uses are unchanged
     assert fault_code_table().lookup("80E3A201") == (

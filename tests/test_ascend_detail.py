@@ -15,10 +15,13 @@ import jsonschema
 import pytest
 from conftest import NODES, samples_dir
 
-from hetpatrol.ascend_detail import (
+from hetpatrol.checks.facts import CardFacts
+from hetpatrol.checks.fault_codes import FaultCodeSettings, fault_code_table
+from hetpatrol.checks.interconnect import InterconnectSettings
+from hetpatrol.collectors.ascend import AscendCollector
+from hetpatrol.collectors.ascend_detail import (
     DetailReader,
     LinkStat,
-    fault_code_table,
     parse_chip_map,
     parse_health,
     parse_link,
@@ -26,12 +29,10 @@ from hetpatrol.ascend_detail import (
     parse_net_health,
     parse_optical,
 )
-from hetpatrol.collectors.ascend import AscendCollector
 from hetpatrol.config import load_config
-from hetpatrol.deep_health import DeepThresholds, Levels
+from hetpatrol.judge import judge
 from hetpatrol.patrol import Patroller
-from hetpatrol.schema import CardRecord, jsonl_json_schema
-from hetpatrol.thresholds import judge
+from hetpatrol.schema import CardRecord, Levels, jsonl_json_schema
 from hetpatrol.tool import ReplayTool, ToolOutput
 
 ROCE = NODES / "ascend-roce-alarm"
@@ -205,15 +206,15 @@ def test_fault_code_severities_from_the_bundled_table():
 
 
 def test_fault_code_unknown_and_overrides():
-    from hetpatrol.ascend_detail import evaluate
+    from hetpatrol.checks.fault_codes import evaluate
 
     rec = CardRecord(vendor="ascend", index=0, chip=0, card_type="910b")
     rec.health_detail = {"status": "Warning", "codes": ["DEADBEEF", "8C03A000"], "info": []}
-    th = DeepThresholds(fault_code_overrides={"8C03A000": "warning"})
-    (f,) = evaluate(rec, th)
+    th = FaultCodeSettings(overrides={"8C03A000": "warning"})
+    (f,) = evaluate(rec, th, CardFacts())
     assert f.value == {"DEADBEEF": "warning", "8C03A000": "warning"}
-    th = DeepThresholds(fault_code_unknown=None, fault_code_overrides={"8C03A000": "info"})
-    (f,) = evaluate(rec, th)
+    th = FaultCodeSettings(unknown_code=None, overrides={"8C03A000": "info"})
+    (f,) = evaluate(rec, th, CardFacts())
     assert (f.severity, f.value) == ("info", {"8C03A000": "info"})
 
 
@@ -230,12 +231,13 @@ def test_roce_judges_on_sample_values():
     f = found["roce_link_flaps"]
     assert (f.severity, f.value, f.threshold) == ("warning", 1, 1)
     assert "roce_link_down" not in found
-    from hetpatrol.ascend_detail import evaluate
+    from hetpatrol.checks.interconnect import evaluate
 
-    quiet = DeepThresholds(roce_flap_window_seconds=3600)  # the down was 12 h before
-    assert evaluate(_roce(link_down_times=downs, link_stat_time=stat.current_time), quiet) == []
-    strict = DeepThresholds(roce_link_flaps=Levels(warning=1, critical=1))
-    (f,) = evaluate(_roce(link_down_times=downs, link_stat_time=stat.current_time), strict)
+    quiet = InterconnectSettings(roce_flap_window_seconds=3600)  # the down was 12 h before
+    rec = _roce(link_down_times=downs, link_stat_time=stat.current_time)
+    assert evaluate(rec, quiet, CardFacts()) == []
+    strict = InterconnectSettings(roce_link_flaps=Levels(warning=1, critical=1))
+    (f,) = evaluate(rec, strict, CardFacts())
     assert f.severity == "critical"
 
     found = _judged(_roce(state="down", net_health="Socket failed"))

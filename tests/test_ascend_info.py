@@ -916,7 +916,7 @@ def _healthy_mixed_with(old: str, new: str) -> str:
 @pytest.mark.parametrize("blank", ["  ", "\x00\x00"], ids=["spaces", "nuls"])
 def test_empty_health_cell_is_unknown_never_ok(tmp_path: Path, base_config, blank: str) -> None:
     """An empty or NUL-filled Health cell (alignment kept) is not a healthy card."""
-    from hetpatrol.thresholds import judge
+    from hetpatrol.judge import judge
 
     line = _NPU0_LINE1.replace("| OK ", f"| {blank} ")
     (tmp_path / "npu-smi-info.txt").write_text(_healthy_mixed_with(_NPU0_LINE1, line))
@@ -939,7 +939,7 @@ def test_empty_health_cell_is_unknown_never_ok(tmp_path: Path, base_config, blan
 def test_duplicate_npu_block_keeps_first_marked_unknown(tmp_path: Path, base_config) -> None:
     """A second block with the same NPU ID / Chip ID is vendor garbage: one record per
     (index, chip), the first kept but unknown, the repeat dropped and reported."""
-    from hetpatrol.thresholds import judge
+    from hetpatrol.judge import judge
 
     block = (
         "| 0     910B4               | Alarm         | 90.0        50                0    / 0"

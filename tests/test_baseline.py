@@ -16,9 +16,9 @@ import pytest
 import yaml
 from conftest import NODES, require_program
 
+from hetpatrol.checks.baseline import baseline_document, load_baseline_file
 from hetpatrol.cli import main
 from hetpatrol.config import ConfigError, load_config
-from hetpatrol.deep_health import baseline_document, load_baseline_file
 from hetpatrol.patrol import Patroller
 from hetpatrol.schema import CardRecord
 
@@ -68,11 +68,11 @@ def test_baseline_file_relative_to_the_config(tmp_path):
     (tmp_path / "fleet" / "b.yaml").write_text((DRIFT / "baseline.yaml").read_text())
     config = with_baseline("baseline_file: fleet/b.yaml", tmp_path)
     assert config.baseline_file == tmp_path / "fleet" / "b.yaml"
-    assert config.baselines[("nvidia", "h100")] == {
+    assert config.top["baseline"][("nvidia", "h100")] == {
         "driver_version": ("535.161.08",),
         "firmware_version": ("96.00.74.00.0D",),
     }
-    assert config.baselines[("ascend", "910b")]["driver_version"] == ("25.0.rc1.1",)
+    assert config.top["baseline"][("ascend", "910b")]["driver_version"] == ("25.0.rc1.1",)
 
 
 def test_profile_baseline_firmware_drift_and_lists(tmp_path):

@@ -25,7 +25,8 @@ from conftest import NODES
 from hetpatrol.collectors.nvidia import NvidiaCollector
 from hetpatrol.collectors.nvml_replay import load_replay_nvml
 from hetpatrol.config import CollectorConfig
-from hetpatrol.exporters.prometheus import Exposition, card_labels
+from hetpatrol.exporters.labels import card_labels
+from hetpatrol.exporters.prometheus import Exposition
 from hetpatrol.node_view import render
 from hetpatrol.patrol import Patroller
 

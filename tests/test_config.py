@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 from conftest import HETPATROL
 
-from hetpatrol.config import EX_CONFIG, ConfigError, Threshold, load_config
+from hetpatrol.checks.card_thresholds import Threshold
+from hetpatrol.config import EX_CONFIG, ConfigError, load_config
+
+LEVELS = "card_thresholds"  # the check family that holds the per-card levels
 
 BAD_CONFIGS = [
     # (text, line, key path, words in the message)
@@ -112,7 +115,13 @@ def test_a_plugin_collector_names_a_vendor_for_profiles():
     text = "collectors:\n  gaudi: {}\nprofiles:\n  - name: g3\n    vendor: gaudi\n"
     assert [p.vendor for p in load_config("ok.yaml", text=text).profiles] == ["gaudi"]
     cfg = load_config("ok.yaml", text="defaults:\n  power_ratio: {warning: 1.05, critical: 1.2}\n")
-    assert cfg.profile_for("nvidia", "a100", None).thresholds["power_ratio"].critical == 1.2
+    assert (
+        cfg.profile_for("nvidia", "a100", None)
+        .checks["card_thresholds"]
+        .thresholds["power_ratio"]
+        .critical
+        == 1.2
+    )
 
 
 def test_a_card_no_profile_applies_to_is_judged_by_the_defaults_section():
@@ -126,9 +135,9 @@ def test_a_card_no_profile_applies_to_is_judged_by_the_defaults_section():
     )
     p = cfg.profile_for("nvidia", "b300", "NVIDIA B300")
     assert (p.name, p.vendor, p.gres) == ("nvidia-defaults", "nvidia", None)
-    assert p.thresholds["temperature_celsius"] == Threshold(warning=80, critical=90)
-    assert p.state_checks["retired_pages_pending"] == "warning"
-    assert p.deep.nvlink_errors_total.critical == 7
+    assert p.checks[LEVELS].thresholds["temperature_celsius"] == Threshold(warning=80, critical=90)
+    assert p.checks["card_thresholds"].state_checks["retired_pages_pending"] == "warning"
+    assert p.checks["interconnect"].nvlink_errors_total.critical == 7
     assert cfg.profile_for("nvidia", "a100", None).name == "a100"
 
 
@@ -176,7 +185,7 @@ def test_bundled_config_profiles_match_card_types(base_config):
     for vendor, card_type, model, name, warn, crit in cases:
         p = cfg.profile_for(vendor, card_type, model)
         assert p.name == name, (vendor, model)
-        t = p.thresholds["temperature_celsius"]
+        t = p.checks[LEVELS].thresholds["temperature_celsius"]
         assert (t.warning, t.critical) == (warn, crit), name
         assert p.gres == ("gpu" if vendor == "nvidia" else "ascend")
 
@@ -250,12 +259,12 @@ def test_a_profile_level_left_unset_comes_from_defaults():
         "  - name: cool\n    vendor: nvidia\n    card_types: [b]\n"
         "    temperature_celsius: {critical: null}\n",
     )
-    assert cfg.profile_for("nvidia", "a", None).thresholds["temperature_celsius"] == Threshold(
-        warning=95, critical=98
-    )
-    assert cfg.profile_for("nvidia", "b", None).thresholds["temperature_celsius"] == Threshold(
-        warning=85, critical=None
-    )
+    assert cfg.profile_for("nvidia", "a", None).checks["card_thresholds"].thresholds[
+        "temperature_celsius"
+    ] == Threshold(warning=95, critical=98)
+    assert cfg.profile_for("nvidia", "b", None).checks["card_thresholds"].thresholds[
+        "temperature_celsius"
+    ] == Threshold(warning=85, critical=None)
     with pytest.raises(ConfigError) as info:
         load_config(
             "bad.yaml",

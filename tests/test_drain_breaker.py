@@ -16,9 +16,9 @@ import slurm_cluster as cl
 from test_slurm_drain import NODE, FakeSlurm, report, settings
 
 from hetpatrol.config import load_config
-from hetpatrol.slurm.breaker import BreakerSettings, hold_reason, parse_sinfo
+from hetpatrol.slurm.breaker import hold_reason, parse_sinfo
 from hetpatrol.slurm.drain import DrainPolicy
-from hetpatrol.slurm.settings import DrainSettings, SlurmSettings
+from hetpatrol.slurm.settings import BreakerSettings, DrainSettings, SlurmSettings
 from hetpatrol.tool import ToolOutput
 
 NOW = dt.datetime(2026, 12, 1, 8, 0, 0).timestamp()

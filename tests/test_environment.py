@@ -7,9 +7,8 @@ from dataclasses import replace
 import yaml
 from conftest import NODES
 
+from hetpatrol.checks.environment import EnvironmentCheck, EnvironmentSettings, judge, scan
 from hetpatrol.config import load_config
-from hetpatrol.deep_health import EnvironmentSettings
-from hetpatrol.environment import EnvironmentCheck, judge, scan
 from hetpatrol.patrol import Patroller
 
 CUDA = "/usr/local/cuda-12.4/targets/x86_64-linux/lib\n"
@@ -107,7 +106,8 @@ def test_patrol_reads_the_replay_root_and_caches(tmp_path):
 def test_replay_without_root_and_switched_off(tmp_path):
     check = EnvironmentCheck(NODES / "healthy-mixed")
     assert check.run([], [], load_config()).data == {"state": "absent", "root": None}
-    cfg = replace(load_config(), environment=EnvironmentSettings(enabled=False))
+    config = load_config()
+    cfg = replace(config, top={**config.top, "environment": EnvironmentSettings(enabled=False)})
     assert check.run([], [], cfg) is None
 
 

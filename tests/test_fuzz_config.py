@@ -93,7 +93,7 @@ def check(text: str | None = None, path: Path | None = None) -> Config | None:
         assert isinstance(collector.name, str)
         assert math.isfinite(collector.timeout_seconds) and collector.timeout_seconds > 0
     for profile in config.profiles:
-        for threshold in profile.thresholds.values():
+        for threshold in profile.checks["card_thresholds"].thresholds.values():
             for level in (threshold.warning, threshold.critical):
                 assert level is None or (math.isfinite(level) and level >= 0)
     return config

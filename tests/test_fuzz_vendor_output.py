@@ -40,7 +40,7 @@ from hetpatrol.collectors.ascend import AscendCollector
 from hetpatrol.collectors.nvidia import NvidiaCollector
 from hetpatrol.collectors.nvml_replay import RAW_LIMIT
 from hetpatrol.config import load_config
-from hetpatrol.thresholds import judge
+from hetpatrol.judge import judge
 from hetpatrol.tool import ToolOutput
 
 SCALE = float(os.environ.get("HETPATROL_FUZZ_EXAMPLES", "1"))

@@ -20,8 +20,8 @@ from conftest import NODES, samples_dir
 from hetpatrol.collectors.nvidia import NvidiaCollector
 from hetpatrol.collectors.nvml_replay import load_replay_nvml
 from hetpatrol.config import load_config
+from hetpatrol.judge import judge
 from hetpatrol.patrol import Patroller
-from hetpatrol.thresholds import judge
 
 HEALTHY = NODES / "healthy-mixed"
 

@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 from conftest import NODES, samples_dir
 
+from hetpatrol.checks.kernel_events import KernelLogRules, apply_kernel_log, classify
 from hetpatrol.config import load_config
 from hetpatrol.kernel_log import (
     KernelLog,
@@ -24,7 +25,6 @@ from hetpatrol.kernel_log import (
 )
 from hetpatrol.patrol import Patroller
 from hetpatrol.schema import CardRecord, jsonl_json_schema
-from hetpatrol.xid import KernelLogRules, apply_kernel_log, classify
 
 
 def sample(name: str) -> str:

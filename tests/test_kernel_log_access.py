@@ -161,7 +161,8 @@ def test_replay_without_recorded_kernel_log_and_switched_off_log_are_no_finding(
         patroller.close()
     assert json.loads(report.patrol_line)["kernel_log"]["state"] == "absent"
     assert report.node_findings == () and report.exit_code == 0
-    off = replace(config, kernel_log=replace(config.kernel_log, enabled=False))
+    rules = replace(config.top["kernel_events"], enabled=False)
+    off = replace(config, top={**config.top, "kernel_events": rules})
     patroller = Patroller(off, replay_dir=NODES / "xid-79")
     try:
         report = patroller.run()

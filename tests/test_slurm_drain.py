@@ -344,6 +344,45 @@ def test_daemon_writes_event_lines_after_the_patrol_lines(base_config, tmp_path)
     assert 'hetpatrol_slurm_events_total{event="drain_skipped"} 0.0' in body
 
 
+def test_drain_is_decided_only_after_the_sinks_wrote_the_patrol(base_config, tmp_path):
+    """A drain names a patrol an operator can read: when scontrol is asked, the patrol
+    line and the state file of that patrol are already on disk (#11)."""
+    seen: list[tuple[list[str], dict | None]] = []
+
+    class Watching(FakeSlurm):
+        def __call__(self, argv, timeout):
+            jsonl = tmp_path / "p.jsonl"
+            text = jsonl.read_text() if jsonl.exists() else ""
+            kinds = [json.loads(x)["kind"] for x in text.splitlines()]
+            state = tmp_path / "state.json"
+            seen.append((kinds, json.loads(state.read_text()) if state.exists() else None))
+            return super().__call__(argv, timeout)
+
+    config = replace(
+        base_config,
+        node="host07",
+        listen=None,
+        jsonl_path=tmp_path / "p.jsonl",
+        state_path=tmp_path / "state.json",
+        slurm=settings(),
+    )
+    daemon = Daemon(config)
+    daemon.patroller.close()
+    scripted = Scripted("ascend")
+    scripted.temps = [40.0, 99.0]
+    daemon.patroller = make_patroller(config, {"ascend": scripted})
+    daemon.patroller.config = config
+    daemon.drain_policy.runner = Watching()
+    try:
+        daemon.patrol_once()
+    finally:
+        daemon.shutdown()
+    assert seen, "scontrol was never asked"
+    kinds, state = seen[0]
+    assert kinds == ["card", "card", "patrol"]
+    assert state is not None and state["health"] == "critical"
+
+
 # ------------------------------------------------ the state table (#10 item 6)
 def test_unknown_states_and_flags_are_skipped_and_said_once(config):
     """A flag this table does not know (a newer Slurm; ``?`` for a bit 22.05 cannot

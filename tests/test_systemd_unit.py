@@ -227,14 +227,14 @@ def _device_acl(pairs: list[tuple[str, str]]) -> dict[str, str]:
 def test_sandbox_keeps_the_kernel_log_readable():
     """ProtectKernelLogs=yes put a 0:0 placeholder over /dev/kmsg, DevicePolicy=closed
     had no /dev/kmsg and the bounding set no CAP_SYSLOG: XIDs were never seen."""
-    from hetpatrol.host_access import DEVICE_NODES
+    from hetpatrol.checks.kernel_events import KernelLogRules
+    from hetpatrol.host_access import device_nodes
     from hetpatrol.kernel_log import KMSG_PATH
-    from hetpatrol.xid import KernelLogRules
 
     pairs = _directives(UNIT)
     d = dict(pairs)
     assert KernelLogRules().path == KMSG_PATH  # what the daemon opens by default
-    (kmsg,) = [n for n in DEVICE_NODES if n.path == KMSG_PATH]
+    (kmsg,) = [n for n in device_nodes() if n.path == KMSG_PATH]
     assert d.get("ProtectKernelLogs", "no") == "no"
     assert d.get("PrivateDevices", "no") == "no"  # a private /dev has no /dev/kmsg
     assert _device_allowed(pairs, kmsg) == []
@@ -276,13 +276,13 @@ def _syscall_group(name: str) -> set[str]:
 
 
 def test_sandbox_keeps_every_vendor_device_node_reachable():
-    from hetpatrol.host_access import DEVICE_NODES
+    from hetpatrol.host_access import device_nodes
 
     pairs = _directives(UNIT)
     hidden = _all(pairs, "InaccessiblePaths")
-    missing = [m for node in DEVICE_NODES for m in _device_allowed(pairs, node)]
+    missing = [m for node in device_nodes() for m in _device_allowed(pairs, node)]
     assert missing == []
-    assert [n.path for n in DEVICE_NODES if _under(n.path.split("{")[0], hidden)] == []
+    assert [n.path for n in device_nodes() if _under(n.path.split("{")[0], hidden)] == []
 
 
 def test_sandbox_lets_the_vendor_tools_run():
@@ -290,7 +290,7 @@ def test_sandbox_lets_the_vendor_tools_run():
     (hccn_tool lives in /usr/local/Ascend/driver/tools, off systemd's default PATH)."""
     import shlex
 
-    from hetpatrol.host_access import TOOL_DIRS
+    from hetpatrol.host_access import tool_dirs
 
     pairs = _directives(UNIT)
     env = dict(
@@ -307,9 +307,9 @@ def test_sandbox_lets_the_vendor_tools_run():
         if tool.startswith("/"):  # an absolute argv[0] in the config: its own directory
             dirs = [str(Path(tool).parent)]
         else:
-            assert tool in TOOL_DIRS, f"{tool}: declare its install directory in host_access"
-            dirs = [x for x in TOOL_DIRS[tool] if x in path]
-            assert dirs, f"{tool}: none of {TOOL_DIRS[tool]} is on the unit's PATH {path}"
+            assert tool in tool_dirs(), f"{tool}: declare its install directory in host_access"
+            dirs = [x for x in tool_dirs()[tool] if x in path]
+            assert dirs, f"{tool}: none of {tool_dirs()[tool]} is on the unit's PATH {path}"
         usable = [
             x for x in dirs if not _under(x, blocked) and (not exec_only or _under(x, exec_only))
         ]

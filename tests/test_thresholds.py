@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hetpatrol.judge import judge
 from hetpatrol.schema import CardRecord
-from hetpatrol.thresholds import judge
 
 GIB = 2**30
 

@@ -316,8 +316,8 @@ def xid_action(
 
     ``xid``: the XID number (int or decimal text); ``fatal``: the NVLink5 (144-150)
     ``Fatal``/``Nonfatal`` word when the line had one (None = not said: counted as
-    fatal, as :func:`hetpatrol.xid.classify` does); ``recovery_action``: for XID 154,
-    the text after "to" (``0x2 (Node Reboot Required)``) or just the name;
+    fatal, as :func:`hetpatrol.checks.kernel_events.classify` does); ``recovery_action``:
+    for XID 154, the text after "to" (``0x2 (Node Reboot Required)``) or just the name;
     ``overrides``: per-code action words from the config, keyed ``"xid:<n>"``.
     Never raises: text that is no number gives ``watch`` with the raw text.
     """

@@ -12,15 +12,14 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from hetpatrol.xid import card_xid_totals
+from hetpatrol.checks.kernel_events import card_xid_totals
+from hetpatrol.exporters.labels import CARD_LABELS, card_labels
 
 if TYPE_CHECKING:
-    from hetpatrol.patrol import PatrolReport
+    from hetpatrol.report import PatrolReport
 
 
 def deep_metrics(report: PatrolReport) -> Iterable[Metric]:
-    from hetpatrol.exporters.prometheus import CARD_LABELS, card_labels
-
     snapshot = report.kernel_log
     if snapshot is not None:
         up = GaugeMetricFamily(

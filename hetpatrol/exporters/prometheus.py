@@ -35,23 +35,12 @@ from prometheus_client.core import (
 from hetpatrol import __version__
 from hetpatrol.collector import STATE_ABSENT, STATE_DISABLED, STATE_FAILED, STATE_HUNG, STATE_OK
 from hetpatrol.exporters.deep_metrics import deep_metrics
+from hetpatrol.exporters.labels import CARD_LABELS, card_labels
 from hetpatrol.exporters.text_format import TextRenderer
-from hetpatrol.patrol import PatrolReport
+from hetpatrol.report import PatrolReport
 from hetpatrol.schema import EXIT_CODES, HEALTH_STATES, CardRecord
 
-CARD_LABELS = ("vendor", "card_type", "index", "chip", "uuid")
 COLLECTOR_STATES = (STATE_OK, STATE_ABSENT, STATE_FAILED, STATE_HUNG, STATE_DISABLED, "pending")
-
-
-def card_labels(rec: CardRecord) -> list[str]:
-    """Label values of a card, in :data:`CARD_LABELS` order (null -> empty string)."""
-    return [
-        rec.vendor,
-        rec.card_type or "",
-        str(rec.index),
-        "" if rec.chip is None else str(rec.chip),
-        rec.uuid or "",
-    ]
 
 
 #: vendor_health markers after which the NVIDIA collector stops reading a GPU: its

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from hetpatrol.exporters import PRIVATE_FILE_MODE
 
 if TYPE_CHECKING:  # `check` and `status` import this module: keep them light
-    from hetpatrol.patrol import PatrolReport
+    from hetpatrol.report import PatrolReport
 
 STATE_SCHEMA = "hetpatrol.state/1"
 #: what every version of the state file's schema starts with

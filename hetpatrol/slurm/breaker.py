@@ -22,20 +22,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from hetpatrol.slurm.settings import BreakerSettings
 from hetpatrol.slurm.states import ours
 
 #: sinfo's --format for the breaker's count
 SINFO_FORMAT = "%N|%T|%H|%E"
-
-
-@dataclass(frozen=True)
-class BreakerSettings:
-    """``slurm.drain.breaker``: on by default where draining is."""
-
-    enabled: bool = True
-    max_share: float = 0.10
-    window_seconds: float = 600.0
-    sinfo: tuple[str, ...] = ("sinfo",)
 
 
 @dataclass(frozen=True)

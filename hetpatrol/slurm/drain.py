@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from hetpatrol.patrol import rfc3339
 from hetpatrol.schema import (
     EVENT_SCHEMA,
     HEALTH_CRITICAL,
     HEALTH_OK,
     HEALTH_WARNING,
     CardRecord,
+    rfc3339,
 )
 from hetpatrol.slurm.breaker import SINFO_FORMAT, hold_reason, parse_sinfo
 from hetpatrol.slurm.gres import NodeInfo, find_node
@@ -55,7 +55,7 @@ from hetpatrol.tool import run_tool
 
 if TYPE_CHECKING:
     from hetpatrol.config import Config
-    from hetpatrol.patrol import PatrolReport
+    from hetpatrol.report import PatrolReport
 
 log = structlog.get_logger("hetpatrol.slurm")
 

@@ -41,12 +41,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
-from hetpatrol.collector import STATE_ABSENT, STATE_DISABLED, STATE_OK
-from hetpatrol.nodecheck import NodeCheckResult
+from hetpatrol.checks.facts import NodeCheckResult
+from hetpatrol.collector import STATE_ABSENT, STATE_DISABLED, STATE_OK, CollectorStatus
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
     HEALTH_UNKNOWN,
@@ -64,10 +64,6 @@ from hetpatrol.slurm.gres import (
 )
 from hetpatrol.slurm.settings import SlurmSettings
 from hetpatrol.tool import ToolOutput, run_tool
-
-if TYPE_CHECKING:
-    from hetpatrol.config import Config
-    from hetpatrol.patrol import CollectorStatus
 
 log = structlog.get_logger("hetpatrol.slurm")
 
@@ -213,7 +209,7 @@ class GresCount:
         }
 
 
-def card_gres(rec: CardRecord, config: Config) -> tuple[str, str | None] | None:
+def card_gres(rec: CardRecord, config: Any) -> tuple[str, str | None] | None:
     """(GRES name, GRES type) a card counts under; None when no profile gives a name."""
     profile = config.profile_for(rec.vendor, rec.card_type, rec.model)
     name = rec.gres or profile.gres
@@ -305,7 +301,7 @@ def _assign(
 def compare(
     cards: Sequence[CardRecord],
     entries: Sequence[GresEntry],
-    config: Config,
+    config: Any,
     *,
     collectors_up: bool = True,
 ) -> tuple[list[GresCount], list[Finding]]:
@@ -426,7 +422,7 @@ class GresCheck:
         self,
         cards: Sequence[CardRecord],
         collectors: Sequence[CollectorStatus],
-        config: Config,
+        config: Any,
     ) -> NodeCheckResult | None:
         settings = config.slurm
         if not settings.enabled:

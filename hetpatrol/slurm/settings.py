@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetpatrol.slurm.breaker import BreakerSettings
-
 DEFAULT_GRES_CONF = "/etc/slurm/gres.conf"
 
 SLURM_SCHEMA: dict[str, Any] = {
@@ -75,6 +73,16 @@ SLURM_SCHEMA: dict[str, Any] = {
         },
     },
 }
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    """``slurm.drain.breaker``: on by default where draining is."""
+
+    enabled: bool = True
+    max_share: float = 0.10
+    window_seconds: float = 600.0
+    sinfo: tuple[str, ...] = ("sinfo",)
 
 
 @dataclass(frozen=True)

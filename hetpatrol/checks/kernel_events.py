@@ -25,13 +25,14 @@ record read at start-up) is written as an event line but makes no finding.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from hetpatrol import processes
+from hetpatrol.config_file import SEVERITY_OR_OFF
 from hetpatrol.kernel_log import (
     KIND_KERNEL,
     KIND_XID,
@@ -43,6 +44,10 @@ from hetpatrol.kernel_log import (
     KernelOccurrence,
 )
 from hetpatrol.schema import (
+    CLASS_APPLICATION,
+    CLASS_DRAIN,
+    CLASS_INFO,
+    CLASS_OTHER,
     EVENT_SCHEMA,
     HEALTH_CRITICAL,
     HEALTH_WARNING,
@@ -59,10 +64,6 @@ NVLINK5_XIDS = frozenset(range(144, 151))
 APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 INFO_XIDS = frozenset({63, 92})
 
-CLASS_DRAIN = "drain"
-CLASS_APPLICATION = "application"
-CLASS_INFO = "informational"
-CLASS_OTHER = "other"
 
 #: Short names of the XIDs hetpatrol classifies (NVIDIA's XID catalogue).
 XID_NAMES: dict[int, str] = {
@@ -124,6 +125,56 @@ class KernelLogRules:
     unknown_xid_severity: str = HEALTH_WARNING
 
 
+NAME = "kernel_events"
+#: mappings whose keys are XID numbers: "0079" and "79" are one key
+TOP_NORMALISED_KEYS = (
+    (("kernel_log", "xid_severity"), int),
+    (("kernel_log", "repeat_critical"), int),
+)
+TOP_SCHEMA: dict[str, Any] = {
+    "kernel_log": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "enabled": {"type": "boolean"},
+            "path": {"type": "string", "minLength": 1},
+            "window_seconds": {"type": "number", "exclusiveMinimum": 0},
+            "burst_seconds": {"type": "number", "minimum": 0},
+            "xid_severity": {
+                "type": "object",
+                "propertyNames": {"pattern": "^[0-9]{1,4}$"},
+                "additionalProperties": SEVERITY_OR_OFF,
+            },
+            "repeat_critical": {
+                "type": "object",
+                "propertyNames": {"pattern": "^[0-9]{1,4}$"},
+                "additionalProperties": {"type": "integer", "minimum": 1},
+            },
+            "unknown_xid_severity": SEVERITY_OR_OFF,
+        },
+    },
+}
+
+
+def build_top(data: Mapping[str, Any]) -> KernelLogRules:
+    """The ``kernel_log`` section of the config file's top level ``data``."""
+    section = data.get("kernel_log")
+    s = section or {}
+    base = KernelLogRules()
+    return KernelLogRules(
+        enabled=bool(s.get("enabled", base.enabled)),
+        path=str(s.get("path", base.path)),
+        window_seconds=float(s.get("window_seconds", base.window_seconds)),
+        burst_seconds=float(s.get("burst_seconds", base.burst_seconds)),
+        xid_severity={int(k): v for k, v in (s.get("xid_severity") or {}).items()},
+        repeat_critical={
+            **base.repeat_critical,
+            **{int(k): int(v) for k, v in (s.get("repeat_critical") or {}).items()},
+        },
+        unknown_xid_severity=s.get("unknown_xid_severity", base.unknown_xid_severity),
+    )
+
+
 def classify(occ: KernelOccurrence, window_count: int, rules: KernelLogRules) -> tuple[str, str]:
     """(severity, class) of one episode, given how many records of it the window holds."""
     ev = occ.event
@@ -169,7 +220,9 @@ def _what(occ: KernelOccurrence) -> str:
     return REASON_TEXT.get(ev.reason or "", ev.reason or "kernel fault")
 
 
-def _match(bus_id: str | None, uuid: str | None, cards: Sequence[CardRecord]) -> CardRecord | None:
+def _match(
+    bus_id: str | None, uuid: str | None, cards: Sequence[CardRecord], vendors: Collection[str]
+) -> CardRecord | None:
     """The card a kernel event is about: by bus id, else by UUID, else by elimination.
 
     Elimination: a GPU that fell off the bus before its first read has no bus id in
@@ -184,7 +237,7 @@ def _match(bus_id: str | None, uuid: str | None, cards: Sequence[CardRecord]) ->
             return card
     if not bus_id:
         return None
-    blind = [c for c in cards if c.vendor == "nvidia" and c.bus_id is None and c.uuid is None]
+    blind = [c for c in cards if c.vendor in vendors and c.bus_id is None and c.uuid is None]
     return blind[0] if len(blind) == 1 else None
 
 
@@ -258,7 +311,7 @@ def apply_kernel_log(
         ev = occ.event
         severity, _cls = classify(occ, counts.get(ev.key, occ.count), rules)
         uuid = ev.uuid or snapshot.uuids.get(ev.bus_id or "")
-        card = _match(ev.bus_id, uuid, cards)
+        card = _match(ev.bus_id, uuid, cards, (ev.vendor,) if ev.vendor else snapshot.vendors)
         if card is not None:
             card_of[id(card)] = card
             per_card.setdefault(id(card), []).append((occ, severity))
@@ -282,7 +335,7 @@ def apply_kernel_log(
         ev = occ.event
         severity, cls = classify(occ, counts.get(ev.key, occ.count), rules)
         uuid = ev.uuid or snapshot.uuids.get(ev.bus_id or "")
-        card = _match(ev.bus_id, uuid, cards)
+        card = _match(ev.bus_id, uuid, cards, (ev.vendor,) if ev.vendor else snapshot.vendors)
         user = job = None
         if lookup_process is not None and ev.pid is not None and cls == CLASS_APPLICATION:
             user, job = lookup_process(ev.pid)
@@ -336,48 +389,10 @@ def card_xid_totals(
     for (bus, kind, what), total in sorted(snapshot.totals.items()):
         if kind != KIND_XID:
             continue
-        card = _match(bus or None, snapshot.uuids.get(bus), cards)
+        card = _match(bus or None, snapshot.uuids.get(bus), cards, snapshot.vendors)
         if card is not None:
             out.append((card, what, total))
     return out
-
-
-KERNEL_EVENTS = (KIND_XID, KIND_KERNEL)
-KERNEL_EVENT_REQUIRED = ("severity", "class", "xid", "bus_id", "count", "message", "raw")
-
-
-def kernel_event_properties() -> dict[str, Any]:
-    """Properties of a ``kind: "event"`` line with ``event`` ``xid`` or ``kernel`` (merged
-    into :func:`hetpatrol.schema.event_json_schema`; ``seq`` is the patrol's)."""
-    string = {"type": ["string", "null"]}
-    integer = {"type": ["integer", "null"]}
-    return {
-        "severity": {"enum": [SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL]},
-        "class": {"enum": [CLASS_DRAIN, CLASS_APPLICATION, CLASS_INFO, CLASS_OTHER]},
-        "xid": integer,
-        "reason": string,
-        "name": string,
-        "bus_id": string,
-        "vendor": string,
-        "index": integer,
-        "chip": integer,
-        "uuid": string,
-        "pid": integer,
-        "process": string,
-        "user": string,
-        "job_id": string,
-        "nvlink_unit": string,
-        "fatal": {"type": ["boolean", "null"]},
-        "link": integer,
-        "recovery_action": string,
-        "count": {"type": "integer", "minimum": 1},
-        "window_count": {"type": "integer", "minimum": 0},
-        "in_window": {"type": "boolean"},
-        "message": {"type": "string"},
-        "log_time": string,
-        "kmsg_seq": integer,
-        "raw": {"type": "string"},
-    }
 
 
 CHECK_UNREADABLE = "kernel_log_unreadable"
@@ -399,14 +414,16 @@ def unreadable_finding(
         return None
     if replay and snapshot.state == "absent":
         return None
-    gpus = sum(1 for c in cards if c.vendor == "nvidia")
-    if not gpus:
+    counts = {v: sum(1 for c in cards if c.vendor == v) for v in snapshot.vendors}
+    blind = [f"{n} {snapshot.vendors[v]}(s)" for v, n in counts.items() if n]
+    if not blind:
         return None
     why = snapshot.error or f"kernel log {snapshot.source} {snapshot.state}"
     return Finding(
         CHECK_UNREADABLE,
         HEALTH_WARNING,
-        f"{why}; XIDs and GPUs fallen off the bus are not seen on this node's {gpus} NVIDIA GPU(s)",
+        f"{why}; XIDs and GPUs fallen off the bus are not seen on this node's "
+        + " and ".join(blind),
         value=snapshot.state,
     )
 
@@ -451,6 +468,7 @@ def patrol_kernel_log(
             error=f"{type(exc).__name__}: {exc}",
             source=source.source,
             window_seconds=rules.window_seconds,
+            vendors=source.vendors,
         )
     previous = getattr(source, "_last_state", None)
     if previous != (snapshot.state, snapshot.error):

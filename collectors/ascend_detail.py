@@ -1,17 +1,15 @@
 """Ascend detail: ``npu-smi info -t health`` fault codes and the RoCE port (``hccn_tool``).
 
-Two halves, kept apart as everywhere in hetpatrol:
-
-- reading (used by the Ascend collector): parsers for ``npu-smi info -m`` (which chip
+The reading half, part of the Ascend plugin: parsers for ``npu-smi info -m`` (which chip
   has which logic id), ``npu-smi info -t health -i N -c C``, and ``hccn_tool -i ID
   -link -g`` / ``-net_health -g`` / ``-link_stat -g`` / ``-optical -g``; and
   :class:`DetailReader`, which runs them at a slower cadence than the patrol (every
   ``detail_interval_seconds``), and ``-t health`` at once for a chip whose Health is not
   OK, within a time budget per patrol, always under a timeout (:func:`run_tool`), and
-  puts the last answers on the records (``health_detail``, ``links`` of kind ``roce``);
-- judging (:func:`evaluate`, called by the thresholds): fault codes by the bundled table
-  ``config/ascend_fault_codes.yaml``, RoCE link down, net health, link flaps in a
-  window, optical Rx loss.
+  puts the last answers on the records (``health_detail``, ``links`` of kind ``roce``).
+
+The judges are checks: fault codes in :mod:`hetpatrol.checks.fault_codes`, the RoCE port
+in :mod:`hetpatrol.checks.interconnect`.
 """
 
 from __future__ import annotations
@@ -21,26 +19,15 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from hetpatrol.schema import (
-    HEALTH_CRITICAL,
-    SEVERITY_INFO,
     CardRecord,
-    Finding,
-    worst,
 )
 
 if TYPE_CHECKING:
-    from hetpatrol.deep_health import DeepThresholds
     from hetpatrol.tool import ToolOutput
 
-FAULT_CODE_FILE = "ascend_fault_codes.yaml"
-#: ``net_health`` answers that mean healthy ("Init": a port never probed).
-NET_HEALTH_OK = ("success", "init")
 
 # ------------------------------------------------------------------------------ parsers
 
@@ -464,167 +451,10 @@ class DetailReader:
                 rec.add_error(err["source"], err["error"])
 
 
-# ------------------------------------------------------------------------ the judges
-
-
-@dataclass(frozen=True)
-class FaultCodeTable:
-    """Severity per error code, from the bundled ``ascend_fault_codes.yaml``."""
-
-    classes: Mapping[str, Mapping[str, str]]
-    codes: Mapping[str, str]  # code -> class
-
-    def lookup(self, code: str) -> tuple[str | None, str | None, str | None]:
-        """(severity, class, action) of a code; (None, None, None) when not listed."""
-        cls = self.codes.get(code.upper())
-        if cls is None:
-            return None, None, None
-        spec = self.classes.get(cls, {})
-        return spec.get("severity"), cls, spec.get("action")
-
-
-@lru_cache(maxsize=1)
-def fault_code_table() -> FaultCodeTable:
-    from hetpatrol.deep_health import bundled_data
-
-    data = yaml.safe_load(bundled_data(FAULT_CODE_FILE).read_text(encoding="utf-8"))
-    codes = {}
-    for cls, listed in (data.get("codes") or {}).items():
-        for code in listed or ():
-            codes[str(code).upper()] = cls
-    return FaultCodeTable(classes=data.get("classes") or {}, codes=codes)
-
-
-def _fault_findings(record: CardRecord, th: DeepThresholds) -> list[Finding]:
-    detail = record.health_detail
-    if not detail or not detail.get("codes"):
-        return []
-    table = fault_code_table()
-    parts, severities, value = [], [], {}
-    for code in detail["codes"]:
-        severity, cls, action = table.lookup(code)
-        if code.upper() in th.fault_code_overrides:
-            severity = th.fault_code_overrides[code.upper()]
-        elif severity is None:
-            severity = th.fault_code_unknown
-        if severity is None:
-            continue
-        severities.append(severity)
-        value[code] = severity
-        parts.append(
-            f"{code} {severity}" + (f" ({cls}: {action})" if cls else " (not in the table)")
-        )
-    if not severities:
-        return []
-    overall = worst(*severities) if any(s != SEVERITY_INFO for s in severities) else SEVERITY_INFO
-    info = "; ".join(detail.get("info") or [])
-    return [
-        Finding(
-            "ascend_fault_code",
-            overall,
-            f"npu-smi -t health {detail.get('status')}: "
-            + ", ".join(parts)
-            + (f"; {info}" if info else ""),
-            value=value,
-        )
-    ]
-
-
-def _roce_findings(record: CardRecord, th: DeepThresholds) -> list[Finding]:
-    out: list[Finding] = []
-    for link in record.links:
-        if link.get("kind") != "roce":
-            continue
-        port = f"RoCE port {link.get('link')}"
-        if link.get("state") == "down" and th.roce_link_down is not None:
-            out.append(
-                Finding(
-                    "roce_link_down",
-                    th.roce_link_down,
-                    f"{port} link is DOWN (hccn_tool -link): check the cable, optical module "
-                    "and switch port",
-                    value="down",
-                )
-            )
-        health = link.get("net_health")
-        if health and health.strip().lower() not in NET_HEALTH_OK and th.roce_net_health:
-            out.append(
-                Finding(
-                    "roce_net_health",
-                    th.roce_net_health,
-                    f"{port} net health is {health!r} (Success or Init expected): the "
-                    "detection IP does not answer",
-                    value=health,
-                )
-            )
-        downs = link.get("link_down_times") or []
-        if downs:
-            now = link.get("link_stat_time")
-            window = th.roce_flap_window_seconds
-            recent = [t for t in downs if now is None or now - t <= window]
-            severity = th.roce_link_flaps.severity(len(recent))
-            if severity is not None:
-                level = (
-                    th.roce_link_flaps.critical
-                    if severity == HEALTH_CRITICAL
-                    else th.roce_link_flaps.warning
-                )
-                out.append(
-                    Finding(
-                        "roce_link_flaps",
-                        severity,
-                        f"{port} went down {len(recent)} time(s) in the last {window:g} s "
-                        f"(hccn_tool -link_stat; up count {link.get('link_up_count')})",
-                        value=len(recent),
-                        threshold=level,
-                    )
-                )
-        optical = link.get("optical") or {}
-        low = optical.get("rx_power_low_mw")
-        weak = [
-            i
-            for i, p in enumerate(optical.get("rx_power_mw") or [])
-            if p is not None and low is not None and p < low
-        ]
-        los = optical.get("rx_los_flag")
-        if (los or weak) and th.roce_optical is not None:
-            what = []
-            if los:
-                what.append(f"Rx LOS flag {los:#x}")
-            if weak:
-                powers = optical["rx_power_mw"]
-                what.append(
-                    "Rx power below "
-                    f"{low} mW on lane(s) " + ", ".join(f"{i} ({powers[i]} mW)" for i in weak)
-                )
-            out.append(
-                Finding(
-                    "roce_optical",
-                    th.roce_optical,
-                    f"{port} optical module: "
-                    + "; ".join(what)
-                    + f" (present: {optical.get('present')}): clean or replace the fibre / module",
-                    value={"rx_los_flag": los, "weak_lanes": weak},
-                    threshold=low,
-                )
-            )
-    return out
-
-
-def evaluate(record: CardRecord, th: DeepThresholds) -> list[Finding]:
-    """Findings from the Ascend detail put on ``record`` (none when it has none)."""
-    if record.vendor != "ascend":
-        return []
-    return _fault_findings(record, th) + _roce_findings(record, th)
-
-
 __all__ = [
     "DetailReader",
-    "FaultCodeTable",
     "HealthDetail",
     "LinkStat",
-    "evaluate",
-    "fault_code_table",
     "parse_chip_map",
     "parse_health",
     "parse_link",

@@ -1,48 +1,112 @@
-"""Judging card records against the thresholds of their card type.
+"""Per-card thresholds: readability, vendor health, temperature, uncorrected ECC,
+memory use, power against the limit, the NVML recovery action, and the memory
+retirement states (remapped rows pending / failed, retired pages pending).
 
-Only judges: reads :class:`~hetpatrol.schema.CardRecord` values filled by collectors and
-the :class:`~hetpatrol.config.Profile` that applies, and returns findings and a verdict.
-It never reads hardware.
+One family because they are the levels of one ``thresholds`` table per card type and
+their findings keep this order on the record. Only judges: reads
+:class:`~hetpatrol.schema.CardRecord` values and the profile's settings
+(:class:`CardThresholds`). Vendor health words and their severities come from the
+vendor's plugin (``facts.vendor.health_words``).
+
+Config section (each profile and ``defaults``): ``temperature_celsius``,
+``memory_used_ratio``, ``power_ratio``, ``ecc_uncorrected_total`` (``{warning,
+critical}``), and ``remapped_rows_pending``, ``remapped_rows_failure``,
+``retired_pages_pending`` (a severity).
 """
 
 from __future__ import annotations
 
-from hetpatrol import deep_health
-from hetpatrol.config import Config, Profile, Threshold
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetpatrol.checks.facts import CardFacts
+from hetpatrol.config_file import SettingError
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
     HEALTH_OK,
     HEALTH_UNKNOWN,
     HEALTH_WARNING,
+    SEVERITY_INFO,
     CardRecord,
     Finding,
-    worst,
 )
 
-#: npu-smi ``Health`` column and NVML failure markers -> hetpatrol severity.
-#: npu-smi: OK, Warning (minor alarm), Alarm (major), Critical (urgent), UNKNOWN (device
-#: absent or not started). NVML markers are set by the NVIDIA collector when a call
-#: raised GpuIsLost / ResetRequired / Unknown.
-VENDOR_HEALTH_SEVERITY = {
-    "ok": HEALTH_OK,
-    "warning": HEALTH_WARNING,
-    "alarm": HEALTH_CRITICAL,
-    "critical": HEALTH_CRITICAL,
-    "unknown": HEALTH_UNKNOWN,
-    "gpu_is_lost": HEALTH_CRITICAL,
-    "reset_required": HEALTH_CRITICAL,
-    "unknown_error": HEALTH_CRITICAL,
-    "insufficient_power": HEALTH_CRITICAL,
+NAME = "card_thresholds"
+
+THRESHOLD_KEYS = (
+    "temperature_celsius",
+    "memory_used_ratio",
+    "power_ratio",
+    "ecc_uncorrected_total",
+)
+STATE_CHECK_KEYS = ("remapped_rows_pending", "remapped_rows_failure", "retired_pages_pending")
+#: Thresholds that are a share of a whole (``power_ratio`` may pass 1: power over limit).
+_AT_MOST_ONE = ("memory_used_ratio",)
+
+_LEVEL = {"type": ["number", "null"]}
+_THRESHOLD = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"warning": _LEVEL, "critical": _LEVEL},
+}
+_SEVERITY = {"enum": [SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL]}
+PROFILE_SCHEMA: dict[str, Any] = {k: _THRESHOLD for k in THRESHOLD_KEYS} | {
+    k: _SEVERITY for k in STATE_CHECK_KEYS
 }
 
-_VENDOR_HEALTH_TEXT = {
-    "gpu_is_lost": "GPU is lost (fell off the bus): NVML answers GpuIsLost",
-    "reset_required": "GPU requires a reset: NVML answers ResetRequired",
-    "unknown_error": "NVML answers Unknown error for a core call of this GPU (handle, "
-    "memory, or its whole identity)",
-    "insufficient_power": "GPU has insufficient power (external power cable?): NVML "
-    "answers InsufficientPower",
-}
+
+@dataclass(frozen=True)
+class Threshold:
+    """A warning and a critical level (``None`` = that level off)."""
+
+    warning: float | None = None
+    critical: float | None = None
+
+
+@dataclass(frozen=True)
+class CardThresholds:
+    """The levels (by ``THRESHOLD_KEYS`` name) and memory-state severities of a profile."""
+
+    thresholds: Mapping[str, Threshold] = field(default_factory=dict)
+    state_checks: Mapping[str, str] = field(default_factory=dict)
+
+
+def _check_threshold(value: Mapping[str, Any], path: tuple) -> Threshold:
+    t = Threshold(warning=value.get("warning"), critical=value.get("critical"))
+    if t.warning is not None and t.critical is not None and t.warning > t.critical:
+        raise SettingError(
+            f"warning {t.warning} is above critical {t.critical}", (*path, "warning")
+        )
+    for level in ("warning", "critical"):
+        v = getattr(t, level)
+        if v is not None and v < 0:
+            raise SettingError(f"{v} is negative", (*path, level))
+        if v is not None and v > 1 and path[-1] in _AT_MOST_ONE:
+            raise SettingError(f"{v} is above 1: a ratio (0.95 is 95 %)", (*path, level))
+    return t
+
+
+def build_profile(
+    defaults: Mapping[str, Any], profile: Mapping[str, Any] | None, where: tuple
+) -> CardThresholds:
+    """Levels of a profile: ``defaults`` < the profile (a level the profile leaves unset
+    comes from ``defaults``); memory states critical unless set. ``SettingError`` for a
+    warning above critical, a negative level, a ratio above 1."""
+    base = {
+        k: _check_threshold(defaults[k], ("defaults", k)) for k in THRESHOLD_KEYS if k in defaults
+    }
+    states = {k: HEALTH_CRITICAL for k in STATE_CHECK_KEYS}
+    states |= {k: defaults[k] for k in STATE_CHECK_KEYS if k in defaults}
+    thresholds = dict(base)
+    for k in THRESHOLD_KEYS:
+        if profile is not None and k in profile:
+            b = base.get(k, Threshold())
+            levels = {"warning": b.warning, "critical": b.critical} | (profile[k] or {})
+            thresholds[k] = _check_threshold(levels, (*where, k))
+    if profile is not None:
+        states |= {k: profile[k] for k in STATE_CHECK_KEYS if k in profile}
+    return CardThresholds(thresholds, states)
 
 
 #: ``counters.gpu_recovery_action`` (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, values of
@@ -102,7 +166,7 @@ def _level(
     return None
 
 
-def evaluate_card(record: CardRecord, profile: Profile) -> list[Finding]:
+def evaluate(record: CardRecord, settings: CardThresholds, facts: CardFacts) -> list[Finding]:
     """Findings for one card under its profile's thresholds (empty when all is well).
 
     Checks, in order: readability, vendor health, temperature, uncorrected ECC, memory
@@ -117,13 +181,13 @@ def evaluate_card(record: CardRecord, profile: Profile) -> list[Finding]:
         )
     if record.vendor_health is not None:
         raw = record.vendor_health.strip()
-        severity = VENDOR_HEALTH_SEVERITY.get(raw.lower(), HEALTH_UNKNOWN)
+        severity, text = facts.vendor.health_words.get(raw.lower(), (HEALTH_UNKNOWN, None))
         if severity != HEALTH_OK:
-            text = _VENDOR_HEALTH_TEXT.get(raw.lower(), f"vendor health is {raw}")
+            text = text or f"vendor health is {raw}"
             if not raw:  # an empty/unreadable cell (the collector's error says where)
                 text = "vendor health could not be read: empty value"
             findings.append(Finding("vendor_health", severity, text, value=raw))
-    th = profile.thresholds
+    th = settings.thresholds
     candidates = [
         _level(
             "temperature",
@@ -161,24 +225,6 @@ def evaluate_card(record: CardRecord, profile: Profile) -> list[Finding]:
     ):
         if getattr(record, check) is True:
             findings.append(
-                Finding(check, profile.state_checks.get(check, HEALTH_CRITICAL), text, value=True)
+                Finding(check, settings.state_checks.get(check, HEALTH_CRITICAL), text, value=True)
             )
     return findings
-
-
-def judge(record: CardRecord, config: Config) -> CardRecord:
-    """Apply the matching profile to ``record`` in place: GRES name, findings, health.
-
-    Returns the same record. ``health`` is the worst finding severity, ``ok`` when there
-    is none; a record that could not be read is never ``ok``.
-    """
-    profile = config.profile_for(record.vendor, record.card_type, record.model)
-    if record.gres is None:
-        record.gres = profile.gres
-    record.findings.extend(evaluate_card(record, profile))
-    # baseline drift, clock events, PCIe, NVLink, Ascend fault codes and RoCE
-    record.findings.extend(deep_health.evaluate(record, profile, config))
-    record.health = worst(*(f.severity for f in record.findings))
-    if not record.read_ok and record.health == HEALTH_OK:
-        record.health = HEALTH_UNKNOWN
-    return record

@@ -24,18 +24,59 @@ import os
 import re
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hetpatrol.nodecheck import NodeCheckResult
-from hetpatrol.schema import CardRecord, Finding
+from hetpatrol.checks.facts import NodeCheckResult
+from hetpatrol.collector import CollectorStatus
+from hetpatrol.config_file import SEVERITY_OR_OFF
+from hetpatrol.schema import HEALTH_WARNING, CardRecord, Finding
 
-if TYPE_CHECKING:
-    from hetpatrol.config import Config
-    from hetpatrol.deep_health import EnvironmentSettings
-    from hetpatrol.patrol import CollectorStatus
+NAME = "environment"
+TOP_SCHEMA: dict[str, Any] = {
+    "environment": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "enabled": {"type": "boolean"},
+            "root": {"type": "string", "minLength": 1},
+            "interval_seconds": {"type": "number", "minimum": 0},
+            "severity": SEVERITY_OR_OFF,
+            "cuda_patterns": {"type": "array", "items": {"type": "string", "minLength": 1}},
+            "cann_patterns": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class EnvironmentSettings:
+    """The ``environment`` section: global library paths that mix vendor stacks."""
+
+    enabled: bool = True
+    root: str = "/"
+    interval_seconds: float = 300.0
+    severity: str | None = HEALTH_WARNING
+    cuda_patterns: tuple[str, ...] = ("cuda",)
+    cann_patterns: tuple[str, ...] = ("ascend", "cann")
+
+
+def build_top(data: Mapping[str, Any]) -> EnvironmentSettings:
+    """The ``environment`` section of the config file's top level ``data``."""
+    section = data.get("environment")
+    s = section or {}
+    base = EnvironmentSettings()
+    return EnvironmentSettings(
+        enabled=bool(s.get("enabled", base.enabled)),
+        root=str(s.get("root", base.root)),
+        interval_seconds=float(s.get("interval_seconds", base.interval_seconds)),
+        severity=s.get("severity", base.severity),
+        cuda_patterns=tuple(s.get("cuda_patterns", base.cuda_patterns)),
+        cann_patterns=tuple(s.get("cann_patterns", base.cann_patterns)),
+    )
+
 
 REPLAY_ROOT = "root"
 _LDLP_RE = re.compile(r"^\s*(?:export\s+)?LD_LIBRARY_PATH\s*\+?=\s*(?P<value>.*)$")
@@ -189,9 +230,9 @@ class EnvironmentCheck:
         return str(root) if root.is_dir() else None
 
     def run(
-        self, cards: Sequence[CardRecord], collectors: Sequence[CollectorStatus], config: Config
+        self, cards: Sequence[CardRecord], collectors: Sequence[CollectorStatus], config: Any
     ) -> NodeCheckResult | None:
-        settings = config.environment
+        settings: EnvironmentSettings = config.top[NAME]
         if not settings.enabled:
             return None
         root = self.root_for(settings)
