@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpatrol.exporters.state import read_state
-from hetpatrol.output import plain_help, silence_stdout, write_stdout
+from hetpatrol.output import silence_stdout, write_stdout
 from hetpatrol.verdict import EXIT_CODES
 
 EXIT_UNKNOWN = 3
@@ -225,7 +225,12 @@ def add_check_parser(sub: Any) -> None:
     p = sub.add_parser(
         "check",
         help="Slurm HealthCheckProgram / Nagios: the daemon's last verdict, exit 0/1/2/3",
-        description=plain_help(__doc__),
+        description=(
+            "Slurm's HealthCheckProgram (and a Nagios plugin): one line from the running "
+            "daemon's last verdict (its state file), at once: no vendor tool, never scontrol."
+            " Exit 0 ok, 1 warning, 2 critical, 3 unknown; 3 when the state file is missing, "
+            "unreadable or older than --max-age (default: 3 patrol intervals + 10 s)."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

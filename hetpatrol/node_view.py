@@ -138,7 +138,7 @@ def _sort_key(card: Mapping[str, Any]) -> tuple:
 def _groups(cards: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for card in cards:
-        key = (str(card.get("vendor") or "?"), str(card.get("card_type") or "(type unknown)"))
+        key = (str(card.get("vendor") or "?"), str(card.get("card_type") or "type unknown"))
         groups.setdefault(key, []).append(card)
     for rows in groups.values():
         rows.sort(key=_sort_key)
@@ -273,7 +273,8 @@ def render(
     hidden = 0
     for (vendor, card_type), group in _groups(cards).items():
         gres = next((c.get("gres") for c in group if c.get("gres")), None)
-        title = f"{vendor} {card_type}" + (f" (gres {gres})" if gres else "")
+        sep = ", " if card_type == "type unknown" else " "
+        title = f"{vendor}{sep}{card_type}" + (f" (gres {gres})" if gres else "")
         out.add()
         out.add(
             paint(title, "bold") + f"  {card_count(group)}: {_health_counts(group, paint)}",
@@ -317,7 +318,11 @@ def render(
                 out.add(paint(f"+{len(procs) - MAX_PROCESSES} more processes", "dim"), 6)
             # why a value is missing matters when the card is not ok (npu-smi shows power
             # on chip 0 only: that is no news on a healthy card)
+            # NotSupported is "this card has no such value" (DESIGN 4), not news either,
+            # unless asked for (-v)
             for e in (c.get("errors") or []) if c.get("health") != "ok" else []:
+                if e.get("error") == "NotSupported" and not verbose:
+                    continue
                 out.add(paint(f"error {e.get('source')}: {e.get('error')}", "dim"), 6, plain_len=0)
 
     out.add()
@@ -330,8 +335,10 @@ def render(
         seconds = s.get("duration_seconds")
         text = f"{name} {state} ({s.get('cards', 0)} cards, {float(seconds or 0):.3f} s)"
         error = s.get("error")
-        if error and str(error) not in said:  # a node finding already quotes it
+        if error and str(error) not in said:
             text += f": {error}"
+        elif error:  # a node finding below quotes it: said once
+            text += ": see the node findings"
         w = _Writer(width)
         w.add(text, 2, hang=2)
         style = _COLLECTOR_HEALTH.get(state, "unknown")

@@ -23,7 +23,7 @@ from typing import Any
 from hetpatrol.exporters.state import read_state
 from hetpatrol.healthcheck import verdict_age, verdict_code
 from hetpatrol.node_view import render, terminal_width, use_color
-from hetpatrol.output import plain_help, write_stdout
+from hetpatrol.output import write_stdout
 
 EXIT_UNKNOWN = 3
 
@@ -89,7 +89,12 @@ def add_status_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "status",
         help="this node at a glance, from the daemon's state file (exit 0/1/2/3)",
-        description=plain_help(__doc__),
+        description=(
+            "This node at a glance, from the running daemon's state file (no vendor tool is "
+            "run): a table per vendor and card type, findings and processes under each card, "
+            "the collectors, how old the verdict is. Exit: the verdict's 0 ok, 1 warning, 2 "
+            "critical, 3 unknown; 3 when the verdict is stale or the file unreadable."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

@@ -116,7 +116,7 @@ def test_multinode_typed_site(tmp_path):
     count = next(f for f in report.findings if f.check == "gres_conf_count")
     assert count.message.startswith("gnode9: gpu:v100: slurm.conf 2, gres.conf 4")
     feats = [f.message for f in report.findings if f.check == "node_features"]
-    assert "lack the feature gtx1060,gtx970" in feats[0]
+    assert "viznode1 lacks the feature gtx1060,gtx970" in feats[0]
     assert report.layouts == {
         "all": "one vendor, several card types (features)",
         "viz": "one vendor, several card types (features)",

@@ -35,7 +35,7 @@ def test_once_table_escapes_a_tools_control_and_bidi_characters(tmp_path):
         "no card was read",
         "",
         "collectors:",
-        "  ascend failed (0 cards, T s)",
+        "  ascend failed (0 cards, T s): see the node findings",
         "  nvidia disabled (0 cards, T s)",
         "node findings:",
         f"  unknown collector_failed: ascend: npu-smi info exited with code 3: "

@@ -241,7 +241,7 @@ def test_render_without_cards():
     # the DCMI error is said once: in the node finding, not again on the collector
     assert lines[-4:] == [
         "collectors:",
-        "  ascend failed (0 cards, 0.000 s)",
+        "  ascend failed (0 cards, 0.000 s): see the node findings",
         "node findings:",
         "  unknown collector_failed: ascend: DCMI -8005",
     ]

@@ -536,7 +536,8 @@ def audit(inp: AuditInput) -> AuditReport:
                         "error",
                         _where(where, names),
                         f"partition {pname} holds {len(classes)} card classes, but "
-                        f"{compress_hostlist(names)} lack the feature "
+                        f"{compress_hostlist(names)} "
+                        f"{'lacks' if len(names) == 1 else 'lack'} the feature "
                         f"{','.join(types) or '(card type unknown)'}: --constraint cannot "
                         "pick the card type",
                         f"Features={','.join(types)} on the node's line",

@@ -146,7 +146,12 @@ def add_audit_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "audit-slurm",
         help="check slurm.conf / gres.conf / the nodes for a mixed cluster; exit 0/1/2",
-        description=__doc__,
+        description=(
+            "The mixed-cluster checklist over slurm.conf, gres.conf, cgroup.conf (files, or "
+            "the running cluster with --live) and, with --prometheus, the cards the daemons "
+            "found; each finding names its file and line (or the nodes) and the fix. Exit 0 "
+            "nothing to fix, 1 warnings, 2 errors, 3 a source cannot be read."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

@@ -184,7 +184,13 @@ def add_fleet_parser(sub: Any) -> argparse.ArgumentParser:
         "fleet",
         help="the cluster per card class, partition and node batch (Slurm + Prometheus); "
         "exit 0/1/2/3",
-        description=__doc__,
+        description=(
+            "The cluster per card class, then per partition and node batch: Slurm's nodes "
+            "joined with the daemons' metrics read from Prometheus (cards registered and "
+            "seen, verdicts, allocated and idle, drained by hetpatrol or others, silent "
+            "daemons, driver and firmware versions). Exit: the fleet's worst verdict, 0 ok, 1"
+            " warning, 2 critical, 3 unknown (also when Slurm or Prometheus cannot be read)."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

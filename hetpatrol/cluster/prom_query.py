@@ -50,8 +50,11 @@ class PrometheusClient:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:  # 400/422/503 carry Prometheus's JSON error
-            raw = exc.read()
-            detail = _error_text(raw) or f"HTTP {exc.code}"
+            raw = exc.read(64 * 1024)
+            detail = _error_text(raw) or (
+                f"HTTP {exc.code}, not an answer of Prometheus's HTTP API "
+                f"(is {self.base_url} the Prometheus server, not an exporter?)"
+            )
             raise PrometheusError(f"{url}: {detail} (query {expr!r})") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -61,7 +64,7 @@ class PrometheusClient:
         except ValueError:
             raise PrometheusError(f"{url}: answer is not JSON: {raw[:200]!r}") from None
         if doc.get("status") != "success":
-            raise PrometheusError(f"{url}: {_error_text(raw)} (query {expr!r})")
+            raise PrometheusError(f"{url}: {_error_text(raw) or 'no status'} (query {expr!r})")
         data = doc.get("data") or {}
         if data.get("resultType") != "vector":
             raise PrometheusError(
@@ -77,9 +80,11 @@ class PrometheusClient:
         return out
 
 
-def _error_text(raw: bytes) -> str:
+def _error_text(raw: bytes) -> str | None:
+    """Prometheus's ``errorType: error`` of a JSON error answer; None for anything else
+    (an HTML page of some other server is not shown: it says nothing to the reader)."""
     try:
         doc = json.loads(raw)
         return f"{doc.get('errorType', 'error')}: {doc.get('error', '')}"
     except (ValueError, AttributeError):
-        return raw[:200].decode(errors="replace")
+        return None

@@ -101,7 +101,12 @@ def add_ledger_parser(sub) -> None:
     p = sub.add_parser(
         "ledger",
         help="card-hours per GRES type from Slurm accounting",
-        description=__doc__,
+        description=(
+            "Card-hours per GRES type from Slurm's accounting (sacct, streamed): usage "
+            "grouped by user, account, partition, QOS or node; the metering audit of "
+            "slurm.conf; quotas from sacctmgr or a quota file; per-job efficiency from "
+            "Prometheus."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     lsub = p.add_subparsers(dest="ledger_command", required=True)
