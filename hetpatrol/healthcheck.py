@@ -33,12 +33,24 @@ STALE_GRACE_SECONDS = 10.0
 NAMED_CARDS = 4
 
 
+#: the longest patrol interval a config may set (``interval_seconds``, 1 day): a state
+#: file that says more was not written by a daemon and cannot keep a verdict fresh
+MAX_INTERVAL_SECONDS = 86400.0
+
+
 def default_max_age(doc: Mapping[str, Any]) -> float:
-    """3 patrol intervals + 10 s, with the interval the daemon wrote in its state."""
+    """3 patrol intervals + 10 s, with the interval the daemon wrote in its state; NaN
+    (then :data:`DEFAULT_MAX_AGE_SECONDS`) when that interval is not one a daemon can run
+    (not a number, not above 0, above :data:`MAX_INTERVAL_SECONDS`)."""
+    value = doc.get("interval_seconds")
+    if value is None:
+        return STALE_INTERVALS * 10.0 + STALE_GRACE_SECONDS
     try:
-        interval = float(doc.get("interval_seconds") or 10.0)
-    except (TypeError, ValueError):
-        interval = 10.0
+        interval = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+    if not 0 < interval <= MAX_INTERVAL_SECONDS:  # also nan and inf
+        return math.nan
     return STALE_INTERVALS * interval + STALE_GRACE_SECONDS
 
 

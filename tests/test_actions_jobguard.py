@@ -441,3 +441,36 @@ def test_cli_main_in_a_fresh_process(tmp_path):
     # (a non-zero exit would drain every node the line runs on)
     assert run.returncode == 0 and "not an action word" in run.stderr
     assert run.stderr.rstrip().endswith(": job let through")
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"SLURM_JOB_GPUS": "0-999999999"}, "SLURM_JOB_GPUS='0-999999999' is not a list"),
+        ({"SLURM_JOB_GPUS": "\u0661"}, "is not a list of GPU IDs"),  # an Arabic-Indic one
+        ({"CUDA_VISIBLE_DEVICES": "$(reboot)"}, "CUDA_VISIBLE_DEVICES='$(reboot)'"),
+    ],
+)
+def test_cards_that_cannot_be_told_are_said_not_hidden(env, said):
+    # the verdict has cards needing a drain action; the job's cards cannot be read from
+    # the environment (and no scontrol here): the job goes through, and the line says why
+    decision = jobguard.decide(state(NODE), jobguard.parse_job_env(env), now=NOW)
+    assert decision.ok
+    assert decision.reason.startswith("job cards ok: cards unknown (")
+    assert said in decision.reason
+    assert "): job let through (patrol 42, 5 s ago)" in decision.reason
+
+
+@pytest.mark.parametrize("max_age", ["-1", "0", "nan", "inf", "1e999", "abc"])
+def test_a_bad_max_age_is_a_usage_error_that_lets_the_job_through(tmp_path, max_age):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state(NODE, finished=time.time())))
+    code = "import sys\nfrom hetpatrol.slurm.jobguard import cli_main\nsys.exit(cli_main())\n"
+    run = subprocess.run(
+        [sys.executable, "-c", code, "--state-path", str(path), "--max-age", max_age],
+        env={"SLURM_JOB_GPUS": "0", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 0 and "a positive number of seconds" in run.stderr, run

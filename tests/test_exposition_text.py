@@ -99,6 +99,14 @@ def test_the_label_cache_holds_only_the_last_renders_label_sets():
         ("", False),
         (None, False),
         ("x-gzip-not", False),
+        ("gzip;q=0, *", False),  # gzip refused by name: * does not bring it back
+        ("*;q=0", False),
+        ("gzip;level=1;q=0", False),
+        ("gzip;q=nan", False),
+        ("gzip;q=1e999", False),
+        ("gzip;q=abc", False),
+        ("identity, " * 100 + "gzip", False),  # past the 64 codings looked at
+        ("x-gzip", True),
     ],
 )
 def test_accept_encoding(header, gzip_ok):
@@ -124,4 +132,37 @@ def test_metrics_served_gzip_to_who_asks_and_plain_to_others():
         assert resp.read() == body and resp.getheader("Content-Encoding") is None
         conn.close()
     finally:
+        server.stop()
+
+
+def test_connections_past_the_cap_are_closed_and_scrapes_go_on():
+    import socket
+    import time
+
+    exposition = Exposition(("nvidia",))
+    server = MetricsServer("127.0.0.1", 0, exposition)
+    server._httpd.max_connections = 4
+    server._httpd._slots = __import__("threading").BoundedSemaphore(4)
+    server.start()
+    drips = []
+    try:
+        for _ in range(4):  # four slow peers that never finish their request
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")
+            drips.append(s)
+        time.sleep(0.3)
+        extra = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        extra.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert extra.recv(100) == b""  # closed: no slot
+        extra.close()
+        for s in drips:
+            s.close()
+        time.sleep(0.3)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().status == 200  # the slots came back
+        conn.close()
+    finally:
+        for s in drips:
+            s.close()
         server.stop()

@@ -206,6 +206,10 @@ def _status(capsys, *args: str) -> tuple[int, str, str]:
     [
         ("interval nan, old", 3, "OK   patrol 1, verdict 60 min old" + STALE),
         ("interval inf, old", 3, "OK   patrol 1, verdict 60 min old" + STALE),
+        # an interval no daemon can run keeps no verdict fresh (the 60 s default applies)
+        ("interval 1e300, old", 3, "OK   patrol 1, verdict 60 min old (every 1e+300 s)" + STALE),
+        ("interval 2 days, old", 3, "OK   patrol 1, verdict 60 min old (every 172800 s)" + STALE),
+        ("interval true, old", 3, "OK   patrol 1, verdict 60 min old" + STALE),
         ("finished nan", 3, "OK   patrol 1, verdict time unknown (every 10 s)" + STALE),
         ("finished missing", 3, "OK   patrol 1, verdict time unknown (every 10 s)" + STALE),
         ("finished in a day", 3, "OK   patrol 1, verdict time unknown (every 10 s)" + STALE),
@@ -221,6 +225,9 @@ def test_status_and_check_agree_on_a_forged_state_file(tmp_path, capsys, case, e
         {
             "interval nan, old": {"interval_seconds": float("nan"), "finished": now - 3600},
             "interval inf, old": {"interval_seconds": float("inf"), "finished": now - 3600},
+            "interval 1e300, old": {"interval_seconds": 1e300, "finished": now - 3600},
+            "interval 2 days, old": {"interval_seconds": 172800, "finished": now - 3600},
+            "interval true, old": {"interval_seconds": True, "finished": now - 3600},
             "finished nan": {"finished": float("nan")},
             "finished missing": {},
             "finished in a day": {"finished": now + 86400},

@@ -504,21 +504,28 @@ class Exposition:
 
 
 def accepts_gzip(header: str | None) -> bool:
-    """Whether an ``Accept-Encoding`` value accepts gzip (RFC 9110 12.5.3: a ``gzip`` or
-    ``*`` coding whose ``q`` is not 0)."""
-    for item in (header or "").split(","):
-        coding, _, params = item.strip().partition(";")
-        if coding.strip().lower() not in ("gzip", "*"):
+    """Whether an ``Accept-Encoding`` value accepts gzip (RFC 9110 12.5.3): the ``q`` of
+    ``gzip`` when it is listed, else that of ``*``; a coding without ``q`` has q=1, a
+    ``q`` that is not a number in [0, 1] refuses. At most 64 codings are looked at."""
+    qualities: dict[str, float] = {}
+    for item in (header or "").split(",")[:64]:
+        coding, *params = (p.strip() for p in item.split(";"))
+        coding = coding.lower()
+        if coding not in ("gzip", "x-gzip", "*") or coding in qualities:
             continue
-        q = params.strip().lower()
-        if q.startswith("q="):
-            try:
-                if float(q[2:]) <= 0:
-                    continue
-            except ValueError:
-                continue
-        return True
-    return False
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+                if not 0.0 <= q <= 1.0:  # also nan
+                    q = 0.0
+        qualities["gzip" if coding == "x-gzip" else coding] = q
+    q = qualities.get("gzip", qualities.get("*", 0.0))
+    return q > 0.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -561,6 +568,26 @@ class _MetricsHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
+    #: connections served at once; one more is closed at once. A client that drips its
+    #: request one header line every few seconds holds a thread for as long as it keeps
+    #: doing so (the 10 s timeout is per read): the cap bounds what such peers can hold.
+    max_connections = 64
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # full: the client retries on its next scrape
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that resets or times out is routine: no traceback on stderr."""
@@ -570,6 +597,7 @@ class _MetricsHTTPServer(ThreadingHTTPServer):
             import socket
 
             self.address_family = socket.AF_INET6
+        self._slots = threading.BoundedSemaphore(self.max_connections)
         super().__init__(address, _Handler)
         self.exposition = exposition
 

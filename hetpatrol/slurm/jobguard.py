@@ -81,7 +81,8 @@ def parse_index_list(text: str | None) -> frozenset[int] | None:
     out: set[int] = set()
     for part in body.split(","):
         part = part.strip()
-        m = re.fullmatch(r"(\d{1,6})(?:-(\d{1,6}))?", part)
+        # ASCII digits only: "١" (Arabic-Indic one) is no GPU index
+        m = re.fullmatch(r"([0-9]{1,6})(?:-([0-9]{1,6}))?", part)
         if not m:
             return None
         lo = int(m.group(1))
@@ -390,6 +391,8 @@ def decide(
             reason = drain_reason(card_name(card), verdict, f"{verdict.reason}; also {more}")
         return GuardDecision(EXIT_FAIL, reason, names, tuple(missing))
     held_text = ", ".join(names) or "none held"
+    if not names and alloc.errors:  # the job's cards could not be told: say so
+        held_text = f"cards unknown ({'; '.join(alloc.errors)}): job let through"
     text = f"job cards ok: {held_text} (patrol {doc.get('seq')}, {age:.0f} s ago)"
     if missing:
         text += f"; not in the verdict: {', '.join(missing)}"
@@ -579,6 +582,19 @@ def epilog_cards(
     return match_cards(cards, alloc)[0], alloc
 
 
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (below 10**9), as ``check --max-age``."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 10**9:  # also nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive number of seconds")
+    return value
+
+
 def cli_main(argv: Sequence[str] | None = None) -> int:
     """``hetpatrol-prolog`` / ``hetpatrol prolog``: parse the arguments, run
     :func:`prolog_main` with the process environment. Kept here, not in hetpatrol.cli,
@@ -612,8 +628,14 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         metavar="P",
         help="the daemon's state file (default: $HETPATROL_STATE_PATH)",
     )
-    p.add_argument("--max-age", type=float, default=None, metavar="S", help="stale after S seconds")
-    p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="hard time limit")
+    p.add_argument(
+        "--max-age",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="stale after S seconds (default: check's, 3 patrol intervals + 10 s)",
+    )
+    p.add_argument("--timeout", type=_seconds, default=5.0, metavar="S", help="hard time limit")
     p.add_argument(
         "--block-on",
         default=",".join(sorted(DEFAULT_DRAIN_ACTIONS)),
