@@ -1,0 +1,548 @@
+"""The ROCm family's tools read into one shape: ``rocm-smi`` (AMD, and Hygon's DTK build),
+``hy-smi`` where it prints the same, and ``amd-smi`` (JSON or its human ``KEY: value``
+tree). Shared by :mod:`hetpatrol.collectors.hygon` and :mod:`hetpatrol.collectors.amd`.
+
+Where the formats differ, the difference is read, not papered over:
+
+- **keys**: rocm-smi's JSON keys carry their unit in the last parentheses
+  (``"VRAM Total Memory (B)"`` on AMD, ``"vram Total Memory (MiB)"`` on Hygon DTK
+  24.04); the unit is read from the key and converted (B, KiB, MiB, GiB; W, mW; C, %).
+  A key whose unit is not one of these is not read (a problem is noted).
+- **DCU vs GPU**: Hygon's build says ``"DCU use (%)"`` and heads its table ``DCU``; AMD's
+  says ``GPU``. Both are the utilisation; the word also tells the two families apart on a
+  node where the same program name (``rocm-smi``) is installed by either vendor
+  (:attr:`RocmCard.family`; the card vendor string ``Chengdu Haiguang`` says it too).
+- **empty keys**: DTK's JSON carries a ``"": ""`` entry per card (a section separator):
+  skipped, not a problem.
+- **amd-smi** prints ``{"value": 10, "unit": "W"}`` objects (JSON) or ``550 W`` text
+  (human form); both are read by unit. Its memory "MB" are MiB: amdsmi_cli divides the
+  byte counts by 1024*1024 (github.com/ROCm/amdsmi ``amdsmi_cli/amdsmi_commands.py``).
+  ECC is read in total (``ecc.total_*_count``) and per block (``ecc_blocks.<BLOCK>``,
+  ``amd-smi metric --ecc-blocks``), the latter as ``counters["ecc_uncorrected_<block>"]``.
+- **the plain rocm-smi table** (``DCU Temp AvgPwr Fan Perf PwrCap VRAM% DCU%``) gives
+  VRAM only as a percentage: no bytes, so memory is null with that reason.
+
+A value the tool printed as ``N/A`` is ``None`` with the reason; a value that is neither
+a number nor ``N/A`` (garbled) is ``None`` and the card is marked ``complete=False``,
+judged ``unknown``. Nothing is ever read as 0 for lack of a value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetpatrol.collector import CollectorError
+from hetpatrol.schema import CardRecord, normalize_bus_id
+
+HYGON = "hygon"
+AMD = "amd"
+
+_UNIT_KEY = re.compile(r"^(?P<name>.*?)\s*\((?P<unit>[^()]*)\)\s*$")
+_NUM = re.compile(r"[-+]?[0-9]{1,15}(?:\.[0-9]{1,9})?")
+_NUM_UNIT = re.compile(r"(?P<num>[-+]?[0-9]{1,15}(?:\.[0-9]{1,9})?)\s*(?P<unit>[^\s0-9.]*)")
+_NA = frozenset({"n/a", "na", "-", "--", "not supported", "unknown"})
+#: unit -> factor to bytes
+_BYTES = {"b": 1, "kib": 1024, "mib": 1 << 20, "mb": 1 << 20, "gib": 1 << 30}
+_WATTS = {"w": 1.0, "mw": 0.001}
+_CELSIUS = {"c", "°c", "\u2103", "celsius"}
+
+
+@dataclass
+class RocmCard:
+    """One card as a ROCm-family tool printed it (units converted: bytes, W, °C, %).
+
+    ``family`` is ``"hygon"`` or ``"amd"`` (see module doc). ``errors`` maps a value's
+    source (the key or column as printed) to why it is missing; ``complete`` is False
+    when a value was garbled or the row cut. ``counters`` holds per-block ECC counts.
+    """
+
+    index: int
+    family: str = AMD
+    model: str | None = None
+    serial: str | None = None
+    uuid: str | None = None
+    bus_id: str | None = None
+    driver_version: str | None = None
+    firmware_version: str | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    utilization_percent: float | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    ecc_corrected_total: int | None = None
+    ecc_uncorrected_total: int | None = None
+    memory_kind: str | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    complete: bool = True
+
+
+@dataclass
+class RocmRead:
+    """A whole tool output: its cards, the source it was read as (``"rocm-smi json"``,
+    ``"rocm-smi table"``, ``"amd-smi"``), ``truncated`` and ``problems``."""
+
+    source: str
+    cards: list[RocmCard] = field(default_factory=list)
+    truncated: bool = False
+    problems: list[str] = field(default_factory=list)
+
+
+def _value(card: RocmCard, source: str, raw: Any, unit: str | None, table: dict | set | None):
+    """``raw`` (text, number or ``{"value", "unit"}``) converted by ``unit``; None with
+    ``card.errors[source]`` set when N/A, garbled or in a unit not understood."""
+    if isinstance(raw, dict) and "value" in raw:
+        unit = raw.get("unit") if isinstance(raw.get("unit"), str) else unit
+        raw = raw["value"]
+    if isinstance(raw, bool):
+        raw = str(raw)
+    if isinstance(raw, (int, float)):
+        number: float = float(raw)
+    else:
+        text = str(raw).strip()
+        if text.lower() in _NA or text == "":
+            card.errors[source] = f"{text or 'empty'}: not reported"
+            return None
+        m = _NUM_UNIT.fullmatch(text)
+        if not m:
+            card.errors[source] = f"not a number: {text[:40]!r}"
+            card.complete = False
+            return None
+        number = float(m["num"])
+        if m["unit"]:
+            unit = m["unit"]
+    u = (unit or "").strip().lower()
+    if table is None:
+        return number
+    if isinstance(table, set):
+        if u in table:
+            return number
+    elif u in table:
+        return number * table[u]
+    card.errors[source] = f"unit {unit!r} not understood: not read"
+    return None
+
+
+# ------------------------------------------------------------------ rocm-smi --json
+
+_TEMP_KEYS = ("temperature (sensor junction)", "temperature (sensor edge)")
+
+
+def _parse_rocm_json(text: str) -> RocmRead:
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise CollectorError(f"rocm-smi --json: not JSON ({exc})", raw=text) from None
+    if not isinstance(doc, dict):
+        raise CollectorError("rocm-smi --json: not a JSON object of cards", raw=text)
+    read = RocmRead("rocm-smi json")
+    driver = None
+    system = doc.get("system")
+    if isinstance(system, dict):
+        driver = system.get("Driver version") or None
+    for key, entry in doc.items():
+        m = re.fullmatch(r"card([0-9]{1,4})", key)
+        if key == "system":
+            continue
+        if not m or not isinstance(entry, dict):
+            read.problems.append(f"entry {key[:30]!r} not understood")
+            continue
+        card = RocmCard(index=int(m[1]), driver_version=driver if isinstance(driver, str) else None)
+        _read_rocm_card(card, entry, read)
+        read.cards.append(card)
+    if not read.cards:
+        raise CollectorError("rocm-smi --json: no card entries", raw=text)
+    return read
+
+
+def _read_rocm_card(card: RocmCard, entry: dict, read: RocmRead) -> None:
+    temps: dict[str, tuple[str, Any]] = {}
+    for key, raw in entry.items():
+        if key == "":  # DTK's separator entry
+            continue
+        m = _UNIT_KEY.match(key)
+        name = " ".join((m["name"] if m else key).split()).lower()
+        unit = m["unit"] if m else None
+        if name.startswith("dcu "):
+            card.family = HYGON
+        if name in ("card series", "device name") and card.model is None:
+            card.model = str(raw).strip() or None
+        elif name == "card vendor":
+            if re.search(r"haiguang|hygon", str(raw), re.IGNORECASE):
+                card.family = HYGON
+        elif name == "serial number":
+            text = str(raw).strip()
+            card.serial = None if text.lower() in _NA else text
+        elif name == "unique id":
+            text = str(raw).strip()
+            card.uuid = None if text.lower() in _NA else text
+        elif name == "pci bus":
+            card.bus_id = normalize_bus_id(str(raw))
+        elif name.startswith("temperature (sensor"):
+            temps[name] = (key, raw)
+        elif name in ("gpu use", "dcu use"):
+            card.utilization_percent = _value(card, key, raw, unit, {"%"})
+        elif name == "vram total memory":
+            total = _value(card, key, raw, unit, _BYTES)
+            card.memory_total_bytes = int(total) if total is not None else None
+        elif name == "vram total used memory":
+            used = _value(card, key, raw, unit, _BYTES)
+            card.memory_used_bytes = int(used) if used is not None else None
+        elif name in (
+            "average graphics package power",
+            "current socket graphics package power",
+        ):
+            if card.power_watts is None:
+                card.power_watts = _value(card, key, raw, unit, _WATTS)
+        elif name == "max graphics package power":
+            card.power_limit_watts = _value(card, key, raw, unit, _WATTS)
+    # junction (hotspot) is the sensor the card throttles on; edge where there is none
+    for name in _TEMP_KEYS:
+        if name in temps:
+            key, raw = temps[name]
+            card.temperature_celsius = _value(card, key, raw, _unit_of(key), _CELSIUS)
+            if card.temperature_celsius is not None:
+                break
+    if not temps:
+        card.errors["temperature"] = "no Temperature (Sensor ...) key in the output"
+    for what, value in (
+        ("vram", card.memory_total_bytes),
+        ("use", card.utilization_percent),
+        ("power", card.power_watts),
+    ):
+        if value is None and not any(what in k.lower() for k in card.errors):
+            card.errors[what] = "not in the output"
+
+
+def _unit_of(key: str) -> str | None:
+    m = _UNIT_KEY.match(key)
+    return m["unit"] if m else None
+
+
+# ------------------------------------------------------------------ rocm-smi (table)
+
+_TABLE_UNITS = {
+    "temp": ("temperature_celsius", {"c", "°c"}),
+    "avgpwr": ("power_watts", _WATTS),
+    "power": ("power_watts", _WATTS),
+    "pwrcap": ("power_limit_watts", _WATTS),
+    "dcu%": ("utilization_percent", {"%"}),
+    "gpu%": ("utilization_percent", {"%"}),
+}
+#: columns read as text only or not needed
+_TABLE_SKIP = {"fan", "perf", "sclk", "mclk", "vram%", "temp(junction)"}
+
+
+def _parse_rocm_table(text: str) -> RocmRead:
+    read = RocmRead("rocm-smi table")
+    lines = text.splitlines()
+    header: list[str] | None = None
+    ended = False
+    for line in lines:
+        toks = line.split()
+        if not toks:
+            continue
+        if header is None:
+            if toks[0] in ("DCU", "GPU") and len(toks) >= 3:
+                header = toks
+            continue
+        if set(line.strip()) <= {"="}:
+            continue
+        if "End of SMI Log" in line:
+            ended = True
+            break
+        card = _table_row(header, toks, read)
+        if card is not None:
+            read.cards.append(card)
+    if header is None or not read.cards:
+        raise CollectorError("rocm-smi: no DCU/GPU table in the output", raw=text)
+    if not ended:
+        read.truncated = True
+        read.problems.append("no 'End of SMI Log' line: tail of the table missing")
+    return read
+
+
+def _table_row(header: list[str], toks: list[str], read: RocmRead) -> RocmCard | None:
+    if not _NUM.fullmatch(toks[0]) or "." in toks[0]:
+        read.problems.append(f"row {' '.join(toks)[:40]!r} not understood")
+        return None
+    card = RocmCard(index=int(toks[0]), family=HYGON if header[0] == "DCU" else AMD)
+    if len(toks) != len(header):
+        card.complete = False
+        card.errors["rocm-smi"] = f"row has {len(toks)} cells for {len(header)} columns"
+        read.truncated = True
+        return card
+    for title, cell in zip(header[1:], toks[1:], strict=True):
+        low = title.lower()
+        if low in _TABLE_UNITS:
+            attr, units = _TABLE_UNITS[low]
+            setattr(card, attr, _value(card, f"rocm-smi {title}", cell, None, units))
+        elif low not in _TABLE_SKIP:
+            read.problems.append(f"column {title[:20]!r} not understood")
+    card.errors["rocm-smi memory"] = "the table prints VRAM% only: no bytes"
+    card.errors["rocm-smi model"] = "the table prints no model name"
+    return card
+
+
+def parse_rocm_smi(text: str) -> RocmRead:
+    """Parse ``rocm-smi`` (or ``hy-smi``) output: the ``--json`` form when the text is a
+    JSON object, the plain ``DCU``/``GPU`` table otherwise.
+
+    Returns a :class:`RocmRead`; raises :class:`CollectorError` (``raw=text``) for empty
+    output or output with no card in it: never an empty result. No other exception
+    escapes for any input.
+    """
+    try:
+        if text.lstrip().startswith("{"):
+            return _parse_rocm_json(text)
+        return _parse_rocm_table(text)
+    except CollectorError:
+        raise
+    except Exception as exc:  # pragma: no cover - guard: a parser bug must not escape
+        raise CollectorError(
+            f"rocm-smi: parser error {type(exc).__name__}: {exc}", raw=text
+        ) from exc
+
+
+# ------------------------------------------------------------------ amd-smi
+
+
+def parse_amd_smi_tree(text: str) -> list[dict[str, Any]]:
+    """``amd-smi`` output as a list of per-GPU mappings with lower-case keys.
+
+    JSON (a list, or ``{"gpu_data": [...]}`` in newer releases) is taken as is; the
+    human form (``GPU: 0`` then indented ``KEY: value`` lines) is turned into the same
+    nesting (``CPU:`` blocks are skipped, a ``...`` line ends nothing). Raises
+    :class:`CollectorError` when no ``GPU`` entry is found.
+    """
+    # a shell echo of the command line may precede the document
+    start = re.search(r"^[ \t]*[\[{]", text, re.MULTILINE)
+    if start is not None and not _HUMAN_GPU.search(text):
+        try:
+            doc = json.loads(text[start.start() :])
+        except ValueError as exc:
+            raise CollectorError(f"amd-smi --json: not JSON ({exc})", raw=text) from None
+        if isinstance(doc, dict):
+            doc = doc.get("gpu_data", [doc])
+        if not isinstance(doc, list):
+            raise CollectorError("amd-smi --json: not a list of GPUs", raw=text)
+        gpus = [_lower(e) for e in doc if isinstance(e, dict) and "gpu" in e]
+    else:
+        gpus = _human_tree(text)
+    if not gpus:
+        raise CollectorError("amd-smi: no GPU entry in the output", raw=text)
+    return gpus
+
+
+_HUMAN_GPU = re.compile(r"^GPU:[ \t]*[0-9]+[ \t]*$", re.MULTILINE)
+
+
+def _lower(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k).lower(): _lower(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_lower(v) for v in obj]
+    return obj
+
+
+def _human_tree(text: str) -> list[dict[str, Any]]:
+    gpus: list[dict[str, Any]] = []
+    stack: list[tuple[int, dict]] = []
+    for line in text.splitlines():
+        if not line.strip() or line.strip() == "..." or line.lstrip().startswith("$"):
+            continue
+        indent = len(line) - len(line.lstrip())
+        key, sep, value = line.strip().partition(":")
+        if not sep:
+            continue
+        key, value = key.strip().lower(), value.strip()
+        if indent == 0:
+            stack = []
+            if key == "gpu" and _NUM.fullmatch(value):
+                entry: dict[str, Any] = {"gpu": int(value)}
+                gpus.append(entry)
+                stack = [(-1, entry)]
+            continue
+        if not stack:
+            continue
+        while len(stack) > 1 and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1]
+        if value == "":
+            child: dict[str, Any] = {}
+            parent[key] = child
+            stack.append((indent, child))
+        else:
+            parent[key] = value
+    return gpus
+
+
+def _get(entry: dict, *path: str) -> Any:
+    node: Any = entry
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _first(entry: dict, section: str, *keys: str) -> tuple[str | None, Any]:
+    for key in keys:
+        value = _get(entry, section, key)
+        if value is not None:
+            return f"{section}.{key}", value
+    return None, None
+
+
+def amd_smi_cards(static: list[dict] | None, metric: list[dict] | None) -> list[RocmCard]:
+    """One :class:`RocmCard` per GPU of ``amd-smi static`` and ``amd-smi metric``
+    (either may be None when that run failed), joined on the ``gpu`` index."""
+    by_index: dict[int, RocmCard] = {}
+
+    def card_for(entry: dict) -> RocmCard | None:
+        idx = entry.get("gpu")
+        if isinstance(idx, str) and idx.isdigit():
+            idx = int(idx)
+        if not isinstance(idx, int) or isinstance(idx, bool):
+            return None
+        return by_index.setdefault(idx, RocmCard(index=idx))
+
+    for entry in static or []:
+        card = card_for(entry)
+        if card is None:
+            continue
+        card.model = _text(_get(entry, "asic", "market_name")) or _text(
+            _get(entry, "board", "product_name")
+        )
+        card.serial = _text(_get(entry, "board", "product_serial")) or _text(
+            _get(entry, "asic", "asic_serial")
+        )
+        card.bus_id = normalize_bus_id(_text(_get(entry, "bus", "bdf")))
+        card.driver_version = _text(_get(entry, "driver", "version"))
+        card.firmware_version = _text(_get(entry, "vbios", "version"))
+        src, raw = _first(entry, "limit", "max_power", "socket_power", "power_cap")
+        if src is not None:
+            card.power_limit_watts = _value(card, "amd-smi " + src, raw, None, _WATTS)
+        kind = (_text(_get(entry, "vram", "type")) or "").lower()
+        card.memory_kind = "hbm" if kind.startswith("hbm") else "gddr" if "gddr" in kind else None
+        src, raw = _first(entry, "vram", "size")
+        if src is not None:
+            total = _value(card, "amd-smi static " + src, raw, None, _BYTES)
+            card.memory_total_bytes = int(total) if total is not None else None
+    for entry in metric or []:
+        card = card_for(entry)
+        if card is None:
+            continue
+        _metric(card, entry)
+    for card in by_index.values():
+        for attr, what in _AMD_NEEDED:
+            if getattr(card, attr) is None and not any(what in k for k in card.errors):
+                card.errors[f"amd-smi {what}"] = "not in the output"
+    return [by_index[i] for i in sorted(by_index)]
+
+
+_AMD_NEEDED = (
+    ("temperature_celsius", "temperature"),
+    ("power_watts", "power"),
+    ("utilization_percent", "usage"),
+    ("memory_used_bytes", "mem_usage"),
+)
+
+
+def _metric(card: RocmCard, entry: dict) -> None:
+    reads = (
+        ("utilization_percent", "usage", ("gfx_activity",), {"%"}),
+        (
+            "power_watts",
+            "power",
+            ("socket_power", "current_socket_power", "average_socket_power"),
+            _WATTS,
+        ),
+        ("temperature_celsius", "temperature", ("hotspot", "junction", "edge"), _CELSIUS),
+        ("memory_total_bytes", "mem_usage", ("total_vram",), _BYTES),
+        ("memory_used_bytes", "mem_usage", ("used_vram",), _BYTES),
+        ("ecc_corrected_total", "ecc", ("total_correctable_count",), None),
+        ("ecc_uncorrected_total", "ecc", ("total_uncorrectable_count",), None),
+    )
+    for attr, section, keys, units in reads:
+        src, raw = _first(entry, section, *keys)
+        if src is None:
+            if section in entry:
+                card.errors[f"amd-smi {section}.{keys[0]}"] = "not in the output"
+            continue
+        value = _value(card, "amd-smi " + src, raw, None, units)
+        if value is not None and attr.startswith(("memory", "ecc")):
+            value = int(value)
+        setattr(card, attr, value)
+    blocks = _get(entry, "ecc_blocks")
+    if isinstance(blocks, dict):
+        for block, counts in blocks.items():
+            if not isinstance(counts, dict):
+                continue
+            name = re.sub(r"[^a-z0-9]+", "_", block.lower()).strip("_")
+            for key, counter in (
+                ("uncorrectable_count", "ecc_uncorrected_"),
+                ("correctable_count", "ecc_corrected_"),
+                ("deferred_count", "ecc_deferred_"),
+            ):
+                if key in counts:
+                    value = _value(
+                        card, f"amd-smi ecc_blocks.{block}.{key}", counts[key], None, None
+                    )
+                    if value is not None:
+                        card.counters[counter + name] = int(value)
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    text = str(value).strip()
+    return None if text.lower() in _NA or not text else text
+
+
+# ------------------------------------------------------------------ records
+
+
+def to_record(card: RocmCard, vendor: str, card_type: str, tool: str) -> CardRecord:
+    """The :class:`CardRecord` of one card; each missing value's reason becomes an
+    error entry (source: ``tool`` and the key/column). ``utilization_ratio`` is the
+    percentage / 100; the health word is left None (these tools print none)."""
+    rec = CardRecord(
+        vendor=vendor,
+        index=card.index,
+        model=card.model,
+        card_type=card_type,
+        serial=card.serial,
+        uuid=card.uuid,
+        bus_id=card.bus_id,
+        driver_version=card.driver_version,
+        firmware_version=card.firmware_version,
+        temperature_celsius=card.temperature_celsius,
+        power_watts=card.power_watts,
+        power_limit_watts=card.power_limit_watts,
+        memory_total_bytes=card.memory_total_bytes,
+        memory_used_bytes=card.memory_used_bytes,
+        # the tool's VRAM: device memory of unstated kind ("fb", as NVML's framebuffer)
+        # unless amd-smi static says HBM/GDDR
+        memory_kind=(card.memory_kind or "fb") if card.memory_total_bytes is not None else None,
+        ecc_corrected_total=card.ecc_corrected_total,
+        ecc_uncorrected_total=card.ecc_uncorrected_total,
+    )
+    if card.utilization_percent is not None:
+        if 0 <= card.utilization_percent <= 100:
+            rec.utilization_ratio = card.utilization_percent / 100.0
+        else:
+            rec.add_error(f"{tool} use", f"{card.utilization_percent:g} out of 0..100")
+    rec.counters.update(card.counters)
+    for source, why in card.errors.items():
+        src = source if source.startswith(tool.split()[0]) else f"{tool} {source}"
+        rec.add_error(src, why)
+    if not card.complete:
+        rec.read_ok = False
+        rec.add_error(tool, "output damaged or cut: card not fully read")
+    rec.add_error(f"{tool} processes", "unknown: this read lists no processes")
+    return rec
