@@ -1,0 +1,118 @@
+"""The new vendors through the whole patrol: the three-vendor scenario
+(``fixtures/nodes/mixed-three-vendor``: 8 x H100 + 8 x 910B4 + 8 x Hygon K100_AI) judged,
+counted against its Slurm GRES and exported; and the AMD and Cambricon plugins, fed the
+recorded samples, exported in an exposition that ``promtool check metrics`` accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import jsonschema
+from conftest import NODES, require_program, samples_dir
+
+from hetpatrol.config import load_config
+from hetpatrol.exporters.prometheus import Exposition
+from hetpatrol.patrol import Patroller
+from hetpatrol.replay import load_scenario
+from hetpatrol.schema import jsonl_json_schema
+from hetpatrol.slurm.gres import parse_gres
+from hetpatrol.slurm.inventory import compare
+from hetpatrol.tool import ToolOutput
+
+SCENARIO = NODES / "mixed-three-vendor"
+OTHER = samples_dir("other-vendors")
+MIB = 1048576
+
+
+def three_vendor_report():
+    config = load_config(SCENARIO / "hetpatrol.yaml")
+    patroller = Patroller(config, replay_dir=SCENARIO)
+    try:
+        return config, patroller.run()
+    finally:
+        patroller.close()
+
+
+def test_three_vendor_node_is_judged_and_matches_its_gres():
+    config, report = three_vendor_report()
+    assert report.health == "ok"
+    by_vendor = {}
+    for card in report.cards:
+        by_vendor.setdefault(card.vendor, []).append(card)
+    assert {v: len(c) for v, c in by_vendor.items()} == {"nvidia": 8, "ascend": 8, "hygon": 8}
+    dcus = by_vendor["hygon"]
+    # the composed DTK JSON: card0 80.0 W, junction 39.0 C, 65520 MiB total, 2 MiB used
+    assert (dcus[0].power_watts, dcus[0].temperature_celsius) == (80.0, 39.0)
+    assert (dcus[0].memory_total_bytes, dcus[0].memory_used_bytes) == (65520 * MIB, 2 * MIB)
+    assert {(c.card_type, c.gres, c.health) for c in dcus} == {("k100_ai", "dcu", "ok")}
+    assert [c.uuid for c in dcus] == [f"7100fa886690406{i}" for i in range(8)]
+
+    gres = load_scenario(SCENARIO)["gres"]
+    counts, findings = compare(report.cards, parse_gres(gres), config)
+    assert sorted((c.name, c.type, c.configured, c.found, c.healthy) for c in counts) == [
+        ("ascend", "910b", 8, 8, 8),
+        ("dcu", "k100_ai", 8, 8, 8),
+        ("gpu", "h100", 8, 8, 8),
+    ]
+    assert findings == []
+    # one DCU fewer registered than found is said
+    _, findings = compare(report.cards, parse_gres(gres.replace("k100_ai:8", "k100_ai:7")), config)
+    assert [f.check for f in findings] == ["gres_mismatch"]
+
+    schema = jsonl_json_schema()
+    for line in report.jsonl_lines():
+        jsonschema.validate(json.loads(line), schema)
+
+
+def _feed(patroller, name, outputs):
+    def run(argv, timeout):
+        answer = outputs.get(tuple(argv))
+        if answer is None:
+            raise FileNotFoundError(argv[0])
+        return ToolOutput(tuple(argv), answer, "", 0, False, 0.01)
+
+    patroller._collectors[name].collector.runner = run
+
+
+def test_exposition_of_all_new_vendors_passes_promtool(tmp_path):
+    promtool = require_program("promtool", package="prometheus")
+    config = load_config(text="node: n1\nlisten: null\ncollectors: {amd: {}, cambricon: {}}\n")
+    patroller = Patroller(config)
+    static = (OTHER / "amd-smi-static-MI300A-cpu-and-gpu0.txt").read_text()
+    metric = (OTHER / "amd-smi-metric-power-json.txt").read_text()
+    _feed(
+        patroller,
+        "amd",
+        {("amd-smi", "static", "--json"): static, ("amd-smi", "metric", "--json"): metric},
+    )
+    cnmon = (OTHER / "cambricon-cnmon-v5.10.13-MLU370-X8-2cards.txt").read_text()
+    _feed(patroller, "cambricon", {("cnmon",): cnmon})
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    assert [(c.vendor, c.index, c.card_type) for c in report.cards] == [
+        ("amd", 0, "mi300a"),
+        ("cambricon", 0, "mlu370"),
+        ("cambricon", 1, "mlu370"),
+    ]
+    _, three = three_vendor_report()
+    body = Exposition(["amd", "cambricon"]).update(report, 1).decode()
+    body3 = Exposition(["nvidia", "ascend", "hygon"]).update(three, 1).decode()
+    # amd-smi socket_power {"value": 10, "unit": "W"}; cnmon card 1: 39C, 106 W/ 250 W
+    assert 'hetpatrol_card_power_watts{card_type="mi300a",index="0",vendor="amd"} 10.0' in body
+    assert (
+        'hetpatrol_card_temperature_celsius{card_type="mlu370",index="1",vendor="cambricon"} 39.0'
+        in body
+    )
+    assert 'hetpatrol_collector_up{collector="hygon"} 1.0' in body3
+    for name, text in (("new.prom", body), ("three.prom", body3)):
+        path = tmp_path / name
+        path.write_text(text)
+        with path.open() as fh:
+            done = subprocess.run(
+                [promtool, "check", "metrics"], stdin=fh, capture_output=True, text=True
+            )
+        assert done.returncode == 0, done.stdout + done.stderr
