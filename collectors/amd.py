@@ -15,14 +15,14 @@ Value sources (amd-smi key -> :class:`~hetpatrol.schema.CardRecord` field):
 
 =====================================================  =====================================
 ``gpu``                                                ``index``
-``asic.market_name`` (else ``board.product_name``)     ``model``; :func:`card_type_for`
-``board.product_serial`` (else ``asic.asic_serial``)   ``serial``
+``asic.market_name``                                   ``model``; :func:`card_type_for`
+``asic.asic_serial``                                   ``serial``
 ``bus.bdf``                                            ``bus_id``
 ``driver.version`` / ``vbios.version``                 ``driver_version`` / ``firmware_version``
 ``limit.max_power``                                    ``power_limit_watts``
 ``usage.gfx_activity`` (%)                             ``utilization_ratio`` (/100)
 ``power.socket_power`` (W)                             ``power_watts``
-``temperature.hotspot`` (else ``edge``) (°C)           ``temperature_celsius``
+``temperature.hotspot`` (°C; edge is no stand-in)      ``temperature_celsius``
 ``mem_usage.total_vram`` / ``used_vram`` (MB = MiB)    ``memory_total_bytes`` / ``..._used_...``
 ``ecc.total_(un)correctable_count``                    ``ecc_(un)corrected_total``
 ``ecc_blocks.<BLOCK>.*_count``                         ``counters["ecc_uncorrected_<block>"]``...

@@ -81,6 +81,7 @@ class CnmonTable:
     cards: list[MluCard] = field(default_factory=list)
     processes: list[tuple[int, int, str, int | None]] = field(default_factory=list)
     processes_known: bool = False
+    process_damage: bool = False
     truncated: bool = False
     problems: list[str] = field(default_factory=list)
 
@@ -177,7 +178,7 @@ def _parse(text: str) -> CnmonTable:
     if table.tool_version is None:
         table.truncated = True
         table.problems.append("no 'CNMON vX' title line: head of the output missing")
-    if section != "procs" or not last.startswith("+"):
+    if section != "procs" or not last.startswith("+") or table.process_damage:
         table.truncated = True
         table.processes_known = False
         table.problems.append("process table missing or cut")
@@ -207,7 +208,7 @@ def _proc_row(table: CnmonTable, joined: str, closed: bool) -> None:
     m = re.fullmatch(r"([0-9]{1,12})\s*(MiB)", " ".join(toks[-2:])) if len(toks) >= 5 else None
     if not closed or not m or not toks[0].isdigit() or not toks[2].isdigit():
         table.problems.append(f"process row {joined[:40]!r} not understood")
-        table.truncated = True
+        table.process_damage = True
         return
     table.processes.append((int(toks[0]), int(toks[2]), " ".join(toks[3:-2]), int(m[1])))
 
@@ -224,8 +225,16 @@ def records_from(table: CnmonTable) -> list[CardRecord]:
     return [_record(table, card) for card in table.cards]
 
 
+#: a control character, U+FFFD (a byte that was not UTF-8) or one of these: garbled text
+_GARBLED = re.compile(r"[\x00-\x1f\x7f\ufffd#?@!*~^`%&$;=<>]")
+
+
 def _record(table: CnmonTable, card: MluCard) -> CardRecord:
-    v = card.values
+    v = dict(card.values)
+    garbled = [k for k in ("Name", "Firmware", "Driver", "Bus-Id") if _GARBLED.search(v.get(k, ""))]
+    for key in garbled:
+        card.complete = False
+        card.damage = f"{key} {v.pop(key)[:30]!r} garbled"
     rec = CardRecord(
         vendor="cambricon",
         index=card.index,
@@ -242,6 +251,9 @@ def _record(table: CnmonTable, card: MluCard) -> CardRecord:
         if name in v or card.complete:
             rec.add_error(f"cnmon {name}", why or f"{v.get(name, 'not in this layout')!r}")
 
+    for key in ("Name", "Firmware"):
+        if key not in v:
+            missing(key, "not read")
     if "Bus-Id" in v:
         rec.bus_id = normalize_bus_id(v["Bus-Id"])
     else:

@@ -14,7 +14,7 @@ Value sources (rocm-smi JSON key -> :class:`~hetpatrol.schema.CardRecord` field)
 ``cardN``                                  ``index`` (N)
 ``Card Series``                            ``model``; :func:`card_type_for` -> ``card_type``
 ``Serial Number`` / ``Unique ID``          ``serial`` / ``uuid`` (``N/A`` -> None)
-``Temperature (Sensor junction) (C)``      ``temperature_celsius`` (edge when no junction)
+``Temperature (Sensor junction) (C)``      ``temperature_celsius`` (junction only)
 ``Average Graphics Package Power (W)``     ``power_watts``
 ``DCU use (%)``                            ``utilization_ratio`` (/100)
 ``vram Total (Used) Memory (MiB)``         ``memory_total_bytes`` / ``memory_used_bytes``

@@ -12,6 +12,8 @@ Where the formats differ, the difference is read, not papered over:
   says ``GPU``. Both are the utilisation; the word also tells the two families apart on a
   node where the same program name (``rocm-smi``) is installed by either vendor
   (:attr:`RocmCard.family`; the card vendor string ``Chengdu Haiguang`` says it too).
+- **temperatures**: the junction (hotspot) sensor only; an output without it gives None
+  with the sensors it had (edge is no stand-in).
 - **empty keys**: DTK's JSON carries a ``"": ""`` entry per card (a section separator):
   skipped, not a problem.
 - **amd-smi** prints ``{"value": 10, "unit": "W"}`` objects (JSON) or ``550 W`` text
@@ -129,8 +131,6 @@ def _value(card: RocmCard, source: str, raw: Any, unit: str | None, table: dict 
 
 # ------------------------------------------------------------------ rocm-smi --json
 
-_TEMP_KEYS = ("temperature (sensor junction)", "temperature (sensor edge)")
-
 
 def _parse_rocm_json(text: str) -> RocmRead:
     try:
@@ -170,18 +170,16 @@ def _read_rocm_card(card: RocmCard, entry: dict, read: RocmRead) -> None:
         if name.startswith("dcu "):
             card.family = HYGON
         if name in ("card series", "device name") and card.model is None:
-            card.model = str(raw).strip() or None
+            card.model = _text(raw, card, key)
         elif name == "card vendor":
             if re.search(r"haiguang|hygon", str(raw), re.IGNORECASE):
                 card.family = HYGON
         elif name == "serial number":
-            text = str(raw).strip()
-            card.serial = None if text.lower() in _NA else text
+            card.serial = _text(raw, card, key)
         elif name == "unique id":
-            text = str(raw).strip()
-            card.uuid = None if text.lower() in _NA else text
+            card.uuid = _text(raw, card, key)
         elif name == "pci bus":
-            card.bus_id = normalize_bus_id(str(raw))
+            card.bus_id = normalize_bus_id(_text(raw, card, key))
         elif name.startswith("temperature (sensor"):
             temps[name] = (key, raw)
         elif name in ("gpu use", "dcu use"):
@@ -200,22 +198,25 @@ def _read_rocm_card(card: RocmCard, entry: dict, read: RocmRead) -> None:
                 card.power_watts = _value(card, key, raw, unit, _WATTS)
         elif name == "max graphics package power":
             card.power_limit_watts = _value(card, key, raw, unit, _WATTS)
-    # junction (hotspot) is the sensor the card throttles on; edge where there is none
-    for name in _TEMP_KEYS:
-        if name in temps:
-            key, raw = temps[name]
-            card.temperature_celsius = _value(card, key, raw, _unit_of(key), _CELSIUS)
-            if card.temperature_celsius is not None:
-                break
-    if not temps:
-        card.errors["temperature"] = "no Temperature (Sensor ...) key in the output"
+    # junction (hotspot) only: the sensor the card throttles on. Edge is no stand-in (a
+    # lost or damaged junction key would silently swap sensors): None with the reason.
+    if "temperature (sensor junction)" in temps:
+        key, raw = temps["temperature (sensor junction)"]
+        card.temperature_celsius = _value(card, key, raw, _unit_of(key), _CELSIUS)
+    else:
+        seen = ", ".join(sorted(temps)) or "none"
+        card.errors["temperature"] = f"no junction sensor key (sensors: {seen[:80]})"
     for what, value in (
-        ("vram", card.memory_total_bytes),
+        ("serial number", card.serial),
+        ("card series", card.model),
+        ("unique id", card.uuid),
+        ("vram total memory", card.memory_total_bytes),
+        ("vram total used memory", card.memory_used_bytes),
         ("use", card.utilization_percent),
         ("power", card.power_watts),
     ):
         if value is None and not any(what in k.lower() for k in card.errors):
-            card.errors[what] = "not in the output"
+            card.errors[what] = "not reported (key absent or N/A)"
 
 
 def _unit_of(key: str) -> str | None:
@@ -282,7 +283,9 @@ def _table_row(header: list[str], toks: list[str], read: RocmRead) -> RocmCard |
             attr, units = _TABLE_UNITS[low]
             setattr(card, attr, _value(card, f"rocm-smi {title}", cell, None, units))
         elif low not in _TABLE_SKIP:
-            read.problems.append(f"column {title[:20]!r} not understood")
+            card.errors[f"rocm-smi {title[:20]}"] = "column not understood: not read"
+            if f"column {title[:20]!r} not understood" not in read.problems:
+                read.problems.append(f"column {title[:20]!r} not understood")
     card.errors["rocm-smi memory"] = "the table prints VRAM% only: no bytes"
     card.errors["rocm-smi model"] = "the table prints no model name"
     return card
@@ -352,7 +355,10 @@ def _lower(obj: Any) -> Any:
 def _human_tree(text: str) -> list[dict[str, Any]]:
     gpus: list[dict[str, Any]] = []
     stack: list[tuple[int, dict]] = []
-    for line in text.splitlines():
+    lines = text.splitlines()
+    if lines and not text.endswith(("\n", "\r")):
+        lines.pop()  # a last line without its line end may be cut mid-value: not trusted
+    for line in lines:
         if not line.strip() or line.strip() == "..." or line.lstrip().startswith("$"):
             continue
         indent = len(line) - len(line.lstrip())
@@ -402,6 +408,7 @@ def amd_smi_cards(static: list[dict] | None, metric: list[dict] | None) -> list[
     """One :class:`RocmCard` per GPU of ``amd-smi static`` and ``amd-smi metric``
     (either may be None when that run failed), joined on the ``gpu`` index."""
     by_index: dict[int, RocmCard] = {}
+    in_static: set[int] = set()
 
     def card_for(entry: dict) -> RocmCard | None:
         idx = entry.get("gpu")
@@ -415,18 +422,17 @@ def amd_smi_cards(static: list[dict] | None, metric: list[dict] | None) -> list[
         card = card_for(entry)
         if card is None:
             continue
-        card.model = _text(_get(entry, "asic", "market_name")) or _text(
-            _get(entry, "board", "product_name")
-        )
-        card.serial = _text(_get(entry, "board", "product_serial")) or _text(
-            _get(entry, "asic", "asic_serial")
-        )
-        card.bus_id = normalize_bus_id(_text(_get(entry, "bus", "bdf")))
-        card.driver_version = _text(_get(entry, "driver", "version"))
-        card.firmware_version = _text(_get(entry, "vbios", "version"))
+        # one key each, no fallback: a garbled key must leave the value None, not swap in
+        # another field's text
+        card.model = _text(_get(entry, "asic", "market_name"), card, "amd-smi asic")
+        card.serial = _text(_get(entry, "asic", "asic_serial"), card, "amd-smi asic")
+        card.bus_id = normalize_bus_id(_text(_get(entry, "bus", "bdf"), card, "amd-smi bus"))
+        card.driver_version = _text(_get(entry, "driver", "version"), card, "amd-smi driver")
+        card.firmware_version = _text(_get(entry, "vbios", "version"), card, "amd-smi vbios")
         src, raw = _first(entry, "limit", "max_power", "socket_power", "power_cap")
         if src is not None:
             card.power_limit_watts = _value(card, "amd-smi " + src, raw, None, _WATTS)
+        in_static.add(card.index)
         kind = (_text(_get(entry, "vram", "type")) or "").lower()
         card.memory_kind = "hbm" if kind.startswith("hbm") else "gddr" if "gddr" in kind else None
         src, raw = _first(entry, "vram", "size")
@@ -439,12 +445,23 @@ def amd_smi_cards(static: list[dict] | None, metric: list[dict] | None) -> list[
             continue
         _metric(card, entry)
     for card in by_index.values():
+        for attr, what in _AMD_STATIC if card.index in in_static else ():
+            if getattr(card, attr) is None and not any(what in k for k in card.errors):
+                card.errors[f"amd-smi static {what}"] = "not in the output"
         for attr, what in _AMD_NEEDED:
             if getattr(card, attr) is None and not any(what in k for k in card.errors):
                 card.errors[f"amd-smi {what}"] = "not in the output"
     return [by_index[i] for i in sorted(by_index)]
 
 
+_AMD_STATIC = (
+    ("model", "asic.market_name"),
+    ("serial", "asic.asic_serial"),
+    ("bus_id", "bus.bdf"),
+    ("driver_version", "driver.version"),
+    ("power_limit_watts", "limit.max_power"),
+    ("memory_total_bytes", "vram.size"),
+)
 _AMD_NEEDED = (
     ("temperature_celsius", "temperature"),
     ("power_watts", "power"),
@@ -462,7 +479,7 @@ def _metric(card: RocmCard, entry: dict) -> None:
             ("socket_power", "current_socket_power", "average_socket_power"),
             _WATTS,
         ),
-        ("temperature_celsius", "temperature", ("hotspot", "junction", "edge"), _CELSIUS),
+        ("temperature_celsius", "temperature", ("hotspot", "junction"), _CELSIUS),
         ("memory_total_bytes", "mem_usage", ("total_vram",), _BYTES),
         ("memory_used_bytes", "mem_usage", ("used_vram",), _BYTES),
         ("ecc_corrected_total", "ecc", ("total_correctable_count",), None),
@@ -497,11 +514,25 @@ def _metric(card: RocmCard, entry: dict) -> None:
                         card.counters[counter + name] = int(value)
 
 
-def _text(value: Any) -> str | None:
+#: characters no model name, serial or version holds: a control character, U+FFFD (a
+#: byte that was not UTF-8) or one of these; such a text is garbled, not read
+_GARBLED = re.compile(r"[\x00-\x1f\x7f\ufffd#?@!*~^`%&$;=<>]")
+
+
+def _text(value: Any, card: RocmCard | None = None, source: str = "") -> str | None:
+    """An identity text (model, serial, id, version): None when absent, ``N/A`` or
+    garbled (then ``card.errors[source]`` says so)."""
     if value is None or isinstance(value, (dict, list)):
         return None
     text = str(value).strip()
-    return None if text.lower() in _NA or not text else text
+    if text.lower() in _NA or not text:
+        return None
+    if _GARBLED.search(text):
+        if card is not None:
+            card.errors[source] = f"garbled text {text[:40]!r}: not read"
+            card.complete = False
+        return None
+    return text
 
 
 # ------------------------------------------------------------------ records
