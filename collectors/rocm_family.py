@@ -31,6 +31,7 @@ judged ``unknown``. Nothing is ever read as 0 for lack of a value.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -159,14 +160,36 @@ def _parse_rocm_json(text: str) -> RocmRead:
     return read
 
 
+@functools.lru_cache(maxsize=1024)
+def _key_parts(key: str) -> tuple[str, str | None]:
+    """(name lower-cased, unit) of a rocm-smi key; cached: the keys repeat every patrol."""
+    m = _UNIT_KEY.match(key)
+    return " ".join((m["name"] if m else key).split()).lower(), (m["unit"] if m else None)
+
+
+#: keys read by nothing (identifiers of the PCI device and the driver's build)
+_IGNORED = frozenset(
+    {
+        "device id",
+        "device rev",
+        "subsystem id",
+        "guid",
+        "card model",
+        "card sku",
+        "node id",
+        "gfx version",
+    }
+)
+
+
 def _read_rocm_card(card: RocmCard, entry: dict, read: RocmRead) -> None:
     temps: dict[str, tuple[str, Any]] = {}
     for key, raw in entry.items():
         if key == "":  # DTK's separator entry
             continue
-        m = _UNIT_KEY.match(key)
-        name = " ".join((m["name"] if m else key).split()).lower()
-        unit = m["unit"] if m else None
+        name, unit = _key_parts(key)
+        if name in _IGNORED:
+            continue
         if name.startswith("dcu "):
             card.family = HYGON
         if name in ("card series", "device name") and card.model is None:
