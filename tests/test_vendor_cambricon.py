@@ -175,3 +175,21 @@ def test_parse_cnmon_tolerates_header_only():
     lines = text(V4).splitlines()[:7]
     with pytest.raises(CollectorError):
         parse_cnmon("\n".join(lines))
+
+
+def test_process_rows_map_to_their_slurm_job(tmp_path):
+    """cnmon's PIDs go through the same /proc lookup as every vendor's (cgroup v2 path
+    of a Slurm step: ``.../job_4242/step_0/...``)."""
+    from hetpatrol.processes import enrich
+
+    lines = text(V5).splitlines()
+    at = next(i for i, x in enumerate(lines) if "No running processes found" in x)
+    lines[at] = "|  1     0   51204   python train.py --mlu 1                    2048 MiB |"
+    (card0, card1) = collect("\n".join(lines) + "\n").records
+    proc = tmp_path / "51204"
+    proc.mkdir()
+    (proc / "status").write_text("Name:\tpython\nPPid:\t51200\nUid:\t0\t0\t0\t0\n")
+    (proc / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n")
+    enrich(card1.processes, proc_root=tmp_path)
+    assert card0.processes == []
+    assert [(p.pid, p.job_id, p.user) for p in card1.processes] == [(51204, "4242", "root")]
