@@ -48,11 +48,11 @@ from hetpatrol.collector import (
     DeviceNode,
     VendorInfo,
 )
+from hetpatrol.collectors.smi_table import PAIR, parse_blocks
 from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
 from hetpatrol.schema import CardRecord, ProcessInfo, normalize_bus_id
 
 MIB = 1 << 20
-_PAIR = re.compile(r"([0-9]{1,12})\s*([A-Za-z]{1,4})\s*/\s*([0-9]{1,12})\s*([A-Za-z]{1,4})")
 _NUM_UNIT = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,6})?)\s*([A-Za-z%]{0,4})")
 _VERSION = re.compile(r"CNMON\s+v(\S+)")
 _DRIVER = re.compile(r"Driver\s+v(\S+)")
@@ -86,19 +86,6 @@ class CnmonTable:
     problems: list[str] = field(default_factory=list)
 
 
-def _cells(line: str) -> tuple[list[str], bool]:
-    """The ``|``-cells of a row and whether the row was closed by a final ``|``."""
-    body = line.strip()
-    closed = body.endswith("|") and len(body) > 1
-    parts = body.strip("|").split("|") if closed else body.lstrip("|").split("|")
-    return (parts if closed else parts[:-1]), closed
-
-
-def _tokens(cell: str) -> list[str]:
-    """Whitespace tokens, a ``30 W/ 150 W`` pair kept as one (``30W/150W``)."""
-    return _PAIR.sub(lambda m: f"{m[1]}{m[2]}/{m[3]}{m[4]}", cell).split()
-
-
 def parse_cnmon(text: str) -> CnmonTable:
     """Parse ``cnmon`` (default table) output in one pass.
 
@@ -114,91 +101,28 @@ def parse_cnmon(text: str) -> CnmonTable:
 
 
 def _parse(text: str) -> CnmonTable:
-    table = CnmonTable()
-    header: list[list[list[str]]] = []  # [row][cell] -> names
-    section = "head"
-    pending: MluCard | None = None
-    row_no = 0
-    last = ""
-    for line in text.splitlines():
-        s = line.strip()
-        if not s:
-            continue
-        last = s
-        if s.startswith("+"):
-            if pending is not None and row_no != 2:
-                pending.complete, pending.damage = False, pending.damage or "second row missing"
-            pending, row_no = None, 0
-            continue
-        if s.startswith("|="):
-            section = "procs" if section == "proc-head" else "cards"
-            continue
-        if not s.startswith("|"):
-            continue
-        cells, closed = _cells(s)
-        joined = " ".join(s.strip("|").split())
-        if section == "head":
-            m = _VERSION.search(joined)
-            if m:
-                table.tool_version = m[1]
-                d = _DRIVER.search(joined)
-                table.driver_version = d[1] if d else None
-            elif closed and ("Card" in joined or header):  # the two header rows
-                header.append([c.split() for c in cells])
-            continue
-        if section in ("cards",) and joined.startswith("Processes"):
-            section = "proc-head"
-            continue
-        if section == "proc-head":
-            continue
-        if section == "procs":
-            _proc_row(table, joined, closed)
-            continue
-        # a card row
-        if row_no == 0:
-            toks = cells[0].split() if cells else s.strip("|").split()
-            if not toks or not toks[0].isdigit():
-                table.problems.append(f"row {joined[:40]!r} not understood")
-                continue
-            pending = MluCard(index=int(toks[0]))
-            table.cards.append(pending)
-        elif pending is None or row_no >= 2:
-            table.problems.append(f"row {joined[:40]!r} outside a card block")
-            continue
-        if len(header) < 2:
-            pending.complete, pending.damage = False, "no header rows"
-            row_no += 1
-            continue
-        _card_row(pending, header[row_no], cells, closed)
-        row_no += 1
+    blocks = parse_blocks(text, "Card", "CNMON")
+    table = CnmonTable(problems=list(blocks.problems))
+    table.cards = [MluCard(b.index, b.values, b.complete, b.damage) for b in blocks.cards]
     if not table.cards:
         raise CollectorError("cnmon: no MLU table in the output", raw=text)
-    if pending is not None and row_no != 2:
-        pending.complete, pending.damage = False, pending.damage or "output ends in the card"
-    if table.tool_version is None:
+    m = _VERSION.search(blocks.title or "")
+    if m:
+        table.tool_version = m[1]
+        d = _DRIVER.search(blocks.title or "")
+        table.driver_version = d[1] if d else None
+    else:
         table.truncated = True
         table.problems.append("no 'CNMON vX' title line: head of the output missing")
-    if section != "procs" or not last.startswith("+") or table.process_damage:
+    for joined, closed in blocks.process_rows:
+        _proc_row(table, joined, closed)
+    if not blocks.processes_complete or table.process_damage:
         table.truncated = True
         table.processes_known = False
         table.problems.append("process table missing or cut")
     else:
         table.processes_known = True
     return table
-
-
-def _card_row(card: MluCard, names: list[list[str]], cells: list[str], closed: bool) -> None:
-    if not closed:
-        card.complete, card.damage = False, "row cut"
-    for i, cell_names in enumerate(names):
-        if i >= len(cells):
-            break
-        toks = _tokens(cells[i])
-        if len(toks) != len(cell_names):
-            card.complete = False
-            card.damage = f"cell {' '.join(cell_names)!r} holds {len(toks)} values"
-            continue
-        card.values.update(zip(cell_names, toks, strict=True))
 
 
 def _proc_row(table: CnmonTable, joined: str, closed: bool) -> None:
@@ -268,12 +192,12 @@ def _record(table: CnmonTable, card: MluCard) -> CardRecord:
         rec.temperature_celsius = float(temp[1])
     else:
         missing("Temp")
-    pwr = _PAIR.fullmatch(v.get("Pwr:Usage/Cap", ""))
+    pwr = PAIR.fullmatch(v.get("Pwr:Usage/Cap", ""))
     if pwr and pwr[2] == pwr[4] == "W":
         rec.power_watts, rec.power_limit_watts = float(pwr[1]), float(pwr[3])
     else:
         missing("Pwr:Usage/Cap")
-    mem = _PAIR.fullmatch(v.get("Memory-Usage", ""))
+    mem = PAIR.fullmatch(v.get("Memory-Usage", ""))
     if mem and mem[2] == mem[4] == "MiB":
         rec.memory_kind = "fb"  # device memory; cnmon does not say LPDDR or HBM
         rec.memory_used_bytes, rec.memory_total_bytes = int(mem[1]) * MIB, int(mem[3]) * MIB
