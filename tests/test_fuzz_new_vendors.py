@@ -181,7 +181,10 @@ def test_garbage_bytes(name, data):
 @given(data=st.data())
 def test_lines_dropped(name, data):
     lines = (OTHER / name).read_bytes().splitlines(keepends=True)
-    drop = data.draw(st.sets(st.integers(0, len(lines) - 1), min_size=1, max_size=3))
+    # at most two: cnmon's second row names no card, so dropping exactly a card's second
+    # row, the border under it and the next card's first row splices two cards into one
+    # well-formed block no reader can tell from the truth (npu-smi repeats the chip id)
+    drop = data.draw(st.sets(st.integers(0, len(lines) - 1), min_size=1, max_size=2))
     kept = b"".join(x for i, x in enumerate(lines) if i not in drop)
     assert_never_invents(name, run(name, kept))
 
