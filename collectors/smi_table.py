@@ -59,10 +59,15 @@ def tokens_of(cell: str) -> list[str]:
     return PAIR.sub(lambda m: f"{m[1]}{m[2]}/{m[3]}{m[4]}", cell).split()
 
 
-def _names(cell: str) -> list[str]:
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9.:/()%-]{0,30}")
+
+
+def _names(cell: str) -> list[str] | None:
+    """The value names of a header cell; None when one is garbled (its cell unreadable)."""
     for words, name in _JOINED_NAMES:
         cell = cell.replace(words, name)
-    return cell.split()
+    names = cell.split()
+    return names if all(_NAME.fullmatch(n) for n in names) else None
 
 
 def parse_blocks(
@@ -72,7 +77,7 @@ def parse_blocks(
     rows (the first starts with ``header_word``), the card blocks, the process rows.
     ``free_text``: header names whose value may hold spaces (ixsmi's ``Name``)."""
     table = SmiTable()
-    header: list[list[list[str]]] = []
+    header: list[list[list[str] | None]] = []
     section = "head"
     pending: Block | None = None
     row_no = 0
@@ -131,13 +136,20 @@ def parse_blocks(
 
 
 def _row(
-    card: Block, names: list[list[str]], cells: list[str], closed: bool, free_text: frozenset[str]
+    card: Block,
+    names: list[list[str] | None],
+    cells: list[str],
+    closed: bool,
+    free_text: frozenset[str],
 ) -> None:
     if not closed:
         card.complete, card.damage = False, "row cut"
     for i, cell_names in enumerate(names):
         if i >= len(cells):
             break
+        if cell_names is None:
+            card.complete, card.damage = False, "header cell garbled: its values not read"
+            continue
         toks = tokens_of(cells[i])
         extra = len(toks) - len(cell_names)
         free = [j for j, n in enumerate(cell_names) if n in free_text]

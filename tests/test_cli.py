@@ -113,7 +113,7 @@ def test_validate_config_refuses_a_collector_no_plugin_provides(tmp_path, capsys
     assert main(["validate-config", str(path)]) == 78
     assert capsys.readouterr().err == (
         f"hetpatrol: configuration error: {path}:4: collectors.nvidai: no collector plugin "
-        "named 'nvidai' is installed (installed: amd, ascend, cambricon, gaudi, hygon, nvidia)\n"
+        "named 'nvidai' is installed (installed: amd, ascend, cambricon, gaudi, hygon, iluvatar, nvidia)\n"
     )
     path.write_text("node: a\ncollectors:\n  nvidia: {}\n  nvidai: {enabled: false}\n")
     assert main(["validate-config", str(path)]) == 0

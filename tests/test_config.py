@@ -86,7 +86,7 @@ BAD_CONFIGS = [
         "profiles:\n  - name: a100\n    vendor: nvidai\n",
         3,
         "profiles[0].vendor",
-        "unknown vendor 'nvidai': a collector's name, one of amd, ascend, cambricon, gaudi, hygon, nvidia",
+        "unknown vendor 'nvidai': a collector's name, one of amd, ascend, cambricon, gaudi, hygon, iluvatar, nvidia",
     ),
     (
         "defaults:\n  memory_used_ratio: {warning: 0.9, critical: 95}\n",
@@ -237,10 +237,10 @@ def test_validate_config_cli_exit_codes(tmp_path):
 
 
 def test_no_collectors_section_means_the_built_in_collectors():
-    # built-ins first, then the other registered plugins (amd, cambricon, gaudi, hygon)
+    # built-ins first, then the other registered plugins, by name
     cfg = load_config("min.yaml", text="node: x\n")
     assert [(c.name, c.enabled) for c in cfg.collectors] == [
-        (name, True) for name in ("nvidia", "ascend", "amd", "cambricon", "gaudi", "hygon")
+        (name, True) for name in ("nvidia", "ascend", "amd", "cambricon", "gaudi", "hygon", "iluvatar")
     ]
     assert load_config("none.yaml", text="collectors: {}\n").collectors == ()
 
