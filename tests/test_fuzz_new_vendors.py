@@ -1,10 +1,9 @@
 """Garbage from the new vendors' tools (hypothesis), through their real collectors.
 
 The same contract as ``test_fuzz_vendor_output.py`` holds for npu-smi and NVML: every
-recorded Hygon / AMD ``rocm-smi`` and ``amd-smi`` output, both ``cnmon`` layouts, ``ixsmi`` and the
-``hl-smi`` CSV rows,
-read in place, are mutated (cut, bytes replaced by garbage, lines dropped, non-UTF-8
-bytes, CRLF, blank lines) and handed to the collector as ``run_tool`` would. The
+recorded Hygon / AMD ``rocm-smi`` and ``amd-smi`` output, both ``cnmon`` layouts,
+``ixsmi``, ``xpu_smi`` and the ``hl-smi`` CSV rows, read in place, are mutated (cut,
+bytes replaced by garbage, lines dropped, non-UTF-8 bytes, CRLF) and handed to the collector as ``run_tool`` would. The
 collector returns cards or raises :class:`CollectorError` with the raw text kept;
 nothing else escapes. A card judged ``ok`` must be a card of the clean output that was
 ``ok`` there, and each value it carries must be the clean value or ``None`` (with an
@@ -32,6 +31,7 @@ from hetpatrol.collectors.cambricon import CambriconCollector
 from hetpatrol.collectors.gaudi import HL_FIELDS, GaudiCollector
 from hetpatrol.collectors.hygon import DEFAULT_COMMAND, HygonCollector
 from hetpatrol.collectors.iluvatar import IluvatarCollector
+from hetpatrol.collectors.kunlunxin import KunlunxinCollector
 from hetpatrol.config import load_config
 from hetpatrol.judge import judge
 from hetpatrol.tool import ToolOutput
@@ -53,6 +53,7 @@ SAMPLES = {
     "cambricon-cnmon-v4.20.11-MLU370-X4-3cards.txt": (CambriconCollector, ("cnmon",), {}),
     "cambricon-cnmon-v5.10.13-MLU370-X8-2cards.txt": (CambriconCollector, ("cnmon",), {}),
     "iluvatar-ixsmi-IX-ML-3.1.1-BI-V100.txt": (IluvatarCollector, ("ixsmi",), {}),
+    "kunlunxin-xpu_smi-R300-2cards.txt": (KunlunxinCollector, ("xpu_smi",), {}),
     "habana-hl-smi-csv-HL-325L.txt": (
         GaudiCollector,
         ("hl-smi", "-Q", ",".join(HL_FIELDS), "--format", "csv,noheader"),

@@ -23,10 +23,10 @@ Figures (goal in brackets):
   ``npu-smi info`` table (``../shared/vendor-samples/ascend/npu-smi-info_*.txt``, else the
   fixtures), CPU / chips read.
 - ``hygon_parse_us_per_card``, ``amd_parse_us_per_card``, ``cambricon_parse_us_per_card``,
-  ``gaudi_parse_us_per_card``, ``iluvatar_parse_us_per_card`` [<= 50 each]: the plugins'
-  parsers (``parse_rocm_smi``; ``parse_amd_smi_tree`` + ``amd_smi_cards`` and
-  ``parse_rocm_smi``; ``parse_cnmon`` + ``records_from``; ``parse_hl_smi_csv``;
-  ``parse_ixsmi``) over every
+  ``gaudi_parse_us_per_card``, ``iluvatar_parse_us_per_card``,
+  ``kunlunxin_parse_us_per_card`` [<= 50 each]: the plugins' parsers (``parse_rocm_smi``;
+  ``parse_amd_smi_tree`` + ``amd_smi_cards`` and ``parse_rocm_smi``; ``parse_cnmon`` +
+  ``records_from``; ``parse_hl_smi_csv``; ``parse_ixsmi``; ``parse_xpu_smi``) over every
   recorded output of that vendor (``../shared/vendor-samples/other-vendors/``), CPU /
   cards read. ``--parsers-only`` prints these (and the Ascend figure) alone.
 - ``nvidia_collect_us_per_gpu`` [<= 300]: ``NvidiaCollector.collect`` over the replayed
@@ -101,6 +101,7 @@ KEYS = (
     "cambricon_parse_us_per_card",
     "gaudi_parse_us_per_card",
     "iluvatar_parse_us_per_card",
+    "kunlunxin_parse_us_per_card",
     "nvidia_collect_us_per_gpu",
     "scrape_p50_ms",
     "scrape_p99_ms",
@@ -122,6 +123,7 @@ GOALS: dict[str, tuple[str, float, str]] = {
     "cambricon_parse_us_per_card": ("<=", 50.0, "<= 50"),
     "gaudi_parse_us_per_card": ("<=", 50.0, "<= 50"),
     "iluvatar_parse_us_per_card": ("<=", 50.0, "<= 50"),
+    "kunlunxin_parse_us_per_card": ("<=", 50.0, "<= 50"),
     "nvidia_collect_us_per_gpu": ("<=", 300.0, "<= 300"),
     "scrape_p99_ms": ("<=", 2.0, "<= 2"),
     "scrape_rate_per_s": (">=", 500.0, ">= 500"),
@@ -303,6 +305,7 @@ def vendor_parsers() -> dict[str, tuple[list[str], Callable[[str], int]]]:
     from hetpatrol.collectors.cambricon import parse_cnmon, records_from
     from hetpatrol.collectors.gaudi import parse_hl_smi_csv
     from hetpatrol.collectors.iluvatar import parse_ixsmi
+    from hetpatrol.collectors.kunlunxin import parse_xpu_smi
     from hetpatrol.collectors.rocm_family import amd_smi_cards, parse_amd_smi_tree, parse_rocm_smi
 
     other = SAMPLES / "other-vendors"
@@ -323,6 +326,7 @@ def vendor_parsers() -> dict[str, tuple[list[str], Callable[[str], int]]]:
         "cambricon": (read("cambricon-cnmon-*"), lambda t: len(records_from(parse_cnmon(t)))),
         "gaudi": (read("habana-hl-smi-csv-*"), lambda t: len(parse_hl_smi_csv(t)[0])),
         "iluvatar": (read("iluvatar-ixsmi-*"), lambda t: len(parse_ixsmi(t)[1])),
+        "kunlunxin": (read("kunlunxin-xpu_smi-*"), lambda t: len(parse_xpu_smi(t)[0])),
     }
 
 
