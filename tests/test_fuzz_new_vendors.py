@@ -3,8 +3,8 @@
 The same contract as ``test_fuzz_vendor_output.py`` holds for npu-smi and NVML: every
 recorded Hygon / AMD ``rocm-smi`` and ``amd-smi`` output, both ``cnmon`` layouts,
 ``ixsmi``, ``xpu_smi`` and the ``hl-smi`` CSV rows, read in place, are mutated (cut,
-bytes replaced by garbage, lines dropped, non-UTF-8 bytes, CRLF) and handed to the collector as ``run_tool`` would. The
-collector returns cards or raises :class:`CollectorError` with the raw text kept;
+bytes replaced by garbage, lines dropped, non-UTF-8 bytes, CRLF) and handed to the
+collector as ``run_tool`` would. The collector returns cards or raises :class:`CollectorError` with the raw text kept;
 nothing else escapes. A card judged ``ok`` must be a card of the clean output that was
 ``ok`` there, and each value it carries must be the clean value or ``None`` (with an
 error entry): never a guess. Mutations that change nothing a reader relies on (CRLF,
