@@ -3,12 +3,12 @@
 The same contract as ``test_fuzz_vendor_output.py`` holds for npu-smi and NVML: every
 recorded Hygon / AMD ``rocm-smi`` and ``amd-smi`` output, both ``cnmon`` layouts,
 ``ixsmi``, ``xpu_smi`` and the ``hl-smi`` CSV rows, read in place, are mutated (cut,
-bytes replaced by garbage, lines dropped, non-UTF-8 bytes, CRLF) and handed to the
-collector as ``run_tool`` would. The collector returns cards or raises :class:`CollectorError` with the raw text kept;
-nothing else escapes. A card judged ``ok`` must be a card of the clean output that was
-``ok`` there, and each value it carries must be the clean value or ``None`` (with an
-error entry): never a guess. Mutations that change nothing a reader relies on (CRLF,
-blank lines between table rows) must give the clean cards.
+bytes replaced by garbage, lines dropped, CRLF line ends) and handed to the collector
+as ``run_tool`` would (undecodable bytes replaced). The collector returns cards or
+raises :class:`CollectorError` with the raw text kept; nothing else escapes. A card
+judged ``ok`` must be a card of the clean output that was ``ok`` there, and each value
+it carries must be the clean value or ``None`` (with an error entry): never a guess.
+CRLF line ends and JSON keys in another order must give exactly the clean cards.
 
 Garbage bytes are never digits, letters, ``|``, ``/``, ``.``, ``-``, ``+``, ``:``,
 quotes, braces or space (a digit turned into another is a different reading no parser
