@@ -2,7 +2,7 @@
 
 The same contract as ``test_fuzz_vendor_output.py`` holds for npu-smi and NVML: every
 recorded Hygon / AMD ``rocm-smi`` and ``amd-smi`` output, both ``cnmon`` layouts,
-``ixsmi``, ``xpu_smi`` and the ``hl-smi`` CSV rows, read in place, are mutated (cut,
+``ixsmi``, ``xpu_smi``, ``efsmi`` and the ``hl-smi`` CSV rows, read in place, are mutated (cut,
 bytes replaced by garbage, lines dropped, CRLF line ends) and handed to the collector
 as ``run_tool`` would (undecodable bytes replaced). The collector returns cards or
 raises :class:`CollectorError` with the raw text kept; nothing else escapes. A card
@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from hetpatrol.collector import CollectorError
 from hetpatrol.collectors.amd import ROCM_SMI_COMMAND, AmdCollector
 from hetpatrol.collectors.cambricon import CambriconCollector
+from hetpatrol.collectors.enflame import EnflameCollector
 from hetpatrol.collectors.gaudi import HL_FIELDS, GaudiCollector
 from hetpatrol.collectors.hygon import DEFAULT_COMMAND, HygonCollector
 from hetpatrol.collectors.iluvatar import IluvatarCollector
@@ -54,6 +55,7 @@ SAMPLES = {
     "cambricon-cnmon-v5.10.13-MLU370-X8-2cards.txt": (CambriconCollector, ("cnmon",), {}),
     "iluvatar-ixsmi-IX-ML-3.1.1-BI-V100.txt": (IluvatarCollector, ("ixsmi",), {}),
     "kunlunxin-xpu_smi-R300-2cards.txt": (KunlunxinCollector, ("xpu_smi",), {}),
+    "enflame-efsmi-v1.2.0-S60-2cards.txt": (EnflameCollector, ("efsmi",), {}),
     "habana-hl-smi-csv-HL-325L.txt": (
         GaudiCollector,
         ("hl-smi", "-Q", ",".join(HL_FIELDS), "--format", "csv,noheader"),

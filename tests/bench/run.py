@@ -24,9 +24,10 @@ Figures (goal in brackets):
   fixtures), CPU / chips read.
 - ``hygon_parse_us_per_card``, ``amd_parse_us_per_card``, ``cambricon_parse_us_per_card``,
   ``gaudi_parse_us_per_card``, ``iluvatar_parse_us_per_card``,
-  ``kunlunxin_parse_us_per_card`` [<= 50 each]: the plugins' parsers (``parse_rocm_smi``;
-  ``parse_amd_smi_tree`` + ``amd_smi_cards`` and ``parse_rocm_smi``; ``parse_cnmon`` +
-  ``records_from``; ``parse_hl_smi_csv``; ``parse_ixsmi``; ``parse_xpu_smi``) over every
+  ``kunlunxin_parse_us_per_card``, ``enflame_parse_us_per_card`` [<= 50 each]: the
+  plugins' parsers (``parse_rocm_smi``; ``parse_amd_smi_tree`` + ``amd_smi_cards`` and
+  ``parse_rocm_smi``; ``parse_cnmon`` + ``records_from``; ``parse_hl_smi_csv``;
+  ``parse_ixsmi``; ``parse_xpu_smi``; ``parse_efsmi``) over every
   recorded output of that vendor (``../shared/vendor-samples/other-vendors/``), CPU /
   cards read. ``--parsers-only`` prints these (and the Ascend figure) alone.
 - ``nvidia_collect_us_per_gpu`` [<= 300]: ``NvidiaCollector.collect`` over the replayed
@@ -102,6 +103,7 @@ KEYS = (
     "gaudi_parse_us_per_card",
     "iluvatar_parse_us_per_card",
     "kunlunxin_parse_us_per_card",
+    "enflame_parse_us_per_card",
     "nvidia_collect_us_per_gpu",
     "scrape_p50_ms",
     "scrape_p99_ms",
@@ -124,6 +126,7 @@ GOALS: dict[str, tuple[str, float, str]] = {
     "gaudi_parse_us_per_card": ("<=", 50.0, "<= 50"),
     "iluvatar_parse_us_per_card": ("<=", 50.0, "<= 50"),
     "kunlunxin_parse_us_per_card": ("<=", 50.0, "<= 50"),
+    "enflame_parse_us_per_card": ("<=", 50.0, "<= 50"),
     "nvidia_collect_us_per_gpu": ("<=", 300.0, "<= 300"),
     "scrape_p99_ms": ("<=", 2.0, "<= 2"),
     "scrape_rate_per_s": (">=", 500.0, ">= 500"),
@@ -303,6 +306,7 @@ def bench_ascend(repeats: int) -> dict[str, Any]:
 def vendor_parsers() -> dict[str, tuple[list[str], Callable[[str], int]]]:
     """vendor -> (recorded outputs, parse one and return its card count)."""
     from hetpatrol.collectors.cambricon import parse_cnmon, records_from
+    from hetpatrol.collectors.enflame import parse_efsmi
     from hetpatrol.collectors.gaudi import parse_hl_smi_csv
     from hetpatrol.collectors.iluvatar import parse_ixsmi
     from hetpatrol.collectors.kunlunxin import parse_xpu_smi
@@ -327,6 +331,7 @@ def vendor_parsers() -> dict[str, tuple[list[str], Callable[[str], int]]]:
         "gaudi": (read("habana-hl-smi-csv-*"), lambda t: len(parse_hl_smi_csv(t)[0])),
         "iluvatar": (read("iluvatar-ixsmi-*"), lambda t: len(parse_ixsmi(t)[1])),
         "kunlunxin": (read("kunlunxin-xpu_smi-*"), lambda t: len(parse_xpu_smi(t)[0])),
+        "enflame": (read("enflame-efsmi-*"), lambda t: len(parse_efsmi(t)[0])),
     }
 
 
