@@ -73,7 +73,6 @@ ROCM_SMI_COMMAND = (
     "--showuniqueid",
     "--json",
 )
-MAX_CARDS = 16
 
 
 def card_type_for(model: str | None) -> str:
@@ -98,11 +97,16 @@ class AmdCollector(Collector):
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
         # ROCm containers get /dev/kfd and /dev/dri (rocm.docs.amd.com, "Running ROCm
         # Docker containers": --device=/dev/kfd --device=/dev/dri)
+        # (majors "kfd" and "drm", see hetpatrol.collectors.hygon: the unit allows both)
         device_nodes=(
-            DeviceNode("/dev/kfd", "rw", "amd-smi"),
-            DeviceNode("/dev/dri/renderD{n}", "rw", "amd-smi", None, MAX_CARDS),
+            DeviceNode("/dev/kfd", "rw", "amd-smi", "kfd"),
+            DeviceNode("/dev/dri", "rw", "amd-smi", "drm"),
         ),
-        tool_dirs={"amd-smi": ("/opt/rocm/bin",), "rocm-smi": ("/opt/rocm/bin",)},
+        # the same rocm-smi tuple as the hygon plugin's (one program name, one entry)
+        tool_dirs={
+            "amd-smi": ("/opt/rocm/bin",),
+            "rocm-smi": ("/opt/rocm/bin", "/opt/dtk/bin", "/opt/hyhal/bin"),
+        },
     )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):

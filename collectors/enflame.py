@@ -198,13 +198,14 @@ class EnflameCollector(Collector):
 
     name: ClassVar[str] = "enflame"
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
-        # /dev/gcuN per device and /dev/gcuctl (PaddlePaddle docs hardware_support/gcu:
-        # docker run ... --device=/dev/gcu0 ... or --privileged)
+        # /dev/gcuctl and /dev/gcuN per device; efsmi in /usr/sbin (the device plugins'
+        # Enflame backends: deviceCtlPath "/dev/gcuctl", prefix "/dev/gcu", smiPath
+        # "/usr/sbin/efsmi"); 8 per node
         device_nodes=(
             DeviceNode("/dev/gcuctl", "rw", "efsmi"),
-            DeviceNode("/dev/gcu{n}", "rw", "efsmi", None, 16),
+            DeviceNode("/dev/gcu{n}", "rw", "efsmi", None, 8),
         ),
-        tool_dirs={"efsmi": ("/usr/bin", "/usr/local/bin")},
+        tool_dirs={"efsmi": ("/usr/sbin",)},
     )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):

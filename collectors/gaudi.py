@@ -156,11 +156,12 @@ class GaudiCollector(Collector):
 
     name: ClassVar[str] = "gaudi"
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
-        # containers get /dev/accel/accelN and accel_controlDN (Intel Gaudi docs, "Docker
-        # Installation": the habana container runtime mounts /dev/accel/*)
+        # /dev/accel/accelN and accel_controlDN: the kernel's compute-accelerator major
+        # "accel" (drivers/accel/drm_accel.c: register_chrdev(ACCEL_MAJOR, "accel", ...)),
+        # which the habanalabs driver uses since Linux 6.2; the unit allows that major
         device_nodes=(
-            DeviceNode("/dev/accel/accel{n}", "rw", "hl-smi", None, 8),
-            DeviceNode("/dev/accel/accel_controlD{n}", "rw", "hl-smi", None, 8),
+            DeviceNode("/dev/accel/accel{n}", "rw", "hl-smi", "accel", 8),
+            DeviceNode("/dev/accel/accel_controlD{n}", "rw", "hl-smi", "accel", 8),
         ),
         tool_dirs={"hl-smi": ("/usr/bin",)},
     )

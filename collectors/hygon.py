@@ -60,8 +60,6 @@ DEFAULT_COMMAND = (
     "--showuniqueid",
     "--json",
 )
-#: /dev/dri/renderD128.. per card: 8 DCUs is the largest node we know of
-MAX_CARDS = 16
 
 
 def card_type_for(model: str | None) -> str:
@@ -90,11 +88,19 @@ class HygonCollector(Collector):
         # the DTK is the ROCm stack: /dev/kfd (compute) and the DRM render nodes, as
         # containers are started on DCU nodes (docker run --device=/dev/kfd
         # --device=/dev/dri, Hygon DTK / PaddlePaddle docs hardware_support/dcu)
+        # /dev/kfd is major "kfd" (amdkfd kfd_chardev.c: register_chrdev(0, kfd_dev_name)
+        # with kfd_dev_name "kfd"); the render nodes /dev/dri/renderD128.. are major "drm"
+        # (drm_drv.c: register_chrdev(DRM_MAJOR, "drm", ...)): the unit allows both majors
         device_nodes=(
-            DeviceNode("/dev/kfd", "rw", "rocm-smi"),
-            DeviceNode("/dev/dri/renderD{n}", "rw", "rocm-smi", None, MAX_CARDS),
+            DeviceNode("/dev/kfd", "rw", "rocm-smi", "kfd"),
+            DeviceNode("/dev/dri", "rw", "rocm-smi", "drm"),
         ),
-        tool_dirs={"rocm-smi": ("/opt/dtk/bin", "/opt/hyhal/bin"), "hy-smi": ("/opt/hyhal/bin",)},
+        # rocm-smi: DTK's bin (/opt/dtk, linked as /opt/rocm on DTK nodes) or AMD's ROCm; the
+        # same tuple in the amd plugin (host_access keys tool directories by program name)
+        tool_dirs={
+            "rocm-smi": ("/opt/rocm/bin", "/opt/dtk/bin", "/opt/hyhal/bin"),
+            "hy-smi": ("/opt/hyhal/bin",),
+        },
     )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):

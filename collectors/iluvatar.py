@@ -134,9 +134,13 @@ class IluvatarCollector(Collector):
 
     name: ClassVar[str] = "iluvatar"
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
-        # CoreX exposes /dev/iluvatarN per GPU (gpustack and Iluvatar's container toolkit
-        # pass --device=/dev/iluvatar0 ...)
-        device_nodes=(DeviceNode("/dev/iluvatar{n}", "rw", "ixsmi", None, 16),),
+        # CoreX: /dev/itrctl and one /dev/iluvatarN per GPU (containers are started with
+        # --device=/dev/itrctl --device=/dev/iluvatar0..15: "without it
+        # cudaGetDeviceCount() fails"); 16 covers the dual-chip BI-V150 x 8
+        device_nodes=(
+            DeviceNode("/dev/itrctl", "rw", "ixsmi"),
+            DeviceNode("/dev/iluvatar{n}", "rw", "ixsmi", None, 16),
+        ),
         tool_dirs={"ixsmi": ("/usr/local/corex/bin",)},
     )
 

@@ -169,11 +169,11 @@ class KunlunxinCollector(Collector):
     name: ClassVar[str] = "kunlunxin"
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
         # one /dev/xpuN per device (the INODE column of xpu_smi) and /dev/xpuctrl
-        # (PaddlePaddle docs hardware_support/xpu: docker run --device=/dev/xpu0 ...
-        # --device=/dev/xpuctrl)
+        # (PaddlePaddle docs hardware_support/xpu: docker run --device=/dev/xpu0..7
+        # --device=/dev/xpuctrl); 8 per node
         device_nodes=(
             DeviceNode("/dev/xpuctrl", "rw", "xpu_smi"),
-            DeviceNode("/dev/xpu{n}", "rw", "xpu_smi", None, 16),
+            DeviceNode("/dev/xpu{n}", "rw", "xpu_smi", None, 8),
         ),
         tool_dirs={"xpu_smi": ("/usr/local/xpu/bin", "/usr/bin")},
     )

@@ -116,3 +116,31 @@ def test_exposition_of_all_new_vendors_passes_promtool(tmp_path):
                 [promtool, "check", "metrics"], stdin=fh, capture_output=True, text=True
             )
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_unit_runs_every_new_vendors_tool_and_opens_its_devices():
+    """The shipped unit's PATH holds a directory each new plugin declares for its tool
+    (the sandbox test in test_systemd_unit.py covers the device nodes of every plugin)."""
+    from pathlib import Path
+
+    from hetpatrol.collector import load_collector
+
+    unit = (Path(__file__).resolve().parents[1] / "systemd" / "hetpatrol.service").read_text()
+    (path,) = [
+        ln.split("=", 2)[2] for ln in unit.splitlines() if ln.startswith("Environment=PATH=")
+    ]
+    on_path = set(path.split(":"))
+    tools = {
+        "amd": ["amd-smi", "rocm-smi"],
+        "hygon": ["rocm-smi"],
+        "cambricon": ["cnmon"],
+        "gaudi": ["hl-smi"],
+        "iluvatar": ["ixsmi"],
+        "kunlunxin": ["xpu_smi"],
+        "enflame": ["efsmi"],
+    }
+    for name, programs in tools.items():
+        info = load_collector(name).vendor_info
+        assert info.device_nodes, name
+        for program in programs:
+            assert set(info.tool_dirs[program]) & on_path, (name, program)
