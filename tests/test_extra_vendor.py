@@ -1,8 +1,8 @@
 """A new vendor is one plugin file plus its profile data (#11).
 
 The test writes a temporary package holding only ``acme_collector.py`` (the plugin, with
-its health words, link kind and kernel-log line), ``acme_collector_profiles.yaml`` (its card type and
-GRES name) and the ``.dist-info`` that registers it in the ``hetpatrol.collectors``
+its health words, link kind and kernel-log line), ``acme_collector_profiles.yaml`` (its
+card type and GRES name) and the ``.dist-info`` that registers it in the ``hetpatrol.collectors``
 entry-point group, as ``pip install`` would. Nothing in hetpatrol is edited: its cards
 are judged by the plugin's profile (and its kernel-log line), exported in Prometheus and
 JSONL, counted against the Slurm GRES registration and shown by ``hetpatrol status``.
