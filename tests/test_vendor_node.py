@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
+from pathlib import Path
 
 import jsonschema
+import psutil
 from conftest import NODES, require_program, samples_dir
 
 from hetpatrol.config import load_config
@@ -121,8 +124,6 @@ def test_exposition_of_all_new_vendors_passes_promtool(tmp_path):
 def test_the_unit_runs_every_new_vendors_tool_and_opens_its_devices():
     """The shipped unit's PATH holds a directory each new plugin declares for its tool
     (the sandbox test in test_systemd_unit.py covers the device nodes of every plugin)."""
-    from pathlib import Path
-
     from hetpatrol.collector import load_collector
 
     unit = (Path(__file__).resolve().parents[1] / "systemd" / "hetpatrol.service").read_text()
@@ -144,3 +145,42 @@ def test_the_unit_runs_every_new_vendors_tool_and_opens_its_devices():
         assert info.device_nodes, name
         for program in programs:
             assert set(info.tool_dirs[program]) & on_path, (name, program)
+
+
+def test_a_real_hung_tool_is_killed_once_per_patrol_and_reported_hung(tmp_path):
+    """A real ``cnmon`` that prints half a table, ignores SIGTERM and hangs: the real
+    run_tool kills its process group at the timeout; the patrol reports the collector
+    ``hung`` with what it printed, and the next patrol runs it once more (no pile-up)."""
+    marker = "2917.75"  # a sleep length nothing else uses
+    tool = tmp_path / "cnmon"
+    tool.write_text(
+        "#!/bin/sh\ntrap '' TERM HUP INT\n"
+        f"echo run >> '{tmp_path / 'runs'}'\n"
+        "printf '+-------+\\n| CNMON v5.10.13 '\n"
+        f"sleep {marker}\n"
+    )
+    tool.chmod(0o755)
+    config = load_config(
+        text=f"node: n1\nlisten: null\ncollectors:\n  cambricon: {{command: ['{tool}'], "
+        "timeout_seconds: 1}\n"
+    )
+    patroller = Patroller(config)
+    try:
+        for _ in range(2):
+            started = time.monotonic()
+            report = patroller.run()
+            assert time.monotonic() - started < 5
+            (status,) = [s for s in report.collectors if s.name == "cambricon"]
+            assert (status.state, status.up) == ("hung", False)
+            assert status.error == "cnmon hung: killed after 1s"
+            assert status.raw == "+-------+\n| CNMON v5.10.13 "
+            assert not report.cards and report.health != "ok", report.health
+    finally:
+        patroller.close()
+    assert (tmp_path / "runs").read_text() == "run\nrun\n"
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline", "status"])
+        if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != "zombie"
+    ]
+    assert left == [], left
