@@ -5,7 +5,7 @@ per GPU.
 Each patrol runs ``amd-smi static --json`` (model, serial, bus id, driver, VBIOS, power
 limit) and ``amd-smi metric --json`` (use, power, temperatures, VRAM, ECC in total and
 per block), each once and both within ``timeout_seconds`` together; the two are joined
-on the ``gpu`` index (:func:`hetpatrol.collectors.rocm_family.amd_smi_cards`). When
+on the ``gpu`` index (:func:`hetpatrol.collectors.amd_smi.amd_smi_cards`). When
 ``amd-smi`` is not installed, ``rocm-smi ... --json`` is run once instead
 (:func:`~hetpatrol.collectors.rocm_family.parse_rocm_smi`; the byte-valued ``VRAM ...
 (B)`` keys). The human ``KEY: value`` form of amd-smi is read as well (a site may set
@@ -48,13 +48,8 @@ from hetpatrol.collector import (
     DeviceNode,
     VendorInfo,
 )
-from hetpatrol.collectors.rocm_family import (
-    AMD,
-    amd_smi_cards,
-    parse_amd_smi_tree,
-    parse_rocm_smi,
-    to_record,
-)
+from hetpatrol.collectors.amd_smi import amd_smi_cards, parse_amd_smi_tree
+from hetpatrol.collectors.rocm_family import AMD, parse_rocm_smi, to_record
 from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
 
 STATIC_COMMAND = ("amd-smi", "static", "--json")

@@ -1,6 +1,7 @@
 """The ROCm family's tools read into one shape: ``rocm-smi`` (AMD, and Hygon's DTK build),
 ``hy-smi`` where it prints the same, and ``amd-smi`` (JSON or its human ``KEY: value``
-tree). Shared by :mod:`hetpatrol.collectors.hygon` and :mod:`hetpatrol.collectors.amd`.
+tree, in :mod:`hetpatrol.collectors.amd_smi`). Shared by :mod:`hetpatrol.collectors.hygon`
+and :mod:`hetpatrol.collectors.amd`.
 
 Where the formats differ, the difference is read, not papered over:
 
@@ -44,13 +45,13 @@ HYGON = "hygon"
 AMD = "amd"
 
 _UNIT_KEY = re.compile(r"^(?P<name>.*?)\s*\((?P<unit>[^()]*)\)\s*$")
-_NUM = re.compile(r"[-+]?[0-9]{1,15}(?:\.[0-9]{1,9})?")
+NUM = re.compile(r"[-+]?[0-9]{1,15}(?:\.[0-9]{1,9})?")
 _NUM_UNIT = re.compile(r"(?P<num>[-+]?[0-9]{1,15}(?:\.[0-9]{1,9})?)\s*(?P<unit>[^\s0-9.]*)")
 _NA = frozenset({"n/a", "na", "-", "--", "not supported", "unknown"})
 #: unit -> factor to bytes
-_BYTES = {"b": 1, "kib": 1024, "mib": 1 << 20, "mb": 1 << 20, "gib": 1 << 30}
-_WATTS = {"w": 1.0, "mw": 0.001}
-_CELSIUS = {"c", "°c", "\u2103", "celsius"}
+BYTES = {"b": 1, "kib": 1024, "mib": 1 << 20, "mb": 1 << 20, "gib": 1 << 30}
+WATTS = {"w": 1.0, "mw": 0.001}
+CELSIUS = {"c", "°c", "\u2103", "celsius"}
 
 
 @dataclass
@@ -95,7 +96,7 @@ class RocmRead:
     problems: list[str] = field(default_factory=list)
 
 
-def _value(card: RocmCard, source: str, raw: Any, unit: str | None, table: dict | set | None):
+def read_value(card: RocmCard, source: str, raw: Any, unit: str | None, table: dict | set | None):
     """``raw`` (text, number or ``{"value", "unit"}``) converted by ``unit``; None with
     ``card.errors[source]`` set when N/A, garbled or in a unit not understood."""
     if isinstance(raw, dict) and "value" in raw:
@@ -193,39 +194,39 @@ def _read_rocm_card(card: RocmCard, entry: dict, read: RocmRead) -> None:
         if name.startswith("dcu "):
             card.family = HYGON
         if name in ("card series", "device name") and card.model is None:
-            card.model = _text(raw, card, key)
+            card.model = identity_text(raw, card, key)
         elif name == "card vendor":
             if re.search(r"haiguang|hygon", str(raw), re.IGNORECASE):
                 card.family = HYGON
         elif name == "serial number":
-            card.serial = _text(raw, card, key)
+            card.serial = identity_text(raw, card, key)
         elif name == "unique id":
-            card.uuid = _text(raw, card, key)
+            card.uuid = identity_text(raw, card, key)
         elif name == "pci bus":
-            card.bus_id = normalize_bus_id(_text(raw, card, key))
+            card.bus_id = normalize_bus_id(identity_text(raw, card, key))
         elif name.startswith("temperature (sensor"):
             temps[name] = (key, raw)
         elif name in ("gpu use", "dcu use"):
-            card.utilization_percent = _value(card, key, raw, unit, {"%"})
+            card.utilization_percent = read_value(card, key, raw, unit, {"%"})
         elif name == "vram total memory":
-            total = _value(card, key, raw, unit, _BYTES)
+            total = read_value(card, key, raw, unit, BYTES)
             card.memory_total_bytes = int(total) if total is not None else None
         elif name == "vram total used memory":
-            used = _value(card, key, raw, unit, _BYTES)
+            used = read_value(card, key, raw, unit, BYTES)
             card.memory_used_bytes = int(used) if used is not None else None
         elif name in (
             "average graphics package power",
             "current socket graphics package power",
         ):
             if card.power_watts is None:
-                card.power_watts = _value(card, key, raw, unit, _WATTS)
+                card.power_watts = read_value(card, key, raw, unit, WATTS)
         elif name == "max graphics package power":
-            card.power_limit_watts = _value(card, key, raw, unit, _WATTS)
+            card.power_limit_watts = read_value(card, key, raw, unit, WATTS)
     # junction (hotspot) only: the sensor the card throttles on. Edge is no stand-in (a
     # lost or damaged junction key would silently swap sensors): None with the reason.
     if "temperature (sensor junction)" in temps:
         key, raw = temps["temperature (sensor junction)"]
-        card.temperature_celsius = _value(card, key, raw, _unit_of(key), _CELSIUS)
+        card.temperature_celsius = read_value(card, key, raw, _unit_of(key), CELSIUS)
     else:
         seen = ", ".join(sorted(temps)) or "none"
         card.errors["temperature"] = f"no junction sensor key (sensors: {seen[:80]})"
@@ -251,9 +252,9 @@ def _unit_of(key: str) -> str | None:
 
 _TABLE_UNITS = {
     "temp": ("temperature_celsius", {"c", "°c"}),
-    "avgpwr": ("power_watts", _WATTS),
-    "power": ("power_watts", _WATTS),
-    "pwrcap": ("power_limit_watts", _WATTS),
+    "avgpwr": ("power_watts", WATTS),
+    "power": ("power_watts", WATTS),
+    "pwrcap": ("power_limit_watts", WATTS),
     "dcu%": ("utilization_percent", {"%"}),
     "gpu%": ("utilization_percent", {"%"}),
 }
@@ -291,7 +292,7 @@ def _parse_rocm_table(text: str) -> RocmRead:
 
 
 def _table_row(header: list[str], toks: list[str], read: RocmRead) -> RocmCard | None:
-    if not _NUM.fullmatch(toks[0]) or "." in toks[0]:
+    if not NUM.fullmatch(toks[0]) or "." in toks[0]:
         read.problems.append(f"row {' '.join(toks)[:40]!r} not understood")
         return None
     card = RocmCard(index=int(toks[0]), family=HYGON if header[0] == "DCU" else AMD)
@@ -304,7 +305,7 @@ def _table_row(header: list[str], toks: list[str], read: RocmRead) -> RocmCard |
         low = title.lower()
         if low in _TABLE_UNITS:
             attr, units = _TABLE_UNITS[low]
-            setattr(card, attr, _value(card, f"rocm-smi {title}", cell, None, units))
+            setattr(card, attr, read_value(card, f"rocm-smi {title}", cell, None, units))
         elif low not in _TABLE_SKIP:
             card.errors[f"rocm-smi {title[:20]}"] = "column not understood: not read"
             if f"column {title[:20]!r} not understood" not in read.problems:
@@ -334,215 +335,12 @@ def parse_rocm_smi(text: str) -> RocmRead:
         ) from exc
 
 
-# ------------------------------------------------------------------ amd-smi
-
-
-def parse_amd_smi_tree(text: str) -> list[dict[str, Any]]:
-    """``amd-smi`` output as a list of per-GPU mappings with lower-case keys.
-
-    JSON (a list, or ``{"gpu_data": [...]}`` in newer releases) is taken as is; the
-    human form (``GPU: 0`` then indented ``KEY: value`` lines) is turned into the same
-    nesting (``CPU:`` blocks are skipped, a ``...`` line ends nothing). Raises
-    :class:`CollectorError` when no ``GPU`` entry is found.
-    """
-    # a shell echo of the command line may precede the document
-    start = re.search(r"^[ \t]*[\[{]", text, re.MULTILINE)
-    if start is not None and not _HUMAN_GPU.search(text):
-        try:
-            doc = json.loads(text[start.start() :])
-        except ValueError as exc:
-            raise CollectorError(f"amd-smi --json: not JSON ({exc})", raw=text) from None
-        if isinstance(doc, dict):
-            doc = doc.get("gpu_data", [doc])
-        if not isinstance(doc, list):
-            raise CollectorError("amd-smi --json: not a list of GPUs", raw=text)
-        gpus = [_lower(e) for e in doc if isinstance(e, dict) and "gpu" in e]
-    else:
-        gpus = _human_tree(text)
-    if not gpus:
-        raise CollectorError("amd-smi: no GPU entry in the output", raw=text)
-    return gpus
-
-
-_HUMAN_GPU = re.compile(r"^GPU:[ \t]*[0-9]+[ \t]*$", re.MULTILINE)
-
-
-def _lower(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k).lower(): _lower(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_lower(v) for v in obj]
-    return obj
-
-
-def _human_tree(text: str) -> list[dict[str, Any]]:
-    gpus: list[dict[str, Any]] = []
-    stack: list[tuple[int, dict]] = []
-    lines = text.splitlines()
-    if lines and not text.endswith(("\n", "\r")):
-        lines.pop()  # a last line without its line end may be cut mid-value: not trusted
-    for line in lines:
-        if not line.strip() or line.strip() == "..." or line.lstrip().startswith("$"):
-            continue
-        indent = len(line) - len(line.lstrip())
-        key, sep, value = line.strip().partition(":")
-        if not sep:
-            continue
-        key, value = key.strip().lower(), value.strip()
-        if indent == 0:
-            stack = []
-            if key == "gpu" and _NUM.fullmatch(value):
-                entry: dict[str, Any] = {"gpu": int(value)}
-                gpus.append(entry)
-                stack = [(-1, entry)]
-            continue
-        if not stack:
-            continue
-        while len(stack) > 1 and stack[-1][0] >= indent:
-            stack.pop()
-        parent = stack[-1][1]
-        if value == "":
-            child: dict[str, Any] = {}
-            parent[key] = child
-            stack.append((indent, child))
-        else:
-            parent[key] = value
-    return gpus
-
-
-def _get(entry: dict, *path: str) -> Any:
-    node: Any = entry
-    for part in path:
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def _first(entry: dict, section: str, *keys: str) -> tuple[str | None, Any]:
-    for key in keys:
-        value = _get(entry, section, key)
-        if value is not None:
-            return f"{section}.{key}", value
-    return None, None
-
-
-def amd_smi_cards(static: list[dict] | None, metric: list[dict] | None) -> list[RocmCard]:
-    """One :class:`RocmCard` per GPU of ``amd-smi static`` and ``amd-smi metric``
-    (either may be None when that run failed), joined on the ``gpu`` index."""
-    by_index: dict[int, RocmCard] = {}
-    in_static: set[int] = set()
-
-    def card_for(entry: dict) -> RocmCard | None:
-        idx = entry.get("gpu")
-        if isinstance(idx, str) and idx.isdigit():
-            idx = int(idx)
-        if not isinstance(idx, int) or isinstance(idx, bool):
-            return None
-        return by_index.setdefault(idx, RocmCard(index=idx))
-
-    for entry in static or []:
-        card = card_for(entry)
-        if card is None:
-            continue
-        # one key each, no fallback: a garbled key must leave the value None, not swap in
-        # another field's text
-        card.model = _text(_get(entry, "asic", "market_name"), card, "amd-smi asic")
-        card.serial = _text(_get(entry, "asic", "asic_serial"), card, "amd-smi asic")
-        card.bus_id = normalize_bus_id(_text(_get(entry, "bus", "bdf"), card, "amd-smi bus"))
-        card.driver_version = _text(_get(entry, "driver", "version"), card, "amd-smi driver")
-        card.firmware_version = _text(_get(entry, "vbios", "version"), card, "amd-smi vbios")
-        src, raw = _first(entry, "limit", "max_power", "socket_power", "power_cap")
-        if src is not None:
-            card.power_limit_watts = _value(card, "amd-smi " + src, raw, None, _WATTS)
-        in_static.add(card.index)
-        kind = (_text(_get(entry, "vram", "type")) or "").lower()
-        card.memory_kind = "hbm" if kind.startswith("hbm") else "gddr" if "gddr" in kind else None
-        src, raw = _first(entry, "vram", "size")
-        if src is not None:
-            total = _value(card, "amd-smi static " + src, raw, None, _BYTES)
-            card.memory_total_bytes = int(total) if total is not None else None
-    for entry in metric or []:
-        card = card_for(entry)
-        if card is None:
-            continue
-        _metric(card, entry)
-    for card in by_index.values():
-        for attr, what in _AMD_STATIC if card.index in in_static else ():
-            if getattr(card, attr) is None and not any(what in k for k in card.errors):
-                card.errors[f"amd-smi static {what}"] = "not in the output"
-        for attr, what in _AMD_NEEDED:
-            if getattr(card, attr) is None and not any(what in k for k in card.errors):
-                card.errors[f"amd-smi {what}"] = "not in the output"
-    return [by_index[i] for i in sorted(by_index)]
-
-
-_AMD_STATIC = (
-    ("model", "asic.market_name"),
-    ("serial", "asic.asic_serial"),
-    ("bus_id", "bus.bdf"),
-    ("driver_version", "driver.version"),
-    ("power_limit_watts", "limit.max_power"),
-    ("memory_total_bytes", "vram.size"),
-)
-_AMD_NEEDED = (
-    ("temperature_celsius", "temperature"),
-    ("power_watts", "power"),
-    ("utilization_percent", "usage"),
-    ("memory_used_bytes", "mem_usage"),
-)
-
-
-def _metric(card: RocmCard, entry: dict) -> None:
-    reads = (
-        ("utilization_percent", "usage", ("gfx_activity",), {"%"}),
-        (
-            "power_watts",
-            "power",
-            ("socket_power", "current_socket_power", "average_socket_power"),
-            _WATTS,
-        ),
-        ("temperature_celsius", "temperature", ("hotspot", "junction"), _CELSIUS),
-        ("memory_total_bytes", "mem_usage", ("total_vram",), _BYTES),
-        ("memory_used_bytes", "mem_usage", ("used_vram",), _BYTES),
-        ("ecc_corrected_total", "ecc", ("total_correctable_count",), None),
-        ("ecc_uncorrected_total", "ecc", ("total_uncorrectable_count",), None),
-    )
-    for attr, section, keys, units in reads:
-        src, raw = _first(entry, section, *keys)
-        if src is None:
-            if section in entry:
-                card.errors[f"amd-smi {section}.{keys[0]}"] = "not in the output"
-            continue
-        value = _value(card, "amd-smi " + src, raw, None, units)
-        if value is not None and attr.startswith(("memory", "ecc")):
-            value = int(value)
-        setattr(card, attr, value)
-    blocks = _get(entry, "ecc_blocks")
-    if isinstance(blocks, dict):
-        for block, counts in blocks.items():
-            if not isinstance(counts, dict):
-                continue
-            name = re.sub(r"[^a-z0-9]+", "_", block.lower()).strip("_")
-            for key, counter in (
-                ("uncorrectable_count", "ecc_uncorrected_"),
-                ("correctable_count", "ecc_corrected_"),
-                ("deferred_count", "ecc_deferred_"),
-            ):
-                if key in counts:
-                    value = _value(
-                        card, f"amd-smi ecc_blocks.{block}.{key}", counts[key], None, None
-                    )
-                    if value is not None:
-                        card.counters[counter + name] = int(value)
-
-
 #: characters no model name, serial or version holds: a control character, U+FFFD (a
 #: byte that was not UTF-8) or one of these; such a text is garbled, not read
 _GARBLED = re.compile(r"[\x00-\x1f\x7f\ufffd#?@!*~^`%&$;=<>]")
 
 
-def _text(value: Any, card: RocmCard | None = None, source: str = "") -> str | None:
+def identity_text(value: Any, card: RocmCard | None = None, source: str = "") -> str | None:
     """An identity text (model, serial, id, version): None when absent, ``N/A`` or
     garbled (then ``card.errors[source]`` says so)."""
     if value is None or isinstance(value, (dict, list)):

@@ -15,9 +15,10 @@ from conftest import samples_dir
 from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
 from hetpatrol.collectors.amd import ROCM_SMI_COMMAND, AmdCollector
 from hetpatrol.collectors.amd import card_type_for as amd_type
+from hetpatrol.collectors.amd_smi import parse_amd_smi_tree
 from hetpatrol.collectors.hygon import DEFAULT_COMMAND, HygonCollector
 from hetpatrol.collectors.hygon import card_type_for as hygon_type
-from hetpatrol.collectors.rocm_family import parse_amd_smi_tree, parse_rocm_smi
+from hetpatrol.collectors.rocm_family import parse_rocm_smi
 from hetpatrol.config import load_config
 from hetpatrol.judge import judge
 from hetpatrol.tool import ToolOutput

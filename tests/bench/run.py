@@ -305,12 +305,13 @@ def bench_ascend(repeats: int) -> dict[str, Any]:
 
 def vendor_parsers() -> dict[str, tuple[list[str], Callable[[str], int]]]:
     """vendor -> (recorded outputs, parse one and return its card count)."""
+    from hetpatrol.collectors.amd_smi import amd_smi_cards, parse_amd_smi_tree
     from hetpatrol.collectors.cambricon import parse_cnmon, records_from
     from hetpatrol.collectors.enflame import parse_efsmi
     from hetpatrol.collectors.gaudi import parse_hl_smi_csv
     from hetpatrol.collectors.iluvatar import parse_ixsmi
     from hetpatrol.collectors.kunlunxin import parse_xpu_smi
-    from hetpatrol.collectors.rocm_family import amd_smi_cards, parse_amd_smi_tree, parse_rocm_smi
+    from hetpatrol.collectors.rocm_family import parse_rocm_smi
 
     other = SAMPLES / "other-vendors"
 
