@@ -2,10 +2,12 @@
 ``rocm-smi --json`` as the fallback for older ROCm (before amd-smi shipped), one record
 per GPU.
 
-Each patrol runs ``amd-smi static --json`` (model, serial, bus id, driver, VBIOS, power
-limit) and ``amd-smi metric --json`` (use, power, temperatures, VRAM, ECC in total and
-per block), each once and both within ``timeout_seconds`` together; the two are joined
-on the ``gpu`` index (:func:`hetpatrol.collectors.amd_smi.amd_smi_cards`). When
+Each patrol runs ``amd-smi metric --json`` once (use, power, temperatures, VRAM, ECC in
+total and per block); ``amd-smi static --json`` (model, serial, bus id, driver, VBIOS,
+power limit) is read at the first patrol and again every ``static_interval_seconds``
+(default 300) or when metric lists a GPU it did not, within the same
+``timeout_seconds``; the two are joined on the ``gpu`` index
+(:func:`hetpatrol.collectors.amd_smi.amd_smi_cards`). When
 ``amd-smi`` is not installed, ``rocm-smi ... --json`` is run once instead
 (:func:`~hetpatrol.collectors.rocm_family.parse_rocm_smi`; the byte-valued ``VRAM ...
 (B)`` keys). The human ``KEY: value`` form of amd-smi is read as well (a site may set
@@ -86,7 +88,8 @@ def card_type_for(model: str | None) -> str:
 class AmdCollector(Collector):
     """AMD GPUs through amd-smi (rocm-smi when amd-smi is absent). Options
     (``collectors.amd``): ``static_command``, ``metric_command``, ``rocm_smi_command``
-    (argv lists or strings), ``timeout_seconds`` (default 10, for the whole read)."""
+    (argv lists or strings), ``timeout_seconds`` (default 10, for the whole read),
+    ``static_interval_seconds`` (default 300)."""
 
     name: ClassVar[str] = "amd"
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
@@ -110,7 +113,25 @@ class AmdCollector(Collector):
         self.metric_command = argv_option(self.options, "metric_command", METRIC_COMMAND)
         self.rocm_smi_command = argv_option(self.options, "rocm_smi_command", ROCM_SMI_COMMAND)
         self.timeout_seconds = float(self.options.get("timeout_seconds", 10))
+        self.static_interval_seconds = float(self.options.get("static_interval_seconds", 300))
         self.runner = default_runner(self.replay_dir)
+        self._static: tuple[float, list[dict]] | None = None  # (read at, parsed entries)
+
+    def _static_entries(self, metric: list[dict], deadline: float) -> list[dict]:
+        """``amd-smi static`` entries: re-read when older than ``static_interval_seconds``
+        or when metric lists a GPU the last read did not (the identity does not change
+        between two reads of a running card; the values come from metric every patrol).
+        Raises what :func:`run_once` and :func:`parse_amd_smi_tree` raise."""
+        now = time.monotonic()
+        known = {e.get("gpu") for e in self._static[1]} if self._static else set()
+        fresh = self._static is not None and now - self._static[0] < self.static_interval_seconds
+        if not fresh or any(e.get("gpu") not in known for e in metric):
+            left = max(deadline - now, 0.5)
+            self._static = (
+                now,
+                parse_amd_smi_tree(run_once(self.runner, self.static_command, left)),
+            )
+        return self._static[1]
 
     def collect(self) -> CollectResult:
         """One record per AMD GPU; ``absent`` when neither amd-smi nor rocm-smi exists
@@ -124,10 +145,10 @@ class AmdCollector(Collector):
         metric = parse_amd_smi_tree(metric_text)
         static = None
         note = None
-        left = deadline - time.monotonic()
         try:
-            static = parse_amd_smi_tree(run_once(self.runner, self.static_command, max(left, 0.5)))
+            static = self._static_entries(metric, deadline)
         except (Absent, CollectorError) as exc:  # identity missing, values still good
+            self._static = None
             note = f"amd-smi static not read: {exc}"
         cards = amd_smi_cards(static, metric)
         records = [to_record(c, self.name, card_type_for(c.model), "amd-smi") for c in cards]

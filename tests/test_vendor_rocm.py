@@ -303,3 +303,28 @@ def test_parse_rocm_smi_never_raises_other_errors():
             parse_rocm_smi(junk)
         except CollectorError:
             pass
+
+
+def test_amd_smi_static_is_read_once_per_interval_metric_every_patrol():
+    metric = json.loads(text(AMD_POWER).split("\n", 1)[1])
+    calls = []
+    outputs = {
+        ("amd-smi", "metric", "--json"): json.dumps(metric),
+        ("amd-smi", "static", "--json"): text(AMD_STATIC),
+    }
+    collector = AmdCollector({})
+
+    def run(argv, timeout):
+        calls.append(argv[1])
+        return ToolOutput(tuple(argv), outputs[tuple(argv)], "", 0, False, 0.01)
+
+    collector.runner = run
+    for _ in range(3):
+        (card,) = collector.collect().records
+        assert (card.model, card.power_watts) == ("MI300A", 10.0)
+    assert calls == ["metric", "static", "metric", "metric"]
+    # a GPU the last static read did not list: static is read again at once
+    outputs[("amd-smi", "metric", "--json")] = json.dumps(metric + [dict(metric[0], gpu=1)])
+    calls.clear()
+    assert [c.index for c in collector.collect().records] == [0, 1]
+    assert calls == ["metric", "static"]
