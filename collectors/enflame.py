@@ -28,6 +28,7 @@ health word (processes unknown, ``vendor_health`` None).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -71,10 +72,12 @@ def _cells(line: str) -> tuple[list[str], bool]:
     return (parts if closed else parts[:-1]), closed
 
 
-def _names(cell: str) -> list[str] | None:
+@functools.lru_cache(maxsize=256)
+def _names(cell: str) -> tuple[str, ...] | None:
+    """The value names of a header cell (None: garbled); cached, the header repeats."""
     for words, name in _JOIN_NAMES:
         cell = cell.replace(words, name)
-    names = cell.split()
+    names = tuple(cell.split())
     return names if names and all(_NAME.fullmatch(n) for n in names) else None
 
 
@@ -89,7 +92,7 @@ def parse_efsmi(text: str) -> tuple[list[CardRecord], list[str]]:
     no device row is found."""
     problems: list[str] = []
     title = driver = None
-    header: list[list[list[str] | None]] = []
+    header: list[list[tuple[str, ...] | None]] = []
     blocks: list[tuple[int, dict[str, str], str | None]] = []
     current: list[tuple[list[str], bool]] = []
     last = ""

@@ -13,6 +13,7 @@ section's rows are handed back as text for the vendor's reader.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -62,11 +63,13 @@ def tokens_of(cell: str) -> list[str]:
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9.:/()%-]{0,30}")
 
 
-def _names(cell: str) -> list[str] | None:
-    """The value names of a header cell; None when one is garbled (its cell unreadable)."""
+@functools.lru_cache(maxsize=256)
+def _names(cell: str) -> tuple[str, ...] | None:
+    """The value names of a header cell; None when one is garbled (its cell unreadable).
+    Cached: a tool prints the same header every patrol."""
     for words, name in _JOINED_NAMES:
         cell = cell.replace(words, name)
-    names = cell.split()
+    names = tuple(cell.split())
     return names if all(_NAME.fullmatch(n) for n in names) else None
 
 
@@ -77,7 +80,7 @@ def parse_blocks(
     rows (the first starts with ``header_word``), the card blocks, the process rows.
     ``free_text``: header names whose value may hold spaces (ixsmi's ``Name``)."""
     table = SmiTable()
-    header: list[list[list[str] | None]] = []
+    header: list[list[tuple[str, ...] | None]] = []
     section = "head"
     pending: Block | None = None
     row_no = 0
@@ -137,7 +140,7 @@ def parse_blocks(
 
 def _row(
     card: Block,
-    names: list[list[str] | None],
+    names: list[list[tuple[str, ...] | None]],
     cells: list[str],
     closed: bool,
     free_text: frozenset[str],
