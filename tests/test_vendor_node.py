@@ -184,3 +184,29 @@ def test_a_real_hung_tool_is_killed_once_per_patrol_and_reported_hung(tmp_path):
         if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != "zombie"
     ]
     assert left == [], left
+
+
+def test_each_card_type_is_judged_by_its_profile():
+    """The plugins' own profiles apply (no config section names them): a reading between
+    a profile's levels is a warning, above critical is critical, with the profile's
+    threshold in the finding."""
+    from hetpatrol.judge import judge
+    from hetpatrol.schema import CardRecord
+
+    config = load_config(text="node: n1\nlisten: null\n")
+    cases = [
+        # vendor, card type, profile, warning reading, critical reading, critical level
+        ("hygon", "k100_ai", "hygon-k100", 90.0, 96.0, 95),
+        ("hygon", "z100", "hygon-z100", 90.0, 96.0, 95),
+        ("amd", "mi300x", "amd-mi300", 100.0, 106.0, 105),
+        ("amd", "mi250x", "amd-mi200", 100.0, 106.0, 105),
+        ("cambricon", "mlu370", "cambricon-mlu370", 85.0, 91.0, 90),
+    ]
+    for vendor, card_type, profile, warm, hot, level in cases:
+        assert config.profile_for(vendor, card_type, None).name == profile
+        for temp, health in ((warm, "warning"), (hot, "critical")):
+            rec = CardRecord(vendor=vendor, index=0, card_type=card_type, temperature_celsius=temp)
+            judge(rec, config)
+            assert rec.health == health, (vendor, card_type, temp, rec.findings)
+        (finding,) = rec.findings
+        assert (finding.check, finding.threshold) == ("temperature", level)
