@@ -169,7 +169,7 @@ def test_a_real_hung_tool_is_killed_once_per_patrol_and_reported_hung(tmp_path):
         for _ in range(2):
             started = time.monotonic()
             report = patroller.run()
-            assert time.monotonic() - started < 5
+            assert time.monotonic() - started < 8  # killed at 1 s, not left to run
             (status,) = [s for s in report.collectors if s.name == "cambricon"]
             assert (status.state, status.up) == ("hung", False)
             assert status.error == "cnmon hung: killed after 1s"
