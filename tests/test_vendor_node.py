@@ -200,7 +200,6 @@ def test_each_card_type_is_judged_by_its_profile():
         ("hygon", "z100", "hygon-z100", 90.0, 96.0, 95),
         ("amd", "mi300x", "amd-mi300", 100.0, 106.0, 105),
         ("amd", "mi250x", "amd-mi200", 100.0, 106.0, 105),
-        ("cambricon", "mlu370", "cambricon-mlu370", 85.0, 91.0, 90),
     ]
     for vendor, card_type, profile, warm, hot, level in cases:
         assert config.profile_for(vendor, card_type, None).name == profile
