@@ -12,6 +12,7 @@ import pytest
 from conftest import HETPATROL, NODES
 
 from hetpatrol.cli import main
+from hetpatrol.collector import discover
 from hetpatrol.exporters.state import write_state
 from hetpatrol.patrol import Patroller
 
@@ -113,7 +114,7 @@ def test_validate_config_refuses_a_collector_no_plugin_provides(tmp_path, capsys
     assert main(["validate-config", str(path)]) == 78
     assert capsys.readouterr().err == (
         f"hetpatrol: configuration error: {path}:4: collectors.nvidai: no collector plugin "
-        "named 'nvidai' is installed (installed: ascend, nvidia)\n"
+        f"named 'nvidai' is installed (installed: {', '.join(sorted(discover()))})\n"
     )
     path.write_text("node: a\ncollectors:\n  nvidia: {}\n  nvidai: {enabled: false}\n")
     assert main(["validate-config", str(path)]) == 0

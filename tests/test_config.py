@@ -9,6 +9,7 @@ import pytest
 from conftest import HETPATROL
 
 from hetpatrol.checks.card_thresholds import Threshold
+from hetpatrol.collector import discover
 from hetpatrol.config import EX_CONFIG, ConfigError, load_config
 
 LEVELS = "card_thresholds"  # the check family that holds the per-card levels
@@ -86,7 +87,7 @@ BAD_CONFIGS = [
         "profiles:\n  - name: a100\n    vendor: nvidai\n",
         3,
         "profiles[0].vendor",
-        "unknown vendor 'nvidai': a collector's name, one of ascend, nvidia",
+        "unknown vendor 'nvidai': a collector's name, one of " + ", ".join(sorted(discover())),
     ),
     (
         "defaults:\n  memory_used_ratio: {warning: 0.9, critical: 95}\n",
@@ -237,8 +238,12 @@ def test_validate_config_cli_exit_codes(tmp_path):
 
 
 def test_no_collectors_section_means_the_built_in_collectors():
+    # built-ins first, then the other registered plugins by name (the new vendors)
     cfg = load_config("min.yaml", text="node: x\n")
-    assert [(c.name, c.enabled) for c in cfg.collectors] == [("nvidia", True), ("ascend", True)]
+    assert [(c.name, c.enabled) for c in cfg.collectors] == [
+        (name, True)
+        for name in ("nvidia", "ascend", *sorted(set(discover()) - {"nvidia", "ascend"}))
+    ]
     assert load_config("none.yaml", text="collectors: {}\n").collectors == ()
 
 

@@ -22,6 +22,14 @@ Figures (goal in brackets):
 - ``ascend_parse_us_per_chip`` [<= 50]: ``parse_npu_smi_info`` over every recorded
   ``npu-smi info`` table (``../shared/vendor-samples/ascend/npu-smi-info_*.txt``, else the
   fixtures), CPU / chips read.
+- ``hygon_parse_us_per_card``, ``amd_parse_us_per_card``, ``cambricon_parse_us_per_card``,
+  ``gaudi_parse_us_per_card``, ``iluvatar_parse_us_per_card``,
+  ``kunlunxin_parse_us_per_card``, ``enflame_parse_us_per_card`` [<= 50 each]: the
+  plugins' parsers (``parse_rocm_smi``; ``parse_amd_smi_tree`` + ``amd_smi_cards`` and
+  ``parse_rocm_smi``; ``parse_cnmon`` + ``records_from``; ``parse_hl_smi_csv``;
+  ``parse_ixsmi``; ``parse_xpu_smi``; ``parse_efsmi``) over every
+  recorded output of that vendor (``../shared/vendor-samples/other-vendors/``), CPU /
+  cards read. ``--parsers-only`` prints these (and the Ascend figure) alone.
 - ``nvidia_collect_us_per_gpu`` [<= 300]: ``NvidiaCollector.collect`` over the replayed
   NVML (steady state: handles and identity cached), CPU / GPUs. The replay answers each
   call from the XML dump in Python, so this is an upper bound of the collector's cost.
@@ -102,6 +110,13 @@ SAMPLES = ROOT.parent / "shared" / "vendor-samples"
 KEYS = (
     "patrol_cpu_ms_per_card",
     "ascend_parse_us_per_chip",
+    "hygon_parse_us_per_card",
+    "amd_parse_us_per_card",
+    "cambricon_parse_us_per_card",
+    "gaudi_parse_us_per_card",
+    "iluvatar_parse_us_per_card",
+    "kunlunxin_parse_us_per_card",
+    "enflame_parse_us_per_card",
     "nvidia_collect_us_per_gpu",
     "scrape_p50_ms",
     "scrape_p99_ms",
@@ -122,6 +137,13 @@ KEYS = (
 GOALS: dict[str, tuple[str, float, str]] = {
     "patrol_cpu_ms_per_card": ("<=", 1.0, "<= 1.0"),
     "ascend_parse_us_per_chip": ("<=", 50.0, "<= 50"),
+    "hygon_parse_us_per_card": ("<=", 50.0, "<= 50"),
+    "amd_parse_us_per_card": ("<=", 50.0, "<= 50"),
+    "cambricon_parse_us_per_card": ("<=", 50.0, "<= 50"),
+    "gaudi_parse_us_per_card": ("<=", 50.0, "<= 50"),
+    "iluvatar_parse_us_per_card": ("<=", 50.0, "<= 50"),
+    "kunlunxin_parse_us_per_card": ("<=", 50.0, "<= 50"),
+    "enflame_parse_us_per_card": ("<=", 50.0, "<= 50"),
     "nvidia_collect_us_per_gpu": ("<=", 300.0, "<= 300"),
     "scrape_p99_ms": ("<=", 2.0, "<= 2"),
     "scrape_rate_per_s": (">=", 500.0, ">= 500"),
@@ -300,6 +322,65 @@ def bench_ascend(repeats: int) -> dict[str, Any]:
         "chips": chips,
         "us_per_chip": repeat(one, repeats),
     }
+
+
+def vendor_parsers() -> dict[str, tuple[list[str], Callable[[str], int]]]:
+    """vendor -> (recorded outputs, parse one and return its card count)."""
+    from hetpatrol.collectors.amd_smi import amd_smi_cards, parse_amd_smi_tree
+    from hetpatrol.collectors.cambricon import parse_cnmon, records_from
+    from hetpatrol.collectors.enflame import parse_efsmi
+    from hetpatrol.collectors.gaudi import parse_hl_smi_csv
+    from hetpatrol.collectors.iluvatar import parse_ixsmi
+    from hetpatrol.collectors.kunlunxin import parse_xpu_smi
+    from hetpatrol.collectors.rocm_family import parse_rocm_smi
+
+    other = SAMPLES / "other-vendors"
+
+    def read(pattern: str) -> list[str]:
+        return [
+            p.read_text(encoding="utf-8", errors="replace") for p in sorted(other.glob(pattern))
+        ]
+
+    def amd(text: str) -> int:
+        if text.lstrip().startswith("{"):
+            return len(parse_rocm_smi(text).cards)
+        return len(amd_smi_cards(parse_amd_smi_tree(text), None))
+
+    return {
+        "hygon": (read("hygon-*"), lambda t: len(parse_rocm_smi(t).cards)),
+        "amd": (read("amd-*"), amd),
+        "cambricon": (read("cambricon-cnmon-*"), lambda t: len(records_from(parse_cnmon(t)))),
+        "gaudi": (read("habana-hl-smi-csv-*"), lambda t: len(parse_hl_smi_csv(t)[0])),
+        "iluvatar": (read("iluvatar-ixsmi-*"), lambda t: len(parse_ixsmi(t)[1])),
+        "kunlunxin": (read("kunlunxin-xpu_smi-*"), lambda t: len(parse_xpu_smi(t)[0])),
+        "enflame": (read("enflame-efsmi-*"), lambda t: len(parse_efsmi(t)[0])),
+    }
+
+
+def bench_vendor_parsers(repeats: int) -> dict[str, dict[str, Any]]:
+    """Per vendor: outputs, cards and CPU microseconds per card of its parser."""
+    out: dict[str, dict[str, Any]] = {}
+    for vendor, (texts, parse) in vendor_parsers().items():
+        if not texts:
+            continue
+        cards = sum(parse(t) for t in texts)
+
+        def one_pass(texts=texts, parse=parse) -> None:
+            for text in texts:
+                parse(text)
+
+        t0 = cpu()
+        one_pass()
+        passes = max(5, int(0.3 / max(cpu() - t0, 1e-4)))
+
+        def one(one_pass=one_pass, passes=passes, cards=cards) -> float:
+            t = cpu()
+            for _ in range(passes):
+                one_pass()
+            return (cpu() - t) / (passes * cards) * 1e6
+
+        out[vendor] = {"outputs": len(texts), "cards": cards, "us_per_card": repeat(one, repeats)}
+    return out
 
 
 # ------------------------------------------------------------------------ NVIDIA collector
@@ -1098,6 +1179,12 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     spreads["ascend_parse_us_per_chip"] = spread(a["us_per_chip"])
     extra["ascend_tables"] = {k: a[k] for k in ("source", "tables", "error_outputs", "chips")}
 
+    progress("new vendors' parsers")
+    for vendor, v in bench_vendor_parsers(r).items():
+        result[f"{vendor}_parse_us_per_card"] = statistics.median(v["us_per_card"])
+        spreads[f"{vendor}_parse_us_per_card"] = spread(v["us_per_card"])
+        extra[f"{vendor}_outputs"] = {k: v[k] for k in ("outputs", "cards")}
+
     progress("NVIDIA collector over the replayed NVML")
     n = bench_nvidia(r)
     result["nvidia_collect_us_per_gpu"] = statistics.median(n["us_per_gpu"])
@@ -1329,6 +1416,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--real-nvml", action="store_true", help="real NVML figures only")
+    parser.add_argument("--parsers-only", action="store_true", help="vendor parser figures only")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--patrols", type=int, default=50, help="patrols per repeat")
     parser.add_argument("--rss-patrols", type=int, default=10_000)
@@ -1359,6 +1447,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.real_nvml:
         return run_real_nvml(args)
+    if args.parsers_only:
+        figures = {"ascend_parse_us_per_chip": statistics.median(bench_ascend(3)["us_per_chip"])}
+        for vendor, v in bench_vendor_parsers(3).items():
+            figures[f"{vendor}_parse_us_per_card"] = statistics.median(v["us_per_card"])
+            figures[f"{vendor}_cards"] = v["cards"]
+        print(json.dumps(figures, indent=2))
+        return 0
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import ledger as bench_ledger  # tests/bench/ledger.py: the 1M-record sacct stream
 

@@ -1,0 +1,242 @@
+"""Enflame GCUs (S60, T20, i20...) through ``efsmi``, one record per GCU.
+
+``efsmi`` prints an nvidia-smi-like table with its own borders: a title row
+(``EFSMI V1.2.0.301  Driver Ver: 1.2.0.301``), two header rows, then two rows per device
+between ``+---+`` / ``|---|`` borders. Cells are read by the header rows' names: ``DEV
+NAME | FW VER | BUS-ID ECC`` over ``TEMP Dpm Pwr(Usage/Cap) | Mem GCU Virt | DUsed SN``
+(``FW VER`` and ``GCU Virt`` are one name each; ``39 C`` and ``105W  300W`` one value).
+
+Value sources (efsmi column -> :class:`~hetpatrol.schema.CardRecord` field):
+
+==================  ===============================================================
+``DEV``             ``index``
+``NAME``            ``model``; :func:`card_type_for` -> ``card_type``
+``FW VER``          ``firmware_version``
+``BUS-ID``          ``bus_id`` (``00:01:00.0`` -> ``0000:01:00.0``)
+``TEMP``            ``temperature_celsius`` (``39 C``)
+``Pwr(Usage/Cap)``  ``power_watts`` / ``power_limit_watts`` (``105W  300W``)
+``SN``              ``serial``
+``Driver Ver:``     ``driver_version`` (title row)
+==================  ===============================================================
+
+The only recorded output is a documentation excerpt (PaddlePaddle docs, efsmi V1.2.0),
+so what it does not say is not guessed: ``Mem`` (one figure: total, used or free is not
+stated; 49120 MiB on an idle 48 GiB S60, 42976 MiB on a busy one) and ``DUsed`` are not
+read (memory and utilization None, with that reason); there is no process table and no
+health word (processes unknown, ``vendor_health`` None).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hetpatrol.collector import (
+    STATE_ABSENT,
+    Collector,
+    CollectorError,
+    CollectResult,
+    DeviceNode,
+    VendorInfo,
+)
+from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
+from hetpatrol.schema import CardRecord, normalize_bus_id
+
+_TITLE = re.compile(r"EFSMI\s+V(\S+)")
+_DRIVER = re.compile(r"Driver Ver:\s*(\S+)")
+_JOIN_NAMES = (("FW VER", "FW-VER"), ("GCU Virt", "GCU-Virt"))
+_JOIN_VALUES = (
+    (re.compile(r"\b([0-9]{1,3}(?:\.[0-9])?) C\b"), r"\1C"),
+    (re.compile(r"\b([0-9]{1,5}(?:\.[0-9]{1,3})?W)\s+([0-9]{1,5}(?:\.[0-9]{1,3})?W)"), r"\1/\2"),
+)
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9()/:-]{0,30}")
+_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,40}")
+_TEMP = re.compile(r"([0-9]{1,3}(?:\.[0-9])?)C")
+_PWR = re.compile(r"([0-9]{1,5}(?:\.[0-9]{1,3})?)W/([0-9]{1,5}(?:\.[0-9]{1,3})?)W")
+
+
+def card_type_for(model: str | None) -> str:
+    """``S60`` -> ``"s60"``, ``T20`` -> ``"t20"``, ``i20`` -> ``"i20"``; anything else ->
+    ``"enflame"``."""
+    m = re.fullmatch(r"([STIsti][0-9]{2})\S*", (model or "").strip())
+    return m[1].lower() if m else "enflame"
+
+
+def _cells(line: str) -> tuple[list[str], bool]:
+    body = line.strip()
+    closed = body.endswith("|") and len(body) > 1
+    parts = body.strip("|").split("|") if closed else body.lstrip("|").split("|")
+    return (parts if closed else parts[:-1]), closed
+
+
+@functools.lru_cache(maxsize=256)
+def _names(cell: str) -> tuple[str, ...] | None:
+    """The value names of a header cell (None: garbled); cached, the header repeats."""
+    for words, name in _JOIN_NAMES:
+        cell = cell.replace(words, name)
+    names = tuple(cell.split())
+    return names if names and all(_NAME.fullmatch(n) for n in names) else None
+
+
+def _values(cell: str) -> list[str]:
+    for pattern, repl in _JOIN_VALUES:
+        cell = pattern.sub(repl, cell)
+    return cell.split()
+
+
+def parse_efsmi(text: str) -> tuple[list[CardRecord], list[str]]:
+    """Records and problems of ``efsmi`` output; :class:`CollectorError` (raw kept) when
+    no device row is found."""
+    problems: list[str] = []
+    title = driver = None
+    header: list[list[tuple[str, ...] | None]] = []
+    blocks: list[tuple[int, dict[str, str], str | None]] = []
+    current: list[tuple[list[str], bool]] = []
+    last = ""
+
+    def close_block() -> None:
+        if current:
+            blocks.append(_block(current, header))
+            current.clear()
+
+    for line in text.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        last = s
+        if s.startswith("+") or s.startswith("|-"):
+            close_block()
+            continue
+        if not s.startswith("|"):
+            continue
+        cells, closed = _cells(s)
+        joined = " ".join(s.strip("|").split())
+        if title is None and _TITLE.search(joined):
+            title = joined
+            d = _DRIVER.search(joined)
+            driver = d[1] if d else None
+            continue
+        if len(header) < 2 and (joined.startswith("DEV") or header):
+            header.append([_names(c) for c in cells] if closed else [None])
+            continue
+        if not current:
+            first = cells[0].split() if cells else []
+            if not first or not first[0].isdigit():
+                problems.append(f"row {joined[:40]!r} not understood")
+                continue
+        current.append((cells, closed))
+    close_block()
+    if not blocks:
+        raise CollectorError("efsmi: no device table in the output", raw=text)
+    if title is None:
+        problems.append("no 'EFSMI V...' title row: head of the output missing")
+    if not last.startswith("+"):
+        problems.append("output does not end on a closing border: tail missing")
+    return [_record(i, v, damage, driver) for i, v, damage in blocks], problems
+
+
+def _block(
+    rows: list[tuple[list[str], bool]], header: list
+) -> tuple[int, dict[str, str], str | None]:
+    first = rows[0][0][0].split()[0]
+    values: dict[str, str] = {}
+    damage = None
+    if len(rows) != 2 or len(header) != 2:
+        damage = f"{len(rows)} rows for 2" if len(header) == 2 else "no header rows"
+    for (cells, closed), names in zip(rows, header, strict=False):
+        if not closed:
+            damage = "row cut"
+        for i, cell_names in enumerate(names):
+            if i >= len(cells):
+                break
+            toks = _values(cells[i])
+            if cell_names is None or len(toks) != len(cell_names):
+                damage = damage or f"cell {i} does not match its header"
+                continue
+            values.update(zip(cell_names, toks, strict=True))
+    return int(first), values, damage
+
+
+def _record(index: int, v: dict[str, str], damage: str | None, driver: str | None) -> CardRecord:
+    rec = CardRecord(vendor="enflame", index=index, driver_version=driver)
+    if damage:
+        rec.read_ok = False
+        rec.add_error("efsmi", f"device rows damaged: {damage}: card not fully read")
+    for key, attr in (("NAME", "model"), ("FW-VER", "firmware_version"), ("SN", "serial")):
+        value = v.get(key)
+        if value is not None and _TEXT.fullmatch(value):
+            setattr(rec, attr, value)
+        elif value is not None or not damage:
+            rec.read_ok = rec.read_ok and value is None
+            rec.add_error(f"efsmi {key}", f"{value[:30]!r} garbled" if value else "not read")
+    rec.card_type = card_type_for(rec.model)
+    bus = v.get("BUS-ID")
+    m = re.fullmatch(r"([0-9a-fA-F]{2,4}):([0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])", bus or "")
+    if m:  # efsmi prints a 2-digit PCI domain: 00:01:00.0 is 0000:01:00.0
+        rec.bus_id = normalize_bus_id(f"{int(m[1], 16):04x}:{m[2]}")
+    elif bus is not None or not damage:
+        rec.add_error("efsmi BUS-ID", repr(bus) if bus else "not read")
+    m = _TEMP.fullmatch(v.get("TEMP", ""))
+    if m:
+        rec.temperature_celsius = float(m[1])
+    elif "TEMP" in v or not damage:
+        rec.add_error("efsmi TEMP", repr(v.get("TEMP", "not read")))
+    m = _PWR.fullmatch(v.get("Pwr(Usage/Cap)", ""))
+    if m:
+        rec.power_watts, rec.power_limit_watts = float(m[1]), float(m[2])
+    elif "Pwr(Usage/Cap)" in v or not damage:
+        rec.add_error("efsmi Pwr(Usage/Cap)", repr(v.get("Pwr(Usage/Cap)", "not read")))
+    rec.add_error("efsmi Mem", "not read: one figure, total, used or free not stated")
+    rec.add_error("efsmi DUsed", "not read: meaning not stated in the recorded output")
+    rec.add_error("efsmi processes", "unknown: efsmi's table lists no processes")
+    return rec
+
+
+class EnflameCollector(Collector):
+    """Enflame GCUs through ``efsmi``. Options (``collectors.enflame``): ``command``
+    (argv, default ``["efsmi"]``), ``timeout_seconds`` (default 10)."""
+
+    name: ClassVar[str] = "enflame"
+    vendor_info: ClassVar[VendorInfo] = VendorInfo(
+        # /dev/gcuctl and /dev/gcuN per device; efsmi in /usr/sbin (the device plugins'
+        # Enflame backends: deviceCtlPath "/dev/gcuctl", prefix "/dev/gcu", smiPath
+        # "/usr/sbin/efsmi"); 8 per node
+        device_nodes=(
+            DeviceNode("/dev/gcuctl", "rw", "efsmi"),
+            DeviceNode("/dev/gcu{n}", "rw", "efsmi", None, 8),
+        ),
+        tool_dirs={"efsmi": ("/usr/sbin",)},
+    )
+
+    def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
+        super().__init__(options, replay_dir=replay_dir)
+        self.command = argv_option(self.options, "command", ["efsmi"])
+        self.timeout_seconds = float(self.options.get("timeout_seconds", 10))
+        self.runner = default_runner(self.replay_dir)
+
+    def collect(self) -> CollectResult:
+        """Run ``efsmi`` once; ``absent`` without the program; :class:`CollectorError`
+        (raw kept) when it hung, failed or printed no device table."""
+        try:
+            text = run_once(self.runner, self.command, self.timeout_seconds)
+        except Absent as exc:
+            return CollectResult(self.name, state=STATE_ABSENT, error=str(exc))
+        try:
+            records, problems = parse_efsmi(text)
+        except CollectorError:
+            raise
+        except Exception as exc:  # pragma: no cover - guard: a parser bug must not escape
+            raise CollectorError(
+                f"efsmi: parser error {type(exc).__name__}: {exc}", raw=text
+            ) from exc
+        result = CollectResult(self.name, records=records)
+        if problems:
+            result.raw = text
+            result.error = "efsmi: " + "; ".join(problems[:3])
+        return result
+
+
+__all__ = ["EnflameCollector", "card_type_for", "parse_efsmi"]

@@ -1,0 +1,142 @@
+"""Hygon DCUs (K100, K100_AI, Z100...) through DTK's ``rocm-smi`` (or ``hy-smi``), one
+record per DCU.
+
+DTK ships its own build of AMD's ``rocm-smi``. The default command asks for the JSON
+form (``rocm-smi ... --json``); the plain table (``DCU Temp AvgPwr Fan Perf PwrCap VRAM%
+DCU%``) is read too when a site configures the bare command, and so is ``hy-smi`` where
+it prints the same. Both are parsed by :func:`hetpatrol.collectors.rocm_family.
+parse_rocm_smi` (keys and columns by name and unit; see that module for where the
+Hygon and AMD forms differ).
+
+Value sources (rocm-smi JSON key -> :class:`~hetpatrol.schema.CardRecord` field):
+
+=========================================  ================================================
+``cardN``                                  ``index`` (N)
+``Card Series``                            ``model``; :func:`card_type_for` -> ``card_type``
+``Serial Number`` / ``Unique ID``          ``serial`` / ``uuid`` (``N/A`` -> None)
+``Temperature (Sensor junction) (C)``      ``temperature_celsius`` (junction only)
+``Average Graphics Package Power (W)``     ``power_watts``
+``DCU use (%)``                            ``utilization_ratio`` (/100)
+``vram Total (Used) Memory (MiB)``         ``memory_total_bytes`` / ``memory_used_bytes``
+table ``PwrCap``                           ``power_limit_watts``
+=========================================  ================================================
+
+The same program name is installed by AMD's ROCm: only cards that say they are Hygon's
+(``DCU`` keys or table heading, ``Chengdu Haiguang`` vendor string) are this plugin's; an
+output with none is an absent Hygon stack (the ``amd`` plugin reads those cards).
+rocm-smi prints no health word and this read lists no processes: ``vendor_health`` is
+None and the processes are unknown (an error entry says so), never "none".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hetpatrol.collector import (
+    STATE_ABSENT,
+    Collector,
+    CollectorError,
+    CollectResult,
+    DeviceNode,
+    VendorInfo,
+)
+from hetpatrol.collectors.rocm_family import HYGON, parse_rocm_smi, to_record
+from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
+
+#: the recorded DTK 24.04.3 fixture was read with this (gpustack tests/detectors/rocm_smi)
+DEFAULT_COMMAND = (
+    "rocm-smi",
+    "-i",
+    "--showmeminfo",
+    "vram",
+    "--showpower",
+    "--showserial",
+    "--showuse",
+    "--showtemp",
+    "--showproductname",
+    "--showuniqueid",
+    "--json",
+)
+
+
+def card_type_for(model: str | None) -> str:
+    """``card_type`` from the ``Card Series`` text: ``K100_AI`` -> ``"k100_ai"``,
+    ``K100`` -> ``"k100"``, ``Z100L`` -> ``"z100l"``, ``Z100`` -> ``"z100"``; anything
+    else (masked ``DCU xxxx``, no model) -> ``"dcu"``."""
+    s = (model or "").upper()
+    for pattern, kind in (
+        (r"K100[_ -]?AI", "k100_ai"),
+        (r"K100", "k100"),
+        (r"Z100L", "z100l"),
+        (r"Z100", "z100"),
+    ):
+        if re.search(pattern, s):
+            return kind
+    return "dcu"
+
+
+class HygonCollector(Collector):
+    """Hygon DCUs through ``rocm-smi --json`` (DTK). Options (``collectors.hygon``):
+    ``command`` (argv list or string; default :data:`DEFAULT_COMMAND`),
+    ``timeout_seconds`` (default 10)."""
+
+    name: ClassVar[str] = "hygon"
+    vendor_info: ClassVar[VendorInfo] = VendorInfo(
+        # the DTK is the ROCm stack: /dev/kfd (compute) and the DRM render nodes, as
+        # containers are started on DCU nodes (docker run --device=/dev/kfd
+        # --device=/dev/dri, Hygon DTK / PaddlePaddle docs hardware_support/dcu)
+        # /dev/kfd is major "kfd" (amdkfd kfd_chardev.c: register_chrdev(0, kfd_dev_name)
+        # with kfd_dev_name "kfd"); the render nodes /dev/dri/renderD128.. are major "drm"
+        # (drm_drv.c: register_chrdev(DRM_MAJOR, "drm", ...)): the unit allows both majors
+        device_nodes=(
+            DeviceNode("/dev/kfd", "rw", "rocm-smi", "kfd"),
+            DeviceNode("/dev/dri", "rw", "rocm-smi", "drm"),
+        ),
+        # rocm-smi: DTK's bin (/opt/dtk, linked as /opt/rocm on DTK nodes) or AMD's ROCm; the
+        # same tuple in the amd plugin (host_access keys tool directories by program name)
+        tool_dirs={
+            "rocm-smi": ("/opt/rocm/bin", "/opt/dtk/bin", "/opt/hyhal/bin"),
+            "hy-smi": ("/opt/hyhal/bin",),
+        },
+    )
+
+    def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
+        super().__init__(options, replay_dir=replay_dir)
+        self.command = argv_option(self.options, "command", DEFAULT_COMMAND)
+        self.timeout_seconds = float(self.options.get("timeout_seconds", 10))
+        self.runner = default_runner(self.replay_dir)
+
+    def collect(self) -> CollectResult:
+        """Run the command once; one record per Hygon card.
+
+        ``absent`` when the program is missing or lists no Hygon card. Raises
+        :class:`CollectorError` (raw kept) when it hung, failed or printed no card.
+        """
+        try:
+            text = run_once(self.runner, self.command, self.timeout_seconds)
+        except Absent as exc:
+            return CollectResult(self.name, state=STATE_ABSENT, error=str(exc))
+        read = parse_rocm_smi(text)
+        tool = "rocm-smi" if read.source != "rocm-smi table" else "rocm-smi table"
+        cards = [c for c in read.cards if c.family == HYGON]
+        if not cards:
+            return CollectResult(
+                self.name,
+                state=STATE_ABSENT,
+                error=f"{self.command[0]} lists no Hygon DCU (AMD cards only)",
+            )
+        result = CollectResult(
+            self.name,
+            records=[to_record(c, self.name, card_type_for(c.model), tool) for c in cards],
+        )
+        if read.truncated or read.problems:
+            result.raw = text
+            note = f"{tool} output truncated" if read.truncated else tool
+            result.error = f"{note}: " + "; ".join(read.problems[:3])
+        return result
+
+
+__all__ = ["CollectorError", "HygonCollector", "card_type_for"]

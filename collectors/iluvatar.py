@@ -1,0 +1,168 @@
+"""Iluvatar CoreX GPUs (BI-V100, BI-V150, MR-V100...) through ``ixsmi``, an nvidia-smi-like
+table, one record per GPU.
+
+``ixsmi`` is run once per patrol under a timeout (:mod:`hetpatrol.collectors.smi_tool`);
+its table is read by the header rows' names (:mod:`hetpatrol.collectors.smi_table`):
+``GPU Name | Bus-Id | Clock-SM Clock-Mem`` over ``Fan Temp Perf Pwr:Usage/Cap |
+Memory-Usage | GPU-Util Compute M.``; ``Name`` may hold spaces (``Iluvatar BI-V100``).
+
+Value sources (ixsmi column -> :class:`~hetpatrol.schema.CardRecord` field):
+
+=====================  ==============================================================
+``GPU``                ``index``
+``Name``               ``model``; :func:`card_type_for` -> ``card_type``
+``Bus-Id``             ``bus_id`` (``00000000:98:00.0`` -> ``0000:98:00.0``)
+``Clock-SM``           ``clock_sm_hertz`` (``1500MHz``)
+``Temp``               ``temperature_celsius`` (``30C``)
+``Pwr:Usage/Cap``      ``power_watts`` / ``power_limit_watts`` (``40W / 250W``)
+``Memory-Usage``       ``memory_used_bytes`` / ``memory_total_bytes`` (MiB)
+``GPU-Util``           ``utilization_ratio`` (/100)
+``Driver Version:``    ``driver_version`` (title row)
+=====================  ==============================================================
+
+The only recorded output (gpustack issue #3256, IX-ML 3.1.1) shows no process row and is
+cut inside its process table, so process rows are not read: a table that lists any is
+refused for processes (unknown, with the row kept in ``raw``), as is one without its
+closing border. ixsmi prints no health word: ``vendor_health`` is None.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hetpatrol.collector import (
+    STATE_ABSENT,
+    Collector,
+    CollectorError,
+    CollectResult,
+    DeviceNode,
+    VendorInfo,
+)
+from hetpatrol.collectors.smi_table import PAIR, Block, SmiTable, parse_blocks
+from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
+from hetpatrol.schema import CardRecord, normalize_bus_id
+
+MIB = 1 << 20
+_NUM_UNIT = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,6})?)([A-Za-z%]{1,4})")
+_DRIVER = re.compile(r"Driver Version:\s*(\S+)")
+_GARBLED = re.compile(r"[\x00-\x1f\x7f\ufffd#?@!*~^`%&$;=<>]")
+
+
+def card_type_for(model: str | None) -> str:
+    """``Iluvatar BI-V100`` -> ``"bi-v100"``, ``MR-V100`` -> ``"mr-v100"``; anything else
+    -> ``"iluvatar"``."""
+    m = re.search(r"\b(BI|MR)-?V([0-9]{2,3})\b", model or "", re.IGNORECASE)
+    return f"{m[1].lower()}-v{m[2]}" if m else "iluvatar"
+
+
+def parse_ixsmi(text: str) -> tuple[SmiTable, list[CardRecord]]:
+    """The table and one record per GPU of ``ixsmi`` output; :class:`CollectorError`
+    (``raw=text``) when no GPU row is found. No other exception escapes."""
+    try:
+        table = parse_blocks(text, "GPU", "IX-ML", frozenset({"Name"}))
+    except Exception as exc:  # pragma: no cover - guard
+        raise CollectorError(f"ixsmi: parser error {type(exc).__name__}: {exc}", raw=text) from exc
+    if not table.cards:
+        raise CollectorError("ixsmi: no GPU table in the output", raw=text)
+    driver = _DRIVER.search(table.title or "")
+    if table.title is None:
+        table.problems.append("no 'IX-ML' title row: head of the output missing")
+    rows = [row for row, _ in table.process_rows if not row.startswith("No running processes")]
+    if rows:
+        table.problems.append(f"process rows not read (no recorded layout): {rows[0][:40]!r}")
+    elif not table.processes_complete:
+        table.problems.append("process table missing or cut")
+    known = table.processes_complete and not rows
+    return table, [_record(b, driver[1] if driver else None, known) for b in table.cards]
+
+
+def _number(rec: CardRecord, block: Block, name: str, unit: str) -> float | None:
+    text = block.values.get(name)
+    m = _NUM_UNIT.fullmatch(text or "")
+    if m and m[2] == unit:
+        return float(m[1])
+    if block.complete or text is not None:
+        rec.add_error(f"ixsmi {name}", repr(text) if text is not None else "not read")
+    return None
+
+
+def _record(block: Block, driver: str | None, processes_known: bool) -> CardRecord:
+    v = block.values
+    garbled = [k for k in ("Name", "Bus-Id") if _GARBLED.search(v.get(k, ""))]
+    rec = CardRecord(vendor="iluvatar", index=block.index, driver_version=driver)
+    if garbled:
+        block.complete, block.damage = False, f"{garbled[0]} garbled"
+    else:
+        rec.model = v.get("Name")
+        rec.bus_id = normalize_bus_id(v.get("Bus-Id"))
+    rec.card_type = card_type_for(rec.model)
+    if not block.complete:
+        rec.read_ok = False
+        rec.add_error("ixsmi", f"card rows damaged: {block.damage}: card not fully read")
+    for key, attr in (("Name", "model"), ("Bus-Id", "bus_id")):
+        if getattr(rec, attr) is None and block.complete:
+            rec.add_error(f"ixsmi {key}", "not read")
+    rec.temperature_celsius = _number(rec, block, "Temp", "C")
+    clock = _number(rec, block, "Clock-SM", "MHz")
+    rec.clock_sm_hertz = clock * 1e6 if clock is not None else None
+    util = _number(rec, block, "GPU-Util", "%")
+    if util is not None and util <= 100:
+        rec.utilization_ratio = util / 100.0
+    pwr = PAIR.fullmatch(v.get("Pwr:Usage/Cap", ""))
+    if pwr and pwr[2] == pwr[4] == "W":
+        rec.power_watts, rec.power_limit_watts = float(pwr[1]), float(pwr[3])
+    elif block.complete or "Pwr:Usage/Cap" in v:
+        rec.add_error("ixsmi Pwr:Usage/Cap", repr(v.get("Pwr:Usage/Cap", "not read")))
+    mem = PAIR.fullmatch(v.get("Memory-Usage", ""))
+    if mem and mem[2] == mem[4] == "MiB":
+        rec.memory_kind = "fb"
+        rec.memory_used_bytes = int(float(mem[1])) * MIB
+        rec.memory_total_bytes = int(float(mem[3])) * MIB
+    elif block.complete or "Memory-Usage" in v:
+        rec.add_error("ixsmi Memory-Usage", repr(v.get("Memory-Usage", "not read")))
+    if not processes_known:
+        rec.add_error("ixsmi processes", "unknown: process table cut or its rows not read")
+    return rec
+
+
+class IluvatarCollector(Collector):
+    """Iluvatar GPUs through ``ixsmi``. Options (``collectors.iluvatar``): ``command``
+    (argv, default ``["ixsmi"]``), ``timeout_seconds`` (default 10)."""
+
+    name: ClassVar[str] = "iluvatar"
+    vendor_info: ClassVar[VendorInfo] = VendorInfo(
+        # CoreX: /dev/itrctl and one /dev/iluvatarN per GPU (containers are started with
+        # --device=/dev/itrctl --device=/dev/iluvatar0..15: "without it
+        # cudaGetDeviceCount() fails"); 16 covers the dual-chip BI-V150 x 8
+        device_nodes=(
+            DeviceNode("/dev/itrctl", "rw", "ixsmi"),
+            DeviceNode("/dev/iluvatar{n}", "rw", "ixsmi", None, 16),
+        ),
+        tool_dirs={"ixsmi": ("/usr/local/corex/bin",)},
+    )
+
+    def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
+        super().__init__(options, replay_dir=replay_dir)
+        self.command = argv_option(self.options, "command", ["ixsmi"])
+        self.timeout_seconds = float(self.options.get("timeout_seconds", 10))
+        self.runner = default_runner(self.replay_dir)
+
+    def collect(self) -> CollectResult:
+        """Run ``ixsmi`` once; ``absent`` without the program; :class:`CollectorError`
+        (raw kept) when it hung, failed or printed no GPU table."""
+        try:
+            text = run_once(self.runner, self.command, self.timeout_seconds)
+        except Absent as exc:
+            return CollectResult(self.name, state=STATE_ABSENT, error=str(exc))
+        table, records = parse_ixsmi(text)
+        result = CollectResult(self.name, records=records)
+        if table.problems:
+            result.raw = text
+            result.error = "ixsmi: " + "; ".join(table.problems[:3])
+        return result
+
+
+__all__ = ["IluvatarCollector", "card_type_for", "parse_ixsmi"]
