@@ -25,6 +25,7 @@ from typing import Any
 
 import jsonschema
 
+from hetpatrol.actions.settings import ACTIONS_SCHEMA, ActionSettings, parse_actions_section
 from hetpatrol.checks.registry import CARD_CHECKS, TOP_SECTIONS
 from hetpatrol.collector import discover
 from hetpatrol.config_file import (
@@ -127,6 +128,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         },
         "defaults": {"type": "object", "additionalProperties": False, "properties": _THRESHOLDS},
         "slurm": SLURM_SCHEMA,
+        "actions": {**ACTIONS_SCHEMA, "type": ["object", "null"]},
         **_TOP,
         "profiles": {
             "type": "array",
@@ -203,6 +205,8 @@ class Config:
     collectors: tuple[CollectorConfig, ...] = ()
     profiles: tuple[Profile, ...] = ()
     slurm: SlurmSettings = SlurmSettings()
+    #: the ``actions:`` section: per-code overrides, the actions that drain, escalation
+    actions: ActionSettings = field(default_factory=ActionSettings)
     #: top-level settings of the check families, by their ``NAME``: ``kernel_events``
     #: (the ``kernel_log`` section), ``environment``, ``baseline`` (expected versions per
     #: (vendor, card type) from ``baseline_file``)
@@ -364,6 +368,15 @@ def _top_checks(data: dict, src: str, lines: dict) -> tuple[dict[str, Any], Path
     return top, baseline_file
 
 
+def _actions(data: dict, src: str, lines: dict) -> ActionSettings:
+    """The ``actions:`` section (:mod:`hetpatrol.actions.settings`): a bad override key
+    or action word is a ``ConfigError`` at ``actions``."""
+    try:
+        return parse_actions_section(data.get("actions"))
+    except ValueError as exc:
+        raise config_error(str(exc), src, lines, ("actions",)) from None
+
+
 def _registered_collectors() -> tuple[str, ...]:
     """The built-ins, then every other registered plugin by name."""
     others = sorted(set(discover()) - set(DEFAULT_COLLECTORS))
@@ -518,6 +531,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
         defaults=fallback,
         key_lines=lines,
         slurm=build_slurm_settings(data.get("slurm"), expand_path),
+        actions=_actions(data, src, lines),
         top=top,
         baseline_file=baseline_file,
     )

@@ -26,11 +26,12 @@ from types import FrameType
 import structlog
 
 from hetpatrol import sdnotify
+from hetpatrol.actions.escalation import Escalation
 from hetpatrol.config import Config, ConfigError, load_config, parse_listen
 from hetpatrol.exporters.failures import WriteFailures
 from hetpatrol.exporters.jsonl import JsonlSink
 from hetpatrol.exporters.prometheus import ExporterStats, Exposition, MetricsServer
-from hetpatrol.exporters.state import write_atomic, write_state
+from hetpatrol.exporters.state import read_state, write_atomic, write_state
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
 from hetpatrol.slurm.drain import DrainPolicy
 
@@ -225,6 +226,20 @@ class Daemon:
         self.publish(report)
         return report
 
+    def restore_escalation(self) -> None:
+        """Go on from the escalation counts the last daemon wrote in the state file (a
+        restart must not reset "the second double-bit error in 24 h"); events older than
+        a rule's window are dropped, never replayed. A missing or damaged file: none."""
+        if self.config.state_path is None:
+            return
+        try:
+            doc = read_state(self.config.state_path)
+        except (OSError, ValueError):
+            return
+        self.patroller.escalation = Escalation.from_dict(
+            doc.get("escalation"), time.time(), self.config.actions.escalation
+        )
+
     def run(self) -> int:
         """Serve metrics and patrol until stopped. Returns the process exit code (0).
 
@@ -233,6 +248,7 @@ class Daemon:
         """
         claims = (claim_path(p) for p in (self.config.jsonl_path, self.config.state_path) if p)
         self._claims = [fd for fd in claims if fd is not None]
+        self.restore_escalation()
         if self.config.listen:
             host, port = parse_listen(self.config.listen)
             try:

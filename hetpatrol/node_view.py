@@ -249,6 +249,9 @@ def render(
     out = _Writer(width)
 
     head = f"node {doc.get('node')}  " + paint(health.upper(), health)
+    node_action = doc.get("action")
+    if isinstance(node_action, str) and node_action not in ("none", ""):
+        head += f"   action {paint(node_action, 'bold')}"
     if live:
         age, stale = verdict_age(doc, now)
         old = f"{human_age(age)} old" if math.isfinite(age) else "time unknown"
@@ -281,7 +284,9 @@ def render(
             plain_len=0,
         )
         chips = any(c.get("chip") is not None for c in group)
-        cols = ["IDX", *(["CHIP"] if chips else []), "HEALTH", "TEMP", "POWER", "UTIL"]
+        acted = any(c.get("action") not in (None, "none") for c in group)
+        cols = ["IDX", *(["CHIP"] if chips else []), "HEALTH", *(["ACTION"] if acted else [])]
+        cols += ["TEMP", "POWER", "UTIL"]
         cols += ["MEMORY", "BUS ID", "MODEL"]
         rows = []
         for c in group:
@@ -289,8 +294,10 @@ def render(
             row = [str(c.get("index"))]
             if chips:
                 row.append("-" if c.get("chip") is None else str(c.get("chip")))
+            row.append(str(c.get("health") or "unknown").upper())
+            if acted:
+                row.append(str(c.get("action") or "-") if c.get("action") != "none" else "-")
             row += [
-                str(c.get("health") or "unknown").upper(),
                 _num(c.get("temperature_celsius"), " C"),
                 _num(c.get("power_watts"), " W", "{:.1f}"),
                 _num(util * 100 if _finite_number(util) else None, "%"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,10 @@ from typing import Any
 import structlog
 
 from hetpatrol import processes
+from hetpatrol.actions import findings as action_findings
+from hetpatrol.actions.apply import judge_card, kernel_event_key, state_keys
+from hetpatrol.actions.escalation import Escalation, card_identity
+from hetpatrol.actions.vocabulary import highest
 from hetpatrol.bounded import HANG_MARGIN_SECONDS, BoundedCollector
 from hetpatrol.checks import kernel_events
 from hetpatrol.checks.environment import EnvironmentCheck
@@ -58,6 +62,10 @@ log = structlog.get_logger("hetpatrol.patrol")
 def default_node_checks() -> list[NodeCheck]:
     """The built-in node checks (each is a no-op while its config section is off)."""
     return [GresCheck()]
+
+
+#: the escalation identity of node findings (a hung collector, a missing card)
+NODE_IDENTITY = "node"
 
 
 class Patroller:
@@ -111,6 +119,8 @@ class Patroller:
         #: serial, bus id; the position only for a card never read with any of them)
         self._tracked: list[_Tracked] = []
         self._last_collector_state: dict[str, str] = {}
+        #: escalation counts by card identity (restored from the state file by the daemon)
+        self.escalation = Escalation(config.actions.escalation)
         self._lock = threading.Lock()
         if collectors is not None:
             timeouts = {c.name: c.timeout_seconds for c in config.collectors}
@@ -146,6 +156,8 @@ class Patroller:
         self._last_cards = previous._last_cards
         self._seen_cards = previous._seen_cards
         self._last_collector_state = previous._last_collector_state
+        self.escalation = previous.escalation
+        self.escalation.rules = self.config.actions.escalation
         if previous.config.top[kernel_events.NAME] == self.config.top[kernel_events.NAME]:
             if self.kernel_log is not None:
                 self.kernel_log.close()
@@ -253,6 +265,7 @@ class Patroller:
                 )
             )
         health = worst(*(c.health for c in cards), *(f.severity for f in node_findings))
+        node_action = self._assign_actions(cards, node_findings, kernel.events, time.time())
         finished = time.time()
         summary = patrol_summary(
             self.seq,
@@ -265,6 +278,7 @@ class Patroller:
             changes,
             health,
             check_data,
+            action=node_action,
         )
         return PatrolReport(
             seq=self.seq,
@@ -281,7 +295,53 @@ class Patroller:
             patrol_line=encode_line(summary),
             event_lines=tuple(encode_line(e) for e in kernel.events),
             kernel_log=kernel.snapshot,
+            action=node_action,
+            escalation=self.escalation.to_dict(),
         )
+
+    def _assign_actions(
+        self,
+        cards: Sequence[CardRecord],
+        node_findings: Sequence[Finding],
+        events: Sequence[Mapping[str, Any]],
+        now: float,
+    ) -> str:
+        """Give every finding, card and the node its action (:mod:`hetpatrol.actions`):
+        the kernel-log faults first read in this patrol and the keys each card holds feed
+        the escalation (by card identity, never position), then each card's action is
+        its findings' highest, with the config's overrides, raised by escalation in
+        force. Returns the node's action: the highest of its cards' and node findings'."""
+        settings = self.config.actions
+        levels = action_findings.bundled_levels()
+        esc = self.escalation
+        for event in events:  # a fault read once counts once (not read again on reload)
+            if event.get("in_window") is False or not (event.get("uuid") or event.get("bus_id")):
+                continue
+            key = kernel_event_key(event.get("xid"), event.get("reason"))
+            esc.observe_event(card_identity(event), key, now, now)
+        for rec in cards:
+            esc.observe_present(card_identity(rec), state_keys(rec.findings, levels), now)
+        esc.observe_present(NODE_IDENTITY, state_keys(node_findings, levels), now)
+        esc.decay(now)
+        verdicts = []
+        for items, identity, rec in [
+            *((c.findings, card_identity(c), c) for c in cards),
+            (node_findings, NODE_IDENTITY, None),
+        ]:
+            verdict, per = judge_card(
+                items,
+                identity=identity,
+                escalation=esc,
+                now=now,
+                overrides=settings.overrides,
+                levels=levels,
+            )
+            for finding, v in zip(items, per, strict=True):
+                finding.action = v.action
+            if rec is not None:
+                rec.action, rec.action_source, rec.action_code, rec.action_reason = verdict
+            verdicts.append(verdict.action)
+        return highest(verdicts)
 
     def _records_for(self, result: CollectResult) -> list[CardRecord]:
         """Fresh records, or the last known cards marked unknown when the collector failed."""

@@ -42,6 +42,11 @@ class PatrolReport:
     #: this patrol (XIDs...), written after the card lines; and that log's snapshot
     event_lines: tuple[str, ...] = field(default=(), repr=False)
     kernel_log: KernelLogSnapshot | None = field(default=None, repr=False)
+    #: what to do about the node: the highest action of its cards and node findings
+    #: (:mod:`hetpatrol.actions`); the escalation state after this patrol (for the state
+    #: file, so counts survive a restart)
+    action: str = "none"
+    escalation: Mapping[str, Any] | None = field(default=None, repr=False)
 
     @property
     def duration_seconds(self) -> float:
@@ -68,6 +73,7 @@ def patrol_summary(
     changes: Sequence[dict[str, Any]],
     health: str,
     node_checks: Mapping[str, Any] | None = None,
+    action: str | None = None,
 ) -> dict[str, Any]:
     """The ``kind: "patrol"`` line as a dict (schema ``hetpatrol.patrol/1``).
 
@@ -84,6 +90,7 @@ def patrol_summary(
         "seq": seq,
         "health": health,
         "exit_code": EXIT_CODES[health],
+        **({"action": action} if action is not None else {}),
         "duration_seconds": round(finished - started, 6),
         "cards": counts,
         "collectors": {s.name: s.to_dict() for s in collectors},

@@ -23,6 +23,7 @@ from typing import Any
 
 # The verdict words, their order and exit codes live in hetpatrol.verdict (imported by
 # `check` alone); re-exported here, where the record's readers look for them.
+from hetpatrol.actions.vocabulary import ACTIONS
 from hetpatrol.verdict import (  # noqa: F401
     _RANK,
     EXIT_CODES,
@@ -121,6 +122,9 @@ class Finding:
     message: str
     value: Any = None
     threshold: Any = None
+    #: what to do about it, a word of :data:`hetpatrol.actions.vocabulary.ACTIONS`
+    #: (set by the patrol: :func:`hetpatrol.actions.apply.judge_card`)
+    action: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +133,7 @@ class Finding:
             "value": self.value,
             "threshold": self.threshold,
             "message": self.message,
+            "action": self.action,
         }
 
 
@@ -204,6 +209,13 @@ class CardRecord:
     links: list[dict[str, Any]] = field(default_factory=list)
     #: ``npu-smi info -t health``: {status, codes, info, ts}; None when not read
     health_detail: dict[str, Any] | None = None
+    #: what to do about the card (its findings' highest action, raised by escalation):
+    #: the word, where it came from (``xid``, ``check``, ``escalation``...), the code
+    #: (``xid:79``, ``check:remapped_rows_pending``) and why
+    action: str | None = None
+    action_source: str | None = None
+    action_code: str | None = None
+    action_reason: str | None = None
     read_ok: bool = True
 
     def add_error(self, source: str, error: str) -> None:
@@ -283,6 +295,7 @@ def card_json_schema() -> dict[str, Any]:
             "message": {"type": "string"},
             "value": {},
             "threshold": {},
+            "action": {"enum": [*ACTIONS, None]},
         },
     }
     process = {
@@ -336,6 +349,10 @@ def card_json_schema() -> dict[str, Any]:
         "hugepages_total": integer,
         "processes": {"type": "array", "items": process},
         "findings": {"type": "array", "items": finding},
+        "action": {"enum": [*ACTIONS, None]},
+        "action_source": string,
+        "action_code": string,
+        "action_reason": string,
         "errors": {
             "type": "array",
             "items": {
@@ -412,6 +429,7 @@ def patrol_json_schema() -> dict[str, Any]:
             "seq": {"type": "integer", "minimum": 1},
             "health": {"enum": list(HEALTH_STATES)},
             "exit_code": {"enum": [0, 1, 2, 3]},
+            "action": {"enum": list(ACTIONS)},
             "duration_seconds": {"type": "number", "minimum": 0},
             "cards": {
                 "type": "object",

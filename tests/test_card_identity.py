@@ -102,8 +102,8 @@ def test_a_lost_gpu_keeps_its_identity_and_its_hold_does_not_pass_to_its_index(b
         "cards": [json.loads(line) for line in second.card_lines],
     }
     row = next(line for line in render(doc).splitlines() if line.lstrip().startswith("2 "))
-    # the node view has no CHIP column for GPUs: IDX HEALTH TEMP POWER UTIL MEMORY BUS MODEL
-    assert row.split() == ["2", "CRITICAL", "-", "-", "-", "-", LOST_BUS] + [
+    # no CHIP column for GPUs: IDX HEALTH ACTION TEMP POWER UTIL MEMORY BUS MODEL
+    assert row.split() == ["2", "CRITICAL", "reboot_node", "-", "-", "-", "-", LOST_BUS] + [
         "NVIDIA",
         "H100",
         "80GB",

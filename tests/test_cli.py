@@ -32,7 +32,7 @@ def test_once_table_escapes_a_tools_control_and_bidi_characters(tmp_path):
     shown = "\\x1b]0;PWNED\\x07\\x1b[2J\\u202ex"
     lines = [re.sub(r"\d+\.\d{3} s", "T s", line) for line in res.stdout.splitlines()]
     assert lines == [
-        "node n1  UNKNOWN   exit 3",
+        "node n1  UNKNOWN   action watch   exit 3",
         "no card was read",
         "",
         "collectors:",

@@ -12,10 +12,11 @@ import pytest
 from conftest import samples_dir
 from fakes import Scripted, make_patroller
 
+from hetpatrol.actions.apply import judge_card
 from hetpatrol.daemon import Daemon
 from hetpatrol.patrol import PatrolReport
 from hetpatrol.schema import CardRecord, Finding, jsonl_json_schema
-from hetpatrol.slurm.drain import REASON_MAX, DrainPolicy, drain_reason
+from hetpatrol.slurm.drain import REASON_MAX, DrainPolicy, drain_needs, drain_reason
 from hetpatrol.slurm.settings import DrainSettings, SlurmSettings
 from hetpatrol.tool import ToolOutput
 
@@ -75,10 +76,18 @@ def config(base_config):
 
 
 def report(health: str, seq: int = 1, cards=(), findings=()) -> PatrolReport:
+    """A report as the patrol builds it, actions included (hetpatrol.actions.apply)."""
     if health == "critical" and not cards and not findings:
         lost = CardRecord(vendor="nvidia", index=3, health="critical")
-        lost.findings.append(Finding("vendor_health", "critical", "GPU is lost"))
+        lost.findings.append(Finding("vendor_health", "critical", "GPU is lost", "gpu_is_lost"))
         cards = (lost,)
+    for rec in cards:
+        verdict, per = judge_card(rec.findings)
+        rec.action, rec.action_source, rec.action_code, rec.action_reason = verdict
+        for f, v in zip(rec.findings, per, strict=True):
+            f.action = v.action
+    for f, v in zip(findings, judge_card(findings)[1], strict=True):
+        f.action = v.action
     return PatrolReport(
         seq=seq,
         node="host07",
@@ -112,13 +121,21 @@ def test_critical_drains_through_the_argv_prefix(config):
     policy = DrainPolicy(slurm)
     (event,) = decode(policy.on_report(report("critical"), config))
     assert slurm.updates == [
-        ["update", f"NodeName={NODE}", "State=DRAIN", "Reason=hetpatrol: vendor_health nvidia/3"]
+        [
+            "update",
+            f"NodeName={NODE}",
+            "State=DRAIN",
+            "Reason=hetpatrol: reboot_node nvidia/3 vendor_health vendor health 'gpu_is_lost'",
+        ]
     ]
     assert slurm.calls[0] == ["sudo", "-n", "scontrol", "show", "node", "-o", NODE]
     assert slurm.calls[1][:3] == ["sudo", "-n", "scontrol"]
     assert event["kind"] == "event" and event["schema"] == "hetpatrol.event/1"
     assert event["event"] == "drain" and event["dry_run"] is False
-    assert event["reason"] == "hetpatrol: vendor_health nvidia/3"
+    assert (
+        event["reason"]
+        == "hetpatrol: reboot_node nvidia/3 vendor_health vendor health 'gpu_is_lost'"
+    )
     assert (event["node"], event["slurm_node"], event["slurm_state"]) == ("host07", NODE, "IDLE")
     assert event["command"] == slurm.calls[1]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", event["ts"])
@@ -224,7 +241,10 @@ def test_resume_only_after_n_consecutive_healthy_patrols(config):
     (event,) = decode(policy.on_report(report("ok", 7), config))
     assert event["event"] == "resume"
     assert event["reason"] == "healthy for 3 consecutive patrols"
-    assert event["slurm_reason"] == "hetpatrol: vendor_health nvidia/3"
+    assert (
+        event["slurm_reason"]
+        == "hetpatrol: reboot_node nvidia/3 vendor_health vendor health 'gpu_is_lost'"
+    )
     assert slurm.updates[-1] == ["update", f"NodeName={NODE}", "State=UNDRAIN"]
     assert (slurm.state, slurm.reason) == ("IDLE", None)
     calls = len(slurm.calls)
@@ -259,12 +279,18 @@ def test_dry_run_logs_every_decision_and_runs_no_update(config):
     policy = DrainPolicy(slurm)
     (drain,) = decode(policy.on_report(report("critical", 1), cfg))
     assert (drain["event"], drain["dry_run"]) == ("drain", True)
-    assert drain["command"][-1] == "Reason=hetpatrol: vendor_health nvidia/3"
+    assert (
+        drain["command"][-1]
+        == "Reason=hetpatrol: reboot_node nvidia/3 vendor_health vendor health 'gpu_is_lost'"
+    )
     assert policy.on_report(report("critical", 2), cfg) == []  # once per episode
     assert policy.on_report(report("ok", 3), cfg) == []
     (resume,) = decode(policy.on_report(report("ok", 4), cfg))
     assert (resume["event"], resume["dry_run"]) == ("resume", True)
-    assert "hetpatrol: vendor_health nvidia/3" in resume["detail"]
+    assert (
+        "hetpatrol: reboot_node nvidia/3 vendor_health vendor health 'gpu_is_lost'"
+        in resume["detail"]
+    )
     (again,) = decode(policy.on_report(report("critical", 5), cfg))  # a new episode
     assert again["event"] == "drain"
     assert slurm.updates == [] and slurm.state == "IDLE"
@@ -292,14 +318,16 @@ def test_failures_are_logged_once_and_retried(config):
     assert event["event"] == "drain_skipped" and "cannot run sudo" in event["detail"]
 
 
-def test_drain_reason_names_checks_and_cards_and_is_bounded():
+def test_drain_reason_names_the_action_the_card_and_why_and_is_bounded():
     cards = []
-    for i in range(20):
+    for i in range(20):  # an NPU in Alarm: the error codes carry the action, not the word
         rec = CardRecord(vendor="ascend", index=200 + i, chip=0, health="critical")
-        rec.findings.append(Finding("vendor_health", "critical", "Alarm"))
+        rec.findings.append(Finding("vendor_health", "critical", "Alarm", "Alarm"))
         cards.append(rec)
-    held = CardRecord(vendor="nvidia", index=1, health="critical")
-    held.findings.append(Finding("recovering", "critical", "good for 1 of 3"))
+    pending = CardRecord(vendor="nvidia", index=1, health="critical")
+    pending.findings.append(Finding("remapped_rows_pending", "critical", "rows pending"))
+    lost = CardRecord(vendor="nvidia", index=3, health="critical")
+    lost.findings.append(Finding("vendor_health", "critical", "GPU is lost", "gpu_is_lost"))
     gres = Finding(
         "gres_mismatch",
         "critical",
@@ -307,12 +335,16 @@ def test_drain_reason_names_checks_and_cards_and_is_bounded():
         value=6,
         threshold=8,
     )
-    text = drain_reason(report("critical", cards=[held, *cards], findings=[gres]))
-    assert text.startswith(
-        "hetpatrol: gres_mismatch gpu:a100 6/8, recovering nvidia/1, vendor_health ascend/200/0"
+    r = report("critical", cards=[pending, lost, *cards], findings=[gres])
+    # the highest action first, the rest counted; Alarm (watch) and gres (watch) drain nothing
+    assert drain_reason(r) == (
+        "hetpatrol: reboot_node nvidia/3 vendor_health vendor health 'gpu_is_lost' (+1 more)"
     )
-    assert len(text) <= REASON_MAX
-    assert re.search(r" \(\+\d+ more\)$", text)
+    only_watch = report("critical", cards=cards, findings=[gres])
+    assert drain_needs(only_watch) == []
+    long = CardRecord(vendor="nvidia", index=5, health="critical")
+    long.findings.append(Finding("remapped_rows_pending", "critical", "x" * 500))
+    assert len(drain_reason(report("critical", cards=[long, pending]))) <= REASON_MAX
 
 
 def test_daemon_writes_event_lines_after_the_patrol_lines(base_config, tmp_path):
@@ -338,7 +370,9 @@ def test_daemon_writes_event_lines_after_the_patrol_lines(base_config, tmp_path)
         daemon.shutdown()
     lines = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert [x["kind"] for x in lines] == ["card", "card", "patrol", "event"]
-    assert lines[-1]["reason"] == "hetpatrol: temperature ascend/1/0"
+    assert (
+        lines[-1]["reason"] == "hetpatrol: isolate_card ascend/1/0 temperature temperature critical"
+    )
     body = daemon.exposition.body.decode()
     assert 'hetpatrol_slurm_events_total{event="drain"} 1.0' in body
     assert 'hetpatrol_slurm_events_total{event="drain_skipped"} 0.0' in body

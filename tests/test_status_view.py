@@ -97,14 +97,14 @@ def test_pipe_is_plain_and_complete(tmp_path):
     out = res.stdout
     assert ESC not in out and "\x1b" not in out
     lines = out.splitlines()
-    assert lines[0].startswith("node mixed-sick-01  CRITICAL   patrol 1, verdict ")
+    assert lines[0].startswith("node mixed-sick-01  CRITICAL   action reboot_node   patrol 1, ")
     assert re.search(r"verdict [01] s old \(every 10 s\)$", lines[0])
     assert lines[1] == "12 cards: 9 ok, 3 critical   drivers: ascend 25.2.0, nvidia 555.42.02"
     # grouped by vendor and card type, a row per card, findings under their card
     assert "ascend 910b (gres ascend)  8 cards: 7 ok, 1 critical" in lines
     row5 = next(i for i, x in enumerate(lines) if x.split()[:3] == ["5", "0", "CRITICAL"])
     assert lines[row5].split() == [
-        *("5", "0", "CRITICAL", "38", "C", "97.2", "W", "0%", "3.3/64.0", "GiB"),
+        *("5", "0", "CRITICAL", "watch", "38", "C", "97.2", "W", "0%", "3.3/64.0", "GiB"),
         *("0000:02:00.0", "910B3"),
     ]
     assert lines[row5 + 1] == "      critical vendor_health: vendor health is Alarm"
@@ -139,7 +139,9 @@ def test_once_and_status_print_the_same_view(tmp_path):
         ]
 
     assert body(status.stdout) == body(once.stdout)
-    assert once.stdout.splitlines()[0] == "node nvlink-storm-01  CRITICAL   exit 2"
+    assert (
+        once.stdout.splitlines()[0] == "node nvlink-storm-01  CRITICAL   action reset_card   exit 2"
+    )
 
 
 def test_info_findings_are_hidden_unless_verbose(tmp_path):

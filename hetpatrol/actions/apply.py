@@ -92,7 +92,9 @@ def action_fields(verdict: ActionVerdict) -> dict[str, str | None]:
 def drain_reason(where: str, verdict: ActionVerdict, detail: str = "") -> str:
     """``hetpatrol: <action> <where> <code> <detail or reason>`` on one line, at most
     :data:`REASON_MAX` characters: ``hetpatrol: reset_card nvidia/3 xid 79 ...``."""
-    code = (verdict.code or "").replace(":", " ", 1)
+    code = verdict.code or ""
+    # "xid:79" reads "xid 79"; a check's code is its name alone ("check:" says nothing)
+    code = code.removeprefix("check:").replace(":", " ", 1)
     text = " ".join(
         p for p in ("hetpatrol:", verdict.action, where, code, detail or verdict.reason) if p
     )

@@ -33,6 +33,7 @@ from prometheus_client.core import (
 )
 
 from hetpatrol import __version__
+from hetpatrol.actions.vocabulary import ACTIONS
 from hetpatrol.collector import STATE_ABSENT, STATE_DISABLED, STATE_FAILED, STATE_HUNG, STATE_OK
 from hetpatrol.exporters.deep_metrics import deep_metrics
 from hetpatrol.exporters.labels import CARD_LABELS, card_labels
@@ -313,9 +314,19 @@ def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Metric]:
         "Active findings per card (1 per check and severity).",
         labels=[*CARD_LABELS, "check", "severity"],
     )
+    action = GaugeMetricFamily(
+        "hetpatrol_card_action",
+        "What to do about the card (1 for its current action word: none, watch, "
+        "restart_job, reset_card, reboot_node, isolate_card, replace_card).",
+        labels=[*CARD_LABELS, "action"],
+    )
     counts: dict[tuple[str, str, str], int] = {}
+    actions: dict[str, int] = dict.fromkeys(ACTIONS, 0)
     for rec in cards:
         labels = card_labels(rec)
+        if rec.action is not None:
+            action.add_metric([*labels, rec.action], 1)
+            actions[rec.action] = actions.get(rec.action, 0) + 1
         info.add_metric(
             labels,
             {
@@ -352,7 +363,15 @@ def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Metric]:
     )
     for (vendor, card_type, h), n in sorted(counts.items()):
         by_type.add_metric([vendor, card_type, h], n)
+    by_action = GaugeMetricFamily(
+        "hetpatrol_cards_by_action",
+        "Cards of this node per action word (every word, 0 included).",
+        labels=["action"],
+    )
+    for word, n in actions.items():
+        by_action.add_metric([word], n)
     yield from (info, health, code, *gauges.values(), ecc, procs, finding, by_type)
+    yield from (action, by_action)
 
 
 #: Series of ``hetpatrol_card_process_memory_bytes`` per card: the top N (slurm_job, user)

@@ -43,6 +43,9 @@ def state_document(
         "exit_code": report.exit_code,
         "collectors": {s.name: s.to_dict() for s in report.collectors},
         "findings": [f.to_dict() for f in report.node_findings],
+        "action": report.action,
+        # escalation counts by card identity: a restarted daemon goes on from them
+        "escalation": report.escalation,
     }
     if cards:
         doc["cards"] = [json.loads(line) for line in report.card_lines]

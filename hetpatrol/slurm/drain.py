@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from hetpatrol.actions.apply import drain_reason as action_drain_reason
+from hetpatrol.actions.vocabulary import DEFAULT_DRAIN_ACTIONS, ActionVerdict, rank
 from hetpatrol.schema import (
     EVENT_SCHEMA,
-    HEALTH_CRITICAL,
     HEALTH_OK,
     HEALTH_WARNING,
     CardRecord,
@@ -90,36 +91,41 @@ def _card_name(rec: CardRecord) -> str:
     return f"{rec.vendor}/{rec.index}" + (f"/{rec.chip}" if rec.chip is not None else "")
 
 
-def drain_reason(report: PatrolReport) -> str:
-    """``hetpatrol: <check> <card>, ...`` for the critical findings of ``report``.
-
-    Node findings first (``gres_mismatch gpu:a100 6/8``: healthy/registered), then cards
-    in report order (``vendor_health nvidia/3``); a card held critical only while it
-    recovers names ``recovering``. Cut to :data:`REASON_MAX` with a ``(+N more)`` tail.
-    """
-    parts = []
+def drain_needs(
+    report: PatrolReport, drain_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS
+) -> list[tuple[str, ActionVerdict]]:
+    """(where, action) of every card and node finding whose action is one the config
+    drains on (``actions.drain_on``), the highest action first: drain by what must be
+    done, not by colour (an NPU in Alarm whose codes ask for nothing drains nothing)."""
+    needs: list[tuple[str, ActionVerdict]] = []
     for f in report.node_findings:
-        if f.severity == HEALTH_CRITICAL:
-            if f.check == "gres_mismatch":  # "gpu:a100: Slurm has 8 registered, 6 healthy..."
-                what = f"{f.message.split(': ', 1)[0]} {f.value}/{f.threshold}"
-            else:
-                what = "node"
-            parts.append(f"{f.check} {what}")
+        if f.action in drain_on:
+            what = f.check
+            if f.check == "gres_mismatch":  # "gpu:a100: Slurm has 8 registered, 6 healthy"
+                what += " " + f.message.split(": ", 1)[0]
+            needs.append(("node", ActionVerdict(f.action, "check", None, what)))
     for rec in report.cards:
-        if rec.health != HEALTH_CRITICAL:
-            continue
-        checks = [f.check for f in rec.findings if f.severity == HEALTH_CRITICAL]
-        real = [c for c in checks if c != "recovering"] or checks or ["critical"]
-        parts.append(f"{'+'.join(dict.fromkeys(real))} {_card_name(rec)}")
-    if not parts:
-        parts = [f"node {report.health}"]
-    text = REASON_PREFIX + " " + parts[0]
-    for i, part in enumerate(parts[1:], start=1):
-        more = f" (+{len(parts) - i} more)"
-        if len(text) + 2 + len(part) + len(more) > REASON_MAX:
-            return text + more
-        text += ", " + part
-    return text
+        if rec.action in drain_on:
+            verdict = ActionVerdict(
+                rec.action, rec.action_source or "", rec.action_code, rec.action_reason or ""
+            )
+            needs.append((_card_name(rec), verdict))
+    return sorted(needs, key=lambda item: -rank(item[1].action))
+
+
+def drain_reason(report: PatrolReport, drain_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS) -> str:
+    """``hetpatrol: <action> <card> <code> <why>`` for the highest action the report
+    needs (``hetpatrol: reset_card nvidia/1 check remapped_rows_pending ...``), with a
+    ``(+N more)`` tail for the others; at most :data:`REASON_MAX` characters."""
+    needs = drain_needs(report, drain_on)
+    if not needs:
+        return f"{REASON_PREFIX} node {report.health}"
+    where, verdict = needs[0]
+    more = f" (+{len(needs) - 1} more)" if len(needs) > 1 else ""
+    text = action_drain_reason(where, verdict)
+    if len(text) + len(more) > REASON_MAX:
+        text = text[: REASON_MAX - len(more) - 3] + "..."
+    return text + more
 
 
 def encode_event(event: dict[str, Any]) -> str:
@@ -143,6 +149,8 @@ class DrainPolicy:
         #: dry run: the drain we would have made, so its resume is logged too
         self.simulated_drain: str | None = None
         self.counts: dict[str, int] = {e: 0 for e in EVENTS}
+        #: the actions that drain (``actions.drain_on``; set from the config per report)
+        self.drain_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS
         #: True while a drain is held by the circuit breaker (exported as a gauge)
         self.breaker_open = False
         self._last_quiet: tuple[str, str] | None = None
@@ -153,6 +161,7 @@ class DrainPolicy:
         settings = config.slurm
         if not (settings.enabled and settings.drain.enabled):
             return []
+        self.drain_on = config.actions.drain_on
         try:
             events = self._decide(report, settings, settings.slurm_node(config.node))
         except Exception as exc:  # noqa: BLE001 - the daemon loop must go on
@@ -176,12 +185,13 @@ class DrainPolicy:
     def _decide(
         self, report: PatrolReport, settings: SlurmSettings, node: str
     ) -> list[dict[str, Any]]:
-        if report.health == HEALTH_CRITICAL:
+        if drain_needs(report, self.drain_on):
             self.healthy_streak = 0
             if self._last_quiet is not None and self._last_quiet[0] in _RESUME_EVENTS:
                 self._last_quiet = None  # a critical patrol ends the episode of resume events
             return self._on_critical(report, settings, node)
-        if report.health not in (HEALTH_OK, HEALTH_WARNING):  # unknown: no verdict
+        # unknown (no verdict) or critical without a drain action: no healthy patrol
+        if report.health not in (HEALTH_OK, HEALTH_WARNING):
             self.healthy_streak = 0
             return []
         self.healthy_streak += 1
@@ -195,7 +205,7 @@ class DrainPolicy:
     def _on_critical(
         self, report: PatrolReport, settings: SlurmSettings, node: str
     ) -> list[dict[str, Any]]:
-        reason = drain_reason(report)
+        reason = drain_reason(report, self.drain_on)
         info, error = self._query(settings, node)
         if info is None:
             return self._quiet(report, node, EVENT_DRAIN_SKIPPED, reason, None, detail=error)
