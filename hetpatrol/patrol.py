@@ -13,6 +13,7 @@ three different verdicts.
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -318,7 +319,7 @@ class Patroller:
             if event.get("in_window") is False or not (event.get("uuid") or event.get("bus_id")):
                 continue
             key = kernel_event_key(event.get("xid"), event.get("reason"))
-            esc.observe_event(card_identity(event), key, now, now)
+            esc.observe_event(card_identity(event), key, _epoch(event.get("ts"), now), now)
         for rec in cards:
             esc.observe_present(card_identity(rec), state_keys(rec.findings, levels), now)
         esc.observe_present(NODE_IDENTITY, state_keys(node_findings, levels), now)
@@ -524,3 +525,14 @@ def _identities(rec: CardRecord) -> list[tuple]:
     or its (index, chip) when it was read without any of them (a garbled row)."""
     found = [(kind, getattr(rec, kind), rec.chip) for kind in ("uuid", "serial", "bus_id")]
     return [i for i in found if i[1]] or [("key", rec.index, rec.chip)]
+
+
+def _epoch(ts: Any, default: float) -> float:
+    """Seconds since the epoch of an event line's RFC 3339 ``ts`` (when the fault
+    happened), ``default`` when it cannot be read."""
+    if not isinstance(ts, str):
+        return default
+    try:
+        return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return default

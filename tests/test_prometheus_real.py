@@ -425,6 +425,7 @@ def test_dashboard_shape():
     titles = {p["title"] for p in dash["panels"]}
     for want in (
         "Healthy cards per card type",
+        "Cards by action",
         "Utilization per card type",
         "Card health",
         "Temperature",
