@@ -16,9 +16,13 @@ node be, as the prolog does):
    without writing the daemon's JSONL log or state file;
 3. each held card found again (by UUID, serial or bus id, else vendor/index/chip): its
    action (:func:`hetpatrol.actions.findings.card_action`). A card whose action is in
-   ``--block-on`` (default: the drain actions) sets the node's drain reason to
-   hetpatrol's (``hetpatrol: reset_card nvidia/6 ...``) and exits 1. A held card the
-   patrol no longer lists (it fell off the bus) counts as ``reboot_node``.
+   ``--block-on`` (default: the drain actions) drains the node with hetpatrol's reason
+   (``hetpatrol: reset_card nvidia/6 ...``) and exits 0 (a non-zero Epilog makes
+   slurmctld replace that reason with "Epilog error"); when the drain cannot be set, it
+   exits 1 and Slurm drains the node itself. A held card the patrol no longer lists (it
+   fell off the bus) counts as ``reboot_node``; a card whose vendor the patrol read
+   nothing of is not judged. When the job's cards cannot be told (no ``SLURM_JOB_GPUS``,
+   no IDX in the finished job's record), every card of the node is looked at.
 
 No state file, no card of the job, nothing bad: exit 0. Prints one line.
 """
@@ -69,7 +73,10 @@ def judge_held(
     the patrol read fine). ``cards`` are the new patrol's records."""
     bad: list[tuple[str, ActionVerdict]] = []
     fine: list[str] = []
+    read_vendors = {_position(c)[0] for c in cards}
     for old in held:
+        if _position(old)[0] not in read_vendors:
+            continue  # that vendor's collector read nothing this time: no verdict on it
         ident = _identity(old)
         now = next((c for c in cards if ident and ident & _identity(c)), None)
         if now is None:  # a card read without identity now (lost before its UUID was read)
@@ -108,13 +115,26 @@ def run_epilog(
         return EXIT_PASS, f"hetpatrol epilog: no state file {state_path}: nothing to check"
     except (OSError, ValueError) as exc:
         return EXIT_PASS, f"hetpatrol epilog: cannot read {state_path}: {exc}: nothing checked"
-    held, alloc = epilog_cards(env, doc, timeout=max(0.1, timeout / 3), runner=runner)
+    held, alloc = epilog_cards(
+        env, doc, timeout=max(0.1, timeout / 3), runner=runner, scontrol=scontrol
+    )
+    note = ""
+    cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
+    told = all(alloc.covers(str(c.get("gres") or "") or None, c.get("vendor")) for c in cards)
+    if not held and told:
+        return EXIT_PASS, "hetpatrol epilog: the job held no card of this node"
     if not held:
-        why = "; ".join(alloc.errors) if alloc.errors else "the job held no card of this node"
-        return EXIT_PASS, f"hetpatrol epilog: {why}"
+        # the job's cards cannot be told (no SLURM_JOB_GPUS, no IDX left in the finished
+        # job's record): every card of the node is looked at, since the next job may
+        # land on any of them
+        held = cards
+        why = "; ".join(alloc.errors) or "not in the environment nor in scontrol's record"
+        note = f" (the job's cards unknown: {why}; every card looked at)"
+        if not held:
+            return EXIT_PASS, f"hetpatrol epilog: no card in the verdict{note}"
     bad, fine = judge_held(held, patrol(), block_on)
     if not bad:
-        return EXIT_PASS, f"hetpatrol epilog: {', '.join(fine)} fine after the job"
+        return EXIT_PASS, f"hetpatrol epilog: {', '.join(fine)} fine after the job{note}"
     where = ",".join(name for name, _ in bad)
     reason = drain_reason(where, worst_verdict(v for _, v in bad))
     node = env.get("SLURMD_NODENAME") or str(doc.get("node") or "")
@@ -123,8 +143,11 @@ def run_epilog(
         argv = [scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
         try:
             runner(argv, left)
-        except Exception as exc:  # noqa: BLE001 - Slurm's own "Epilog error" remains
-            reason += f" (reason not set: {type(exc).__name__})"
+        except Exception as exc:  # noqa: BLE001 - exit 1: Slurm drains ("Epilog error")
+            return EXIT_FAIL, reason + f" (reason not set: {type(exc).__name__})"
+        # drained with hetpatrol's reason: exit 0, or slurmctld would replace that reason
+        # with its own "Epilog error" (seen on slurmctld 22.05)
+        return EXIT_PASS, reason
     return EXIT_FAIL, reason
 
 
