@@ -85,3 +85,36 @@ def name_prefix(name: str) -> str:
     """``gn001`` -> ``gn``; ``login`` -> ``login`` (the name without its trailing digits)."""
     m = _TAIL_RE.match(name)
     return m.group(1) if m else name
+
+
+_RANGE_RE = re.compile(r"^[0-9]+(?:-[0-9]+)?$")
+
+
+def hostlist_problem(text: str) -> str | None:
+    """Why ``text`` is not a Slurm host list, or None when it is one.
+
+    Slurm's reader (``src/common/hostlist.c`` in SchedMD/slurm, ``hostlist_create``)
+    takes a bracket only as a closed, unnested ``[...]`` group of decimal numbers and
+    ``lo-hi`` ranges: ``gn[1-`` (unclosed), ``gn]1`` (stray ``]``), ``an[5-3x]`` and
+    ``gn[a-b]`` (not numbers) are refused there, so they are refused here instead of
+    being taken as literal node names. An empty list is refused too.
+    """
+    if not text.strip():
+        return "an empty host list"
+    depth, start = 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            if depth:
+                return f"{text[:80]!r}: nested '[' at {i}"
+            depth, start = 1, i
+        elif ch == "]":
+            if not depth:
+                return f"{text[:80]!r}: ']' without '[' at {i}"
+            depth = 0
+            for item in text[start + 1 : i].split(","):
+                if not _RANGE_RE.match(item.strip()):
+                    bad = item.strip()[:40]
+                    return f"{text[:80]!r}: {bad!r} in [...] is not a number or a lo-hi range"
+    if depth:
+        return f"{text[:80]!r}: '[' at {start} is not closed"
+    return None
