@@ -165,7 +165,7 @@ def _no_hang(fn):
     return t.is_alive(), result.get("rc")
 
 
-def test_fleet_slurm_nodes_fifo_and_device_refused(prom, tmp_path, capsys):
+def test_fleet_slurm_nodes_fifo_refused(prom, tmp_path, capsys):
     fifo = _with_fifo(tmp_path)
     hung, rc = _no_hang(lambda: _fleet(prom, "--slurm-nodes", str(fifo)))
     if hung:
@@ -173,6 +173,9 @@ def test_fleet_slurm_nodes_fifo_and_device_refused(prom, tmp_path, capsys):
             pass
     assert not hung and rc == 3
     assert "a FIFO, not a regular file" in capsys.readouterr().err
+
+
+def test_fleet_slurm_nodes_device_refused(prom, capsys):
     assert _fleet(prom, "--slurm-nodes", "/dev/zero") == 3
     assert "a device, not a regular file" in capsys.readouterr().err
 
