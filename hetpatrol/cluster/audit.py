@@ -8,6 +8,9 @@ with a compressed host list) and the fix. The checks:
 
 ``gres_syntax``
     A ``Gres=`` that cannot be read (the node is kept, without GRES).
+``hostlist``
+    A ``NodeName=`` or partition ``Nodes=`` host list Slurm would refuse, or longer than
+    ``HOSTLIST_MAX`` names (an error naming the line; its nodes are not checked).
 ``gres_types``
     ``GresTypes`` lists every GRES name used by ``NodeName ... Gres=`` and gres.conf
     ``Name=`` (slurm.conf(5): GresTypes, "A comma-delimited list of generic resources

@@ -87,17 +87,19 @@ def name_prefix(name: str) -> str:
     return m.group(1) if m else name
 
 
-_RANGE_RE = re.compile(r"^[0-9]+(?:-[0-9]+)?$")
+_RANGE_RE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
 
 
 def hostlist_problem(text: str) -> str | None:
     """Why ``text`` is not a Slurm host list, or None when it is one.
 
-    Slurm's reader (``src/common/hostlist.c`` in SchedMD/slurm, ``hostlist_create``)
-    takes a bracket only as a closed, unnested ``[...]`` group of decimal numbers and
-    ``lo-hi`` ranges: ``gn[1-`` (unclosed), ``gn]1`` (stray ``]``), ``an[5-3x]`` and
-    ``gn[a-b]`` (not numbers) are refused there, so they are refused here instead of
-    being taken as literal node names. An empty list is refused too.
+    As Slurm reads it (``_parse_single_range`` in SchedMD/slurm ``src/common/hostlist.c``;
+    checked with ``scontrol show hostnames`` of Slurm 22.05): each item of a ``[...]``
+    group is a decimal number or a ``lo-hi`` range with ``lo <= hi``, nothing else and
+    not empty (``an[5-3x]``, ``gn[a-b]``, ``gn[3-1]``, ``gn[1,,2]``: "Invalid range"), and
+    groups do not nest (``gn[[1-2]]``: "Invalid hostlist"). An unclosed ``[`` (``gn[1-``,
+    which Slurm turns into the name ``gn]``) and an empty list are refused too. A ``]``
+    with no ``[`` is part of a name there, and here.
     """
     if not text.strip():
         return "an empty host list"
@@ -107,14 +109,15 @@ def hostlist_problem(text: str) -> str | None:
             if depth:
                 return f"{text[:80]!r}: nested '[' at {i}"
             depth, start = 1, i
-        elif ch == "]":
-            if not depth:
-                return f"{text[:80]!r}: ']' without '[' at {i}"
+        elif ch == "]" and depth:
             depth = 0
             for item in text[start + 1 : i].split(","):
-                if not _RANGE_RE.match(item.strip()):
-                    bad = item.strip()[:40]
+                m = _RANGE_RE.match(item.strip())
+                bad = item.strip()[:40]
+                if m is None:
                     return f"{text[:80]!r}: {bad!r} in [...] is not a number or a lo-hi range"
+                if m.group(2) is not None and int(m.group(1)) > int(m.group(2)):
+                    return f"{text[:80]!r}: range {bad!r} runs backwards"
     if depth:
         return f"{text[:80]!r}: '[' at {start} is not closed"
     return None
