@@ -68,7 +68,9 @@ def use_color(stream: TextIO, mode: str = "auto", environ: Mapping[str, str] | N
 
 
 #: C0/C1 control characters and the Unicode bidi controls (LRM, RLM, LRE..RLO, LRI..PDI)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: control characters, bidi controls, and lone surrogates (from JSON ``\\ud800``: they
+#: cannot be encoded as UTF-8, so printing one would fail the whole output)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

@@ -8,6 +8,9 @@ with a compressed host list) and the fix. The checks:
 
 ``gres_syntax``
     A ``Gres=`` that cannot be read (the node is kept, without GRES).
+``hostlist``
+    A ``NodeName=`` or partition ``Nodes=`` host list Slurm would refuse, or longer than
+    ``HOSTLIST_MAX`` names (an error naming the line; its nodes are not checked).
 ``gres_types``
     ``GresTypes`` lists every GRES name used by ``NodeName ... Gres=`` and gres.conf
     ``Name=`` (slurm.conf(5): GresTypes, "A comma-delimited list of generic resources
@@ -47,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hetpatrol.cluster.fleet import RUNTIME_CHECKS, DaemonNode
-from hetpatrol.cluster.hostlist import compress_hostlist
+from hetpatrol.cluster.hostlist import compress_hostlist, hostlist_problem
 from hetpatrol.cluster.slurm_conf import Setting, SlurmConf
 from hetpatrol.cluster.slurm_nodes import SlurmNode
 from hetpatrol.config import Profile
@@ -104,6 +107,8 @@ class AuditInput:
     live_nodes: Sequence[SlurmNode] | None = None
     daemons: dict[str, DaemonNode] | None = None
     profiles: Sequence[Profile] = ()
+    #: what a source held but was ignored (a non-finite count from Prometheus...)
+    notes: Sequence[str] = ()
 
 
 @dataclass
@@ -131,10 +136,14 @@ class AuditReport:
 
 
 def _members(
-    spec: str, views: dict[str, NodeView], nodesets: dict[str, dict[str, str]]
+    spec: str,
+    views: dict[str, NodeView],
+    nodesets: dict[str, dict[str, str]],
+    bad: list[str] | None = None,
 ) -> list[str]:
     """The nodes of a partition's ``Nodes=``: ``ALL``, host lists, and NodeSet names
-    (a NodeSet's ``Nodes=`` list or the nodes carrying its ``Feature=``), slurm.conf(5)."""
+    (a NodeSet's ``Nodes=`` list or the nodes carrying its ``Feature=``), slurm.conf(5).
+    A host list that cannot be read is skipped and its problem added to ``bad``."""
     if spec.upper() == "ALL":
         return list(views)
     out: list[str] = []
@@ -142,15 +151,20 @@ def _members(
         ns = nodesets.get(item)
         if ns is not None:
             if "nodes" in ns:
-                out.extend(_members(ns["nodes"], views, {}))
+                out.extend(_members(ns["nodes"], views, {}, bad))
             feature = (ns.get("feature") or "").lower()
             if feature:
                 out.extend(n for n, v in views.items() if feature in map(str.lower, v.features))
             continue
-        try:
-            out.extend(n for n in expand_hostlist(item) if n in views)
-        except ValueError:
-            continue
+        problem = hostlist_problem(item)
+        if problem is None:
+            try:
+                out.extend(n for n in expand_hostlist(item) if n in views)
+                continue
+            except ValueError as exc:
+                problem = str(exc)
+        if bad is not None:
+            bad.append(problem)
     return out
 
 
@@ -187,12 +201,31 @@ def vendor_of_gres(name: str, gtype: str | None, profiles: Sequence[Profile]) ->
     return vendors.pop() if len(vendors) == 1 else ""
 
 
-def _nodes(inp: AuditInput) -> list[NodeView]:
+def _hostlist_finding(where: str, what: str, problem: str) -> AuditFinding:
+    return AuditFinding(
+        "hostlist",
+        "error",
+        where,
+        f"{what} cannot be read: {problem}; its nodes are not checked",
+        "a Slurm host list: name[lo-hi,n,...] with decimal numbers, brackets closed "
+        "(slurm.conf(5), NODE CONFIGURATION); split a list of more names into several lines",
+    )
+
+
+def _nodes(inp: AuditInput, add: Callable[[AuditFinding], None]) -> list[NodeView]:
+    """The nodes of the NodeName lines (or, with none, the live ones); a host list that
+    cannot be read (malformed, or more names than ``HOSTLIST_MAX``) is an ``error``
+    finding naming its line."""
     views: dict[str, NodeView] = {}
     for decl in inp.conf.nodes:
-        try:
-            names = expand_hostlist(decl.names)
-        except ValueError:
+        problem = hostlist_problem(decl.names)
+        if problem is None:
+            try:
+                names = expand_hostlist(decl.names)
+            except ValueError as exc:
+                problem = str(exc)
+        if problem is not None:
+            add(_hostlist_finding(decl.where, f"NodeName={decl.names[:80]}", problem))
             continue
         gres = decl.gres  # parsed once per line, shared by its nodes
         for n in names:
@@ -203,8 +236,11 @@ def _nodes(inp: AuditInput) -> list[NodeView]:
     parts = inp.conf.partitions
     if parts:
         for p in parts:
-            for n in dict.fromkeys(_members(p.nodes, views, inp.conf.nodesets)):
+            bad: list[str] = []
+            for n in dict.fromkeys(_members(p.nodes, views, inp.conf.nodesets, bad)):
                 views[n].partitions.append(p.name)
+            for problem in bad:
+                add(_hostlist_finding(p.where, f"PartitionName={p.name} Nodes=", problem))
     elif inp.live_nodes:
         for sn in inp.live_nodes:
             if sn.name in views:
@@ -270,7 +306,9 @@ def audit(inp: AuditInput) -> AuditReport:
     add = findings.append
     for problem in conf.problems:
         add(AuditFinding("slurm_conf", "warning", problem.split(": ", 1)[0], problem))
-    nodes = _nodes(inp)
+    for note in inp.notes:
+        add(AuditFinding("prometheus", "info", "prometheus", note))
+    nodes = _nodes(inp, add)
     profiles = inp.profiles
     card_names = {(p.gres or "").lower() for p in profiles if p.gres}
     if inp.daemons is not None and inp.live_nodes:

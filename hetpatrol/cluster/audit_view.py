@@ -28,6 +28,7 @@ from hetpatrol.cluster.slurm_conf import (
     parse_slurm_conf,
 )
 from hetpatrol.cluster.slurm_nodes import SlurmReadError, read_nodes
+from hetpatrol.cluster.sources import read_regular, timeout_seconds
 from hetpatrol.config import load_config
 from hetpatrol.node_view import Painter, printable, use_color
 from hetpatrol.output import write_stdout
@@ -104,15 +105,16 @@ def gather(args: argparse.Namespace) -> AuditInput:
     gres_path = args.gres_conf or (base / "gres.conf" if base else None)
     gres_lines = None
     if gres_path is not None and (args.gres_conf is not None or gres_path.is_file()):
-        gres_lines = parse_gres_conf(gres_path.read_text(errors="replace"))
+        gres_lines = parse_gres_conf(read_regular(gres_path))
     cg_path = args.cgroup_conf or (base / "cgroup.conf" if base else None)
     cgroup = None
     if cg_path is not None and (args.cgroup_conf is not None or cg_path.is_file()):
-        cgroup = parse_cgroup_conf(cg_path.read_text(errors="replace"))
+        cgroup = parse_cgroup_conf(read_regular(cg_path))
     daemons = None
+    notes: list[str] = []
     if args.prometheus:
         client = PrometheusClient(args.prometheus, args.timeout)
-        daemons = read_daemons(client, args.node_label, args.job)
+        daemons = read_daemons(client, args.node_label, args.job, notes)
         runtime = client.query(runtime_query(args.node_label, args.job))
         add_node_findings(daemons, runtime, args.node_label)
     return AuditInput(
@@ -124,6 +126,7 @@ def gather(args: argparse.Namespace) -> AuditInput:
         live_nodes=live,
         daemons=daemons,
         profiles=load_config(args.config).profiles,
+        notes=notes,
     )
 
 
@@ -131,7 +134,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     try:
         inp = gather(args)
     except (SlurmReadError, PrometheusError, OSError, ValueError) as exc:
-        print(f"hetpatrol audit-slurm: {exc}", file=sys.stderr)
+        print(printable(f"hetpatrol audit-slurm: {exc}"), file=sys.stderr)
         return EXIT_UNKNOWN
     report: AuditReport = audit(inp)
     doc = report.to_json()
@@ -202,7 +205,12 @@ def add_audit_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="hetpatrol config whose profiles map GRES to vendors (default: the bundled one)",
     )
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per source (default 60)")
+    p.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=60.0,
+        help="seconds per source, in (0, 86400] (each Prometheus query as a whole; default 60)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of the list")
     p.add_argument(
         "--color",

@@ -28,6 +28,7 @@ untyped class. Only card GRES names count: those the daemons report, and ``gpu``
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections import Counter
@@ -140,8 +141,21 @@ def _key(labels: dict[str, str], node_label: str) -> str:
     return labels.get(node_label) or _host(labels.get("instance", "")) or "(no node label)"
 
 
-def daemon_nodes(answers: dict[str, list[Sample]], node_label: str) -> dict[str, DaemonNode]:
-    """The answers of :func:`queries`, per node key."""
+def _count(s: Sample, source: str, notes: list[str] | None) -> int | None:
+    """A count series' value as an int; None (and a note) for a value that is not a
+    finite count >= 0 (NaN, +Inf, -Inf, a null value)."""
+    if math.isfinite(s.value) and s.value >= 0:
+        return int(s.value)
+    if notes is not None:
+        notes.append(f"{source} series {s.labels} has value {s.value}: not a count, ignored")
+    return None
+
+
+def daemon_nodes(
+    answers: dict[str, list[Sample]], node_label: str, notes: list[str] | None = None
+) -> dict[str, DaemonNode]:
+    """The answers of :func:`queries`, per node key. A count that is not finite (NaN,
+    +-Inf) is ignored, with a line in ``notes`` when given."""
     out: dict[str, DaemonNode] = {}
 
     def get(labels: dict[str, str]) -> DaemonNode:
@@ -161,7 +175,10 @@ def daemon_nodes(answers: dict[str, list[Sample]], node_label: str) -> dict[str,
         lab = s.labels
         ck = (lab.get("vendor", ""), lab.get("card_type", ""), lab.get("gres", ""))
         node = get(lab)
-        node.cards[ck] += int(s.value)
+        n = _count(s, "hetpatrol_card_info", notes)
+        if n is None:
+            continue
+        node.cards[ck] += n
         node.versions.setdefault(ck, set()).add(
             (lab.get("driver_version", ""), lab.get("firmware_version", ""))
         )
@@ -171,9 +188,10 @@ def daemon_nodes(answers: dict[str, list[Sample]], node_label: str) -> dict[str,
         vendor, ctype = lab.get("vendor", ""), lab.get("card_type", "")
         ck = next((c for c in node.cards if c[0] == vendor and c[1] == ctype), (vendor, ctype, ""))
         health = lab.get("hetpatrol_card_health", "unknown")
-        node.health.setdefault(ck, Counter())[health if health in HEALTHS else "unknown"] += int(
-            s.value
-        )
+        n = _count(s, "hetpatrol_card_health", notes)
+        if n is None:
+            continue
+        node.health.setdefault(ck, Counter())[health if health in HEALTHS else "unknown"] += n
     for node in out.values():
         _fold_typeless(node)
         for ck, n in node.cards.items():  # cards without a verdict series are unknown
@@ -197,11 +215,15 @@ def _fold_typeless(node: DaemonNode) -> None:
 
 
 def read_daemons(
-    client: PrometheusClient, node_label: str = "node", job: str = "hetpatrol"
+    client: PrometheusClient,
+    node_label: str = "node",
+    job: str = "hetpatrol",
+    notes: list[str] | None = None,
 ) -> dict[str, DaemonNode]:
-    """Run :func:`queries` against ``client``; ``PrometheusError`` on any failure."""
+    """Run :func:`queries` against ``client``; ``PrometheusError`` on any failure;
+    ignored values noted in ``notes``."""
     answers = {name: client.query(expr) for name, expr in queries(node_label, job).items()}
-    return daemon_nodes(answers, node_label)
+    return daemon_nodes(answers, node_label, notes)
 
 
 # ----------------------------------------------------------------------------- join
@@ -316,6 +338,15 @@ class FleetReport:
     nodes_total: int
     #: (node, why) for nodes whose Gres=/GresUsed= Slurm text could not be read
     gres_unreadable: list[tuple[str, str]] = field(default_factory=list)
+    #: (node or position, why) for node objects/lines of the Slurm source left out
+    slurm_unreadable: list[tuple[str, str]] = field(default_factory=list)
+    #: node names Slurm listed more than once (the first kept)
+    duplicates: list[str] = field(default_factory=list)
+    #: Slurm nodes where the daemon sees more cards of a class than Gres= registers
+    #: (``Gres=(null)`` with a card present): cards Slurm cannot schedule
+    unregistered: list[str] = field(default_factory=list)
+    #: what was read but ignored (a non-finite count from Prometheus...)
+    notes: list[str] = field(default_factory=list)
     slurm_source: str = ""
     prometheus: str = ""
     generated_at: float = 0.0
@@ -336,9 +367,13 @@ class FleetReport:
                     worst = h
             if (t.silent or t.cards_seen < t.cards_slurm) and rank[worst] < rank["unknown"]:
                 worst = "unknown"
-        quiet = self.slurm_only_with_cards or self.silent or self.gres_unreadable
+        quiet = (
+            self.slurm_only_with_cards or self.silent or self.gres_unreadable
+        ) or self.slurm_unreadable
         if quiet and rank[worst] < rank["unknown"]:
             worst = "unknown"
+        if (self.unregistered or self.duplicates) and rank[worst] < rank["warning"]:
+            worst = "warning"
         return worst
 
     @property
@@ -395,6 +430,13 @@ class FleetReport:
             },
             "silent": {"nodes": len(self.silent), "hosts": compress_hostlist(self.silent)},
             "gres_unreadable": [{"node": n, "error": e} for n, e in self.gres_unreadable],
+            "slurm_unreadable": [{"node": n, "error": e} for n, e in self.slurm_unreadable],
+            "duplicates": compress_hostlist(self.duplicates),
+            "unregistered": {
+                "nodes": len(self.unregistered),
+                "hosts": compress_hostlist(self.unregistered),
+            },
+            "notes": list(self.notes),
         }
 
 
@@ -408,9 +450,20 @@ def build_fleet(
     """Join Slurm's ``nodes`` with the ``daemons`` (from :func:`read_daemons`).
 
     ``vendor_of(gres_name, gres_type)`` names the vendor of a class no daemon reports
-    (from the config's profiles; "" when unknown).
+    (from the config's profiles; "" when unknown). A node name listed twice is kept once
+    (the first) and named in ``duplicates``; the ``unreadable`` of a
+    :class:`~hetpatrol.cluster.slurm_nodes.NodeList` land in ``slurm_unreadable``.
     """
-    by_name = {n.name: n for n in nodes}
+    unreadable = list(getattr(nodes, "unreadable", ()))
+    by_name: dict[str, SlurmNode] = {}
+    duplicates: list[str] = []
+    for n in nodes:
+        if n.name in by_name:
+            if n.name not in duplicates:
+                duplicates.append(n.name)
+            continue
+        by_name[n.name] = n
+    nodes = list(by_name.values())
     alias: dict[str, str] = {}
     for n in nodes:
         for other in (n.hostname, n.address):
@@ -435,7 +488,7 @@ def build_fleet(
     classes: dict[ClassKey, dict[str, dict[tuple[str, int], Counts]]] = {}
     totals: dict[ClassKey, Counts] = {}
     versions: dict[ClassKey, Counter] = {}
-    slurm_only, slurm_only_cards, silent = [], [], []
+    slurm_only, slurm_only_cards, silent, unregistered = [], [], [], []
 
     def row(name: str, node: SlurmNode | None, d: DaemonNode | None) -> None:
         registered: Counter = Counter()
@@ -472,6 +525,8 @@ def build_fleet(
                 else:
                     c.drained_other = 1
             c.silent = 1 if quiet else 0
+            if node is not None and c.cards_seen > c.cards_slurm and name not in unregistered:
+                unregistered.append(name)
             parts = (node.partitions or (NO_PARTITION,)) if node is not None else (NOT_IN_SLURM,)
             totals.setdefault(ck, Counts()).add(c)
             batch = (name_prefix(name), c.cards_slurm)
@@ -500,5 +555,8 @@ def build_fleet(
         silent=silent,
         nodes_total=len(nodes) + len(prometheus_only),
         gres_unreadable=[(n.name, n.gres_error) for n in nodes if n.gres_error],
+        slurm_unreadable=unreadable,
+        duplicates=duplicates,
+        unregistered=unregistered,
         generated_at=time.time(),
     )

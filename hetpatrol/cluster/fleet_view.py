@@ -23,7 +23,13 @@ from typing import Any
 from hetpatrol.cluster.audit import vendor_of_gres
 from hetpatrol.cluster.fleet import HEALTHS, FleetReport, build_fleet, read_daemons
 from hetpatrol.cluster.prom_query import PrometheusClient, PrometheusError
-from hetpatrol.cluster.slurm_nodes import SlurmReadError, parse_nodes, read_nodes
+from hetpatrol.cluster.slurm_nodes import (
+    SlurmReadError,
+    parse_nodes,
+    read_nodes,
+    require_nodes,
+)
+from hetpatrol.cluster.sources import read_regular, timeout_seconds
 from hetpatrol.config import load_config
 from hetpatrol.node_view import Painter, printable, use_color
 from hetpatrol.output import write_stdout
@@ -136,6 +142,21 @@ def render(doc: dict[str, Any], *, color: bool = False) -> str:
             out.append(paint(line, "unknown"))
     for bad in doc.get("gres_unreadable", ()):
         out.append(paint(f"Slurm GRES of {bad['node']} unreadable: {bad['error']}", "unknown"))
+    for bad in doc.get("slurm_unreadable", ()):
+        out.append(paint(f"Slurm node {bad['node']} unreadable: {bad['error']}", "unknown"))
+    if doc.get("duplicates"):
+        out.append(paint(f"listed twice by Slurm (counted once): {doc['duplicates']}", "warning"))
+    unreg = doc.get("unregistered") or {}
+    if unreg.get("nodes"):
+        out.append(
+            paint(
+                f"cards seen but not registered in Slurm Gres=: {unreg['nodes']} "
+                f"node{'s' if unreg['nodes'] != 1 else ''}: {unreg['hosts']}",
+                "warning",
+            )
+        )
+    for note in doc.get("notes", ()):
+        out.append(paint(f"note: {note}", "dim"))
     health = doc["health"]
     out.append(
         paint(
@@ -147,22 +168,28 @@ def render(doc: dict[str, Any], *, color: bool = False) -> str:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
+    notes: list[str] = []
     try:
         if args.slurm_nodes is not None:
-            path = args.slurm_nodes
-            text = sys.stdin.read() if str(path) == "-" else path.read_text()
-            nodes, source = parse_nodes(text), f"file {args.slurm_nodes}"
+            source = f"file {args.slurm_nodes}"
+            try:
+                nodes = parse_nodes(read_regular(args.slurm_nodes))
+            except ValueError as exc:
+                raise SlurmReadError(f"{source}: {exc}") from None
+            require_nodes(nodes, source)
         else:
             nodes, source = read_nodes(args.scontrol, args.timeout)
         client = PrometheusClient(args.prometheus, args.timeout)
-        daemons = read_daemons(client, args.node_label, args.job)
+        daemons = read_daemons(client, args.node_label, args.job, notes)
     except (SlurmReadError, PrometheusError, OSError, ValueError) as exc:
-        print(f"hetpatrol fleet: {exc}", file=sys.stderr)
+        print(printable(f"hetpatrol fleet: {exc}"), file=sys.stderr)
         return EXIT_UNKNOWN
     if not daemons:
         print(
-            f"hetpatrol fleet: no series of job {args.job!r} in {args.prometheus}: check --job "
-            "and the scrape config",
+            printable(
+                f"hetpatrol fleet: no series of job {args.job!r} in {args.prometheus}: "
+                "check --job and the scrape config"
+            ),
             file=sys.stderr,
         )
     profiles = load_config().profiles
@@ -170,6 +197,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         nodes, daemons, vendor_of=lambda name, gtype: vendor_of_gres(name, gtype, profiles)
     )
     report.slurm_source = source
+    report.notes = notes
     report.prometheus = args.prometheus
     doc = report.to_json()
     if args.json:
@@ -221,7 +249,12 @@ def add_fleet_parser(sub: Any) -> argparse.ArgumentParser:
         "the host of `instance`)",
     )
     p.add_argument("--job", default="hetpatrol", help="the scrape job (default: hetpatrol)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per source (default 60)")
+    p.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=60.0,
+        help="seconds per source, in (0, 86400] (each Prometheus query as a whole; default 60)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument(
         "--color",

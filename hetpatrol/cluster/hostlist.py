@@ -85,3 +85,39 @@ def name_prefix(name: str) -> str:
     """``gn001`` -> ``gn``; ``login`` -> ``login`` (the name without its trailing digits)."""
     m = _TAIL_RE.match(name)
     return m.group(1) if m else name
+
+
+_RANGE_RE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
+
+
+def hostlist_problem(text: str) -> str | None:
+    """Why ``text`` is not a Slurm host list, or None when it is one.
+
+    As Slurm reads it (``_parse_single_range`` in SchedMD/slurm ``src/common/hostlist.c``;
+    checked with ``scontrol show hostnames`` of Slurm 22.05): each item of a ``[...]``
+    group is a decimal number or a ``lo-hi`` range with ``lo <= hi``, nothing else and
+    not empty (``an[5-3x]``, ``gn[a-b]``, ``gn[3-1]``, ``gn[1,,2]``: "Invalid range"), and
+    groups do not nest (``gn[[1-2]]``: "Invalid hostlist"). An unclosed ``[`` (``gn[1-``,
+    which Slurm turns into the name ``gn]``) and an empty list are refused too. A ``]``
+    with no ``[`` is part of a name there, and here.
+    """
+    if not text.strip():
+        return "an empty host list"
+    depth, start = 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            if depth:
+                return f"{text[:80]!r}: nested '[' at {i}"
+            depth, start = 1, i
+        elif ch == "]" and depth:
+            depth = 0
+            for item in text[start + 1 : i].split(","):
+                m = _RANGE_RE.match(item.strip())
+                bad = item.strip()[:40]
+                if m is None:
+                    return f"{text[:80]!r}: {bad!r} in [...] is not a number or a lo-hi range"
+                if m.group(2) is not None and int(m.group(1)) > int(m.group(2)):
+                    return f"{text[:80]!r}: range {bad!r} runs backwards"
+    if depth:
+        return f"{text[:80]!r}: '[' at {start} is not closed"
+    return None

@@ -20,10 +20,14 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetpatrol.cluster.sources import read_regular
 from hetpatrol.slurm.gres import GresEntry, parse_gres
 
-#: Deepest Include nesting followed (a loop of Includes stops here).
+#: Deepest Include nesting followed.
 INCLUDE_DEPTH = 8
+#: Most Include lines followed in all (a file that includes another several times,
+#: which does the same, fans out exponentially within the depth).
+INCLUDE_MAX = 128
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class SlurmConf:
     #: ``NodeSet=name Nodes=...`` / ``Feature=...``: name -> its keys (lower-case)
     nodesets: dict[str, dict[str, str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: Include lines followed so far (bounded by :data:`INCLUDE_MAX`)
+    includes: int = 0
 
     def get(self, key: str) -> Setting | None:
         return self.settings.get(key.lower())
@@ -106,7 +112,7 @@ def _pairs(text: str) -> list[tuple[str, str]]:
 def _logical_lines(path: Path) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     pending, start = "", 0
-    for lineno, raw in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+    for lineno, raw in enumerate(read_regular(path).splitlines(), start=1):
         line = raw.split("#", 1)[0].rstrip()
         if not pending:
             start = lineno
@@ -122,10 +128,24 @@ def _logical_lines(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-def parse_slurm_conf(path: Path, conf: SlurmConf | None = None, depth: int = 0) -> SlurmConf:
-    """Read ``path`` (and its Includes). ``OSError`` when ``path`` cannot be read; an
-    unreadable Include is noted in ``problems``."""
+def _identity(path: Path) -> tuple[int, int] | str:
+    try:
+        st = path.stat()
+        return (st.st_dev, st.st_ino)
+    except OSError:
+        return str(path)
+
+
+def parse_slurm_conf(
+    path: Path, conf: SlurmConf | None = None, depth: int = 0, chain: tuple = ()
+) -> SlurmConf:
+    """Read ``path`` (and its Includes). ``OSError`` when ``path`` cannot be read (also
+    a FIFO, a device, a file over the size bound: :func:`read_regular`); an unreadable
+    Include, an Include loop (a file including itself, directly or through others: not
+    followed), nesting deeper than :data:`INCLUDE_DEPTH` and Includes past
+    :data:`INCLUDE_MAX` are noted in ``problems``."""
     conf = conf if conf is not None else SlurmConf(source=str(path))
+    chain = (*chain, _identity(path))
     node_default: dict[str, str] = {}
     part_default: dict[str, str] = {}
     for lineno, text in _logical_lines(path):
@@ -138,8 +158,21 @@ def parse_slurm_conf(path: Path, conf: SlurmConf | None = None, depth: int = 0) 
             if depth >= INCLUDE_DEPTH:
                 conf.problems.append(f"{where}: Include nested deeper than {INCLUDE_DEPTH}")
                 continue
+            if _identity(target) in chain:
+                conf.problems.append(
+                    f"{where}: Include {target} is a loop (it includes this file): not followed"
+                )
+                continue
+            if conf.includes >= INCLUDE_MAX:
+                if conf.includes == INCLUDE_MAX:
+                    conf.problems.append(
+                        f"{where}: more than {INCLUDE_MAX} Includes: the rest not followed"
+                    )
+                    conf.includes += 1
+                continue
+            conf.includes += 1
             try:
-                parse_slurm_conf(target, conf, depth + 1)
+                parse_slurm_conf(target, conf, depth + 1, chain)
             except OSError as exc:
                 conf.problems.append(f"{where}: Include {target}: {exc.strerror or exc}")
             continue

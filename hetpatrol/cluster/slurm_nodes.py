@@ -75,17 +75,34 @@ class SlurmNode:
         return self.drained and ours(self.reason)
 
 
-def _split_list(value: Any) -> tuple[str, ...]:
+class NodeList(list):
+    """The readable nodes (a list of :class:`SlurmNode`), with ``unreadable``: (node or
+    position, why) for each node object or line that could not be read (it is left out;
+    the others are kept)."""
+
+    def __init__(self, nodes=(), unreadable=()):
+        super().__init__(nodes)
+        self.unreadable: list[tuple[str, str]] = list(unreadable)
+
+
+def _split_list(value: Any, key: str = "") -> tuple[str, ...]:
+    """A comma-separated string or a list of strings; ``ValueError`` for another type."""
     if value is None:
         return ()
     if isinstance(value, str):
         return tuple(v.strip() for v in value.split(",") if v.strip() and v.strip() != "(null)")
-    return tuple(v if isinstance(v, str) else str(v) for v in value if v or v == 0)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(v for v in value if v)
+    raise ValueError(f"{key} is a {type(value).__name__}, not a string or a list of strings")
 
 
-def _text(value: Any) -> str | None:
-    if value is None or isinstance(value, (dict, list)):
+def _text(value: Any, key: str = "") -> str | None:
+    """A string or number field (stripped; None when empty); ``ValueError`` for a list
+    or an object."""
+    if value is None:
         return None
+    if isinstance(value, (dict, list)):
+        raise ValueError(f"{key} is a {type(value).__name__}, not a string")
     text = str(value).strip()
     return text or None
 
@@ -100,43 +117,70 @@ def _gres(text: str | None, errors: list[str]) -> tuple[GresEntry, ...]:
 
 
 def node_from_json(obj: Mapping[str, Any]) -> SlurmNode:
-    """One node object of ``scontrol --json show node`` / ``sinfo --json`` (either era)."""
+    """One node object of ``scontrol --json show node`` / ``sinfo --json`` (either era).
+
+    ``ValueError`` (naming the field) when a field has a type neither era prints (a name
+    that is not a non-empty string, a state that is an object, ``state_flags`` a
+    number...).
+    """
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name is {json.dumps(name)[:80]}, not a node name")
     state = obj.get("state")
-    flags: set[str] = {str(f).upper() for f in obj.get("state_flags") or ()}
+    flags: set[str] = {f.upper() for f in _split_list(obj.get("state_flags"), "state_flags")}
     if isinstance(state, list):  # >= v0.0.39: ["IDLE", "DRAIN"]
-        words = [str(s).upper() for s in state] or ["UNKNOWN"]
+        words = [w.upper() for w in _split_list(state, "state")] or ["UNKNOWN"]
         base, flags = words[0], flags | set(words[1:])
     else:  # v0.0.37: "idle" + state_flags
-        base = str(state or "UNKNOWN").upper()
+        base = (_text(state, "state") or "UNKNOWN").upper()
     errors: list[str] = []
     return SlurmNode(
-        name=str(obj.get("name") or ""),
+        name=name,
         state=base,
         flags=frozenset(flags),
-        partitions=_split_list(obj.get("partitions")),
-        gres=_gres(_text(obj.get("gres")), errors),
-        gres_used=_gres(_text(obj.get("gres_used")), errors),
-        features=_split_list(obj.get("features")),
-        reason=_text(obj.get("reason")),
-        reason_user=_text(obj.get("reason_set_by_user")),
-        hostname=_text(obj.get("hostname")),
-        address=_text(obj.get("address")),
+        partitions=_split_list(obj.get("partitions"), "partitions"),
+        gres=_gres(_text(obj.get("gres"), "gres"), errors),
+        gres_used=_gres(_text(obj.get("gres_used"), "gres_used"), errors),
+        features=_split_list(obj.get("features"), "features"),
+        reason=_text(obj.get("reason"), "reason"),
+        reason_user=_text(obj.get("reason_set_by_user"), "reason_set_by_user"),
+        hostname=_text(obj.get("hostname"), "hostname"),
+        address=_text(obj.get("address"), "address"),
         gres_error="; ".join(errors) or None,
     )
 
 
-def parse_nodes_json(text: str) -> list[SlurmNode]:
-    """The ``nodes`` of a JSON document; ``ValueError`` when it is not one."""
+def _label(obj: Any, i: int) -> str:
+    name = obj.get("name") if isinstance(obj, dict) else None
+    return name if isinstance(name, str) and name.strip() else f"nodes[{i}]"
+
+
+def parse_nodes_json(text: str) -> NodeList:
+    """The ``nodes`` of a JSON document; ``ValueError`` when it is not one (also when
+    nested too deep to parse). A node object that cannot be read is left out and listed
+    in ``unreadable`` with the reason."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deep to be a node list") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         raise ValueError("JSON without a 'nodes' list")
-    errors = [e for e in doc.get("errors") or () if e]
+    raw_errors = doc.get("errors")
+    errors = [e for e in raw_errors if e] if isinstance(raw_errors, list) else []
     if errors and not doc["nodes"]:
         raise ValueError(f"Slurm reported errors: {json.dumps(errors)[:300]}")
-    return [node_from_json(n) for n in doc["nodes"] if isinstance(n, dict)]
+    out = NodeList()
+    for i, obj in enumerate(doc["nodes"]):
+        if not isinstance(obj, dict):
+            out.unreadable.append((f"nodes[{i}]", f"a JSON {type(obj).__name__}, not an object"))
+            continue
+        try:
+            out.append(node_from_json(obj))
+        except ValueError as exc:
+            out.unreadable.append((_label(obj, i), str(exc)))
+    return out
 
 
 #: The fields read from ``scontrol -d -o show node`` (the rest of a line is dropped
@@ -162,11 +206,23 @@ def _slim(text: str) -> str:
     return "\n".join(out)
 
 
-def parse_nodes_text(text: str) -> list[SlurmNode]:
-    """``scontrol [-d] [-o] show node`` output, through :func:`parse_scontrol_nodes`."""
-    out = []
+def parse_nodes_text(text: str) -> NodeList:
+    """``scontrol [-d] [-o] show node`` output, through :func:`parse_scontrol_nodes`.
+
+    ``ValueError`` for a line with no ``Key=Value`` word (not scontrol's output: garbage,
+    binary); a node with an empty ``NodeName=`` is left out and listed in ``unreadable``.
+    """
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.strip() and "=" not in line:
+            raise ValueError(
+                f"line {lineno} is not scontrol's node output (no Key=Value): {line[:80]!r}"
+            )
+    out = NodeList()
     for info in parse_scontrol_nodes(_slim(text)):
         f = info.fields
+        if not info.name.strip():
+            out.unreadable.append(("(empty NodeName=)", "a node line with an empty NodeName="))
+            continue
         flags = set(info.flags)
         # the node-daemon parser notes an unreadable Gres= in gres_error (newer trees)
         errors = [e for e in (getattr(info, "gres_error", None),) if e]
@@ -189,9 +245,18 @@ def parse_nodes_text(text: str) -> list[SlurmNode]:
     return out
 
 
-def parse_nodes(text: str) -> list[SlurmNode]:
+def parse_nodes(text: str) -> NodeList:
     """JSON (starts with ``{``) or scontrol text, whichever ``text`` is."""
     return parse_nodes_json(text) if text.lstrip().startswith("{") else parse_nodes_text(text)
+
+
+def require_nodes(nodes: NodeList, source: str) -> NodeList:
+    """``nodes`` when it holds at least one node; ``SlurmReadError`` otherwise (a Slurm
+    cluster has nodes: an empty list means the source was not Slurm's node list)."""
+    if not nodes:
+        why = f" ({len(nodes.unreadable)} unreadable)" if nodes.unreadable else ""
+        raise SlurmReadError(f"{source}: no node could be read{why}: not Slurm's node list")
+    return nodes
 
 
 def _run(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess:
@@ -212,19 +277,27 @@ def _run(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess:
 
 def read_nodes(
     scontrol: Sequence[str] = ("scontrol",), timeout: float = SCONTROL_TIMEOUT
-) -> tuple[list[SlurmNode], str]:
+) -> tuple[NodeList, str]:
     """Every node: ``(nodes, source)`` with source ``json`` or ``text``.
 
-    ``SlurmReadError`` (with scontrol's own message) when neither form can be read.
+    ``SlurmReadError`` (with scontrol's own message) when neither form can be read, or
+    when they hold no node.
     """
     js = _run([*scontrol, "--json", "show", "node"], timeout)
     if js.returncode == 0 and js.stdout.lstrip().startswith("{"):
         try:
-            return parse_nodes_json(js.stdout), "json"
+            nodes = parse_nodes_json(js.stdout)
+            if nodes or nodes.unreadable:
+                return nodes, "json"
         except ValueError:
             pass
     txt = _run([*scontrol, "-d", "-o", "show", "node"], timeout)
     if txt.returncode != 0:
         detail = (txt.stderr.strip() or txt.stdout.strip() or "no output").splitlines()[-1]
         raise SlurmReadError(f"{' '.join([*scontrol, '-d', '-o', 'show', 'node'])}: {detail}")
-    return parse_nodes_text(txt.stdout), "text"
+    cmd = " ".join([*scontrol, "-d", "-o", "show", "node"])
+    try:
+        nodes = parse_nodes_text(txt.stdout)
+    except ValueError as exc:
+        raise SlurmReadError(f"{cmd}: {exc}") from None
+    return require_nodes(nodes, cmd), "text"
