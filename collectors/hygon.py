@@ -40,23 +40,11 @@ from hetpatrol.collector import (
     DeviceNode,
     VendorInfo,
 )
-from hetpatrol.collectors.rocm_family import HYGON, parse_rocm_smi, to_record
+from hetpatrol.collectors.rocm_family import HYGON, ROCM_SMI_COMMAND, parse_rocm_smi, to_record
 from hetpatrol.collectors.smi_tool import SmiToolCollector, problem_result
 
 #: the recorded DTK 24.04.3 fixture was read with this (gpustack tests/detectors/rocm_smi)
-DEFAULT_COMMAND = (
-    "rocm-smi",
-    "-i",
-    "--showmeminfo",
-    "vram",
-    "--showpower",
-    "--showserial",
-    "--showuse",
-    "--showtemp",
-    "--showproductname",
-    "--showuniqueid",
-    "--json",
-)
+DEFAULT_COMMAND = ROCM_SMI_COMMAND
 
 
 def card_type_for(model: str | None) -> str:
