@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import samples_dir
+from vendor_helpers import collect_with
 
 from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
 from hetpatrol.collectors.cambricon import CambriconCollector, card_type_for, parse_cnmon
@@ -26,17 +27,7 @@ def text(name: str) -> str:
 
 
 def collect(output, **options):
-    collector = CambriconCollector(options)
-
-    def run(argv, timeout):
-        if output is FileNotFoundError:
-            raise FileNotFoundError(argv[0])
-        if isinstance(output, ToolOutput):
-            return output
-        return ToolOutput(tuple(argv), output, "", 0, False, 0.01)
-
-    collector.runner = run
-    return collector.collect()
+    return collect_with(CambriconCollector, output, **options)
 
 
 def test_v4_layout_three_mlu370_x4():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import samples_dir
+from vendor_helpers import collect_with
 
 from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
 from hetpatrol.collectors.enflame import EnflameCollector, card_type_for
@@ -16,17 +17,7 @@ SAMPLE = samples_dir("other-vendors") / "enflame-efsmi-v1.2.0-S60-2cards.txt"
 
 
 def collect(output):
-    collector = EnflameCollector({})
-
-    def run(argv, timeout):
-        if output is FileNotFoundError:
-            raise FileNotFoundError(argv[0])
-        if isinstance(output, ToolOutput):
-            return output
-        return ToolOutput(tuple(argv), output, "", 0, False, 0.01)
-
-    collector.runner = run
-    return collector.collect()
+    return collect_with(EnflameCollector, output)
 
 
 def test_two_s60():

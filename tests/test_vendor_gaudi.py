@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import samples_dir
+from vendor_helpers import collect_with
 
 from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
 from hetpatrol.collectors.gaudi import HL_FIELDS, GaudiCollector, card_type_for
@@ -18,18 +19,7 @@ ARGV = ("hl-smi", "-Q", ",".join(HL_FIELDS), "--format", "csv,noheader")
 
 
 def collect(output):
-    collector = GaudiCollector({})
-
-    def run(argv, timeout):
-        assert tuple(argv) == ARGV  # the query the sample was read with
-        if output is FileNotFoundError:
-            raise FileNotFoundError(argv[0])
-        if isinstance(output, ToolOutput):
-            return output
-        return ToolOutput(tuple(argv), output, "", 0, False, 0.01)
-
-    collector.runner = run
-    return collector.collect()
+    return collect_with(GaudiCollector, output, argv=ARGV)  # the query the sample was read with
 
 
 def test_two_hl_325l_cards():

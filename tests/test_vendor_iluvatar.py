@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import samples_dir
+from vendor_helpers import collect_with
 
 from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
 from hetpatrol.collectors.iluvatar import IluvatarCollector, card_type_for
@@ -17,17 +18,7 @@ MIB = 1048576
 
 
 def collect(output):
-    collector = IluvatarCollector({})
-
-    def run(argv, timeout):
-        if output is FileNotFoundError:
-            raise FileNotFoundError(argv[0])
-        if isinstance(output, ToolOutput):
-            return output
-        return ToolOutput(tuple(argv), output, "", 0, False, 0.01)
-
-    collector.runner = run
-    return collector.collect()
+    return collect_with(IluvatarCollector, output)
 
 
 def test_one_bi_v100_and_a_cut_process_table():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import samples_dir
+from vendor_helpers import collect_with
 
 from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
 from hetpatrol.collectors.kunlunxin import KunlunxinCollector, card_type_for
@@ -17,18 +18,7 @@ MIB = 1048576
 
 
 def collect(output):
-    collector = KunlunxinCollector({})
-
-    def run(argv, timeout):
-        assert list(argv) == ["xpu_smi"]
-        if output is FileNotFoundError:
-            raise FileNotFoundError(argv[0])
-        if isinstance(output, ToolOutput):
-            return output
-        return ToolOutput(tuple(argv), output, "", 0, False, 0.01)
-
-    collector.runner = run
-    return collector.collect()
+    return collect_with(KunlunxinCollector, output, argv=["xpu_smi"])
 
 
 def test_two_r300():
