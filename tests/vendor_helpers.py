@@ -8,9 +8,11 @@ exception class raised with ``argv[0]`` (``FileNotFoundError``: the program is m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from hetpatrol.collector import CollectResult
+import pytest
+
+from hetpatrol.collector import STATE_ABSENT, CollectorError, CollectResult
 from hetpatrol.tool import ToolOutput
 
 
@@ -46,3 +48,21 @@ def collect_with(cls, output: object, *, argv: Sequence[str] | None = None, **op
     collector.runner = run
     result: CollectResult = collector.collect()
     return result
+
+
+def assert_error_with_raw(collect: Callable, output: object) -> CollectorError:
+    """``collect(output)`` raises :class:`CollectorError` with the raw text kept; the
+    error is returned for further checks."""
+    with pytest.raises(CollectorError) as err:
+        collect(output)
+    assert err.value.raw is not None, f"raw text lost: {err.value}"
+    return err.value
+
+
+def assert_hung_and_missing(collect: Callable, argv: Sequence[str], partial: str) -> None:
+    """A run of ``argv`` killed as hung after printing ``partial`` raises a ``hung``
+    :class:`CollectorError` with ``partial`` as ``raw``; a missing program is ``absent``."""
+    err = assert_error_with_raw(collect, ToolOutput(tuple(argv), partial, "", None, True, 10.0))
+    assert (err.hung, err.raw) == (True, partial)
+    result = collect(FileNotFoundError)
+    assert result.state == STATE_ABSENT, (result.state, result.error)
