@@ -51,25 +51,17 @@ from hetpatrol.collector import (
     VendorInfo,
 )
 from hetpatrol.collectors.amd_smi import amd_smi_cards, parse_amd_smi_tree
-from hetpatrol.collectors.rocm_family import AMD, parse_rocm_smi, to_record
-from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
+from hetpatrol.collectors.rocm_family import AMD, ROCM_SMI_COMMAND, parse_rocm_smi, to_record
+from hetpatrol.collectors.smi_tool import (
+    Absent,
+    argv_option,
+    default_runner,
+    problem_result,
+    run_once,
+)
 
 STATIC_COMMAND = ("amd-smi", "static", "--json")
 METRIC_COMMAND = ("amd-smi", "metric", "--json")
-#: the recorded ROCm 6.2.4 fixture was read with this (gpustack tests/detectors/rocm_smi)
-ROCM_SMI_COMMAND = (
-    "rocm-smi",
-    "-i",
-    "--showmeminfo",
-    "vram",
-    "--showpower",
-    "--showserial",
-    "--showuse",
-    "--showtemp",
-    "--showproductname",
-    "--showuniqueid",
-    "--json",
-)
 
 
 def card_type_for(model: str | None) -> str:
@@ -169,14 +161,8 @@ class AmdCollector(Collector):
                 self.name, state=STATE_ABSENT, error="rocm-smi lists no AMD GPU (Hygon DCUs only)"
             )
         tool = "rocm-smi table" if read.source == "rocm-smi table" else "rocm-smi"
-        result = CollectResult(
-            self.name,
-            records=[to_record(c, self.name, card_type_for(c.model), tool) for c in cards],
-        )
-        if read.truncated or read.problems:
-            result.raw = text
-            result.error = f"{tool}: " + "; ".join(read.problems[:3])
-        return result
+        records = [to_record(c, self.name, card_type_for(c.model), tool) for c in cards]
+        return problem_result(self.name, text, records, read.problems, tool, read.truncated)
 
 
 __all__ = ["AmdCollector", "card_type_for"]

@@ -35,21 +35,17 @@ entry), never "none". cnmon prints no health word: ``vendor_health`` stays None.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from hetpatrol.collector import (
-    STATE_ABSENT,
-    Collector,
     CollectorError,
     CollectResult,
     DeviceNode,
     VendorInfo,
 )
 from hetpatrol.collectors.smi_table import PAIR, parse_blocks
-from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
+from hetpatrol.collectors.smi_tool import SmiToolCollector, problem_result
 from hetpatrol.schema import CardRecord, ProcessInfo, normalize_bus_id
 
 MIB = 1 << 20
@@ -221,11 +217,13 @@ def _record(table: CnmonTable, card: MluCard) -> CardRecord:
     return rec
 
 
-class CambriconCollector(Collector):
+class CambriconCollector(SmiToolCollector):
     """Cambricon MLUs through ``cnmon``. Options (``collectors.cambricon``): ``command``
     (argv list or string, default ``["cnmon"]``), ``timeout_seconds`` (default 10)."""
 
     name: ClassVar[str] = "cambricon"
+    tool: ClassVar[str] = "cnmon"
+    default_command: ClassVar[tuple[str, ...]] = ("cnmon",)
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
         # containers on MLU nodes get /dev/cambricon_ctl and /dev/cambricon_devN
         # (PaddlePaddle docs hardware_support/mlu/install_cn.md: docker run
@@ -237,26 +235,15 @@ class CambriconCollector(Collector):
         tool_dirs={"cnmon": ("/usr/bin",)},
     )
 
-    def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
-        super().__init__(options, replay_dir=replay_dir)
-        self.command = argv_option(self.options, "command", ["cnmon"])
-        self.timeout_seconds = float(self.options.get("timeout_seconds", 10))
-        self.runner = default_runner(self.replay_dir)
-
-    def collect(self) -> CollectResult:
-        """Run ``cnmon`` once; ``absent`` without the program; :class:`CollectorError`
-        (raw kept) when it hung, failed or printed no MLU table."""
-        try:
-            text = run_once(self.runner, self.command, self.timeout_seconds)
-        except Absent as exc:
-            return CollectResult(self.name, state=STATE_ABSENT, error=str(exc))
+    def result(self, text: str) -> CollectResult:
+        """One record per MLU of :func:`parse_cnmon`; with problems or a truncated
+        output, ``raw=text`` and ``error`` = ``"cnmon[ output truncated]: "`` + the first
+        three problems. :class:`CollectorError` (raw kept) when it printed no MLU table."""
         table = parse_cnmon(text)
-        result = CollectResult(self.name, records=records_from(table))
-        if table.truncated or table.problems:
-            result.raw = text
-            note = "cnmon output truncated" if table.truncated else "cnmon"
-            result.error = f"{note}: " + "; ".join(table.problems[:3])
-        return result
+        note = "cnmon output truncated" if table.truncated else "cnmon"
+        return problem_result(
+            self.name, text, records_from(table), table.problems, note, table.truncated
+        )
 
 
 __all__ = ["CambriconCollector", "CnmonTable", "MluCard", "card_type_for", "parse_cnmon"]

@@ -30,19 +30,10 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from hetpatrol.collector import (
-    STATE_ABSENT,
-    Collector,
-    CollectorError,
-    CollectResult,
-    DeviceNode,
-    VendorInfo,
-)
-from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
+from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
+from hetpatrol.collectors.smi_tool import SmiToolCollector
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 _TITLE = re.compile(r"EFSMI\s+V(\S+)")
@@ -195,11 +186,13 @@ def _record(index: int, v: dict[str, str], damage: str | None, driver: str | Non
     return rec
 
 
-class EnflameCollector(Collector):
+class EnflameCollector(SmiToolCollector):
     """Enflame GCUs through ``efsmi``. Options (``collectors.enflame``): ``command``
     (argv, default ``["efsmi"]``), ``timeout_seconds`` (default 10)."""
 
     name: ClassVar[str] = "enflame"
+    tool: ClassVar[str] = "efsmi"
+    default_command: ClassVar[tuple[str, ...]] = ("efsmi",)
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
         # /dev/gcuctl and /dev/gcuN per device; efsmi in /usr/sbin (the device plugins'
         # Enflame backends: deviceCtlPath "/dev/gcuctl", prefix "/dev/gcu", smiPath
@@ -211,32 +204,17 @@ class EnflameCollector(Collector):
         tool_dirs={"efsmi": ("/usr/sbin",)},
     )
 
-    def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
-        super().__init__(options, replay_dir=replay_dir)
-        self.command = argv_option(self.options, "command", ["efsmi"])
-        self.timeout_seconds = float(self.options.get("timeout_seconds", 10))
-        self.runner = default_runner(self.replay_dir)
-
-    def collect(self) -> CollectResult:
-        """Run ``efsmi`` once; ``absent`` without the program; :class:`CollectorError`
-        (raw kept) when it hung, failed or printed no device table."""
+    def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:
+        """:func:`parse_efsmi`; :class:`CollectorError` (raw kept) when it printed no
+        device table (or the parser failed)."""
         try:
-            text = run_once(self.runner, self.command, self.timeout_seconds)
-        except Absent as exc:
-            return CollectResult(self.name, state=STATE_ABSENT, error=str(exc))
-        try:
-            records, problems = parse_efsmi(text)
+            return parse_efsmi(text)
         except CollectorError:
             raise
         except Exception as exc:  # pragma: no cover - guard: a parser bug must not escape
             raise CollectorError(
                 f"efsmi: parser error {type(exc).__name__}: {exc}", raw=text
             ) from exc
-        result = CollectResult(self.name, records=records)
-        if problems:
-            result.raw = text
-            result.error = "efsmi: " + "; ".join(problems[:3])
-        return result
 
 
 __all__ = ["EnflameCollector", "card_type_for", "parse_efsmi"]

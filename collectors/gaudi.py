@@ -29,19 +29,12 @@ with the default query. hl-smi prints no health word or process list in this for
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hetpatrol.collector import (
-    STATE_ABSENT,
-    Collector,
-    CollectorError,
-    CollectResult,
-    DeviceNode,
-    VendorInfo,
-)
-from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
+from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
+from hetpatrol.collectors.smi_tool import SmiToolCollector
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 MIB = 1 << 20
@@ -149,12 +142,13 @@ def _cell(rec: CardRecord, name: str, cell: str) -> None:
             rec.bus_id = normalize_bus_id(cell)
 
 
-class GaudiCollector(Collector):
+class GaudiCollector(SmiToolCollector):
     """Intel Gaudi through ``hl-smi``. Options (``collectors.gaudi``): ``fields`` (the
     query, default :data:`HL_FIELDS`), ``command`` (argv; default ``hl-smi -Q <fields>
     --format csv,noheader``), ``timeout_seconds`` (default 10)."""
 
     name: ClassVar[str] = "gaudi"
+    tool: ClassVar[str] = "hl-smi"
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
         # /dev/accel/accelN and accel_controlDN: the kernel's compute-accelerator major
         # "accel" (drivers/accel/drm_accel.c: register_chrdev(ACCEL_MAJOR, "accel", ...)),
@@ -167,26 +161,18 @@ class GaudiCollector(Collector):
     )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
+        self.fields = tuple(str(f) for f in options.get("fields", HL_FIELDS))
         super().__init__(options, replay_dir=replay_dir)
-        self.fields = tuple(str(f) for f in self.options.get("fields", HL_FIELDS))
-        default = ["hl-smi", "-Q", ",".join(self.fields), "--format", "csv,noheader"]
-        self.command = argv_option(self.options, "command", default)
-        self.timeout_seconds = float(self.options.get("timeout_seconds", 10))
-        self.runner = default_runner(self.replay_dir)
 
-    def collect(self) -> CollectResult:
-        """Run the query once; ``absent`` without hl-smi; :class:`CollectorError` (raw
-        kept) when it hung, failed or printed no card row."""
-        try:
-            text = run_once(self.runner, self.command, self.timeout_seconds)
-        except Absent as exc:
-            return CollectResult(self.name, state=STATE_ABSENT, error=str(exc))
-        records, problems = parse_hl_smi_csv(text, self.fields)
-        result = CollectResult(self.name, records=records)
-        if problems:
-            result.raw = text
-            result.error = "hl-smi: " + "; ".join(problems[:3])
-        return result
+    def default_argv(self) -> Sequence[str]:
+        """``hl-smi -Q <fields> --format csv,noheader`` (``fields`` option, default
+        :data:`HL_FIELDS`)."""
+        return ["hl-smi", "-Q", ",".join(self.fields), "--format", "csv,noheader"]
+
+    def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:
+        """:func:`parse_hl_smi_csv` by ``self.fields``; :class:`CollectorError` (raw
+        kept) when it printed no card row."""
+        return parse_hl_smi_csv(text, self.fields)
 
 
 __all__ = ["GaudiCollector", "card_type_for", "parse_hl_smi_csv"]

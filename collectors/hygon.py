@@ -31,35 +31,20 @@ None and the processes are unknown (an error entry says so), never "none".
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from hetpatrol.collector import (
     STATE_ABSENT,
-    Collector,
     CollectorError,
     CollectResult,
     DeviceNode,
     VendorInfo,
 )
-from hetpatrol.collectors.rocm_family import HYGON, parse_rocm_smi, to_record
-from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
+from hetpatrol.collectors.rocm_family import HYGON, ROCM_SMI_COMMAND, parse_rocm_smi, to_record
+from hetpatrol.collectors.smi_tool import SmiToolCollector, problem_result
 
 #: the recorded DTK 24.04.3 fixture was read with this (gpustack tests/detectors/rocm_smi)
-DEFAULT_COMMAND = (
-    "rocm-smi",
-    "-i",
-    "--showmeminfo",
-    "vram",
-    "--showpower",
-    "--showserial",
-    "--showuse",
-    "--showtemp",
-    "--showproductname",
-    "--showuniqueid",
-    "--json",
-)
+DEFAULT_COMMAND = ROCM_SMI_COMMAND
 
 
 def card_type_for(model: str | None) -> str:
@@ -78,12 +63,13 @@ def card_type_for(model: str | None) -> str:
     return "dcu"
 
 
-class HygonCollector(Collector):
+class HygonCollector(SmiToolCollector):
     """Hygon DCUs through ``rocm-smi --json`` (DTK). Options (``collectors.hygon``):
     ``command`` (argv list or string; default :data:`DEFAULT_COMMAND`),
     ``timeout_seconds`` (default 10)."""
 
     name: ClassVar[str] = "hygon"
+    default_command: ClassVar[tuple[str, ...]] = DEFAULT_COMMAND
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
         # the DTK is the ROCm stack: /dev/kfd (compute) and the DRM render nodes, as
         # containers are started on DCU nodes (docker run --device=/dev/kfd
@@ -103,22 +89,12 @@ class HygonCollector(Collector):
         },
     )
 
-    def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
-        super().__init__(options, replay_dir=replay_dir)
-        self.command = argv_option(self.options, "command", DEFAULT_COMMAND)
-        self.timeout_seconds = float(self.options.get("timeout_seconds", 10))
-        self.runner = default_runner(self.replay_dir)
+    def result(self, text: str) -> CollectResult:
+        """One record per Hygon card of the command's output.
 
-    def collect(self) -> CollectResult:
-        """Run the command once; one record per Hygon card.
-
-        ``absent`` when the program is missing or lists no Hygon card. Raises
-        :class:`CollectorError` (raw kept) when it hung, failed or printed no card.
+        ``absent`` when it lists no Hygon card (the program missing: ``absent`` from
+        :meth:`collect`). Raises :class:`CollectorError` (raw kept) when it printed no card.
         """
-        try:
-            text = run_once(self.runner, self.command, self.timeout_seconds)
-        except Absent as exc:
-            return CollectResult(self.name, state=STATE_ABSENT, error=str(exc))
         read = parse_rocm_smi(text)
         tool = "rocm-smi" if read.source != "rocm-smi table" else "rocm-smi table"
         cards = [c for c in read.cards if c.family == HYGON]
@@ -128,15 +104,9 @@ class HygonCollector(Collector):
                 state=STATE_ABSENT,
                 error=f"{self.command[0]} lists no Hygon DCU (AMD cards only)",
             )
-        result = CollectResult(
-            self.name,
-            records=[to_record(c, self.name, card_type_for(c.model), tool) for c in cards],
-        )
-        if read.truncated or read.problems:
-            result.raw = text
-            note = f"{tool} output truncated" if read.truncated else tool
-            result.error = f"{note}: " + "; ".join(read.problems[:3])
-        return result
+        records = [to_record(c, self.name, card_type_for(c.model), tool) for c in cards]
+        note = f"{tool} output truncated" if read.truncated else tool
+        return problem_result(self.name, text, records, read.problems, note, read.truncated)
 
 
 __all__ = ["CollectorError", "HygonCollector", "card_type_for"]

@@ -29,20 +29,11 @@ closing border. ixsmi prints no health word: ``vendor_health`` is None.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from hetpatrol.collector import (
-    STATE_ABSENT,
-    Collector,
-    CollectorError,
-    CollectResult,
-    DeviceNode,
-    VendorInfo,
-)
+from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
 from hetpatrol.collectors.smi_table import PAIR, Block, SmiTable, parse_blocks
-from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
+from hetpatrol.collectors.smi_tool import SmiToolCollector
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 MIB = 1 << 20
@@ -128,11 +119,13 @@ def _record(block: Block, driver: str | None, processes_known: bool) -> CardReco
     return rec
 
 
-class IluvatarCollector(Collector):
+class IluvatarCollector(SmiToolCollector):
     """Iluvatar GPUs through ``ixsmi``. Options (``collectors.iluvatar``): ``command``
     (argv, default ``["ixsmi"]``), ``timeout_seconds`` (default 10)."""
 
     name: ClassVar[str] = "iluvatar"
+    tool: ClassVar[str] = "ixsmi"
+    default_command: ClassVar[tuple[str, ...]] = ("ixsmi",)
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
         # CoreX: /dev/itrctl and one /dev/iluvatarN per GPU (containers are started with
         # --device=/dev/itrctl --device=/dev/iluvatar0..15: "without it
@@ -144,25 +137,11 @@ class IluvatarCollector(Collector):
         tool_dirs={"ixsmi": ("/usr/local/corex/bin",)},
     )
 
-    def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
-        super().__init__(options, replay_dir=replay_dir)
-        self.command = argv_option(self.options, "command", ["ixsmi"])
-        self.timeout_seconds = float(self.options.get("timeout_seconds", 10))
-        self.runner = default_runner(self.replay_dir)
-
-    def collect(self) -> CollectResult:
-        """Run ``ixsmi`` once; ``absent`` without the program; :class:`CollectorError`
-        (raw kept) when it hung, failed or printed no GPU table."""
-        try:
-            text = run_once(self.runner, self.command, self.timeout_seconds)
-        except Absent as exc:
-            return CollectResult(self.name, state=STATE_ABSENT, error=str(exc))
+    def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:
+        """:func:`parse_ixsmi`'s records and table problems; :class:`CollectorError`
+        (raw kept) when it printed no GPU table."""
         table, records = parse_ixsmi(text)
-        result = CollectResult(self.name, records=records)
-        if table.problems:
-            result.raw = text
-            result.error = "ixsmi: " + "; ".join(table.problems[:3])
-        return result
+        return records, table.problems
 
 
 __all__ = ["IluvatarCollector", "card_type_for", "parse_ixsmi"]

@@ -28,19 +28,10 @@ unknown, raw kept), never guessed.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from hetpatrol.collector import (
-    STATE_ABSENT,
-    Collector,
-    CollectorError,
-    CollectResult,
-    DeviceNode,
-    VendorInfo,
-)
-from hetpatrol.collectors.smi_tool import Absent, argv_option, default_runner, run_once
+from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
+from hetpatrol.collectors.smi_tool import SmiToolCollector
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 MIB = 1 << 20
@@ -162,11 +153,13 @@ def _processes(
         rec.add_error("xpu_smi processes", f"unknown: {why}")
 
 
-class KunlunxinCollector(Collector):
+class KunlunxinCollector(SmiToolCollector):
     """Kunlunxin XPUs through ``xpu_smi``. Options (``collectors.kunlunxin``):
     ``command`` (argv, default ``["xpu_smi"]``), ``timeout_seconds`` (default 10)."""
 
     name: ClassVar[str] = "kunlunxin"
+    tool: ClassVar[str] = "xpu_smi"
+    default_command: ClassVar[tuple[str, ...]] = ("xpu_smi",)
     vendor_info: ClassVar[VendorInfo] = VendorInfo(
         # one /dev/xpuN per device (the INODE column of xpu_smi) and /dev/xpuctrl
         # (PaddlePaddle docs hardware_support/xpu: docker run --device=/dev/xpu0..7
@@ -178,25 +171,10 @@ class KunlunxinCollector(Collector):
         tool_dirs={"xpu_smi": ("/usr/local/xpu/bin", "/usr/bin")},
     )
 
-    def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
-        super().__init__(options, replay_dir=replay_dir)
-        self.command = argv_option(self.options, "command", ["xpu_smi"])
-        self.timeout_seconds = float(self.options.get("timeout_seconds", 10))
-        self.runner = default_runner(self.replay_dir)
-
-    def collect(self) -> CollectResult:
-        """Run ``xpu_smi`` once; ``absent`` without the program; :class:`CollectorError`
-        (raw kept) when it hung, failed or printed no DEVICES table."""
-        try:
-            text = run_once(self.runner, self.command, self.timeout_seconds)
-        except Absent as exc:
-            return CollectResult(self.name, state=STATE_ABSENT, error=str(exc))
-        records, problems = parse_xpu_smi(text)
-        result = CollectResult(self.name, records=records)
-        if problems:
-            result.raw = text
-            result.error = "xpu_smi: " + "; ".join(problems[:3])
-        return result
+    def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:
+        """:func:`parse_xpu_smi`; :class:`CollectorError` (raw kept) when it printed no
+        DEVICES table."""
+        return parse_xpu_smi(text)
 
 
 __all__ = ["KunlunxinCollector", "card_type_for", "parse_xpu_smi"]

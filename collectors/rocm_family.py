@@ -44,6 +44,23 @@ from hetpatrol.schema import CardRecord, normalize_bus_id
 HYGON = "hygon"
 AMD = "amd"
 
+#: the rocm-smi query both plugins run (hygon by default, amd when amd-smi is absent):
+#: the recorded DTK 24.04.3 and ROCm 6.2.4 fixtures were read with it (gpustack
+#: tests/detectors/rocm_smi)
+ROCM_SMI_COMMAND = (
+    "rocm-smi",
+    "-i",
+    "--showmeminfo",
+    "vram",
+    "--showpower",
+    "--showserial",
+    "--showuse",
+    "--showtemp",
+    "--showproductname",
+    "--showuniqueid",
+    "--json",
+)
+
 _UNIT_KEY = re.compile(r"^(?P<name>.*?)\s*\((?P<unit>[^()]*)\)\s*$")
 NUM = re.compile(r"[-+]?[0-9]{1,15}(?:\.[0-9]{1,9})?")
 _NUM_UNIT = re.compile(r"(?P<num>[-+]?[0-9]{1,15}(?:\.[0-9]{1,9})?)\s*(?P<unit>[^\s0-9.]*)")

@@ -1,5 +1,7 @@
 """One bounded run of a vendor ``*-smi`` tool, shared by the table/JSON plugins
-(:mod:`hetpatrol.collectors.rocm_family`, ``hygon``, ``amd``, ``cambricon``).
+(:mod:`hetpatrol.collectors.rocm_family`, ``hygon``, ``amd``, ``cambricon``, ``enflame``,
+``iluvatar``, ``kunlunxin``, ``gaudi``), and :class:`SmiToolCollector`, the collector that
+runs one such tool once per patrol and hands its output to the plugin's parser.
 
 The rules are npu-smi's (:class:`hetpatrol.collectors.ascend.AscendCollector`): the tool
 runs once per patrol under ``timeout_seconds`` (:func:`hetpatrol.tool.run_tool` kills its
@@ -11,10 +13,12 @@ tool, a non-zero exit, a runaway output or empty output raise
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
 
-from hetpatrol.collector import CollectorError
+from hetpatrol.collector import STATE_ABSENT, Collector, CollectorError, CollectResult
+from hetpatrol.schema import CardRecord
 from hetpatrol.tool import ReplayTool, ToolOutput, run_tool
 
 #: How much of a runaway (size-capped) tool output is kept as ``raw``.
@@ -78,3 +82,80 @@ def excerpt(text: str, limit: int = 240) -> str:
         return "(no output)"
     out = "; ".join(lines[:3])
     return out if len(out) <= limit else out[:limit] + "..."
+
+
+class SmiToolCollector(Collector):
+    """A vendor plugin that runs one ``*-smi`` command once per patrol.
+
+    Options (``collectors.<name>``): ``command`` (argv list or shell-quoted string;
+    default :meth:`default_argv`, i.e. :attr:`default_command`) and ``timeout_seconds``
+    (default :attr:`default_timeout_seconds`, 10). ``replay_dir`` swaps the run for the
+    recorded output (:func:`default_runner`); tests may set ``runner``.
+
+    :meth:`collect` runs ``command`` through :func:`run_once`: a missing program is an
+    ``absent`` result (the :class:`Absent` text as ``error``); a hung, failed, runaway or
+    empty run raises :class:`CollectorError` (raw kept). The output goes to
+    :meth:`result`, which by default calls the plugin's :meth:`parse` hook and turns its
+    problems into the result's ``error`` (``"<tool>: p1; p2; p3"``, the first three) with
+    the whole output as ``raw``; :meth:`parse` raises :class:`CollectorError` (raw kept)
+    when the output holds no card table. Plugins whose result needs more (a second
+    family filter, a truncation note) override :meth:`result`.
+    """
+
+    #: the tool's argv when ``command`` is not configured
+    default_command: ClassVar[Sequence[str]] = ()
+    #: ``timeout_seconds`` when not configured, in seconds
+    default_timeout_seconds: ClassVar[float] = 10
+    #: the tool's name as it prefixes the result's ``error`` (``"efsmi"``)
+    tool: ClassVar[str] = ""
+
+    def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
+        super().__init__(options, replay_dir=replay_dir)
+        self.command = argv_option(self.options, "command", self.default_argv())
+        self.timeout_seconds = float(
+            self.options.get("timeout_seconds", self.default_timeout_seconds)
+        )
+        self.runner = default_runner(self.replay_dir)
+
+    def default_argv(self) -> Sequence[str]:
+        """The argv run when ``command`` is not configured (after ``self.options`` is
+        set, so an option may shape it): :attr:`default_command`."""
+        return self.default_command
+
+    def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:
+        """``(records, problems)`` of the tool's output: one record per card, and what
+        could not be read (each a short phrase). Raises :class:`CollectorError`
+        (``raw=text``) when no card table is found."""
+        raise NotImplementedError
+
+    def result(self, text: str) -> CollectResult:
+        """The :class:`CollectResult` of one run's output: :meth:`parse`'s records;
+        with problems, ``raw=text`` and ``error`` = ``"<tool>: "`` + the first three."""
+        records, problems = self.parse(text)
+        return problem_result(self.name, text, records, problems, self.tool)
+
+    def collect(self) -> CollectResult:
+        """Run ``command`` once; ``absent`` without the program; :class:`CollectorError`
+        (raw kept) when it hung, failed or printed no card table."""
+        try:
+            text = run_once(self.runner, self.command, self.timeout_seconds)
+        except Absent as exc:
+            return CollectResult(self.name, state=STATE_ABSENT, error=str(exc))
+        return self.result(text)
+
+
+def problem_result(
+    name: str,
+    text: str,
+    records: list[CardRecord],
+    problems: Sequence[str],
+    label: str,
+    keep_raw: bool = False,
+) -> CollectResult:
+    """``CollectResult(name, records)``; when there are ``problems`` (or ``keep_raw``),
+    with ``raw=text`` and ``error`` = ``f"{label}: "`` + the first three joined by ``; ``."""
+    result = CollectResult(name, records=records)
+    if problems or keep_raw:
+        result.raw = text
+        result.error = f"{label}: " + "; ".join(problems[:3])
+    return result

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 from conftest import samples_dir
+from vendor_helpers import assert_error_with_raw, assert_hung_and_missing, collect_with
 
-from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
+from hetpatrol.collector import STATE_OK, CollectorError
 from hetpatrol.collectors.cambricon import CambriconCollector, card_type_for, parse_cnmon
 from hetpatrol.config import load_config
 from hetpatrol.judge import judge
@@ -26,17 +27,7 @@ def text(name: str) -> str:
 
 
 def collect(output, **options):
-    collector = CambriconCollector(options)
-
-    def run(argv, timeout):
-        if output is FileNotFoundError:
-            raise FileNotFoundError(argv[0])
-        if isinstance(output, ToolOutput):
-            return output
-        return ToolOutput(tuple(argv), output, "", 0, False, 0.01)
-
-    collector.runner = run
-    return collector.collect()
+    return collect_with(CambriconCollector, output, **options)
 
 
 def test_v4_layout_three_mlu370_x4():
@@ -146,17 +137,11 @@ def test_a_cell_with_too_many_values_damages_the_card():
     ["", "cnmon: error while loading shared libraries: libcndev.so\n", "\x00\x00garbage"],
 )
 def test_no_table_is_an_error_with_raw(output):
-    with pytest.raises(CollectorError) as err:
-        collect(output)
-    assert err.value.raw is not None
+    assert_error_with_raw(collect, output)
 
 
 def test_hung_missing_and_failed_tool():
-    hung = ToolOutput(("cnmon",), "+----", "", None, True, 10.0)
-    with pytest.raises(CollectorError) as err:
-        collect(hung)
-    assert err.value.hung and err.value.raw == "+----"
-    assert collect(FileNotFoundError).state == STATE_ABSENT
+    assert_hung_and_missing(collect, ("cnmon",), "+----")
     failed = ToolOutput(("cnmon",), "", "Cambricon driver not loaded\n", 3, False, 0.1)
     with pytest.raises(CollectorError, match="exited with code 3"):
         collect(failed)

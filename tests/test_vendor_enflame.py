@@ -5,28 +5,18 @@ from __future__ import annotations
 
 import pytest
 from conftest import samples_dir
+from vendor_helpers import assert_error_with_raw, assert_hung_and_missing, collect_with
 
-from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
+from hetpatrol.collector import STATE_OK
 from hetpatrol.collectors.enflame import EnflameCollector, card_type_for
 from hetpatrol.config import load_config
 from hetpatrol.judge import judge
-from hetpatrol.tool import ToolOutput
 
 SAMPLE = samples_dir("other-vendors") / "enflame-efsmi-v1.2.0-S60-2cards.txt"
 
 
 def collect(output):
-    collector = EnflameCollector({})
-
-    def run(argv, timeout):
-        if output is FileNotFoundError:
-            raise FileNotFoundError(argv[0])
-        if isinstance(output, ToolOutput):
-            return output
-        return ToolOutput(tuple(argv), output, "", 0, False, 0.01)
-
-    collector.runner = run
-    return collector.collect()
+    return collect_with(EnflameCollector, output)
 
 
 def test_two_s60():
@@ -79,16 +69,11 @@ def test_cut_and_garbled():
 
 @pytest.mark.parametrize("output", ["", "efsmi: driver not loaded\n", "\x00garbage"])
 def test_no_table_is_an_error_with_raw(output):
-    with pytest.raises(CollectorError) as err:
-        collect(output)
-    assert err.value.raw is not None
+    assert_error_with_raw(collect, output)
 
 
 def test_hung_and_missing():
-    with pytest.raises(CollectorError) as err:
-        collect(ToolOutput(("efsmi",), "----", "", None, True, 10.0))
-    assert err.value.hung and err.value.raw == "----"
-    assert collect(FileNotFoundError).state == STATE_ABSENT
+    assert_hung_and_missing(collect, ("efsmi",), "----")
 
 
 def test_card_types():

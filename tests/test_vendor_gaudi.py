@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 from conftest import samples_dir
+from vendor_helpers import assert_error_with_raw, assert_hung_and_missing, collect_with
 
-from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
+from hetpatrol.collector import STATE_OK
 from hetpatrol.collectors.gaudi import HL_FIELDS, GaudiCollector, card_type_for
 from hetpatrol.config import load_config
 from hetpatrol.judge import judge
-from hetpatrol.tool import ToolOutput
 
 SAMPLE = samples_dir("other-vendors") / "habana-hl-smi-csv-HL-325L.txt"
 MIB = 1048576
@@ -18,18 +18,7 @@ ARGV = ("hl-smi", "-Q", ",".join(HL_FIELDS), "--format", "csv,noheader")
 
 
 def collect(output):
-    collector = GaudiCollector({})
-
-    def run(argv, timeout):
-        assert tuple(argv) == ARGV  # the query the sample was read with
-        if output is FileNotFoundError:
-            raise FileNotFoundError(argv[0])
-        if isinstance(output, ToolOutput):
-            return output
-        return ToolOutput(tuple(argv), output, "", 0, False, 0.01)
-
-    collector.runner = run
-    return collector.collect()
+    return collect_with(GaudiCollector, output, argv=ARGV)  # the query the sample was read with
 
 
 def test_two_hl_325l_cards():
@@ -83,16 +72,11 @@ def test_a_row_with_a_cell_too_many_is_damaged():
 
 @pytest.mark.parametrize("output", ["", "hl-smi: no devices found\n", "\x00\x01"])
 def test_no_rows_is_an_error_with_raw(output):
-    with pytest.raises(CollectorError) as err:
-        collect(output)
-    assert err.value.raw is not None
+    assert_error_with_raw(collect, output)
 
 
 def test_hung_and_missing():
-    with pytest.raises(CollectorError) as err:
-        collect(ToolOutput(ARGV, "0, 01P4", "", None, True, 10.0))
-    assert err.value.hung and err.value.raw == "0, 01P4"
-    assert collect(FileNotFoundError).state == STATE_ABSENT
+    assert_hung_and_missing(collect, ARGV, "0, 01P4")
 
 
 def test_card_types():

@@ -5,29 +5,19 @@ from __future__ import annotations
 
 import pytest
 from conftest import samples_dir
+from vendor_helpers import assert_error_with_raw, assert_hung_and_missing, collect_with
 
-from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
+from hetpatrol.collector import STATE_OK
 from hetpatrol.collectors.iluvatar import IluvatarCollector, card_type_for
 from hetpatrol.config import load_config
 from hetpatrol.judge import judge
-from hetpatrol.tool import ToolOutput
 
 SAMPLE = samples_dir("other-vendors") / "iluvatar-ixsmi-IX-ML-3.1.1-BI-V100.txt"
 MIB = 1048576
 
 
 def collect(output):
-    collector = IluvatarCollector({})
-
-    def run(argv, timeout):
-        if output is FileNotFoundError:
-            raise FileNotFoundError(argv[0])
-        if isinstance(output, ToolOutput):
-            return output
-        return ToolOutput(tuple(argv), output, "", 0, False, 0.01)
-
-    collector.runner = run
-    return collector.collect()
+    return collect_with(IluvatarCollector, output)
 
 
 def test_one_bi_v100_and_a_cut_process_table():
@@ -99,16 +89,11 @@ def test_garbled_and_cut_rows():
 
 @pytest.mark.parametrize("output", ["", "ixsmi: command failed\n", "\x00garbage"])
 def test_no_table_is_an_error_with_raw(output):
-    with pytest.raises(CollectorError) as err:
-        collect(output)
-    assert err.value.raw is not None
+    assert_error_with_raw(collect, output)
 
 
 def test_hung_and_missing():
-    with pytest.raises(CollectorError) as err:
-        collect(ToolOutput(("ixsmi",), "Timestamp", "", None, True, 10.0))
-    assert err.value.hung and err.value.raw == "Timestamp"
-    assert collect(FileNotFoundError).state == STATE_ABSENT
+    assert_hung_and_missing(collect, ("ixsmi",), "Timestamp")
 
 
 def test_card_types():

@@ -5,30 +5,19 @@ from __future__ import annotations
 
 import pytest
 from conftest import samples_dir
+from vendor_helpers import assert_error_with_raw, assert_hung_and_missing, collect_with
 
-from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
+from hetpatrol.collector import STATE_OK
 from hetpatrol.collectors.kunlunxin import KunlunxinCollector, card_type_for
 from hetpatrol.config import load_config
 from hetpatrol.judge import judge
-from hetpatrol.tool import ToolOutput
 
 SAMPLE = samples_dir("other-vendors") / "kunlunxin-xpu_smi-R300-2cards.txt"
 MIB = 1048576
 
 
 def collect(output):
-    collector = KunlunxinCollector({})
-
-    def run(argv, timeout):
-        assert list(argv) == ["xpu_smi"]
-        if output is FileNotFoundError:
-            raise FileNotFoundError(argv[0])
-        if isinstance(output, ToolOutput):
-            return output
-        return ToolOutput(tuple(argv), output, "", 0, False, 0.01)
-
-    collector.runner = run
-    return collector.collect()
+    return collect_with(KunlunxinCollector, output, argv=["xpu_smi"])
 
 
 def test_two_r300():
@@ -98,16 +87,11 @@ def test_garbled_cells():
 
 @pytest.mark.parametrize("output", ["", "xpu_smi: no device\n", "\x00garbage"])
 def test_no_table_is_an_error_with_raw(output):
-    with pytest.raises(CollectorError) as err:
-        collect(output)
-    assert err.value.raw is not None
+    assert_error_with_raw(collect, output)
 
 
 def test_hung_and_missing():
-    with pytest.raises(CollectorError) as err:
-        collect(ToolOutput(("xpu_smi",), "Runtime", "", None, True, 10.0))
-    assert err.value.hung and err.value.raw == "Runtime"
-    assert collect(FileNotFoundError).state == STATE_ABSENT
+    assert_hung_and_missing(collect, ("xpu_smi",), "Runtime")
 
 
 def test_card_types():

@@ -11,6 +11,7 @@ import json
 
 import pytest
 from conftest import samples_dir
+from vendor_helpers import runner_for
 
 from hetpatrol.collector import STATE_ABSENT, STATE_OK, CollectorError
 from hetpatrol.collectors.amd import ROCM_SMI_COMMAND, AmdCollector
@@ -35,21 +36,6 @@ AMD_ECC = "amd-smi-metric-ecc-ecc-blocks.txt"
 
 def text(name: str) -> str:
     return (OTHER / name).read_text(encoding="utf-8")
-
-
-def runner_for(outputs: dict[tuple[str, ...], object]):
-    """A runner answering argv from ``outputs``: text (exit 0), a ToolOutput, or an
-    exception class raised (FileNotFoundError: the program is missing)."""
-
-    def run(argv, timeout):
-        answer = outputs.get(tuple(argv), FileNotFoundError)
-        if isinstance(answer, type) and issubclass(answer, BaseException):
-            raise answer(argv[0])
-        if isinstance(answer, ToolOutput):
-            return answer
-        return ToolOutput(tuple(argv), answer, "", 0, False, 0.01)
-
-    return run
 
 
 def collect(cls, outputs, **options):
