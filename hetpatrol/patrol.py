@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,8 @@ class Patroller:
         #: serial, bus id; the position only for a card never read with any of them)
         self._tracked: list[_Tracked] = []
         self._last_collector_state: dict[str, str] = {}
+        #: this run's id, on every JSONL line (a reload keeps it: see adopt)
+        self.run_id = uuid.uuid4().hex[:12]
         #: escalation counts by card identity (restored from the state file by the daemon)
         self.escalation = Escalation(config.actions.escalation)
         self._lock = threading.Lock()
@@ -157,6 +160,7 @@ class Patroller:
         self._last_cards = previous._last_cards
         self._seen_cards = previous._seen_cards
         self._last_collector_state = previous._last_collector_state
+        self.run_id = previous.run_id
         self.escalation = previous.escalation
         self.escalation.rules = self.config.actions.escalation
         if previous.config.top[kernel_events.NAME] == self.config.top[kernel_events.NAME]:
@@ -292,13 +296,25 @@ class Patroller:
             changes=tuple(changes),
             health=health,
             node_checks=check_data,
-            card_lines=tuple(encode_line(c.to_dict()) for c in cards),
-            patrol_line=encode_line(summary),
-            event_lines=tuple(encode_line(e) for e in kernel.events),
+            card_lines=tuple(encode_line(self._stamped(c.to_dict())) for c in cards),
+            patrol_line=encode_line(self._stamped(summary)),
+            event_lines=tuple(encode_line(self._stamped(e)) for e in kernel.events),
+            run_id=self.run_id,
             kernel_log=kernel.snapshot,
             action=node_action,
             escalation=self.escalation.to_dict(),
         )
+
+    def _stamped(self, line: dict[str, Any]) -> dict[str, Any]:
+        """``line`` with this run's id after its ``schema`` key (every JSONL line carries
+        it: ``seq`` starts at 1 again with each start, the run id tells the runs apart)."""
+        out: dict[str, Any] = {}
+        for key, value in line.items():
+            out[key] = value
+            if key == "schema":
+                out["run_id"] = self.run_id
+        out.setdefault("run_id", self.run_id)
+        return out
 
     def _assign_actions(
         self,

@@ -46,6 +46,8 @@ class PatrolReport:
     #: (:mod:`hetpatrol.actions`); the escalation state after this patrol (for the state
     #: file, so counts survive a restart)
     action: str = "none"
+    #: the id of the run (the daemon's process, kept over reloads) on every JSONL line
+    run_id: str = ""
     escalation: Mapping[str, Any] | None = field(default=None, repr=False)
 
     @property

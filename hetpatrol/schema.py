@@ -313,6 +313,7 @@ def card_json_schema() -> dict[str, Any]:
     props: dict[str, Any] = {
         "kind": {"const": "card"},
         "schema": {"const": CARD_SCHEMA},
+        "run_id": {"type": "string", "pattern": "^[0-9a-f]{12}$"},
         "ts": {"type": "string"},
         "node": {"type": "string"},
         "vendor": {"type": "string"},
@@ -424,6 +425,7 @@ def patrol_json_schema() -> dict[str, Any]:
         "properties": {
             "kind": {"const": "patrol"},
             "schema": {"const": PATROL_SCHEMA},
+            "run_id": {"type": "string", "pattern": "^[0-9a-f]{12}$"},
             "ts": {"type": "string"},
             "node": {"type": "string"},
             "seq": {"type": "integer", "minimum": 1},
@@ -579,6 +581,7 @@ def event_json_schema() -> dict[str, Any]:
             **kernel_event_properties(),
             "kind": {"const": "event"},
             "schema": {"const": EVENT_SCHEMA},
+            "run_id": {"type": "string", "pattern": "^[0-9a-f]{12}$"},
             "ts": {"type": "string"},
             "node": {"type": "string"},
             "slurm_node": {"type": "string"},

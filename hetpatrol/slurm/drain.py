@@ -342,6 +342,7 @@ class DrainPolicy:
         return {
             "kind": "event",
             "schema": EVENT_SCHEMA,
+            **({"run_id": report.run_id} if report.run_id else {}),
             "ts": rfc3339(self.clock()),
             "node": report.node,
             "slurm_node": node,
