@@ -12,6 +12,7 @@ expression). Every error names the key path and the line of the file, e.g.::
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import ipaddress
 import math
@@ -316,6 +317,11 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping of keys", path=src, line=1)
     _check_values(data, (), src, lines)
+    base = data.pop("base", "bundled")
+    if base not in ("bundled", "none"):
+        raise config_error("must be bundled or none", src, lines, ("base",))
+    if base == "bundled" and src_path != bundled_config_path():
+        data = layered(bundled_document(), data)
 
     validator = jsonschema.Draft202012Validator(CONFIG_SCHEMA)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
@@ -336,6 +342,58 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
         )
     _check_normalised_keys(data, src, lines)
     return _build(data, src, lines)
+
+
+def bundled_document() -> dict[str, Any]:
+    """The bundled config file as a plain mapping (checked by the tests, read once)."""
+    global _BUNDLED
+    if _BUNDLED is None:
+        data, _node = parse_document(read_document(bundled_config_path()))
+        _BUNDLED = data or {}
+    return copy.deepcopy(_BUNDLED)
+
+
+_BUNDLED: dict[str, Any] | None = None
+
+
+def layered(bundled: Mapping[str, Any], site: Mapping[str, Any]) -> dict[str, Any]:
+    """A site config laid over the bundled one, key by key, as most daemons' ``/etc``
+    overrides are: mappings merged (the site's value wins), ``profiles`` merged by
+    ``name`` (a site profile of a bundled name changes only the keys it sets; one with
+    ``enabled: false`` switches that profile off; a new name comes before the bundled
+    profiles, so it is the first to match), every other value replaced. ``base: none`` in
+    the site file skips this: the file is the whole config."""
+    out: dict[str, Any] = dict(bundled)
+    for key, value in site.items():
+        if key == "profiles" and isinstance(value, list) and isinstance(out.get(key), list):
+            out[key] = _layered_profiles(out[key], value)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = layered(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _layered_profiles(bundled: list, site: list) -> list:
+    named = {p.get("name"): i for i, p in enumerate(bundled) if isinstance(p, Mapping)}
+    merged: list = list(bundled)
+    new: list = []
+    off: set[int] = set()
+    for profile in site:
+        i = named.get(profile.get("name")) if isinstance(profile, Mapping) else None
+        if i is None:
+            new.append(profile)
+            continue
+        if profile.get("enabled") is False:
+            off.add(i)
+            continue
+        merged[i] = layered(merged[i], {k: v for k, v in profile.items() if k != "enabled"})
+    kept = [
+        {k: v for k, v in p.items() if k != "enabled"} if isinstance(p, Mapping) else p
+        for p in new
+        if not (isinstance(p, Mapping) and p.get("enabled") is False)
+    ]
+    return kept + [p for i, p in enumerate(merged) if i not in off]
 
 
 def _profile_checks(

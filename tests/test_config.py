@@ -113,7 +113,7 @@ BAD_CONFIGS = [
 
 
 def test_a_plugin_collector_names_a_vendor_for_profiles():
-    text = "collectors:\n  gaudi: {}\nprofiles:\n  - name: g3\n    vendor: gaudi\n"
+    text = "base: none\ncollectors:\n  gaudi: {}\nprofiles:\n  - name: g3\n    vendor: gaudi\n"
     assert [p.vendor for p in load_config("ok.yaml", text=text).profiles] == ["gaudi"]
     cfg = load_config("ok.yaml", text="defaults:\n  power_ratio: {warning: 1.05, critical: 1.2}\n")
     assert (
@@ -130,7 +130,7 @@ def test_a_card_no_profile_applies_to_is_judged_by_the_defaults_section():
     thresholds and deep settings, not none at all."""
     cfg = load_config(
         "ok.yaml",
-        text="defaults:\n  temperature_celsius: {warning: 80, critical: 90}\n"
+        text="base: none\ndefaults:\n  temperature_celsius: {warning: 80, critical: 90}\n"
         "  retired_pages_pending: warning\n  nvlink:\n    errors_total: {warning: 3, critical: 7}\n"
         "profiles:\n  - name: a100\n    vendor: nvidia\n    card_types: [a100]\n",
     )
@@ -239,12 +239,12 @@ def test_validate_config_cli_exit_codes(tmp_path):
 
 def test_no_collectors_section_means_the_built_in_collectors():
     # built-ins first, then the other registered plugins by name (the new vendors)
-    cfg = load_config("min.yaml", text="node: x\n")
+    cfg = load_config("min.yaml", text="base: none\nnode: x\n")
     assert [(c.name, c.enabled) for c in cfg.collectors] == [
         (name, True)
         for name in ("nvidia", "ascend", *sorted(set(discover()) - {"nvidia", "ascend"}))
     ]
-    assert load_config("none.yaml", text="collectors: {}\n").collectors == ()
+    assert load_config("none.yaml", text="base: none\ncollectors: {}\n").collectors == ()
 
 
 def test_usage_errors_exit_64_not_a_nagios_verdict():
@@ -330,3 +330,53 @@ def test_a_fifo_or_a_directory_as_config_is_refused_at_once(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path)
     assert str(info.value) == f"{tmp_path}: a directory, not a file"
+
+
+def test_a_site_file_is_laid_over_the_bundled_config_key_by_key(tmp_path):
+    bundled = load_config()
+    site = tmp_path / "site.yaml"
+    site.write_text("interval_seconds: 5\n")
+    cfg = load_config(site)
+    assert cfg.interval_seconds == 5.0
+    # every bundled profile and GRES name is still there (a one-line file used to drop them)
+    assert [p.name for p in cfg.profiles] == [p.name for p in bundled.profiles]
+    assert cfg.profile_for("nvidia", "h100", None).gres == "gpu"
+    site.write_text(
+        "profiles:\n"
+        "  - name: a100\n"  # a bundled profile: only this key changes
+        "    temperature_celsius: {warning: 70}\n"
+        "  - name: ascend-310p\n"
+        "    enabled: false\n"
+        "  - name: site-h100\n"  # a new one: it comes first, so it matches first
+        "    vendor: nvidia\n"
+        "    card_types: [h100]\n"
+        "    gres: gpu\n"
+    )
+    cfg = load_config(site)
+    names = [p.name for p in cfg.profiles]
+    assert names[0] == "site-h100" and "ascend-310p" not in names
+    assert len(names) == len(bundled.profiles)
+    a100 = cfg.profile_for("nvidia", "a100", None)
+    bundled_a100 = bundled.profile_for("nvidia", "a100", None)
+    t = a100.checks["card_thresholds"].thresholds["temperature_celsius"]
+    t0 = bundled_a100.checks["card_thresholds"].thresholds["temperature_celsius"]
+    assert (t.warning, t.critical) == (70, t0.critical)
+    assert a100.gres == bundled_a100.gres
+    assert cfg.profile_for("nvidia", "h100", None).name == "site-h100"
+
+
+def test_base_none_makes_the_file_the_whole_config_and_errors_name_the_site_line(tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text("base: none\ninterval_seconds: 5\n")
+    # none of the bundled file's profiles (the plugins' own profiles still apply)
+    assert "a100" not in [p.name for p in load_config(site).profiles]
+    site.write_text(
+        "interval_seconds: 5\nprofiles:\n  - name: a100\n    temperature_celsius: {warning: 99}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(site)
+    assert str(info.value).startswith(f"{site}:4: profiles[")
+    assert "warning 99 is above critical" in str(info.value)
+    site.write_text("base: maybe\n")
+    with pytest.raises(ConfigError, match=r"site.yaml:1: base: must be bundled or none"):
+        load_config(site)
