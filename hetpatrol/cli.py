@@ -36,7 +36,7 @@ from hetpatrol.cluster.fleet_view import add_fleet_parser
 from hetpatrol.collector import discover
 from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from hetpatrol.healthcheck import add_check_parser
-from hetpatrol.node_view import render, terminal_width, use_color
+from hetpatrol.node_view import printable, render, terminal_width, use_color
 from hetpatrol.output import plain_help, silence_stdout, write_stdout
 from hetpatrol.patrol import Patroller, PatrolReport
 from hetpatrol.replay import load_scenario
@@ -221,6 +221,17 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_validate_config(args: argparse.Namespace) -> int:
     config = load_config(args.path)
+    if args.effective:
+        from hetpatrol.config import effective_settings
+
+        rows = [
+            (k, json.dumps(v, ensure_ascii=False), w) for k, v, w in effective_settings(args.path)
+        ]
+        width = min(72, max((len(k) + len(v) + 2 for k, v, _ in rows), default=0))
+        write_stdout(
+            "".join(printable(f"{f'{k}: {v}':<{width}}  # {w}") + "\n" for k, v, w in rows)
+        )
+        return 0
     installed = discover()
     unknown = [c.name for c in config.collectors if c.enabled and c.name not in installed]
     if unknown:  # the daemon would report them failed, patrol after patrol
@@ -375,6 +386,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate-config", help="check a config file (exit 78 when bad)")
     p.add_argument("path", type=Path, help="the YAML config file to check")
+    p.add_argument(
+        "--effective",
+        action="store_true",
+        help="print every setting as it will be used (laid over the bundled config), "
+        "with the file and line it came from, or 'bundled'",
+    )
     p.set_defaults(func=cmd_validate_config)
 
     add_check_parser(sub)

@@ -396,6 +396,69 @@ def _layered_profiles(bundled: list, site: list) -> list:
     return kept + [p for i, p in enumerate(merged) if i not in off]
 
 
+def effective_settings(path: str | os.PathLike[str]) -> list[tuple[str, Any, str]]:
+    """(key path, value, where it came from) of every setting of the config at ``path`` as
+    it will be used: laid over the bundled config unless it says ``base: none``. Where
+    is ``<file>:<line>`` for a value the file sets, ``bundled`` for the rest. Profiles are
+    named by their ``name`` (``profiles[a100].temperature_celsius.warning``). Raises
+    :class:`ConfigError` as :func:`load_config` does (it is called first)."""
+    load_config(path)  # every check, with the file's lines in the errors
+    src = str(path)
+    data, node = parse_document(read_document(Path(path)))
+    data = data or {}
+    lines = line_map(node, src=src) if node is not None else {}
+    base = data.pop("base", "bundled")
+    merged = layered(bundled_document(), data) if base == "bundled" else data
+
+    def site_path(keys: tuple) -> tuple | None:
+        """The key path of ``keys`` in the site file, or None when it sets no such value."""
+        if keys[:1] == ("profiles",) and len(keys) > 1:
+            site_profiles = data.get("profiles") or []
+            index = next((i for i, p in enumerate(site_profiles) if p.get("name") == keys[1]), None)
+            if index is None:
+                return None
+            keys = ("profiles", index, *keys[2:])
+        value: Any = data
+        for k in keys:
+            if (
+                isinstance(value, Mapping)
+                and k in value
+                or isinstance(value, list)
+                and isinstance(k, int)
+                and k < len(value)
+            ):
+                value = value[k]
+            else:
+                return None
+        return keys
+
+    out: list[tuple[str, Any, str]] = []
+
+    def walk(value: Any, keys: tuple) -> None:
+        if isinstance(value, Mapping) and value:
+            for k, v in value.items():
+                walk(v, (*keys, k))
+            return
+        if keys == ("profiles",) and isinstance(value, list):
+            for p in value:
+                for k, v in p.items():
+                    walk(v, ("profiles", p.get("name"), k))
+            return
+        shown = keys
+        at = site_path(keys)
+        where = "bundled"
+        if at is not None:
+            line = line_for(lines, at)
+            where = f"{src}:{line}" if line else src
+        name = ".".join(
+            f"[{k}]" if (i == 1 and shown[0] == "profiles") else str(k) for i, k in enumerate(shown)
+        ).replace(".[", "[")
+        out.append((name, value, where))
+
+    walk(merged, ())
+    return out
+
+
 def _profile_checks(
     defaults: dict, profile: dict | None, where: tuple, src: str, lines: dict
 ) -> dict[str, Any]:

@@ -380,3 +380,21 @@ def test_base_none_makes_the_file_the_whole_config_and_errors_name_the_site_line
     site.write_text("base: maybe\n")
     with pytest.raises(ConfigError, match=r"site.yaml:1: base: must be bundled or none"):
         load_config(site)
+
+
+def test_validate_config_effective_says_where_each_value_came_from(tmp_path, capsys):
+    from hetpatrol.cli import main
+
+    site = tmp_path / "site.yaml"
+    site.write_text(
+        "interval_seconds: 5\nprofiles:\n  - name: a100\n    temperature_celsius: {warning: 70}\n"
+    )
+    assert main(["validate-config", "--effective", str(site)]) == 0
+    rows = {
+        line.split(":", 1)[0]: line.rsplit("# ", 1)[1]
+        for line in capsys.readouterr().out.splitlines()
+    }
+    assert rows["interval_seconds"] == f"{site}:1"
+    assert rows["profiles[a100].temperature_celsius.warning"] == f"{site}:4"
+    assert rows["profiles[a100].temperature_celsius.critical"] == "bundled"
+    assert rows["listen"] == "bundled"
