@@ -6,9 +6,12 @@
 
 Times: ``now``, ``now-7days`` (units minutes, hours, days, weeks), or local
 ``YYYY-MM-DD[THH:MM[:SS]]``. Exit codes: usage 0; audit 0 fine / 1 warnings / 2 per-type
-metering impossible; quota 0 all below 80 % / 1 one at 80 % / 2 one at 100 %;
-69 (EX_UNAVAILABLE) when a Slurm command fails, 65 (EX_DATAERR) for unreadable input,
-64 (EX_USAGE) for a window that cannot be or a --sacct-file that cannot be opened.
+metering impossible; quota 0 all below 80 % / 1 one at 80 % / 2 one at 100 % / 3 (instead
+of 0 or 1) when AllocTRES items could not be read; efficiency 0, 65 when Prometheus's
+answer for a job could not be read; 69 (EX_UNAVAILABLE) when a Slurm command or
+Prometheus fails or sacct runs past --timeout, 65 (EX_DATAERR) for unreadable input,
+64 (EX_USAGE) for a window that cannot be or a --sacct-file that cannot be opened (not a
+regular file).
 """
 
 from __future__ import annotations
