@@ -6,20 +6,26 @@
 
 Times: ``now``, ``now-7days`` (units minutes, hours, days, weeks), or local
 ``YYYY-MM-DD[THH:MM[:SS]]``. Exit codes: usage 0; audit 0 fine / 1 warnings / 2 per-type
-metering impossible; quota 0 all below 80 % / 1 one at 80 % / 2 one at 100 %;
-69 (EX_UNAVAILABLE) when a Slurm command fails, 65 (EX_DATAERR) for unreadable input,
-64 (EX_USAGE) for a window that cannot be or a --sacct-file that cannot be opened.
+metering impossible; quota 0 all below 80 % / 1 one at 80 % / 2 one at 100 % / 3 (instead
+of 0 or 1) when AllocTRES items could not be read; efficiency 0, 65 when Prometheus's
+answer for a job could not be read; 69 (EX_UNAVAILABLE) when a Slurm command or
+Prometheus fails or sacct runs past --timeout, 65 (EX_DATAERR) for unreadable input,
+64 (EX_USAGE) for a window that cannot be or a --sacct-file that cannot be opened (not a
+regular file).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import shlex
+import stat
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from hetpatrol.ledger import audit as audit_mod
@@ -29,11 +35,13 @@ from hetpatrol.ledger.sacct_stream import (
     SacctDataError,
     SacctError,
     parse_lines,
+    read_lines,
     sacct_argv,
     stream_sacct,
 )
 from hetpatrol.ledger.slurm_state import SlurmQueryError, read_node_gres, run
 from hetpatrol.ledger.usage import GROUP_FIELDS, aggregate
+from hetpatrol.node_view import printable
 
 EX_USAGE, EX_DATAERR, EX_UNAVAILABLE = 64, 65, 69
 
@@ -51,16 +59,23 @@ def parse_when(text: str, now: float | None = None) -> float:
     """``now``, ``now-7days`` or a local ISO time -> Unix seconds (argparse type)."""
     now = time.time() if now is None else now
     m = _REL.match(text.strip())
-    if m:
-        if not m.group(1):
-            return float(int(now))
-        return float(int(now) - int(m.group(1)) * _UNIT[m.group(2).rstrip("s")])
     try:
-        return datetime.fromisoformat(text.strip()).timestamp()
+        if m:
+            if not m.group(1):
+                return float(int(now))
+            when = float(int(now) - int(m.group(1)) * _UNIT[m.group(2).rstrip("s")])
+        else:
+            when = datetime.fromisoformat(text.strip()).timestamp()
+        # the window is shown and passed to sacct as local and UTC times: it must be one
+        datetime.fromtimestamp(when)
+        datetime.fromtimestamp(when, tz=timezone.utc)
+    except (OverflowError, OSError):
+        raise argparse.ArgumentTypeError(f"{text!r}: out of the range of dates") from None
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r}: not now, now-N(minutes|hours|days|weeks) or YYYY-MM-DD[THH:MM[:SS]]"
         ) from None
+    return when
 
 
 def _local(ts: float) -> str:
@@ -75,6 +90,20 @@ def _by(text: str) -> tuple[str, ...]:
             f"cannot group by {', '.join(bad)}; one of {', '.join(GROUP_FIELDS)}"
         )
     return fields
+
+
+#: seconds sacct may run (a month of a busy cluster's records streams in well under this)
+DEFAULT_TIMEOUT = 600.0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number of seconds > 0")
+    return value
 
 
 def _add_window(p: argparse.ArgumentParser) -> None:
@@ -93,6 +122,13 @@ def _add_window(p: argparse.ArgumentParser) -> None:
         "--no-node-types",
         action="store_true",
         help="do not ask scontrol for the nodes' GRES types (untyped time stays untyped)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="S",
+        help=f"give up on sacct (killed) S seconds after it started (default {DEFAULT_TIMEOUT:g})",
     )
 
 
@@ -153,6 +189,13 @@ def add_ledger_parser(sub) -> None:
         help="list as idle the jobs below this efficiency (default 0.1)",
     )
     e.add_argument("--max-jobs", type=int, default=500)
+    e.add_argument(
+        "--prometheus-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="overall deadline of each Prometheus query, connection and answer (default 30)",
+    )
     e.add_argument("--format", choices=("table", "json"), default="table")
     e.set_defaults(func=cmd_efficiency)
 
@@ -168,16 +211,30 @@ def _window(args) -> tuple[float, float, float]:
     return start, end, now
 
 
+def _open_sacct_file(path: Path):
+    """``--sacct-file``: a regular file, opened without blocking (a FIFO or a device is
+    refused at once, never waited on nor read without end), as a binary stream."""
+    if str(path) == "-":
+        return sys.stdin.buffer
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LedgerUsageError(f"--sacct-file {path}: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise LedgerUsageError(f"--sacct-file {path}: {what} (save sacct's output to a file)")
+    return os.fdopen(fd, "rb")
+
+
 def _runs(args, start: float, end: float):
     if args.sacct_file is not None:
-        try:
-            handle = sys.stdin if str(args.sacct_file) == "-" else open(args.sacct_file)  # noqa: SIM115
-        except OSError as exc:
-            raise LedgerUsageError(f"--sacct-file {args.sacct_file}: {exc.strerror}") from None
-        with handle:
-            yield from parse_lines(handle)
+        with _open_sacct_file(args.sacct_file) as handle:
+            yield from parse_lines(read_lines(handle))
         return
-    yield from stream_sacct(sacct_argv(_local(start), _local(end), shlex.split(args.sacct)))
+    argv = sacct_argv(_local(start), _local(end), shlex.split(args.sacct))
+    yield from stream_sacct(argv, timeout=args.timeout)
 
 
 def _ledger(args, by: tuple[str, ...]):
@@ -188,19 +245,24 @@ def _ledger(args, by: tuple[str, ...]):
     return aggregate(_runs(args, start, end), (start, end), now, by, node_gres)
 
 
+def _error(exc: BaseException) -> None:
+    # sacct's / Prometheus's text, escaped: it must not drive the operator's terminal
+    print(f"hetpatrol ledger: {printable(str(exc))}", file=sys.stderr)
+
+
 def _guard(fn):
     def wrapped(args) -> int:
         try:
             return fn(args)
         except LedgerUsageError as exc:
-            print(f"hetpatrol ledger: {exc}", file=sys.stderr)
+            _error(exc)
             return EX_USAGE
         except (SacctError, quotas.QuotaError) as exc:
-            print(f"hetpatrol ledger: {exc}", file=sys.stderr)
+            _error(exc)
             bad_data = isinstance(exc, SacctDataError | quotas.QuotaError)
             return EX_DATAERR if bad_data else EX_UNAVAILABLE
         except (SlurmQueryError, eff_mod.PrometheusError) as exc:
-            print(f"hetpatrol ledger: {exc}", file=sys.stderr)
+            _error(exc)
             return EX_UNAVAILABLE
 
     return wrapped
@@ -241,10 +303,11 @@ def cmd_quota(args) -> int:
         limits, parents = quotas.parse_assoc(run(quotas.sacctmgr_argv(shlex.split(args.sacctmgr))))
     ledger = _ledger(args, ("account", "user"))
     rows = quotas.evaluate(limits, ledger, parents)
+    notes = report.notes(ledger)
     if args.textfile is not None:
         quotas.write_textfile(rows, ledger, args.textfile)
     if args.format == "json":
-        print(json.dumps([r.to_dict() for r in rows], indent=2))
+        print(json.dumps([r.to_dict() for r in rows], indent=2, allow_nan=False))
     else:
         head = ("ACCOUNT", "USER", "GRES", "LIMIT", "USED", "OF", "PCT", "STATUS")
         table = [head]
@@ -252,9 +315,9 @@ def cmd_quota(args) -> int:
             lim = r.limit
             table.append(
                 (
-                    lim.account,
-                    lim.user or "-",
-                    lim.gres,
+                    printable(lim.account),
+                    printable(lim.user or "-"),
+                    printable(lim.gres),
                     lim.kind,
                     f"{r.used:.2f}",
                     f"{lim.value:g} {quotas.KINDS[lim.kind]}",
@@ -267,28 +330,33 @@ def cmd_quota(args) -> int:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if not rows:
             print("(no card limits)")
-    return quotas.exit_code(rows)
+    for n in notes:
+        print(f"note: {printable(n)}", file=sys.stderr)
+    return quotas.exit_code(rows, unreadable=ledger.bad_tres_count)
 
 
 @_guard
 def cmd_efficiency(args) -> int:
     start, end, now = _window(args)
-    prom = eff_mod.Prometheus(args.prometheus)
+    prom = eff_mod.Prometheus(args.prometheus, timeout=args.prometheus_timeout)
     jobs = set(args.job) if args.job else None
     found = eff_mod.efficiencies(_runs(args, start, end), prom, now, jobs, args.max_jobs)
     idle = [
         e for e in found
         if e.status == "no_process" or (e.efficiency is not None and e.efficiency < args.idle_below)
     ]  # fmt: skip
+    # 65 when Prometheus's answer for a job could not be read at all (that job unknown)
+    code = EX_DATAERR if any(e.reason.startswith("Prometheus answered") for e in found) else 0
     if args.format == "json":
         print(json.dumps({"jobs": [e.to_dict() for e in found],
-                          "idle": [e.job_id for e in idle]}, indent=2))  # fmt: skip
-        return 0
+                          "idle": [e.job_id for e in idle]}, indent=2,
+                         allow_nan=False))  # fmt: skip
+        return code
     head = ("JOB", "USER", "ACCOUNT", "CARDS", "ALLOC_H", "BUSY_H", "EFF", "IDLE", "STATUS")
     table = [head]
     for e in found:
         eff = e.efficiency
-        table.append((e.job_id, e.user, e.account,
+        table.append((printable(e.job_id), printable(e.user), printable(e.account),
                       ",".join(f"{k}x{v}" for k, v in sorted(e.allocated.items())),
                       f"{e.allocated_card_seconds / 3600:.3f}", f"{e.busy_card_seconds / 3600:.3f}",
                       "-" if eff is None else f"{100 * eff:.0f}%",
@@ -298,5 +366,13 @@ def cmd_efficiency(args) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     if idle:
         print(f"held cards idle (efficiency < {args.idle_below:g} or no process seen): "
-              + ", ".join(e.job_id for e in idle))  # fmt: skip
-    return 0
+              + ", ".join(printable(e.job_id) for e in idle))  # fmt: skip
+    for e in found:
+        if e.reason:
+            print(f"note: job {printable(e.job_id)} unknown: {printable(e.reason)}")
+        elif e.dropped_samples:
+            print(
+                f"note: job {printable(e.job_id)}: {e.dropped_samples} sample(s) dropped "
+                "(utilization not a ratio in 0..1, or memory not a finite number >= 0)"
+            )
+    return code

@@ -29,16 +29,19 @@ instances.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import math
-import urllib.error
+import socket
+import threading
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hetpatrol.ledger.sacct_stream import JobRun
 from hetpatrol.ledger.tres import card_counts, label
+from hetpatrol.node_view import printable
 
 UTIL = "hetpatrol_card_utilization_ratio"
 PROC_MEM = "hetpatrol_card_process_memory_bytes"
@@ -63,8 +66,9 @@ class CardTypeUse:
 @dataclass
 class JobEfficiency:
     """One job run: ``allocated`` cards per GRES label and ``allocated_card_seconds``;
-    ``by_type`` what Prometheus saw per card type; ``status`` ``ok``, ``no_process`` or
-    ``no_data`` (see the module doc)."""
+    ``by_type`` what Prometheus saw per card type; ``status`` ``ok``, ``no_process``,
+    ``no_data`` (see the module doc) or ``unknown`` (``reason`` says why: an answer of an
+    unexpected shape, or every utilization sample unreadable)."""
 
     job_id: str
     user: str
@@ -75,6 +79,12 @@ class JobEfficiency:
     allocated_card_seconds: float
     by_type: list[CardTypeUse] = field(default_factory=list)
     status: str = "ok"
+    #: samples left out: utilization not a ratio in 0..1 (NaN, +-Inf, negative, above 1),
+    #: memory not a finite number >= 0
+    dropped_samples: int = 0
+    #: why the status is ``unknown`` (Prometheus's answer could not be read, or no sample
+    #: was left once the unreadable ones were dropped)
+    reason: str = ""
 
     @property
     def busy_card_seconds(self) -> float:
@@ -82,13 +92,13 @@ class JobEfficiency:
 
     @property
     def efficiency(self) -> float | None:
-        if self.status == "no_data" or self.allocated_card_seconds <= 0:
+        if self.status in ("no_data", "unknown") or self.allocated_card_seconds <= 0:
             return None
         return self.busy_card_seconds / self.allocated_card_seconds
 
     @property
     def idle_cards(self) -> int | None:
-        if self.status == "no_data":
+        if self.status in ("no_data", "unknown"):
             return None
         return max(0, sum(self.allocated.values()) - sum(t.cards_seen for t in self.by_type))
 
@@ -104,6 +114,8 @@ class JobEfficiency:
             "efficiency": None if eff is None else round(eff, 4),
             "idle_cards": self.idle_cards,
             "status": self.status,
+            "reason": self.reason,
+            "dropped_samples": self.dropped_samples,
             "by_type": [
                 {
                     "vendor": t.vendor,
@@ -117,28 +129,152 @@ class JobEfficiency:
         }
 
 
-class Prometheus:
-    """The HTTP API at ``url`` (``http://host:9090``)."""
+class PrometheusShapeError(PrometheusError):
+    """Prometheus answered, but not the ``query_range`` document of its API (what was
+    wrong in the message); the job asked about is ``unknown``."""
 
-    def __init__(self, url: str, timeout: float = 30.0):
+
+#: Largest ``query_range`` answer read (a job's few cards x 1000 steps is far below).
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+
+
+def _shape(doc: object) -> list[tuple[dict[str, str], list[tuple[float, str]]]]:
+    """A ``query_range`` document -> [(metric labels, [(timestamp, value text)])], or
+    :class:`PrometheusShapeError` naming what is not as the API documents it
+    (``{"status": "success", "data": {"resultType": "matrix", "result": [{"metric":
+    {...}, "values": [[ts, "v"], ...]}]}}``)."""
+    if not isinstance(doc, dict):
+        raise PrometheusShapeError(f"the answer is a JSON {type(doc).__name__}, not an object")
+    data = doc.get("data")
+    result = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(result, list):
+        raise PrometheusShapeError("no data.result list")
+    out = []
+    for i, series in enumerate(result):
+        metric = series.get("metric") if isinstance(series, dict) else None
+        values = series.get("values") if isinstance(series, dict) else None
+        if not isinstance(metric, dict) or not isinstance(values, list):
+            raise PrometheusShapeError(f"result[{i}] has no metric object and values list")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items()):
+            raise PrometheusShapeError(f"result[{i}].metric: labels are not strings")
+        pairs = []
+        for j, pair in enumerate(values):
+            if (
+                not isinstance(pair, list)
+                or len(pair) != 2
+                or not isinstance(pair[0], int | float)
+                or isinstance(pair[0], bool)
+                or not isinstance(pair[1], str)
+            ):
+                raise PrometheusShapeError(
+                    f'result[{i}].values[{j}] is not [timestamp, "value"]: {pair!r}'[:200]
+                )
+            pairs.append((float(pair[0]), pair[1]))
+        out.append((metric, pairs))
+    return out
+
+
+def _sample(text: str) -> float:
+    """A sample value as Prometheus writes it (``"0.8"``, ``"NaN"``, ``"+Inf"``);
+    :class:`PrometheusShapeError` for text that is not a number."""
+    try:
+        return float(text)
+    except ValueError:
+        raise PrometheusShapeError(f"sample value {text[:40]!r} is not a number") from None
+
+
+class Prometheus:
+    """The HTTP API at ``url`` (``http://host:9090``, or https).
+
+    Each query has an overall deadline of ``timeout`` seconds, connection, headers and
+    body together (urllib's timeout bounds each read alone: a server dripping a byte at a
+    time never trips it), and an answer larger than ``max_bytes`` is refused: both
+    :class:`PrometheusError`.
+    """
+
+    def __init__(self, url: str, timeout: float = 30.0, max_bytes: int = MAX_RESPONSE_BYTES):
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.max_bytes = max_bytes
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PrometheusError(f"{url}: not an http:// or https:// URL")
+        self._parts = parts
 
-    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
-        qs = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
+    def _get(self, target: str) -> tuple[int, bytes]:
+        parts = self._parts
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         try:
-            with urllib.request.urlopen(
-                f"{self.url}/api/v1/query_range?{qs}", timeout=self.timeout
-            ) as resp:
-                doc = json.load(resp)
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")[:500]
-            raise PrometheusError(f"{self.url}: HTTP {exc.code}: {body}") from None
-        except (OSError, ValueError) as exc:
+            conn = cls(parts.hostname, parts.port, timeout=self.timeout)
+        except ValueError as exc:  # a port that is not a number
             raise PrometheusError(f"{self.url}: {exc}") from None
+        expired = threading.Event()
+        held: list[socket.socket] = []
+
+        def _expire() -> None:  # unblocks whatever read is waiting on the socket
+            expired.set()
+            for sock in held:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(self.timeout, _expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            conn.connect()  # bounded by the socket timeout (= the deadline)
+            held.append(conn.sock)  # http.client drops conn.sock once the answer is read
+            if expired.is_set():
+                _expire()
+            conn.request("GET", parts.path + target, headers={"Accept": "application/json"})
+            resp = conn.getresponse()
+            length = resp.getheader("Content-Length")
+            if length and length.isdigit() and int(length) > self.max_bytes:
+                raise PrometheusError(
+                    f"{self.url}: answer of {length} bytes, more than {self.max_bytes}"
+                )
+            body = bytearray()
+            while chunk := resp.read1(1 << 16):
+                body += chunk
+                if len(body) > self.max_bytes:
+                    raise PrometheusError(f"{self.url}: answer larger than {self.max_bytes} bytes")
+            if expired.is_set():  # the shutdown looks like the end of the answer
+                raise OSError("deadline")
+            return resp.status, bytes(body)
+        except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set():
+                raise PrometheusError(
+                    f"{self.url}: no complete answer within {self.timeout:g} s"
+                ) from None
+            raise PrometheusError(f"{self.url}: {exc}") from None
+        finally:
+            timer.cancel()
+            conn.close()
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list:
+        """``[(labels, [(timestamp, value text)])]`` of ``expr`` over start..end (Unix
+        seconds) every ``step`` seconds. :class:`PrometheusError` when Prometheus cannot
+        be reached, answers an HTTP or API error, too late or too much;
+        :class:`PrometheusShapeError` when the answer is not the API's document."""
+        qs = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
+        status, body = self._get(f"/api/v1/query_range?{qs}")
+        try:
+            doc = json.loads(body.decode("utf-8"))
+        except RecursionError:
+            raise PrometheusShapeError("JSON nested too deeply") from None
+        except ValueError as exc:  # not UTF-8, not JSON
+            if status != 200:
+                text = printable(body[:500].decode("utf-8", errors="replace"))
+                raise PrometheusError(f"{self.url}: HTTP {status}: {text}") from None
+            raise PrometheusShapeError(f"not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise PrometheusShapeError(f"the answer is a JSON {type(doc).__name__}, not an object")
+        if doc.get("status") == "error":
+            raise PrometheusError(f"{self.url}: {str(doc.get('error'))[:500]}")
+        if status != 200:
+            raise PrometheusError(f"{self.url}: HTTP {status}: {str(doc)[:500]}")
         if doc.get("status") != "success":
-            raise PrometheusError(f"{self.url}: {doc.get('error', doc)}")
-        return doc["data"]["result"]
+            raise PrometheusShapeError(f"status is not 'success': {str(doc)[:200]}")
+        return _shape(doc)
 
 
 def _step(start: float, end: float, max_points: int = 1000, min_step: float = 1.0) -> float:
@@ -148,7 +284,14 @@ def _step(start: float, end: float, max_points: int = 1000, min_step: float = 1.
 def job_efficiency(
     run: JobRun, prom: Prometheus, now: float, min_step: float = 1.0
 ) -> JobEfficiency | None:
-    """The efficiency of one run; None when it held no cards or has not started."""
+    """The efficiency of one run; None when it held no cards or has not started.
+
+    Utilization samples that are not a ratio in 0..1 (NaN, +-Inf, negative, above 1) and
+    memory samples that are not a finite number >= 0 are dropped and counted
+    (``dropped_samples``; a dropped step counts as not busy); when none of the job's
+    utilization samples is left the job is ``unknown``. An answer of an unexpected shape
+    makes the job ``unknown`` with the reason; :class:`PrometheusError` (unreachable, an
+    HTTP or API error, too slow, too large) is raised."""
     if run.start is None:
         return None
     cards = {label(k): v for k, v in card_counts(run.alloc_tres).items()}
@@ -160,6 +303,17 @@ def job_efficiency(
                         sum(cards.values()) * span)  # fmt: skip
     step = _step(start, end, min_step=min_step)
     job = run.job_id.replace("\\", "\\\\").replace('"', '\\"')
+    try:
+        _measure(eff, prom, job, step, span)
+    except PrometheusShapeError as exc:
+        eff.by_type, eff.dropped_samples = [], 0
+        eff.status, eff.reason = "unknown", f"Prometheus answered an unexpected shape: {exc}"
+    return eff
+
+
+def _measure(eff: JobEfficiency, prom: Prometheus, job: str, step: float, span: float) -> None:
+    """Fill ``eff`` from Prometheus (see :func:`job_efficiency`)."""
+    start, end = eff.start, eff.end
     held = f'count by (instance, uuid) ({PROC_MEM}{{slurm_job="{job}"}})'
     util = prom.query_range(f"{UTIL} * on (instance, uuid) group_left () {held}",
                             start, end, step)  # fmt: skip
@@ -170,26 +324,35 @@ def job_efficiency(
     if not util and not mem:
         any_cards = prom.query_range(f"count({UTIL})", start, end, step)
         eff.status = "no_process" if any_cards else "no_data"
-        return eff
+        return
     n_points = int(span // step) + 1
     per: dict[tuple[str, str], CardTypeUse] = {}
     utils: dict[tuple[str, str], list[float]] = {}
-    for series in util:
-        m = series["metric"]
+    for m, pairs in util:
         k = (m.get("vendor", ""), m.get("card_type", ""))
         t = per.setdefault(k, CardTypeUse(*k))
         t.cards_seen += 1
-        values = [float(v) for _ts, v in series["values"]]
+        values = []
+        for _ts, text in pairs:
+            v = _sample(text)
+            if 0.0 <= v <= 1.0:  # a ratio; NaN, +-Inf and out of range dropped
+                values.append(v)
+            else:
+                eff.dropped_samples += 1
         utils.setdefault(k, []).extend(values)
         # the mean over the span's steps (a missing step counts as not busy) x the span
         t.busy_card_seconds += sum(values) / n_points * span
     mems: dict[tuple[str, str], list[float]] = {}
-    for series in mem:
-        m = series["metric"]
+    for m, pairs in mem:
         k = (m.get("vendor", ""), m.get("card_type", ""))
         if k not in per:  # memory but no utilization series: seen, busy unknown (0)
             per[k] = CardTypeUse(*k, cards_seen=1)
-        mems.setdefault(k, []).extend(float(v) for _ts, v in series["values"])
+        for _ts, text in pairs:
+            v = _sample(text)
+            if math.isfinite(v) and v >= 0:
+                mems.setdefault(k, []).append(v)
+            else:
+                eff.dropped_samples += 1
     for k, t in per.items():
         if utils.get(k):
             t.mean_utilization = round(sum(utils[k]) / len(utils[k]), 6)
@@ -198,7 +361,12 @@ def job_efficiency(
         # busy time never exceeds the span the card could have been busy
         t.busy_card_seconds = min(t.busy_card_seconds, t.cards_seen * span)
     eff.by_type = sorted(per.values(), key=lambda t: (t.vendor, t.card_type))
-    return eff
+    if util and not any(utils.values()):
+        eff.status = "unknown"
+        eff.reason = (
+            f"every utilization sample unreadable ({eff.dropped_samples} dropped: "
+            "not a ratio in 0..1)"
+        )
 
 
 def efficiencies(

@@ -30,6 +30,7 @@ a per-job or concurrent limit still allows it, a time quota is used up).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ import yaml
 from hetpatrol.ledger.tres import parse_tres
 from hetpatrol.ledger.usage import Ledger
 from hetpatrol.slurm.gres import parse_count
+from hetpatrol.yaml_document import DocumentError, format_key_path, parse_document, read_document
 
 WARN_AT, REACHED_AT = 0.8, 1.0
 ASSOC_FIELDS = (
@@ -143,33 +145,84 @@ def parse_assoc(text: str) -> tuple[list[Limit], dict[str, str]]:
     return limits, parents
 
 
+_ENTRY_KEYS = ("account", "user", "gres", "card_hours")
+
+
+def _line_of(node, path: tuple) -> int | None:
+    """1-based line of the value at ``path`` (keys, list indexes) in a composed YAML tree;
+    the deepest node found on the way when the rest is missing."""
+    line = None if node is None else node.start_mark.line + 1
+    for part in path:
+        nxt = None
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value == part:
+                    nxt = v
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            nxt = node.value[part] if part < len(node.value) else None
+        if nxt is None:
+            break
+        node, line = nxt, nxt.start_mark.line + 1
+    return line
+
+
 def load_quota_file(path: Path) -> list[Limit]:
-    """The limits of a quota file (see the module doc); :class:`QuotaError` naming the
-    entry when one lacks ``account``/``gres`` or has no positive ``card_hours``."""
+    """The limits of a quota file (see the module doc).
+
+    Read with the guarded YAML reader (:func:`hetpatrol.yaml_document.read_document`: a
+    regular UTF-8 file of at most 4 MiB, nesting and alias expansion bounded). Each entry
+    is a mapping with ``account`` and ``gres`` (strings), optional ``user`` (a string),
+    ``card_hours`` (a finite number > 0) and nothing else. :class:`QuotaError` names the
+    file, the line and the key (``quotas[0].card_hours``) of what is wrong.
+    """
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        doc, root = parse_document(read_document(path))
+    except OSError as exc:
+        raise QuotaError(f"{path}: {exc.strerror or exc}") from None
+    except DocumentError as exc:
         raise QuotaError(f"{path}: {exc}") from None
+
+    def fail(where: tuple, message: str) -> QuotaError:
+        line = _line_of(root, where)
+        at = f"line {line}: " if line is not None else ""
+        return QuotaError(f"{path}: {at}{format_key_path(where)}: {message}")
+
     entries = doc.get("quotas") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
-        raise QuotaError(f"{path}: expected a top-level 'quotas:' list")
+        raise fail(("quotas",), "expected a top-level 'quotas:' list")
     out = []
-    for i, e in enumerate(entries, start=1):
+    for i, e in enumerate(entries):
         if not isinstance(e, dict) or not e.get("account") or not e.get("gres"):
-            raise QuotaError(f"{path}: quota {i} needs 'account' and 'gres': {e!r}")
-        hours = e.get("card_hours")
-        if isinstance(hours, bool) or not isinstance(hours, int | float) or not hours > 0:
-            raise QuotaError(f"{path}: quota {i}: card_hours must be a number > 0: {hours!r}")
-        out.append(
-            Limit(
-                str(e["account"]),
-                str(e.get("user") or ""),
-                str(e["gres"]).lower(),
-                "card_hours",
-                float(hours),
-                str(path),
+            raise fail(("quotas", i), f"quota {i + 1} needs 'account' and 'gres': {e!r}"[:300])
+        unknown = [k for k in e if k not in _ENTRY_KEYS]
+        if unknown:
+            raise fail(
+                ("quotas", i, str(unknown[0])),
+                f"unknown key {str(unknown[0])!r}; one of {', '.join(_ENTRY_KEYS)}",
             )
-        )
+        for key in ("account", "gres", "user"):
+            value = e.get(key)
+            if value is not None and not isinstance(value, str):
+                raise fail(
+                    ("quotas", i, key),
+                    f"{key} must be a string, not {type(value).__name__} {value!r}"[:300]
+                    + " (quote it)",
+                )
+        hours = e.get("card_hours")
+        if (
+            isinstance(hours, bool)
+            or not isinstance(hours, int | float)
+            or not math.isfinite(hours)
+            or not hours > 0
+        ):
+            raise fail(
+                ("quotas", i, "card_hours"),
+                f"quota {i + 1}: card_hours must be a finite number > 0: {hours!r}"[:300],
+            )
+        out.append(
+            Limit(e["account"], e.get("user") or "", e["gres"].lower(), "card_hours",
+                  float(hours), str(path))
+        )  # fmt: skip
     return out
 
 
@@ -209,10 +262,21 @@ def evaluate(limits: Iterable[Limit], ledger: Ledger, parents: dict[str, str]) -
     return rows
 
 
-def exit_code(rows: Iterable[QuotaRow]) -> int:
-    """0 every quota below 80 %, 1 one at 80 % or more, 2 one at 100 % or more."""
+#: exit code when some usage could not be read (the Nagios plugin convention's UNKNOWN)
+EXIT_UNKNOWN = 3
+
+
+def exit_code(rows: Iterable[QuotaRow], unreadable: int = 0) -> int:
+    """0 every quota below 80 %, 1 one at 80 % or more, 2 one at 100 % or more; 3
+    (:data:`EXIT_UNKNOWN`) instead of 0 or 1 when ``unreadable`` TRES items were left out
+    (the usage may be higher than counted; a quota reached stays 2, since what could not
+    be read can only add to it)."""
     statuses = {r.status for r in rows}
-    return 2 if "reached" in statuses else 1 if "warning" in statuses else 0
+    if "reached" in statuses:
+        return 2
+    if unreadable:
+        return EXIT_UNKNOWN
+    return 1 if "warning" in statuses else 0
 
 
 def write_textfile(rows: list[QuotaRow], ledger: Ledger, path: Path) -> None:
@@ -258,7 +322,13 @@ def write_textfile(rows: list[QuotaRow], ledger: Ledger, path: Path) -> None:
             )
             for (account, user, gres), t in sorted(ledger.groups.items()):
                 secs.add_metric([account, user, gres], t.card_seconds)
-            yield from (ratio, limit, used, secs)
+            bad = GaugeMetricFamily(
+                "hetpatrol_ledger_unreadable_tres_items",
+                "AllocTRES items of the window's records that could not be read and were "
+                "left out of the usage (above 0: the usage may be higher).",
+            )
+            bad.add_metric([], ledger.bad_tres_count)
+            yield from (ratio, limit, used, secs, bad)
 
     registry = CollectorRegistry()
     registry.register(_Collector())

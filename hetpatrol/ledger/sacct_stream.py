@@ -27,9 +27,13 @@ for a job not started or not ended, ``None`` here).
 from __future__ import annotations
 
 import subprocess
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import BinaryIO
+
+from hetpatrol.tool import _kill_tree
 
 #: the ``--format`` fields, in order (``-P`` output has no header with ``-n``)
 FIELDS = (
@@ -135,19 +139,52 @@ class TimeParser:
 _SECONDS = {f"{i:02d}": i for i in range(60)}
 
 
-def parse_lines(lines: Iterable[str]) -> Iterator[JobRun]:
+#: Longest sacct line read (a record is a few hundred bytes); a longer one is refused.
+MAX_LINE_BYTES = 1 << 20
+#: Most bytes of sacct's stderr kept for the error message (the rest is read and dropped).
+STDERR_KEEP = 64 * 1024
+
+
+def read_lines(handle: BinaryIO, max_line: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """The lines of a binary stream, one at a time, each at most ``max_line`` bytes:
+    a longer one raises :class:`SacctDataError` (a device such as ``/dev/zero`` or a
+    runaway writer is never read whole)."""
+    lineno = 0
+    while True:
+        raw = handle.readline(max_line + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > max_line:
+            raise SacctDataError(
+                f"sacct line {lineno}: longer than {max_line} bytes: {raw[:200]!r}..."
+            )
+        yield raw
+
+
+def parse_lines(lines: Iterable[str | bytes]) -> Iterator[JobRun]:
     """``sacct -P -n -o`` :data:`FIELDS` lines -> :class:`JobRun`, lazily.
 
-    Blank lines are skipped. A line with the wrong number of fields or an unreadable
-    time raises :class:`SacctDataError` with its line number and raw text (a job name or
-    other free text with ``|`` in it is not among the fields, so this means the output
-    is not what was asked for).
+    Lines may be text or bytes; bytes must be UTF-8 (sacct writes what the database
+    holds: invalid bytes mean the input is not sacct output). Blank lines are skipped.
+    A line that is not UTF-8, has the wrong number of fields or an unreadable time raises
+    :class:`SacctDataError` with its line number and raw text (a job name or other free
+    text with ``|`` in it is not among the fields, so this means the output is not what
+    was asked for).
     """
     pt = TimeParser()
     n = len(FIELDS)
     lineno = 0
     for raw in lines:
         lineno += 1
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise SacctDataError(
+                    f"sacct line {lineno}: not UTF-8 ({exc.reason} at byte {exc.start}): "
+                    f"{raw.rstrip()[:200]!r}"
+                ) from None
         p = raw.rstrip("\n").split("|")
         if len(p) != n:
             if not raw.strip():
@@ -164,15 +201,33 @@ def parse_lines(lines: Iterable[str]) -> Iterator[JobRun]:
                 state if " " not in state else state.split(" ", 1)[0],
                 p[12],
             )  # fmt: skip
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, OverflowError, OSError) as exc:
             raise SacctDataError(f"sacct line {lineno}: {exc}: {raw.rstrip()[:200]!r}") from None
+
+
+def _drain(pipe: BinaryIO, keep: bytearray, cap: int) -> None:
+    """Read ``pipe`` to EOF, keeping the last ``cap`` bytes in ``keep`` (sacct's errors
+    come last): a chatty stderr never fills its pipe nor memory."""
+    try:
+        while chunk := pipe.read1(1 << 16):
+            keep += chunk
+            if len(keep) > cap:
+                del keep[: len(keep) - cap]
+    except (OSError, ValueError):  # pragma: no cover - closed under us
+        pass
 
 
 def stream_sacct(argv: Sequence[str], timeout: float = 600.0) -> Iterator[JobRun]:
     """Run ``argv`` (see :func:`sacct_argv`) and yield its records as they arrive.
 
-    ``SacctError`` when sacct cannot be started or exits non-zero (with its stderr).
-    The process is killed if the consumer stops early or ``timeout`` seconds pass.
+    ``SacctError`` when sacct cannot be started, exits non-zero (with the end of its
+    stderr) or is not done ``timeout`` seconds after it started (an overall deadline, as
+    :func:`hetpatrol.tool.run_tool` has: sacct waiting on a dead slurmdbd, or a consumer
+    loop that stalls). sacct runs in its own process group; at the deadline, or when the
+    consumer stops early, the whole group is killed (SIGKILL) and reaped. Its stderr is
+    read concurrently by a thread (the last :data:`STDERR_KEEP` bytes kept), so sacct
+    never blocks on a full stderr pipe while stdout is read; stdout is read line by line
+    (:func:`read_lines`), never the whole history in memory.
     """
     try:
         proc = subprocess.Popen(
@@ -180,27 +235,42 @@ def stream_sacct(argv: Sequence[str], timeout: float = 600.0) -> Iterator[JobRun
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            text=True,
-            bufsize=1 << 16,
+            start_new_session=True,
         )
     except OSError as exc:
         raise SacctError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
     assert proc.stdout is not None and proc.stderr is not None
+    err = bytearray()
+    drainer = threading.Thread(target=_drain, args=(proc.stderr, err, STDERR_KEEP), daemon=True)
+    drainer.start()
+    expired = threading.Event()
+
+    def _expire() -> None:
+        expired.set()
+        _kill_tree(proc)
+
+    watchdog = threading.Timer(timeout, _expire)
+    watchdog.daemon = True
+    watchdog.start()
     finished = False
     try:
-        yield from parse_lines(proc.stdout)
+        yield from parse_lines(read_lines(proc.stdout))
         finished = True
     finally:
         if not finished:
-            proc.kill()
+            _kill_tree(proc)
         try:
-            err = proc.stderr.read()
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            # stdout is at EOF: wait for the exit, within what is left of the deadline
+            # (the watchdog kills the group at the deadline, so this wait ends)
             rc = proc.wait()
-            err = f"timed out after {timeout:.0f} s"
-        proc.stdout.close()
-        proc.stderr.close()
+        finally:
+            watchdog.cancel()
+            drainer.join(timeout=5)
+            proc.stdout.close()
+            if not drainer.is_alive():
+                proc.stderr.close()
+    if expired.is_set():
+        raise SacctError(f"{argv[0]} did not finish within {timeout:g} s (--timeout): killed")
     if rc != 0:
-        raise SacctError(f"{' '.join(argv[:1])} exited with {rc}: {err.strip()[-2000:]}")
+        text = bytes(err).decode("utf-8", errors="replace").strip()
+        raise SacctError(f"{argv[0]} exited with {rc}: {text[-2000:]}")

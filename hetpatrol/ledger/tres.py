@@ -26,6 +26,11 @@ from hetpatrol.slurm.gres import parse_count
 #: GRES names that count something other than whole cards
 NOT_CARDS = frozenset({"gpumem", "gpuutil", "mps", "shard", "cpu", "vmem", "craynetwork"})
 
+#: More cards of one GRES than any job can hold (the largest clusters have some 10^5
+#: GPUs): a count above it is unreadable, never added (``gres/gpu=99999...`` would be
+#: 10^38 card-hours).
+MAX_CARDS_PER_JOB = 1_000_000
+
 CardKey = tuple[str, "str | None"]  # (gres name, type or None), lower case
 
 
@@ -46,7 +51,8 @@ def parse_tres(text: str) -> dict[str, str]:
 
 def gres_tres(text: str) -> tuple[dict[CardKey, int], list[str]]:
     """The card GRES of a TRES string: ``{(name, type|None): count}`` and the items whose
-    count could not be read (raw text, e.g. ``gres/gpu=x``), names and types lower case."""
+    count could not be read (raw text, e.g. ``gres/gpu=x``, ``gres/gpu=-5``, ``1e309``, or
+    a count above :data:`MAX_CARDS_PER_JOB`), names and types lower case."""
     cards: dict[CardKey, int] = {}
     bad: list[str] = []
     for key, value in parse_tres(text).items():
@@ -57,7 +63,7 @@ def gres_tres(text: str) -> tuple[dict[CardKey, int], list[str]]:
         if name in NOT_CARDS:
             continue
         count = parse_count(value)
-        if count is None:
+        if count is None or count > MAX_CARDS_PER_JOB:
             bad.append(f"{key}={value}")
             continue
         k = (name, gtype.lower() or None)
