@@ -76,7 +76,7 @@ def _read_capped(pipe, cap: int, buf: bytearray, over: threading.Event, done: qu
         done.put(None)
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
+def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL the tool's process group, and every descendant found through the process
     table first: one that moved itself into a session of its own (``setsid``) has left
     the group but is still the tool's child."""
@@ -142,7 +142,7 @@ def run_tool(
         except subprocess.TimeoutExpired:
             hung = True
     if hung or over.is_set():
-        _kill_tree(proc)
+        kill_tree(proc)
         # Children in the group may hold the pipes open; after SIGKILL they close.
         for t in readers:
             t.join(timeout=5)

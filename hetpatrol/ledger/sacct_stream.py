@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import BinaryIO
 
-from hetpatrol.tool import _kill_tree
+from hetpatrol.tool import kill_tree
 
 #: the ``--format`` fields, in order (``-P`` output has no header with ``-n``)
 FIELDS = (
@@ -247,7 +247,7 @@ def stream_sacct(argv: Sequence[str], timeout: float = 600.0) -> Iterator[JobRun
 
     def _expire() -> None:
         expired.set()
-        _kill_tree(proc)
+        kill_tree(proc)
 
     watchdog = threading.Timer(timeout, _expire)
     watchdog.daemon = True
@@ -258,7 +258,7 @@ def stream_sacct(argv: Sequence[str], timeout: float = 600.0) -> Iterator[JobRun
         finished = True
     finally:
         if not finished:
-            _kill_tree(proc)
+            kill_tree(proc)
         try:
             # stdout is at EOF: wait for the exit, within what is left of the deadline
             # (the watchdog kills the group at the deadline, so this wait ends)
