@@ -323,8 +323,14 @@ def test_real_prolog_passes_good_cards_and_fails_a_bad_one(slurm_node, tmp_path)
         line = c.wait_for(lambda line: "drain" in line.split(" ")[1], what="node drained")
         # hetpatrol's reason, set by the Prolog before it failed, not "Prolog error"
         assert c.reason().startswith("hetpatrol: reset_card nvidia/1"), line
+        # Slurm requeues (and holds) the job once slurmctld has the Prolog's failure: the
+        # drain (set by the Prolog itself) can be seen a moment before that
+        deadline = time.monotonic() + 30
         queue = c.run("squeue", "-h", "-o", "%T %r").stdout
-        assert "requeued held" in queue, queue  # Slurm requeues (and holds) the job
+        while "requeued held" not in queue and time.monotonic() < deadline:
+            time.sleep(0.5)
+            queue = c.run("squeue", "-h", "-o", "%T %r").stdout
+        assert "requeued held" in queue, queue
     c.run("scancel", "--user=root", check=False)
 
 
