@@ -162,8 +162,8 @@ def test_a_card_with_only_quiet_findings_names_its_first_finding():
         ("reset_required", RESET_CARD),  # NVML_ERROR_RESET_REQUIRED
         ("insufficient_power", ISOLATE_CARD),  # power cable (XID 54 CHECK_MECHANICALS)
         ("Alarm", WATCH),  # npu-smi Health: the error codes carry the action
-        ("Critical", WATCH),
-        ("unknown_error", WATCH),
+        ("Critical", RESET_CARD),  # npu-smi's urgent alarm: drains even without its codes
+        ("unknown_error", RESET_CARD),  # NVML Unknown on a core call
         ("", WATCH),
     ],
 )
@@ -192,4 +192,9 @@ def test_gpu_recovery_action_finding_by_value(value, severity, action):
     # the finding the card thresholds make from counters.gpu_recovery_action
     f = Finding("gpu_recovery_action", severity, "NVML recovery action ...", value=value)
     assert findings.finding_action(f).action == action
-    assert findings.finding_action(Finding("nvml_field_error", "critical", "m")).action == WATCH
+    # a field read failing Unknown patrol after patrol (critical) takes the card out; once
+    # (a warning) it is only watched
+    assert findings.finding_action(Finding("nvml_field_error", "critical", "m")).action == (
+        RESET_CARD
+    )
+    assert findings.finding_action(Finding("nvml_field_error", "warning", "m")).action == WATCH

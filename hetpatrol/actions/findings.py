@@ -33,8 +33,9 @@ memory error management, "Row Remapping" and "Error Recovery and Response Flags"
 - ``nvlink_down`` / ``nvlink_errors`` critical -> reset_card (catalog XID 74: "A GPU reset
   or node reboot is needed to clear this error");
 - ``vendor_health`` by its value: NVML ``gpu_is_lost`` -> reboot_node, ``reset_required`` ->
-  reset_card, ``insufficient_power`` -> isolate_card; npu-smi Alarm/Critical -> watch (the
-  error codes carry the action);
+  reset_card, ``insufficient_power`` -> isolate_card, ``unknown_error`` (Unknown on a core
+  call) -> reset_card; npu-smi Alarm -> watch (the error codes carry the action), Critical
+  (the urgent alarm) -> reset_card, also when its codes could not be read;
 - ``collector_hung`` / ``collector_failed`` / ``card_unreadable`` -> watch: one stuck
   read is no proof of a broken card; a hang that lasts escalates (escalation.py);
 - usage and configuration checks (``memory_used``, ``power``, ``gres_*``, library
@@ -85,7 +86,7 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     # collectors/nvidia.py (gpu_recovery_action is looked up by its value, below)
     "nvml_driver": {"critical": REBOOT_NODE, "*": WATCH},
     # NVML answered Unknown for one field: no card fault yet
-    "nvml_field_error": {"*": WATCH},
+    "nvml_field_error": {"critical": RESET_CARD, "*": WATCH},
     # by its value: nvml_recovery.recovery_action (this row is the fallback)
     "gpu_recovery_action": {"*": WATCH},
     # deep_health.py
@@ -114,12 +115,15 @@ VENDOR_HEALTH_ACTIONS: dict[str, str] = {
     "reset_required": RESET_CARD,
     # NVML_ERROR_INSUFFICIENT_POWER: power cable (catalog XID 54: CHECK_MECHANICALS)
     "insufficient_power": ISOLATE_CARD,
-    # npu-smi Health Alarm / Critical / Warning: the Error Codes carry the action
-    # (MindCluster handles a chip by its fault codes, not by the health word)
+    # npu-smi Health Alarm / Warning: the Error Codes carry the action (MindCluster
+    # handles a chip by its fault codes, not by the health word). Critical is the urgent
+    # alarm: without its codes read (detail sweep off, -t health failed) it must still
+    # take the chip out of service, as a verdict of critical did before actions existed
     "alarm": WATCH,
-    "critical": WATCH,
+    "critical": RESET_CARD,
     "warning": WATCH,
-    "unknown_error": WATCH,
+    # NVML Unknown on a core call (handle, memory, identity): the card cannot be used
+    "unknown_error": RESET_CARD,
 }
 
 #: checks whose action is looked up per code in ``value``
