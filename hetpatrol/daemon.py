@@ -19,6 +19,7 @@ import os
 import select
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -29,8 +30,9 @@ from hetpatrol import sdnotify
 from hetpatrol.actions.escalation import Escalation
 from hetpatrol.config import Config, ConfigError, load_config, parse_listen
 from hetpatrol.exporters.failures import WriteFailures
+from hetpatrol.exporters.http_server import MetricsServer
 from hetpatrol.exporters.jsonl import JsonlSink
-from hetpatrol.exporters.prometheus import ExporterStats, Exposition, MetricsServer
+from hetpatrol.exporters.prometheus import ExporterStats, Exposition
 from hetpatrol.exporters.state import read_state, write_atomic, write_state
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
 from hetpatrol.slurm.drain import DrainPolicy
@@ -55,6 +57,7 @@ class Daemon:
 
     ``config_path`` is kept for SIGHUP reloads (``None`` = the bundled default).
     ``overrides`` are CLI values applied on top of every (re)loaded config.
+    ``config_loader`` reads the file on SIGHUP (default :func:`load_config`).
     """
 
     def __init__(
@@ -64,8 +67,11 @@ class Daemon:
         config_path: Path | None = None,
         replay_dir: Path | None = None,
         overrides: dict | None = None,
+        config_loader: Callable[[Path | None], Config] = load_config,
     ):
         self.config_path = config_path
+        #: reads the config on SIGHUP (``hetpatrol run``: the schema check in a child)
+        self.config_loader = config_loader
         self.overrides = dict(overrides or {})
         self.config = self._apply_overrides(config)
         self.replay_dir = replay_dir
@@ -142,7 +148,7 @@ class Daemon:
         if self.sink is not None:
             self.sink.reopen()
         try:
-            new = self._apply_overrides(load_config(self.config_path))
+            new = self._apply_overrides(self.config_loader(self.config_path))
             replacement = None
             if new.collectors != self.config.collectors or new.node != self.config.node:
                 replacement = Patroller(new, replay_dir=self.replay_dir)

@@ -7,7 +7,8 @@ import urllib.request
 from fakes import Scripted, make_patroller
 from prometheus_client.parser import text_string_to_metric_families
 
-from hetpatrol.exporters.prometheus import Exposition, MetricsServer
+from hetpatrol.exporters.http_server import MetricsServer
+from hetpatrol.exporters.prometheus import Exposition
 
 
 def samples(body: bytes) -> dict[str, list]:

@@ -29,7 +29,6 @@ from hetpatrol.config import SlurmSettings, load_config
 from hetpatrol.exporters.prometheus import (
     Exposition,
     process_memory_metric,
-    without_empty_labels,
 )
 from hetpatrol.patrol import Patroller
 from hetpatrol.schema import CardRecord, Finding, ProcessInfo
@@ -236,7 +235,7 @@ def test_process_memory_top_five_per_card_and_the_rest_summed():
         uuid="GPU-y",
         processes=[ProcessInfo(pid=500, memory_bytes=MIB // 2, user="carol", job_id="8000")],
     )
-    fam = without_empty_labels(process_memory_metric([card, gone, small]))
+    fam = process_memory_metric([card, gone, small])  # samples: empty labels left out
     got = {frozenset(s.labels.items()): s.value for s in fam.samples}
     card_l = {"vendor": "nvidia", "card_type": "a100", "index": "0", "uuid": "GPU-x"}
     assert got == {

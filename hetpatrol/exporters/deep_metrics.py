@@ -10,26 +10,29 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from hetpatrol.checks.kernel_events import card_xid_totals
 from hetpatrol.exporters.labels import CARD_LABELS, card_labels
+from hetpatrol.exporters.text_format import (
+    CounterFamily,
+    Family,
+    GaugeFamily,
+)
 
 if TYPE_CHECKING:
     from hetpatrol.report import PatrolReport
 
 
-def deep_metrics(report: PatrolReport) -> Iterable[Metric]:
+def deep_metrics(report: PatrolReport) -> Iterable[Family]:
     snapshot = report.kernel_log
     if snapshot is not None:
-        up = GaugeMetricFamily(
+        up = GaugeFamily(
             "hetpatrol_kernel_log_up",
             "1 while the kernel log (/dev/kmsg, or kmsg.txt of a replay) is read; 0 when it "
             "cannot be (no such file, no permission: XIDs are not seen).",
         )
         up.add_metric([], 1 if snapshot.state == "ok" else 0)
         yield up
-        xids = CounterMetricFamily(
+        xids = CounterFamily(
             "hetpatrol_card_xid_events",
             "NVIDIA XID records in the kernel log per card and XID since the daemon started "
             "(the ring buffer read at start-up included).",
@@ -38,12 +41,12 @@ def deep_metrics(report: PatrolReport) -> Iterable[Metric]:
         for card, xid, total in card_xid_totals(snapshot, report.cards):
             xids.add_metric([*card_labels(card), xid], total)
         yield xids
-    link_up = GaugeMetricFamily(
+    link_up = GaugeFamily(
         "hetpatrol_card_link_up",
         "Interconnect link state: 1 up, 0 down (NVLink per link; Ascend RoCE port per chip).",
         labels=[*CARD_LABELS, "kind", "link"],
     )
-    link_errors = CounterMetricFamily(
+    link_errors = CounterFamily(
         "hetpatrol_card_nvlink_errors",
         "NVLink DL error counters since driver load, summed over the card's links.",
         labels=[*CARD_LABELS, "counter"],

@@ -20,24 +20,20 @@ import gzip
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-
-from prometheus_client import CONTENT_TYPE_LATEST
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    Metric,
-    StateSetMetricFamily,
-)
 
 from hetpatrol import __version__
 from hetpatrol.actions.vocabulary import ACTIONS
 from hetpatrol.collector import STATE_ABSENT, STATE_DISABLED, STATE_FAILED, STATE_HUNG, STATE_OK
 from hetpatrol.exporters.deep_metrics import deep_metrics
 from hetpatrol.exporters.labels import CARD_LABELS, card_labels
-from hetpatrol.exporters.text_format import TextRenderer
+from hetpatrol.exporters.text_format import (
+    CounterFamily,
+    Family,
+    GaugeFamily,
+    InfoFamily,
+    StateSetFamily,
+    TextRenderer,
+)
 from hetpatrol.report import PatrolReport
 from hetpatrol.schema import EXIT_CODES, HEALTH_STATES, CardRecord
 
@@ -137,20 +133,11 @@ def report_metrics(
     patrols_total: int,
     *,
     user_labels: bool = True,
-) -> Iterator[Metric]:
+) -> Iterator[Family]:
     """Every metric family for one report (``None`` before the first patrol), with the
     labels of absent values left out (see the module docstring). ``user_labels``
     false: no ``user`` / ``slurm_job`` labels (config ``metrics_user_labels``)."""
-    for family in _report_metrics(report, stats, collectors, patrols_total, user_labels):
-        yield without_empty_labels(family)
-
-
-def without_empty_labels(family: Metric) -> Metric:
-    """``family`` with every label whose value is ``""`` removed from its samples."""
-    family.samples = [
-        s._replace(labels={k: v for k, v in s.labels.items() if v != ""}) for s in family.samples
-    ]
-    return family
+    return _report_metrics(report, stats, collectors, patrols_total, user_labels)
 
 
 def _report_metrics(
@@ -159,44 +146,42 @@ def _report_metrics(
     collectors: Sequence[str],
     patrols_total: int,
     user_labels: bool,
-) -> Iterator[Metric]:
-    up = GaugeMetricFamily("hetpatrol_up", "1 while the hetpatrol daemon runs.")
+) -> Iterator[Family]:
+    up = GaugeFamily("hetpatrol_up", "1 while the hetpatrol daemon runs.")
     up.add_metric([], 1)
     yield up
-    build = InfoMetricFamily("hetpatrol_build", "hetpatrol version.")
+    build = InfoFamily("hetpatrol_build", "hetpatrol version.")
     build.add_metric([], {"version": __version__})
     yield build
-    yield CounterMetricFamily(
-        "hetpatrol_patrols", "Patrols completed since start.", value=patrols_total
-    )
-    ready = GaugeMetricFamily(
+    yield CounterFamily("hetpatrol_patrols", "Patrols completed since start.", value=patrols_total)
+    ready = GaugeFamily(
         "hetpatrol_patrol_ready", "1 once the first patrol has completed; 0 means no data yet."
     )
     ready.add_metric([], 0 if report is None else 1)
     yield ready
     if stats.interval_seconds is not None:
-        yield GaugeMetricFamily(
+        yield GaugeFamily(
             "hetpatrol_patrol_interval_seconds",
             "Configured seconds between patrol starts (for staleness alerts).",
             value=stats.interval_seconds,
         )
     yield from _sink_metrics(stats)
 
-    col_up = GaugeMetricFamily(
+    col_up = GaugeFamily(
         "hetpatrol_collector_up",
         "1 when the collector answered or found no stack of its "
         "vendor (absent); 0 when it failed, hung or has not run yet.",
         labels=["collector"],
     )
-    col_state = StateSetMetricFamily(
+    col_state = StateSetFamily(
         "hetpatrol_collector_state", "Collector state in the last patrol.", labels=["collector"]
     )
-    col_dur = GaugeMetricFamily(
+    col_dur = GaugeFamily(
         "hetpatrol_collector_duration_seconds",
         "Time the collector took in the last patrol.",
         labels=["collector"],
     )
-    col_cards = GaugeMetricFamily(
+    col_cards = GaugeFamily(
         "hetpatrol_collector_cards",
         "Cards reported by the collector in the last patrol.",
         labels=["collector"],
@@ -214,17 +199,17 @@ def _report_metrics(
     if report is None:
         return
 
-    last = GaugeMetricFamily(
+    last = GaugeFamily(
         "hetpatrol_last_patrol_timestamp_seconds", "Unix time at which the last patrol finished."
     )
     last.add_metric([], report.finished)
-    dur = GaugeMetricFamily("hetpatrol_patrol_duration_seconds", "Wall time of the last patrol.")
+    dur = GaugeFamily("hetpatrol_patrol_duration_seconds", "Wall time of the last patrol.")
     dur.add_metric([], report.duration_seconds)
-    node_code = GaugeMetricFamily(
+    node_code = GaugeFamily(
         "hetpatrol_node_health_code", "Node verdict: 0 ok, 1 warning, 2 critical, 3 unknown."
     )
     node_code.add_metric([], EXIT_CODES[report.health])
-    node_find = GaugeMetricFamily(
+    node_find = GaugeFamily(
         "hetpatrol_node_finding",
         "Active node-level findings (1 per check and severity).",
         labels=["check", "severity"],
@@ -241,32 +226,32 @@ def _report_metrics(
     yield from deep_metrics(report)  # XIDs, kernel log, NVLink / RoCE links
 
 
-def _sink_metrics(stats: ExporterStats) -> Iterable[Metric]:
-    yield CounterMetricFamily(
+def _sink_metrics(stats: ExporterStats) -> Iterable[Family]:
+    yield CounterFamily(
         "hetpatrol_jsonl_write_errors",
         "JSONL lines that could not be written (ENOSPC, EACCES...).",
         value=stats.jsonl_write_errors,
     )
-    yield CounterMetricFamily(
+    yield CounterFamily(
         "hetpatrol_jsonl_lines", "JSONL lines written.", value=stats.jsonl_lines_written
     )
-    yield CounterMetricFamily(
+    yield CounterFamily(
         "hetpatrol_state_write_errors",
         "State file writes that failed.",
         value=stats.state_write_errors,
     )
-    yield CounterMetricFamily(
+    yield CounterFamily(
         "hetpatrol_textfile_write_errors",
         "node_exporter textfile writes that failed.",
         value=stats.textfile_write_errors,
     )
-    yield CounterMetricFamily(
+    yield CounterFamily(
         "hetpatrol_config_reload_failures",
         "SIGHUP reloads refused (the running config was kept).",
         value=stats.config_reload_failures,
     )
     if stats.slurm_events:
-        events = CounterMetricFamily(
+        events = CounterFamily(
             "hetpatrol_slurm_events",
             "Slurm drain policy decisions (JSONL kind=event lines), by event.",
             labels=["event"],
@@ -275,7 +260,7 @@ def _sink_metrics(stats: ExporterStats) -> Iterable[Metric]:
             events.add_metric([event], n)
         yield events
     if stats.drain_breaker_open is not None:
-        yield GaugeMetricFamily(
+        yield GaugeFamily(
             "hetpatrol_drain_breaker_open",
             "1 while the drain circuit breaker holds this node's drain: too many nodes of "
             "its partitions were drained by hetpatrol within the window.",
@@ -283,38 +268,38 @@ def _sink_metrics(stats: ExporterStats) -> Iterable[Metric]:
         )
 
 
-def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Metric]:
-    info = InfoMetricFamily(
+def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Family]:
+    info = InfoFamily(
         "hetpatrol_card", "Identity of each card (value 1).", labels=list(CARD_LABELS)
     )
-    health = StateSetMetricFamily(
+    health = StateSetFamily(
         "hetpatrol_card_health", "Card verdict after thresholds.", labels=list(CARD_LABELS)
     )
-    code = GaugeMetricFamily(
+    code = GaugeFamily(
         "hetpatrol_card_health_code",
         "Card verdict: 0 ok, 1 warning, 2 critical, 3 unknown.",
         labels=list(CARD_LABELS),
     )
     gauges = {
-        name: GaugeMetricFamily(f"hetpatrol_card_{name}", text, labels=list(CARD_LABELS))
+        name: GaugeFamily(f"hetpatrol_card_{name}", text, labels=list(CARD_LABELS))
         for name, _attr, text in _CARD_GAUGES + _CARD_FLAGS
     }
-    ecc = CounterMetricFamily(
+    ecc = CounterFamily(
         "hetpatrol_card_ecc_errors",
         "Volatile ECC errors since driver load (NVML nvmlDeviceGetTotalEccErrors).",
         labels=[*CARD_LABELS, "type"],
     )
-    procs = GaugeMetricFamily(
+    procs = GaugeFamily(
         "hetpatrol_card_processes",
         "Processes holding memory on the card.",
         labels=list(CARD_LABELS),
     )
-    finding = GaugeMetricFamily(
+    finding = GaugeFamily(
         "hetpatrol_card_finding",
         "Active findings per card (1 per check and severity).",
         labels=[*CARD_LABELS, "check", "severity"],
     )
-    action = GaugeMetricFamily(
+    action = GaugeFamily(
         "hetpatrol_card_action",
         "What to do about the card (1 for its current action word: none, watch, "
         "restart_job, reset_card, reboot_node, isolate_card, replace_card).",
@@ -356,14 +341,14 @@ def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Metric]:
             finding.add_metric([*labels, check, severity], 1)
         k = (rec.vendor, rec.card_type or "", rec.health)
         counts[k] = counts.get(k, 0) + 1
-    by_type = GaugeMetricFamily(
+    by_type = GaugeFamily(
         "hetpatrol_cards",
         "Cards per vendor, card type and verdict.",
         labels=["vendor", "card_type", "health"],
     )
     for (vendor, card_type, h), n in sorted(counts.items()):
         by_type.add_metric([vendor, card_type, h], n)
-    by_action = GaugeMetricFamily(
+    by_action = GaugeFamily(
         "hetpatrol_cards_by_action",
         "Cards of this node per action word (every word, 0 included).",
         labels=["action"],
@@ -381,18 +366,18 @@ PROCESS_SERIES_PER_CARD = 5
 
 def process_memory_metric(
     cards: Sequence[CardRecord], top_n: int = PROCESS_SERIES_PER_CARD, *, user_labels: bool = True
-) -> GaugeMetricFamily:
+) -> GaugeFamily:
     """Card memory held per (Slurm job, user), cardinality bounded per card.
 
     The label is ``slurm_job``, not ``job`` (Prometheus' own target label). Processes
     outside a job get no ``slurm_job`` label, an unknown user no ``user`` label (their
-    value is ``""`` here, dropped by :func:`without_empty_labels`); processes whose
+    value is ``""`` here, left out when rendered); processes whose
     memory the vendor does not report are left out (they count in
     ``hetpatrol_card_processes``). ``user_labels`` false: one series per card with the
     memory of all its processes, no ``user``/``slurm_job`` labels.
     """
     if not user_labels:
-        fam = GaugeMetricFamily(
+        fam = GaugeFamily(
             "hetpatrol_card_process_memory_bytes",
             "Card memory held by processes (user and Slurm job labels switched off).",
             labels=list(CARD_LABELS),
@@ -402,7 +387,7 @@ def process_memory_metric(
             if processes_read(rec) and known:
                 fam.add_metric(card_labels(rec), sum(known))
         return fam
-    fam = GaugeMetricFamily(
+    fam = GaugeFamily(
         "hetpatrol_card_process_memory_bytes",
         f"Card memory held by processes per Slurm job and user (top {top_n} per card, "
         'the rest summed as slurm_job="other").',
@@ -426,11 +411,11 @@ def process_memory_metric(
     return fam
 
 
-def _gres_metrics(gres: dict | None) -> Iterable[Metric]:
+def _gres_metrics(gres: dict | None) -> Iterable[Family]:
     """Slurm GRES registration vs cards (the ``gres`` node check); nothing while off."""
     if gres is None:
         return
-    up = GaugeMetricFamily(
+    up = GaugeFamily(
         "hetpatrol_gres_registration_up",
         "1 when the Slurm GRES registration of this node could be read (scontrol or "
         "gres.conf), 0 when not (the GRES check was skipped).",
@@ -439,7 +424,7 @@ def _gres_metrics(gres: dict | None) -> Iterable[Metric]:
     yield up
     labels = ["gres", "gres_type"]
     families = {
-        key: GaugeMetricFamily(f"hetpatrol_gres_{key}", text, labels=labels)
+        key: GaugeFamily(f"hetpatrol_gres_{key}", text, labels=labels)
         for key, text in (
             ("configured", "GRES count registered in Slurm for this node."),
             ("found", "Cards found on the node that count under this GRES."),
@@ -520,123 +505,3 @@ class Exposition:
             if self._gzip is None:
                 self._gzip = gzip.compress(self._body, compresslevel=6, mtime=0)
             return self._gzip
-
-
-def accepts_gzip(header: str | None) -> bool:
-    """Whether an ``Accept-Encoding`` value accepts gzip (RFC 9110 12.5.3): the ``q`` of
-    ``gzip`` when it is listed, else that of ``*``; a coding without ``q`` has q=1, a
-    ``q`` that is not a number in [0, 1] refuses. At most 64 codings are looked at."""
-    qualities: dict[str, float] = {}
-    for item in (header or "").split(",")[:64]:
-        coding, *params = (p.strip() for p in item.split(";"))
-        coding = coding.lower()
-        if coding not in ("gzip", "x-gzip", "*") or coding in qualities:
-            continue
-        q = 1.0
-        for param in params:
-            name, _, value = param.partition("=")
-            if name.strip().lower() == "q":
-                try:
-                    q = float(value)
-                except ValueError:
-                    q = 0.0
-                if not 0.0 <= q <= 1.0:  # also nan
-                    q = 0.0
-        qualities["gzip" if coding == "x-gzip" else coding] = q
-    q = qualities.get("gzip", qualities.get("*", 0.0))
-    return q > 0.0
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _MetricsHTTPServer
-    protocol_version = "HTTP/1.1"
-    # TCP_NODELAY: headers and body are two writes; with Nagle the body waits for the
-    # client's delayed ACK of the headers (40 ms on Linux) on a keep-alive connection.
-    disable_nagle_algorithm = True
-    # An idle or half-open client is dropped after this many seconds, so slow or stuck
-    # peers cannot pile up threads.
-    timeout = 10
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server API
-        path = self.path.split("?", 1)[0]
-        encoding = None
-        if path == "/metrics":
-            body, ctype, status = self.server.exposition.body, CONTENT_TYPE_LATEST, 200
-            if accepts_gzip(self.headers.get("Accept-Encoding")):
-                body, encoding = self.server.exposition.body_gzip(), "gzip"
-        elif path == "/":
-            body = b'<html><body><h1>hetpatrol</h1><a href="/metrics">metrics</a></body></html>'
-            ctype, status = "text/html; charset=utf-8", 200
-        else:
-            body, ctype, status = b"not found\n", "text/plain; charset=utf-8", 404
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        if path == "/metrics":
-            self.send_header("Vary", "Accept-Encoding")
-        if encoding:
-            self.send_header("Content-Encoding", encoding)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
-
-
-class _MetricsHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-    #: connections served at once; one more is closed at once. A client that drips its
-    #: request one header line every few seconds holds a thread for as long as it keeps
-    #: doing so (the 10 s timeout is per read): the cap bounds what such peers can hold.
-    max_connections = 64
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # full: the client retries on its next scrape
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that resets or times out is routine: no traceback on stderr."""
-
-    def __init__(self, address: tuple[str, int], exposition: Exposition):
-        if ":" in address[0]:
-            import socket
-
-            self.address_family = socket.AF_INET6
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-        super().__init__(address, _Handler)
-        self.exposition = exposition
-
-
-class MetricsServer:
-    """Serves ``/metrics`` from an :class:`Exposition` in a background thread."""
-
-    def __init__(self, host: str, port: int, exposition: Exposition):
-        self._httpd = _MetricsHTTPServer((host, port), exposition)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="metrics-http", daemon=True
-        )
-
-    @property
-    def port(self) -> int:
-        return self._httpd.server_address[1]
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()

@@ -784,7 +784,8 @@ def serve_collect_child(port: int) -> None:
     """The baseline server: every scrape runs a patrol and renders it (same HTTP code)."""
     quiet_logging()
     from hetpatrol.config import load_config
-    from hetpatrol.exporters.prometheus import Exposition, MetricsServer
+    from hetpatrol.exporters.http_server import MetricsServer
+    from hetpatrol.exporters.prometheus import Exposition
     from hetpatrol.patrol import Patroller
 
     config = load_config(None)
