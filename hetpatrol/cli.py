@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -67,9 +68,9 @@ def setup_logging(fmt: str = "console", level: str = "info") -> None:
     )
 
 
-def _load(args: argparse.Namespace) -> Config:
+def _load(args: argparse.Namespace, loader: Callable[..., Config] = load_config) -> Config:
     """The config, with the node name from ``--node`` or else the replay's scenario."""
-    config = load_config(args.config)
+    config = loader(args.config)
     node = getattr(args, "node", None)
     if node is None and getattr(args, "replay", None) is not None:
         node = load_scenario(args.replay).get("node")
@@ -139,9 +140,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from hetpatrol.config_check import load_config_isolated
     from hetpatrol.daemon import Daemon
 
-    config = _load(args)
+    # the schema check (jsonschema) runs in a child: the daemon never holds it in memory
+    config = _load(args, load_config_isolated)
     overrides: dict[str, Any] = {
         "listen": args.listen,
         "jsonl_path": args.jsonl_path,
@@ -150,7 +153,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         "interval_seconds": args.interval,
         "node": config.node,
     }
-    daemon = Daemon(config, config_path=args.config, replay_dir=args.replay, overrides=overrides)
+    daemon = Daemon(
+        config,
+        config_path=args.config,
+        replay_dir=args.replay,
+        overrides=overrides,
+        config_loader=load_config_isolated,
+    )
     daemon.install_signals()
     return daemon.run()
 

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from hetpatrol.actions.settings import ACTIONS_SCHEMA, ActionSettings, parse_actions_section
 from hetpatrol.checks.registry import CARD_CHECKS, TOP_SECTIONS
 from hetpatrol.collector import discover
@@ -39,6 +37,7 @@ from hetpatrol.config_file import (
     line_for,
     line_map,
 )
+from hetpatrol.json_schema import iter_errors
 from hetpatrol.slurm.settings import SLURM_SCHEMA, SlurmSettings, build_slurm_settings
 from hetpatrol.yaml_document import (
     DocumentError,
@@ -323,8 +322,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     if base == "bundled" and src_path != bundled_config_path():
         data = layered(bundled_document(), data)
 
-    validator = jsonschema.Draft202012Validator(CONFIG_SCHEMA)
-    errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(iter_errors(CONFIG_SCHEMA, data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         err = errors[0]
         epath = tuple(err.absolute_path)
@@ -540,7 +538,7 @@ def _plugin_profiles(name: str, defaults: dict, taken: set[str]) -> list[Profile
         "required": ["profiles"],
         "properties": {"profiles": CONFIG_SCHEMA["properties"]["profiles"]},
     }
-    for err in jsonschema.Draft202012Validator(schema).iter_errors(data):
+    for err in iter_errors(schema, data):
         raise config_error(err.message, src, lines, tuple(err.absolute_path))
     out = []
     for i, p in enumerate(data["profiles"]):

@@ -36,7 +36,7 @@ class ConfigError(Exception):
         line: int | None = None,
         key: str | None = None,
     ):
-        self.path, self.line, self.key = path, line, key
+        self.message, self.path, self.line, self.key = message, path, line, key
         where = path or "<config>"
         if line is not None:
             where += f":{line}"

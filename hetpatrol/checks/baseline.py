@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 
 from hetpatrol.checks.facts import CardFacts
+from hetpatrol.json_schema import best_error
 from hetpatrol.schema import HEALTH_WARNING, CardRecord, Finding
 from hetpatrol.yaml_document import DocumentError, parse_document, read_document
 
@@ -121,11 +121,10 @@ def parse_baseline(
 
     Raises ``ValueError`` naming ``source`` when the data is not a baseline file.
     """
-    try:
-        jsonschema.validate(data, BASELINE_FILE_SCHEMA)
-    except jsonschema.ValidationError as exc:
+    exc = best_error(BASELINE_FILE_SCHEMA, data)
+    if exc is not None:
         where = "/".join(str(p) for p in exc.absolute_path) or "<top>"
-        raise ValueError(f"{source}: {where}: {exc.message}") from None
+        raise ValueError(f"{source}: {where}: {exc.message}")
     out: dict[tuple[str, str], dict[str, tuple[str, ...] | None]] = {}
     for entry in data["baseline"]:
         key = (entry["vendor"], str(entry["card_type"]))

@@ -1,0 +1,87 @@
+"""The daemon's config check in a child process, so that ``jsonschema`` never becomes
+part of the daemon's resident memory (see :mod:`hetpatrol.json_schema`).
+
+:func:`load_config_isolated` reads the file once, hands its text to
+``python -m hetpatrol.config_check`` (the same interpreter), which runs
+:func:`hetpatrol.config.load_config` on it (every check, the schema's included) and
+answers one JSON line: ``{"ok": true}`` or ``{"error": {"message", "path", "line",
+"key"}}``. The parent then builds the config from the same text with the schema checks
+skipped, or raises the child's :class:`~hetpatrol.config.ConfigError` as its own.
+A child that cannot run or answers nonsense makes the parent check in its own process
+(the answer is then the same; only the memory differs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hetpatrol.config import Config, ConfigError, load_config
+from hetpatrol.json_schema import checked_elsewhere
+from hetpatrol.yaml_document import read_document
+
+#: seconds the child may take (an interpreter start, PyYAML, jsonschema, the checks)
+CHILD_TIMEOUT_SECONDS = 60.0
+
+
+def load_config_isolated(path: str | os.PathLike[str] | None) -> Config:
+    """:func:`~hetpatrol.config.load_config` of ``path`` (None: the bundled file), its
+    schema checks run in a child process. Raises :class:`ConfigError` as it does."""
+    text = None  # the bundled file: read by both processes from the package
+    if path is not None:
+        try:
+            text = read_document(Path(path))
+        except Exception:  # noqa: BLE001 - load_config says what is wrong with the file
+            return load_config(path)
+    answer = _ask_child(path, text)
+    if answer is None:
+        return load_config(path, text=text)
+    if "error" in answer:
+        e = answer["error"]
+        raise ConfigError(e["message"], path=e.get("path"), line=e.get("line"), key=e.get("key"))
+    with checked_elsewhere():
+        return load_config(path, text=text)
+
+
+def _ask_child(path: str | os.PathLike[str] | None, text: str | None) -> dict | None:
+    request = json.dumps({"path": None if path is None else str(path), "text": text})
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "hetpatrol.config_check"],
+            input=request,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_SECONDS,
+            check=False,
+        )
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    if not isinstance(answer, dict):
+        return None
+    if answer.get("ok") is True:
+        return answer
+    error = answer.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return answer
+    return None
+
+
+def main() -> int:
+    """The child: one JSON request on stdin, one JSON answer on stdout."""
+    request = json.load(sys.stdin)
+    try:
+        load_config(request["path"], text=request["text"])
+    except ConfigError as exc:
+        error = {"message": exc.message, "path": exc.path, "line": exc.line, "key": exc.key}
+        print(json.dumps({"error": error}))
+        return 0
+    print(json.dumps({"ok": True}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

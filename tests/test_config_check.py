@@ -1,0 +1,84 @@
+"""The daemon's config check in a child process: the same answers as
+``load_config``, and ``jsonschema`` never in the daemon's memory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import NODES
+
+from hetpatrol.config import ConfigError, load_config
+from hetpatrol.config_check import load_config_isolated
+from hetpatrol.daemon import Daemon
+
+BASELINE = NODES / "baseline-drift" / "baseline.yaml"
+
+
+def _site(tmp_path, body: str):
+    path = tmp_path / "site.yaml"
+    path.write_text(body)
+    return path
+
+
+def test_the_daemon_process_never_imports_jsonschema(tmp_path):
+    site = _site(tmp_path, f"baseline_file: {BASELINE}\ninterval_seconds: 7\n")
+    code = (
+        "import sys\n"
+        "from hetpatrol.config_check import load_config_isolated\n"
+        f"c = load_config_isolated({str(site)!r})\n"
+        "print(c.interval_seconds, c.baseline_file is not None,\n"
+        "      sorted(m for m in sys.modules if m.startswith(('jsonschema', 'referencing'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["7.0", "True", "[]"]
+
+
+def test_the_same_config_as_in_process(tmp_path):
+    site = _site(tmp_path, f"baseline_file: {BASELINE}\ninterval_seconds: 7\n")
+    assert load_config_isolated(site) == load_config(site)
+    assert load_config_isolated(None) == load_config(None)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "interval_seconds: -3\n",  # a schema error: the child finds it
+        "collectors:\n  nvidia:\n    timeout_seconds: 5\n    bogus: 1\n",  # unknown key
+        "profiles:\n  - name: x\n    vendor: nvidia\n    model: '(unclosed'\n",  # past the schema
+        "interval_seconds: [\n",  # not YAML
+        f"baseline_file: {NODES}/no-such-baseline.yaml\n",  # a file that cannot be read
+    ],
+)
+def test_errors_name_file_line_and_key_as_in_process(tmp_path, body):
+    site = _site(tmp_path, body)
+    with pytest.raises(ConfigError) as here:
+        load_config(site)
+    with pytest.raises(ConfigError) as child:
+        load_config_isolated(site)
+    assert str(child.value) == str(here.value)
+    assert (child.value.line, child.value.key) == (here.value.line, here.value.key)
+
+
+def test_a_child_that_cannot_run_checks_in_process(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    site = _site(tmp_path, "interval_seconds: 7\n")
+    assert load_config_isolated(site).interval_seconds == 7.0
+    bad = _site(tmp_path, "interval_seconds: -3\n")
+    with pytest.raises(ConfigError, match="interval_seconds"):
+        load_config_isolated(bad)
+
+
+def test_a_reload_through_the_child_keeps_the_running_config_when_bad(tmp_path):
+    site = _site(tmp_path, "interval_seconds: 7\n")
+    daemon = Daemon(load_config(site), config_path=site, config_loader=load_config_isolated)
+    try:
+        site.write_text("interval_seconds: 3\n")
+        assert daemon.reload() and daemon.config.interval_seconds == 3.0
+        site.write_text("interval_seconds: -1\n")
+        assert not daemon.reload()
+        assert daemon.config.interval_seconds == 3.0
+        assert daemon.stats.config_reload_failures == 1
+    finally:
+        daemon.shutdown()
