@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -330,3 +333,26 @@ def test_the_daemon_and_cli_import_neither_asyncio_nor_structlog():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert json.loads(out.stdout) == []
+
+
+def test_a_fork_while_another_thread_logs_leaves_the_child_able_to_log(tmp_path):
+    """The daemon's tests (and a supervisor) fork from processes whose threads log: a
+    child born while the parent's log lock was held must not wait on it forever."""
+    path = tmp_path / "child.log"
+    with logs._lock:  # as if another thread were writing a line at the fork
+        pid = os.fork()
+        if pid == 0:
+            try:
+                with path.open("w") as fh:
+                    logs.configure("info", "json", fh)
+                    log.info("child_logged")
+            finally:
+                os._exit(0)
+    deadline = time.monotonic() + 10
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the child waited forever on the log lock")
+        time.sleep(0.02)
+    assert json.loads(path.read_text())["event"] == "child_logged"
