@@ -114,7 +114,6 @@ from typing import Any
 
 import psutil
 import pynvml
-import structlog
 
 from hetpatrol.collector import (
     STATE_ABSENT,
@@ -127,6 +126,7 @@ from hetpatrol.collector import (
     VendorInfo,
 )
 from hetpatrol.collectors.nvidia_kmsg import NVRM
+from hetpatrol.logs import get_logger
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
@@ -205,7 +205,7 @@ _NVLINK_COUNTERS = (
 
 _MISSING = object()
 
-log = structlog.get_logger("hetpatrol.collectors.nvidia")
+log = get_logger("hetpatrol.collectors.nvidia")
 
 #: ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``: field id 230 in nvml.h and nvidia-ml-py
 #: (pynvml.py: ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230``); older bindings lack the

@@ -7,8 +7,6 @@ import threading
 import time
 from concurrent.futures import Future
 
-import structlog
-
 from hetpatrol.collector import (
     STATE_FAILED,
     STATE_HUNG,
@@ -16,8 +14,9 @@ from hetpatrol.collector import (
     CollectorError,
     CollectResult,
 )
+from hetpatrol.logs import get_logger
 
-log = structlog.get_logger("hetpatrol.patrol")
+log = get_logger("hetpatrol.patrol")
 
 #: how long past its timeout a collector is waited for before it is called hung
 HANG_MARGIN_SECONDS = 1.0

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-import structlog
-
-from hetpatrol import __version__
+from hetpatrol import __version__, logs
 from hetpatrol.baseline_command import with_baseline_file, write_baseline
 from hetpatrol.cluster.audit_view import add_audit_parser
 from hetpatrol.cluster.fleet_view import add_fleet_parser
@@ -47,25 +44,9 @@ from hetpatrol.status_view import add_status_parser
 
 
 def setup_logging(fmt: str = "console", level: str = "info") -> None:
-    """structlog to stderr: ``console`` key=value lines (journald friendly) or ``json``."""
-    renderer: Any
-    if fmt == "json":
-        renderer = structlog.processors.JSONRenderer()
-    else:
-        renderer = structlog.dev.ConsoleRenderer(colors=False)
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            getattr(logging, level.upper(), logging.INFO)
-        ),
-        # one write() per line (print() makes two: a kill between them tears the line)
-        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=False,
-    )
+    """Events to stderr (:mod:`hetpatrol.logs`): ``console`` key=value lines or ``json``
+    lines (journald), at ``level`` (debug, info, warning, error) and above."""
+    logs.configure(level, fmt)
 
 
 def _load(args: argparse.Namespace, loader: Callable[..., Config] = load_config) -> Config:

@@ -24,8 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
-import structlog
-
 from hetpatrol import sdnotify
 from hetpatrol.actions.escalation import Escalation
 from hetpatrol.config import Config, ConfigError, load_config, parse_listen
@@ -34,10 +32,11 @@ from hetpatrol.exporters.http_server import MetricsServer
 from hetpatrol.exporters.jsonl import JsonlSink
 from hetpatrol.exporters.prometheus import ExporterStats, Exposition
 from hetpatrol.exporters.state import read_state, write_atomic, write_state
+from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
 from hetpatrol.slurm.drain import DrainPolicy
 
-log = structlog.get_logger("hetpatrol.daemon")
+log = get_logger("hetpatrol.daemon")
 
 
 def describe_change(change: dict) -> str:

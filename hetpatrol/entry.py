@@ -2,7 +2,7 @@
 
 Slurm runs ``hetpatrol check --state-path P`` on every node at every
 ``HealthCheckInterval``; importing the whole command line (config validation with
-jsonschema, the collectors, prometheus-client, structlog) costs ~10 times the work of the
+jsonschema, the collectors, prometheus-client) costs ~10 times the work of the
 check itself. This module answers that one form, ``check`` with only ``--state-path`` and
 ``--max-age``, from :mod:`hetpatrol.healthcheck` alone, and hands every other command
 line, unchanged, to :func:`hetpatrol.cli.main` (which also parses ``check`` in full: its

@@ -11,15 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-import structlog
-
 from hetpatrol.checks.facts import CardFacts, NodeCheck, NodeCheckResult
 from hetpatrol.checks.registry import CARD_CHECKS
 from hetpatrol.collector import CollectorStatus, VendorInfo, load_collector
 from hetpatrol.config import Config
+from hetpatrol.logs import get_logger
 from hetpatrol.schema import HEALTH_OK, HEALTH_UNKNOWN, CardRecord, Finding, worst
 
-log = structlog.get_logger("hetpatrol.judge")
+log = get_logger("hetpatrol.judge")
 
 
 @lru_cache(maxsize=64)

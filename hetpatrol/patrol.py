@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from hetpatrol import processes
 from hetpatrol.actions import findings as action_findings
 from hetpatrol.actions.apply import judge_card, kernel_event_key, state_keys
@@ -46,6 +44,7 @@ from hetpatrol.collector import (
 from hetpatrol.config import Config
 from hetpatrol.judge import judge, run_node_check
 from hetpatrol.kernel_log import open_kernel_log
+from hetpatrol.logs import get_logger
 from hetpatrol.report import PatrolReport, encode_line, patrol_summary
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
@@ -58,7 +57,7 @@ from hetpatrol.schema import (
 )
 from hetpatrol.slurm.inventory import GresCheck
 
-log = structlog.get_logger("hetpatrol.patrol")
+log = get_logger("hetpatrol.patrol")
 
 
 def default_node_checks() -> list[NodeCheck]:

@@ -21,9 +21,9 @@ import threading
 import time
 from collections.abc import Mapping
 
-import structlog
+from hetpatrol.logs import get_logger
 
-log = structlog.get_logger("hetpatrol.sdnotify")
+log = get_logger("hetpatrol.sdnotify")
 
 
 def _address(name: str) -> str | bytes | None:

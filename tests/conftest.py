@@ -73,11 +73,11 @@ def replay_run_argv(
 
 
 @pytest.fixture(autouse=True)
-def _structlog_config_restored():
-    """``main()`` in a test points structlog at that test's captured stderr, which pytest
-    closes afterwards: every test starts and ends with the same logging configuration."""
-    import structlog
+def _log_config_restored():
+    """``main()`` in a test sets the log level and format (hetpatrol.logs): every test
+    starts and ends with the same logging configuration."""
+    from hetpatrol import logs
 
-    before = structlog.get_config()
+    before = logs.get_config()
     yield
-    structlog.configure(**before)
+    logs.set_config(before)

@@ -267,7 +267,7 @@ def test_guard_never_raises_and_fails_closed_on_a_missing_or_odd_file(tmp_path):
 def test_the_guard_imports_nothing_heavy():
     code = (
         "import sys, hetpatrol.slurm.jobguard\n"
-        "heavy = {'yaml', 'jsonschema', 'prometheus_client', 'pynvml', 'structlog'}\n"
+        "heavy = {'yaml', 'jsonschema', 'prometheus_client', 'pynvml', 'structlog', 'asyncio'}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -164,7 +164,7 @@ def test_check_distrusts_damaged_state_files(tmp_path):
     assert check(path)[0] == 3
 
 
-HEAVY = ("jsonschema", "prometheus_client", "pynvml", "structlog", "yaml", "psutil")
+HEAVY = ("jsonschema", "prometheus_client", "pynvml", "structlog", "asyncio", "yaml", "psutil")
 
 
 def _modules_after(argv: list[str], tmp_path) -> tuple[int, str, list[str]]:

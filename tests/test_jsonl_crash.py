@@ -317,9 +317,8 @@ def test_each_daemon_log_line_leaves_in_one_write(monkeypatch):
     newline separately)."""
     import io
 
-    import structlog
-
     from hetpatrol.cli import setup_logging
+    from hetpatrol.logs import get_logger
 
     class Counting(io.StringIO):
         writes: list[str] = []
@@ -331,7 +330,7 @@ def test_each_daemon_log_line_leaves_in_one_write(monkeypatch):
     stream = Counting()
     monkeypatch.setattr(sys, "stderr", stream)
     setup_logging("json", "info")  # conftest puts the configuration back afterwards
-    structlog.get_logger().info("first_patrol", health="ok", cards=16)
-    structlog.get_logger().warning("collector_state", collector="ascend", state="hung")
+    get_logger("t").info("first_patrol", health="ok", cards=16)
+    get_logger("t").warning("collector_state", collector="ascend", state="hung")
     assert [json.loads(w)["event"] for w in stream.writes] == ["first_patrol", "collector_state"]
     assert all(w.endswith("}\n") and w.count("\n") == 1 for w in stream.writes)

@@ -19,7 +19,6 @@ import pynvml
 import pytest
 import yaml
 from conftest import HETPATROL, samples_dir
-from structlog.testing import capture_logs
 
 from hetpatrol.collector import STATE_OK
 from hetpatrol.collectors.nvidia import (
@@ -30,6 +29,7 @@ from hetpatrol.collectors.nvidia import (
 )
 from hetpatrol.collectors.nvml_replay import ReplayFormatError, load_replay_nvml
 from hetpatrol.config import ConfigError, load_config
+from hetpatrol.logs import capture_logs
 from hetpatrol.patrol import Patroller
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import structlog
 from conftest import HETPATROL, NODES
 from fakes import Scripted, make_patroller
 
@@ -26,14 +25,6 @@ from hetpatrol.healthcheck import check
 from hetpatrol.patrol import Patroller
 
 REFUSED = "not a regular file: refusing to replace it"
-
-
-@pytest.fixture(autouse=True)
-def _keep_structlog_config():
-    """main() points structlog at this test's captured stderr: put it back after."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -29,8 +29,6 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
 from hetpatrol import processes
 from hetpatrol.config_file import SEVERITY_OR_OFF
 from hetpatrol.kernel_log import (
@@ -43,6 +41,7 @@ from hetpatrol.kernel_log import (
     KernelLogSnapshot,
     KernelOccurrence,
 )
+from hetpatrol.logs import get_logger
 from hetpatrol.schema import (
     CLASS_APPLICATION,
     CLASS_DRAIN,
@@ -57,7 +56,7 @@ from hetpatrol.schema import (
     worst,
 )
 
-_log = structlog.get_logger("hetpatrol.kernel_log")
+_log = get_logger("hetpatrol.kernel_log")
 
 DRAIN_XIDS = frozenset({48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143, 155, 156, 158})
 NVLINK5_XIDS = frozenset(range(144, 151))

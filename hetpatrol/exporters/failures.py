@@ -13,9 +13,9 @@ from __future__ import annotations
 import errno
 import os
 
-import structlog
+from hetpatrol.logs import get_logger
 
-log = structlog.get_logger("hetpatrol.sink")
+log = get_logger("hetpatrol.sink")
 
 
 def describe(exc: OSError) -> str:

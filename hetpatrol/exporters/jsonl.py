@@ -22,12 +22,11 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-import structlog
-
 from hetpatrol.exporters import PRIVATE_FILE_MODE
 from hetpatrol.exporters.failures import WriteFailures
+from hetpatrol.logs import get_logger
 
-log = structlog.get_logger("hetpatrol.jsonl")
+log = get_logger("hetpatrol.jsonl")
 
 _TAIL_CHUNK = 64 * 1024
 

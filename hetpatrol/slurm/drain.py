@@ -36,10 +36,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from hetpatrol.actions.apply import drain_reason as action_drain_reason
 from hetpatrol.actions.vocabulary import DEFAULT_DRAIN_ACTIONS, ActionVerdict, rank
+from hetpatrol.logs import get_logger
 from hetpatrol.schema import (
     EVENT_SCHEMA,
     HEALTH_OK,
@@ -58,7 +57,7 @@ if TYPE_CHECKING:
     from hetpatrol.config import Config
     from hetpatrol.report import PatrolReport
 
-log = structlog.get_logger("hetpatrol.slurm")
+log = get_logger("hetpatrol.slurm")
 
 #: Longest reason we set (Slurm keeps more, but sinfo columns and humans do not).
 REASON_MAX = 200

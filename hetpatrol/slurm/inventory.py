@@ -43,10 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from hetpatrol.checks.facts import NodeCheckResult
 from hetpatrol.collector import STATE_ABSENT, STATE_DISABLED, STATE_OK, CollectorStatus
+from hetpatrol.logs import get_logger
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
     HEALTH_UNKNOWN,
@@ -65,7 +64,7 @@ from hetpatrol.slurm.gres import (
 from hetpatrol.slurm.settings import SlurmSettings
 from hetpatrol.tool import ToolOutput, run_tool
 
-log = structlog.get_logger("hetpatrol.slurm")
+log = get_logger("hetpatrol.slurm")
 
 #: ``runner(argv, timeout_seconds) -> ToolOutput``; :func:`hetpatrol.tool.run_tool` in production.
 Runner = Callable[[Sequence[str], float], ToolOutput]

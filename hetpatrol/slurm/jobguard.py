@@ -35,7 +35,7 @@ follows the NVML index (the usual case) and, for Ascend, ``/dev/davinci[0-7]`` t
 ID. An IDX with no card is reported, never a reason to fail (a mapping fault must not
 drain a cluster).
 
-Nothing here imports yaml, jsonschema, prometheus_client, pynvml or structlog.
+Nothing here imports yaml, jsonschema, prometheus_client or pynvml.
 """
 
 from __future__ import annotations
@@ -598,7 +598,7 @@ def _seconds(text: str) -> float:
 def cli_main(argv: Sequence[str] | None = None) -> int:
     """``hetpatrol-prolog`` / ``hetpatrol prolog``: parse the arguments, run
     :func:`prolog_main` with the process environment. Kept here, not in hetpatrol.cli,
-    whose imports (structlog, the config loader) cost more than the whole guard.
+    whose imports (the config loader, the collectors) cost more than the whole guard.
 
     ``--state-path`` defaults to ``$HETPATROL_STATE_PATH``; Slurm runs the Prolog with
     no search path, so ``--scontrol`` should be absolute (default: ``scontrol`` found in

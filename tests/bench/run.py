@@ -166,15 +166,10 @@ def progress(msg: str) -> None:
 
 
 def quiet_logging() -> None:
-    """structlog at WARNING to stderr: the benchmark's stdout is the table or the JSON."""
-    import logging
+    """Events at warning and above to stderr: the benchmark's stdout is the table or the JSON."""
+    from hetpatrol import logs
 
-    import structlog
-
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
+    logs.configure("warning", "console")
 
 
 def cpu() -> float:
@@ -614,7 +609,7 @@ def bench_rss(patrols: int) -> dict[str, Any]:
 def bench_import_rss() -> dict[str, float]:
     """RSS added by each import a daemon makes, each in a fresh interpreter (in order)."""
     mods = [
-        "structlog",
+        "hetpatrol.logs",
         "yaml",
         "psutil",
         "prometheus_client",
