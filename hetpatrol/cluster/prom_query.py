@@ -14,14 +14,16 @@ refused unread.
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import socket
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import http.client
 
 #: Seconds one query may take, all of it.
 QUERY_TIMEOUT = 30.0
@@ -89,6 +91,10 @@ class PrometheusClient:
 
     def _post(self, url: str, body: bytes) -> tuple[int, bytes]:
         """(HTTP status, body) within the deadline and the size bound."""
+        # imported here: http.client brings ssl (~5 MB), which hetpatrol run must not
+        # hold for a command it never runs (cli imports this module for its parser)
+        import http.client
+
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise PrometheusError(f"{url}: not an http:// or https:// URL")

@@ -28,7 +28,6 @@ import selectors
 import socket
 import threading
 import time
-from email.utils import formatdate
 from typing import TYPE_CHECKING
 
 from hetpatrol.exporters.text_format import CONTENT_TYPE_TEXT
@@ -43,6 +42,8 @@ _REASONS = {
     405: "Method Not Allowed",
     431: "Request Header Fields Too Large",
 }
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _INDEX = b'<html><body><h1>hetpatrol</h1><a href="/metrics">metrics</a></body></html>'
 
 
@@ -72,15 +73,16 @@ def accepts_gzip(header: str | None) -> bool:
 
 
 class _Connection:
-    __slots__ = ("sock", "inbuf", "outbuf", "deadline", "closing", "writing")
+    __slots__ = ("sock", "inbuf", "outbuf", "outpos", "deadline", "closing", "events")
 
     def __init__(self, sock: socket.socket, deadline: float):
         self.sock = sock
         self.inbuf = b""
-        self.outbuf = b""
+        self.outbuf = b""  # the answer being sent
+        self.outpos = 0  # bytes of it sent
         self.deadline = deadline
         self.closing = False  # close once outbuf is sent
-        self.writing = False  # registered for EVENT_WRITE (outbuf did not fit at once)
+        self.events = selectors.EVENT_READ  # what the selector waits for
 
 
 class MetricsServer:
@@ -188,27 +190,51 @@ class MetricsServer:
                 if not data:
                     self._close(conn)
                     return
-                if not conn.closing:
-                    conn.inbuf += data
-                    self._requests(conn)
-            self._flush(conn)
+                conn.inbuf += data
+            self._progress(conn)
         except OSError:  # reset by the peer, broken pipe
             self._close(conn)
         except Exception:  # noqa: BLE001 - one bad connection must not stop the server
             self._close(conn)
 
-    def _requests(self, conn: _Connection) -> None:
-        while not conn.closing:
-            head, sep, rest = conn.inbuf.partition(b"\r\n\r\n")
-            if not sep:
-                if len(conn.inbuf) > self.max_head_bytes:
-                    self._respond(conn, 431, b"request head too large\n", close=True)
+    def _progress(self, conn: _Connection) -> None:
+        """Send what is pending; once all is sent, answer the next complete request.
+        A connection with an answer still to send is not read (it waits for the peer to
+        read): one answer at most is held per connection, however many requests a
+        client sends ahead."""
+        while True:
+            if conn.outpos < len(conn.outbuf):
+                conn.outpos += conn.sock.send(memoryview(conn.outbuf)[conn.outpos :])
+                if conn.outpos < len(conn.outbuf):
+                    self._want(conn, selectors.EVENT_WRITE)
+                    return
+                conn.outbuf, conn.outpos = b"", 0
+            if conn.closing:
+                self._close(conn)
                 return
-            conn.inbuf = rest
-            if len(head) > self.max_head_bytes:
+            if not self._next_request(conn):
+                self._want(conn, selectors.EVENT_READ)
+                return
+
+    def _want(self, conn: _Connection, events: int) -> None:
+        if conn.events != events:
+            conn.events = events
+            self._selector.modify(conn.sock, events, conn)
+
+    def _next_request(self, conn: _Connection) -> bool:
+        """Answer the first complete request in the input; False when there is none."""
+        head, sep, rest = conn.inbuf.partition(b"\r\n\r\n")
+        if not sep:
+            if len(conn.inbuf) > self.max_head_bytes:
                 self._respond(conn, 431, b"request head too large\n", close=True)
-                return
+                return True
+            return False
+        conn.inbuf = rest
+        if len(head) > self.max_head_bytes:
+            self._respond(conn, 431, b"request head too large\n", close=True)
+        else:
             self._request(conn, head)
+        return True
 
     def _request(self, conn: _Connection, head: bytes) -> None:
         lines = head.decode("latin-1").split("\r\n")
@@ -258,8 +284,13 @@ class MetricsServer:
 
     def _http_date(self) -> str:
         now = int(time.time())
-        if self._date[0] != now:
-            self._date = (now, formatdate(now, usegmt=True))
+        if self._date[0] != now:  # IMF-fixdate (RFC 9110 5.6.7), locale-independent
+            t = time.gmtime(now)
+            text = (
+                f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
+                f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+            )
+            self._date = (now, text)
         return self._date[1]
 
     def _respond(
@@ -294,21 +325,6 @@ class MetricsServer:
         conn.outbuf += ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
         if not head_only:
             conn.outbuf += body
-
-    def _flush(self, conn: _Connection) -> None:
-        if conn.outbuf:
-            sent = conn.sock.send(conn.outbuf)
-            conn.outbuf = conn.outbuf[sent:]
-        if conn.outbuf:
-            if not conn.writing:
-                conn.writing = True
-                self._selector.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
-            return
-        if conn.closing:
-            self._close(conn)
-        elif conn.writing:
-            conn.writing = False
-            self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
 
     def _close(self, conn: _Connection) -> None:
         fd = conn.sock.fileno()

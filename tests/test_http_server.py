@@ -1,0 +1,155 @@
+"""The /metrics server (hetpatrol.exporters.http_server) on real sockets: what it answers,
+how it bounds slow and hostile clients, and that one bad client leaves the others served."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import re
+import socket
+import time
+
+import pytest
+
+from hetpatrol.exporters.http_server import MetricsServer
+
+
+class _Exposition:
+    def __init__(self, body: bytes):
+        self.body = body
+
+    def body_gzip(self) -> bytes:
+        return gzip.compress(self.body, mtime=0)
+
+
+@pytest.fixture
+def server():
+    srv = MetricsServer("127.0.0.1", 0, _Exposition(b"hetpatrol_up 1.0\n" * 200_000))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def _raw(port: int, data: bytes, *, wait: float = 0.3) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        deadline = time.monotonic() + wait + 5
+        while time.monotonic() < deadline:
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def test_get_plain_gzip_and_head(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("GET", "/metrics?x=1")
+    resp = conn.getresponse()
+    body = resp.read()
+    assert resp.status == 200 and body == server.exposition.body  # 3.4 MB: partial sends
+    assert resp.getheader("Content-Type") == "text/plain; version=0.0.4; charset=utf-8"
+    assert re.fullmatch(
+        r"(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+        r" \d{4} \d\d:\d\d:\d\d GMT",
+        resp.getheader("Date"),
+    )
+    conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip;q=0.5"})
+    resp = conn.getresponse()
+    assert resp.getheader("Content-Encoding") == "gzip"
+    assert gzip.decompress(resp.read()) == server.exposition.body
+    conn.request("HEAD", "/metrics")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.read() == b""
+    assert resp.getheader("Content-Length") == str(len(server.exposition.body))
+    conn.request("GET", "/")
+    assert b'href="/metrics"' in conn.getresponse().read()
+    conn.request("GET", "/nope")
+    resp = conn.getresponse()
+    assert resp.status == 404 and resp.read() == b"not found\n"
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"405"),
+        (b"GET /metrics\r\n\r\n", b"400"),  # HTTP/0.9 style: no version
+        (b"GET /metrics HTTP/2.0\r\n\r\n", b"400"),
+        (b"GET  /metrics HTTP/1.1\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\n bad: folded\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nno colon\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n", b"431"),
+        (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 9000, b"431"),  # never ends
+    ],
+)
+def test_bad_requests_get_a_status_and_a_close(server, request_bytes, status):
+    answer = _raw(server.port, request_bytes)
+    assert answer.startswith(b"HTTP/1.1 " + status + b" ")
+    assert b"\r\nConnection: close\r\n" in answer or status == b"405"
+
+
+def test_pipelined_requests_are_answered_in_order_and_http10_closes(server):
+    two = b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    answer = _raw(server.port, two)
+    assert answer.index(b"404 Not Found") < answer.index(b"200 OK")
+    one = _raw(server.port, b"GET / HTTP/1.0\r\n\r\nGET /nope HTTP/1.0\r\n\r\n")
+    assert one.count(b"HTTP/1.1 ") == 1 and b"Connection: close" in one
+
+
+def test_a_dripping_client_is_closed_at_the_timeout_and_others_are_served(server):
+    server.idle_timeout_seconds = 0.5
+    drip = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    drip.sendall(b"GET /metrics HTTP/1.1\r\n")
+    start = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("GET", "/")  # served while the drip holds its connection
+    assert conn.getresponse().status == 200
+    conn.close()
+    drip.settimeout(5)
+    for _ in range(3):
+        try:
+            drip.sendall(b"X")  # a byte now and then does not keep it open
+        except OSError:
+            break
+        time.sleep(0.2)
+    assert drip.recv(10) == b""  # closed by the server
+    assert 0.4 < time.monotonic() - start < 3
+    drip.close()
+    assert server.connections == 0
+
+
+def test_a_client_that_never_reads_does_not_stop_the_server(server):
+    server.idle_timeout_seconds = 1.0
+    stuck = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    for _ in range(20):  # 20 x 3.4 MB asked, none read
+        stuck.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("GET", "/")
+    assert conn.getresponse().status == 200
+    conn.close()
+    # one answer at most is held for it, not 20
+    held = max(len(c.outbuf) + len(c.inbuf) for c in list(server._conns.values()))
+    assert held <= len(server.exposition.body) + 2048
+    deadline = time.monotonic() + 5
+    while server.connections and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.connections == 0  # the reader that never reads was dropped
+    stuck.close()
+
+
+def test_stop_closes_connections_and_the_port(server):
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    port = server.port
+    server.stop()
+    s.settimeout(5)
+    assert s.recv(10) == b""
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1)
+    server.start = lambda: None  # the fixture's stop runs again: harmless
+    server.stop = lambda: None
