@@ -455,25 +455,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.cards.split(",")]
-    out: dict = {"meta": {"loadavg": [round(x, 2) for x in os.getloadavg()]}}
-    out["bare_python_rss_mb"] = bare_python_rss_mb()
-    with tempfile.TemporaryDirectory(prefix="hetpatrol-bench-") as name:
-        tmp = Path(name)
-        out["cpu"] = [cpu_window(n, args.seconds, tmp) for n in counts]
-        if 16 in counts:
-            out["scrapes"] = scrapes(tmp, args.scrape_seconds)
-            out["check"] = check_wall(next(tmp.glob("state-16-*.json")))
-            if args.growth_patrols:
-                out["growth"] = growth(args.growth_patrols, tmp)
-    out["node_exporter"] = node_exporter(args.scrape_seconds)
-    out["meta"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    out["headline"] = headline(out)
-    out["reasons"] = reasons(out)
+    out = bench(counts, args.seconds, args.scrape_seconds, args.growth_patrols)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     print(report(out))
     return 0
+
+
+def bench(
+    counts: list[int], seconds: float = 6.0, scrape_seconds: float = 3.0, growth_patrols: int = 0
+) -> dict:
+    """Every figure of this module as one dict (``headline``: issue 17's table;
+    ``reasons``: why each is what it is; the rest: details)."""
+    out: dict = {"meta": {"loadavg": [round(x, 2) for x in os.getloadavg()]}}
+    out["bare_python_rss_mb"] = bare_python_rss_mb()
+    with tempfile.TemporaryDirectory(prefix="hetpatrol-bench-") as name:
+        tmp = Path(name)
+        out["cpu"] = [cpu_window(n, seconds, tmp) for n in counts]
+        if 16 in counts:
+            out["scrapes"] = scrapes(tmp, scrape_seconds)
+            out["check"] = check_wall(next(tmp.glob("state-16-*.json")))
+            if growth_patrols:
+                out["growth"] = growth(growth_patrols, tmp)
+    out["node_exporter"] = node_exporter(scrape_seconds)
+    out["meta"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    out["headline"] = headline(out)
+    out["reasons"] = reasons(out)
+    return out
 
 
 def report(out: dict) -> str:
