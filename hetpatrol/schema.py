@@ -137,6 +137,17 @@ class Finding:
         }
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The dataclass fields of ``cls`` in order, looked up once per class."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
 @dataclass
 class ProcessInfo:
     """A process holding memory on a card.
@@ -154,7 +165,9 @@ class ProcessInfo:
     pid_in_container: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # every field is a scalar: a plain dict of them is what dataclasses.asdict gives,
+        # without its recursive copy (~10x the cost, once per process per patrol)
+        return {name: getattr(self, name) for name in _field_names(ProcessInfo)}
 
 
 @dataclass
@@ -261,17 +274,17 @@ class CardRecord:
     def to_dict(self) -> dict[str, Any]:
         """The JSONL ``kind: "card"`` line as a dict (schema ``hetpatrol.card/1``)."""
         out: dict[str, Any] = {"kind": "card", "schema": CARD_SCHEMA}
-        for f in dataclasses.fields(self):
-            if f.name == "read_ok":
-                continue
-            value = getattr(self, f.name)
-            if f.name in ("processes", "findings"):
+        for name in _field_names(CardRecord):
+            value = getattr(self, name)
+            if name in ("processes", "findings"):
                 value = [item.to_dict() for item in value]
-            elif f.name in ("errors",):
+            elif name == "errors":
                 value = [dict(item) for item in value]
-            elif f.name == "counters":
+            elif name == "counters":
                 value = dict(value)
-            out[f.name] = value
+            elif name == "read_ok":
+                continue
+            out[name] = value
         return out
 
 
