@@ -303,12 +303,15 @@ class Daemon:
                 due = epoch + slot * interval
                 if now > due:
                     missed = int((now - due) // interval) + 1
-                    log.warning(
-                        "patrol_overran",
-                        seq=report.seq,
-                        missed_slots=missed,
-                        seconds=round(report.duration_seconds, 3),
-                    )
+                    if report.duration_seconds >= interval:
+                        log.warning(
+                            "patrol_overran",
+                            seq=report.seq,
+                            missed_slots=missed,
+                            seconds=round(report.duration_seconds, 3),
+                        )
+                    else:  # the time went elsewhere: a reload's config check, a suspend
+                        log.info("patrol_slots_skipped", seq=report.seq, missed_slots=missed)
                     slot += missed
                     due = epoch + slot * interval
                 if self._wait_until(due):

@@ -82,3 +82,39 @@ def test_a_reload_through_the_child_keeps_the_running_config_when_bad(tmp_path):
         assert daemon.stats.config_reload_failures == 1
     finally:
         daemon.shutdown()
+
+
+def test_time_spent_in_a_reload_is_not_reported_as_a_patrol_overrun(tmp_path):
+    """A reload's config check (a child process) can take longer than a short interval:
+    the slots it skips are said at info, and ``patrol_overran`` stays for patrols that
+    really took longer than the interval."""
+    import threading
+    import time as _time
+
+    from hetpatrol.logs import capture_logs
+
+    site = _site(tmp_path, f"interval_seconds: 0.02\nstate_path: {tmp_path}/s.json\n")
+
+    def slow_loader(path):
+        _time.sleep(0.3)
+        return load_config(path)
+
+    daemon = Daemon(load_config(site), config_path=site, config_loader=slow_loader)
+    daemon.config = daemon.config.__class__(**{**daemon.config.__dict__, "listen": None})
+
+    def drive():
+        _time.sleep(0.2)
+        daemon._reload = True
+        daemon._wake.poke()
+        _time.sleep(0.6)
+        daemon._stop_requested = True
+        daemon._wake.poke()
+
+    with capture_logs() as events:
+        threading.Thread(target=drive, daemon=True).start()
+        assert daemon.run() == 0
+    names = [e["event"] for e in events]
+    assert "config_reloaded" in names
+    skipped = [e for e in events if e["event"] == "patrol_slots_skipped"]
+    assert skipped and skipped[0]["missed_slots"] >= 10
+    assert "patrol_overran" not in names
