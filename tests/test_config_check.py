@@ -120,6 +120,7 @@ def test_time_spent_in_a_reload_is_not_reported_as_a_patrol_overrun(tmp_path):
     names = [e["event"] for e in events]
     assert "config_reloaded" in names
     skipped = [e for e in events if e["event"] == "patrol_slots_skipped"]
-    assert skipped and skipped[0]["missed_slots"] >= 10
+    after_reload = max(skipped, key=lambda e: e["missed_slots"])
+    assert after_reload["missed_slots"] >= 10
     overran = {e["seq"] for e in events if e["event"] == "patrol_overran"}
-    assert skipped[0]["seq"] not in overran  # (a slow first patrol may overrun, honestly)
+    assert after_reload["seq"] not in overran  # (a slow first patrol may overrun, honestly)
