@@ -62,15 +62,13 @@ class BoundedCollector:
             return False
         future: Future[CollectResult] = Future()
         self._future = future
-        if self._worker is None or not self._worker.is_alive():
+        if self._worker is None:
             self._start_worker()
         assert self._queue is not None
         self._queue.put(future)
         return True
 
     def _start_worker(self) -> None:
-        if self._stop_worker is not None:
-            self._stop_worker()  # a worker that died (BaseException): let its queue go
         q: queue.SimpleQueue = queue.SimpleQueue()
         # The worker holds the queue and the collector, never this object: when this
         # object is collected without close(), the finalizer ends the worker.
@@ -84,9 +82,6 @@ class BoundedCollector:
         self._stop_worker.atexit = False
         self._queue, self._worker = q, worker
         worker.start()
-
-    def _collect_once(self) -> CollectResult:
-        return _collect(self.name, self.collector)
 
     def wait(self, deadline: float, started_now: bool) -> CollectResult:
         assert self._future is not None
@@ -138,14 +133,7 @@ def _serve(q: queue.SimpleQueue, name: str, collector: Collector) -> None:
         if item is _CLOSE:
             _close(name, collector)
             return
-        try:
-            result = _collect(name, collector)
-        except BaseException as exc:  # SystemExit in a plugin: settle the call, then end
-            item.set_result(
-                CollectResult(name, state=STATE_FAILED, error=f"{type(exc).__name__}: {exc}")
-            )
-            raise
-        item.set_result(result)
+        item.set_result(_collect(name, collector))
 
 
 def _collect(name: str, collector: Collector) -> CollectResult:
@@ -156,7 +144,8 @@ def _collect(name: str, collector: Collector) -> CollectResult:
     except CollectorError as exc:
         state = STATE_HUNG if exc.hung else STATE_FAILED
         result = CollectResult(name, state=state, error=str(exc), raw=exc.raw)
-    except Exception as exc:  # noqa: BLE001 - a plugin bug must not stop the patrol
+    except BaseException as exc:  # noqa: BLE001 - a plugin bug, even sys.exit(), must
+        # neither stop the patrol nor end the worker (the call would stay unsettled)
         result = CollectResult(name, state=STATE_FAILED, error=f"{type(exc).__name__}: {exc}")
     result.collector = name
     result.duration_seconds = time.monotonic() - t0

@@ -210,3 +210,33 @@ def test_each_jsonl_line_is_encoded_once_and_each_card_dict_built_once(tmp_path,
         assert state["cards"] == [json.loads(x) for x in report.card_lines]
     finally:
         daemon.shutdown()
+
+
+class Exiting(Recording):
+    """A plugin that calls ``sys.exit()`` once (a BaseException, not an Exception)."""
+
+    def collect(self):
+        if self.mode == "exit":
+            self.mode = "ok"
+            raise SystemExit(4)
+        return super().collect()
+
+
+def test_a_plugin_raising_system_exit_fails_that_patrol_only(base_config):
+    """The call is settled as failed and the worker goes on; it was left unsettled (its
+    thread ended), which read as "stuck in its previous call" for ever after."""
+    c = Exiting()
+    p = make_patroller(base_config, {"ascend": c})
+    try:
+        p.run()
+        c.mode = "exit"
+        t0 = time.monotonic()
+        report = p.run()
+        assert time.monotonic() - t0 < 0.5
+        status = report.collectors[0]
+        assert (status.state, status.error) == ("failed", "SystemExit: 4")
+        report = p.run()
+        assert report.collectors[0].state == "ok"
+        assert len(c.threads) == 2 and c.threads[0] is c.threads[1]
+    finally:
+        p.close()
