@@ -240,3 +240,33 @@ def test_a_plugin_raising_system_exit_fails_that_patrol_only(base_config):
         assert len(c.threads) == 2 and c.threads[0] is c.threads[1]
     finally:
         p.close()
+
+
+def test_card_lines_are_the_record_fields_in_declaration_order():
+    """``CardRecord.to_dict`` reads the fields through a cached getter: the line is still
+    ``kind``, ``schema``, then every field but ``read_ok`` in declaration order, with
+    processes, findings, errors and counters as plain copies (the JSONL bytes)."""
+    import dataclasses
+
+    from hetpatrol.patrol import Patroller
+
+    names = [f.name for f in dataclasses.fields(CardRecord) if f.name != "read_ok"]
+    seen = set()
+    for scenario in ("healthy-mixed", "sick-mixed"):
+        p = Patroller(load_config(), replay_dir=NODES / scenario, enrich_processes=False)
+        try:
+            for card in p.run().cards:
+                line = card.to_dict()
+                assert list(line) == ["kind", "schema", *names]
+                for name in names:
+                    value = getattr(card, name)
+                    if name in ("processes", "findings", "errors", "counters"):
+                        assert line[name] is not value  # a copy, not the record's own
+                        if name in ("processes", "findings"):
+                            value = [item.to_dict() for item in value]
+                        if value:
+                            seen.add(name)
+                    assert line[name] == value, name
+        finally:
+            p.close()
+    assert seen == {"processes", "findings", "errors", "counters"}  # all exercised
