@@ -3,8 +3,10 @@ than ``timeout_seconds`` + :data:`HANG_MARGIN_SECONDS` for a vendor call."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 
 from hetpatrol.collector import (
@@ -21,12 +23,26 @@ log = get_logger("hetpatrol.patrol")
 #: how long past its timeout a collector is waited for before it is called hung
 HANG_MARGIN_SECONDS = 1.0
 
+#: queue item telling a worker to end (the collector was closed, or is gone)
+_STOP = None
+#: queue item telling a worker to close its collector, then end: the collector was
+#: closed while a call was stuck in it, so the worker closes it once that call returns
+_CLOSE = object()
+
 
 class BoundedCollector:
     """A collector run in a worker thread, so a stuck vendor call cannot stop a patrol.
 
-    Each call gets a daemon thread: a call stuck forever in a vendor library neither
-    blocks the patrol nor the daemon's exit.
+    One long-lived daemon thread per collector (``collect-<name>``, started at the first
+    :meth:`start`) makes the calls, one at a time, handed over through a queue; the
+    patrol waits for each at most until its deadline. A call stuck forever in a vendor
+    library therefore never blocks the patrol, and no second call is started into the
+    collector while it stays stuck (:meth:`start` returns False; :meth:`wait` says
+    "still stuck in its previous call for N s"). The worker is a daemon thread: a stuck
+    call blocks neither the daemon's exit nor :meth:`close`. After :meth:`close` (a
+    reload that replaced the collectors, shutdown) the worker ends: at once when idle,
+    after its current call (then closing the collector) when stuck. A BoundedCollector
+    dropped without :meth:`close` ends its worker when it is garbage collected.
     """
 
     def __init__(self, name: str, collector: Collector, timeout_seconds: float):
@@ -35,6 +51,9 @@ class BoundedCollector:
         self.timeout_seconds = timeout_seconds
         self._future: Future[CollectResult] | None = None
         self._stuck_since: float | None = None
+        self._queue: queue.SimpleQueue | None = None
+        self._worker: threading.Thread | None = None
+        self._stop_worker: weakref.finalize | None = None
 
     def start(self) -> bool:
         """Start a collect unless the previous one is still stuck. True if started."""
@@ -42,28 +61,26 @@ class BoundedCollector:
             return False
         future: Future[CollectResult] = Future()
         self._future = future
-        threading.Thread(
-            target=self._timed_collect, args=(future,), daemon=True, name=f"collect-{self.name}"
-        ).start()
+        if self._worker is None:
+            self._start_worker()
+        assert self._queue is not None
+        self._queue.put(future)
         return True
 
-    def _timed_collect(self, future: Future[CollectResult]) -> None:
-        future.set_result(self._collect_once())
-
-    def _collect_once(self) -> CollectResult:
-        t0 = time.monotonic()
-        try:
-            result = self.collector.collect()
-        except CollectorError as exc:
-            state = STATE_HUNG if exc.hung else STATE_FAILED
-            result = CollectResult(self.name, state=state, error=str(exc), raw=exc.raw)
-        except Exception as exc:  # noqa: BLE001 - a plugin bug must not stop the patrol
-            result = CollectResult(
-                self.name, state=STATE_FAILED, error=f"{type(exc).__name__}: {exc}"
-            )
-        result.collector = self.name
-        result.duration_seconds = time.monotonic() - t0
-        return result
+    def _start_worker(self) -> None:
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        # The worker holds the queue and the collector, never this object: when this
+        # object is collected without close(), the finalizer ends the worker.
+        worker = threading.Thread(
+            target=_serve,
+            args=(q, self.name, self.collector),
+            daemon=True,
+            name=f"collect-{self.name}",
+        )
+        self._stop_worker = weakref.finalize(self, q.put, _STOP)
+        self._stop_worker.atexit = False
+        self._queue, self._worker = q, worker
+        worker.start()
 
     def wait(self, deadline: float, started_now: bool) -> CollectResult:
         assert self._future is not None
@@ -91,9 +108,51 @@ class BoundedCollector:
         return result
 
     def close(self) -> None:
-        if self._future is not None and not self._future.done():
-            return  # still stuck inside the vendor library: closing it could block too
-        try:
-            self.collector.close()
-        except Exception as exc:  # noqa: BLE001
-            log.warning("collector_close_failed", collector=self.name, error=str(exc))
+        """End the worker and close the collector. A call still stuck inside the vendor
+        library is not waited for (closing the collector under it could block too): the
+        worker closes the collector once that call returns, then ends."""
+        stuck = self._future is not None and not self._future.done()
+        if self._stop_worker is not None:
+            self._stop_worker.detach()
+            self._stop_worker = None
+            assert self._queue is not None
+            self._queue.put(_CLOSE if stuck else _STOP)
+            self._queue = self._worker = None
+        if not stuck:
+            _close(self.name, self.collector)
+
+
+def _serve(q: queue.SimpleQueue, name: str, collector: Collector) -> None:
+    """A collector's worker: run each call handed over in ``q`` and settle its future,
+    until told to end (``_STOP``) or to close the collector and end (``_CLOSE``)."""
+    while True:
+        item = q.get()
+        if item is _STOP:
+            return
+        if item is _CLOSE:
+            _close(name, collector)
+            return
+        item.set_result(_collect(name, collector))
+
+
+def _collect(name: str, collector: Collector) -> CollectResult:
+    """One ``collector.collect()``: its result, or a failed / hung result saying why."""
+    t0 = time.monotonic()
+    try:
+        result = collector.collect()
+    except CollectorError as exc:
+        state = STATE_HUNG if exc.hung else STATE_FAILED
+        result = CollectResult(name, state=state, error=str(exc), raw=exc.raw)
+    except BaseException as exc:  # noqa: BLE001 - a plugin bug, even sys.exit(), must
+        # neither stop the patrol nor end the worker (the call would stay unsettled)
+        result = CollectResult(name, state=STATE_FAILED, error=f"{type(exc).__name__}: {exc}")
+    result.collector = name
+    result.duration_seconds = time.monotonic() - t0
+    return result
+
+
+def _close(name: str, collector: Collector) -> None:
+    try:
+        collector.close()
+    except Exception as exc:  # noqa: BLE001
+        log.warning("collector_close_failed", collector=name, error=str(exc))

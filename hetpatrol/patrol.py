@@ -3,7 +3,8 @@
 Data flows one way: collectors -> :func:`hetpatrol.judge.judge` -> an immutable
 :class:`PatrolReport` that the exporters only read.
 
-Time bounds: each collector runs in its own worker thread and the patrol waits for it at
+Time bounds: each collector runs in its own long-lived worker thread
+(:class:`~hetpatrol.bounded.BoundedCollector`) and the patrol waits for each call at
 most ``timeout_seconds`` + :data:`HANG_MARGIN_SECONDS`. A collector still running then is
 reported ``hung``; no second call is started into it while it stays stuck, and it is
 used again once its call returns. The cards it reported last are kept as ``unknown``

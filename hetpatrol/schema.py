@@ -16,6 +16,7 @@ Conventions:
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -274,18 +275,20 @@ class CardRecord:
     def to_dict(self) -> dict[str, Any]:
         """The JSONL ``kind: "card"`` line as a dict (schema ``hetpatrol.card/1``)."""
         out: dict[str, Any] = {"kind": "card", "schema": CARD_SCHEMA}
-        for name in _field_names(CardRecord):
-            value = getattr(self, name)
-            if name in ("processes", "findings"):
-                value = [item.to_dict() for item in value]
-            elif name == "errors":
-                value = [dict(item) for item in value]
-            elif name == "counters":
-                value = dict(value)
-            elif name == "read_ok":
-                continue
-            out[name] = value
+        # every field in declaration order, then the containers replaced by copies in
+        # place (a key set again keeps its position): the order of the line's keys
+        out.update(zip(_CARD_LINE_FIELDS, _card_line_values(self), strict=True))
+        out["processes"] = [item.to_dict() for item in self.processes]
+        out["findings"] = [item.to_dict() for item in self.findings]
+        out["errors"] = [dict(item) for item in self.errors]
+        out["counters"] = dict(self.counters)
         return out
+
+
+#: the fields of a card line after ``kind`` and ``schema``, in declaration order
+#: (``read_ok`` is the patrol's own bookkeeping, not part of the line)
+_CARD_LINE_FIELDS = tuple(f.name for f in dataclasses.fields(CardRecord) if f.name != "read_ok")
+_card_line_values = operator.attrgetter(*_CARD_LINE_FIELDS)
 
 
 def _nullable(kind: str | list[str]) -> dict[str, Any]:

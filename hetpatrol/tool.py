@@ -7,18 +7,20 @@ that left the group (``setsid``) is killed too while its parent chain to the too
 stands; one orphaned before the timeout is out of reach (the unit's cgroup ends it at
 stop).
 
-Its output is read in chunks up to a cap (:data:`STDOUT_CAP`, :data:`STDERR_CAP`): a tool
-that prints more (a runaway loop printing gigabytes) is killed the same way, and the
-result keeps what was read with ``truncated=True``, so the daemon's memory stays bounded.
+Both output pipes are read in the calling thread (``poll(2)`` through
+:mod:`selectors`: no reader thread per run), in chunks up to a cap (:data:`STDOUT_CAP`,
+:data:`STDERR_CAP`): a tool that prints more (a runaway loop printing gigabytes) is
+killed the same way, and the result keeps what was read with ``truncated=True``, so the
+daemon's memory stays bounded. After a kill the pipes are still read for up to 5 s
+(what the tool wrote last), then closed.
 """
 
 from __future__ import annotations
 
 import os
-import queue
+import selectors
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,29 +53,14 @@ class ToolOutput:
 STDOUT_CAP = 16 * 1024 * 1024
 STDERR_CAP = 1024 * 1024
 _CHUNK = 64 * 1024
+#: how long the pipes are still read after a kill (what the killed tool wrote last)
+_DRAIN_SECONDS = 5.0
+#: poll(2): no descriptor to create and close per run, unlike epoll
+_Selector = getattr(selectors, "PollSelector", selectors.SelectSelector)
 
 
 def _decode(data: bytes | bytearray | None) -> str:
     return (data or b"").decode("utf-8", errors="replace")
-
-
-def _read_capped(pipe, cap: int, buf: bytearray, over: threading.Event, done: queue.Queue):
-    """Read ``pipe`` into ``buf`` in chunks until EOF or ``cap`` bytes (``over`` set)."""
-    try:
-        while True:
-            chunk = pipe.read1(_CHUNK)
-            if not chunk:
-                break
-            room = cap - len(buf)
-            if len(chunk) > room:
-                buf += chunk[:room]
-                over.set()
-                break
-            buf += chunk
-    except (OSError, ValueError):  # pragma: no cover - pipe closed under us
-        pass
-    finally:
-        done.put(None)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -118,56 +105,76 @@ def run_tool(
         start_new_session=True,
     )
     out, err = bytearray(), bytearray()
-    over = threading.Event()
-    done: queue.Queue = queue.Queue()
-    readers = [
-        threading.Thread(target=_read_capped, args=(pipe, cap, buf, over, done), daemon=True)
-        for pipe, cap, buf in ((proc.stdout, stdout_cap, out), (proc.stderr, stderr_cap, err))
-    ]
-    for t in readers:
-        t.start()
-    hung = False
-    finished = 0
-    while finished < 2 and not over.is_set():  # a reader ends at EOF or at its cap
-        try:
-            done.get(timeout=max(0.0, deadline - time.monotonic()))
-            finished += 1
-        except queue.Empty:
-            hung = True
-            break
+    pipes = {proc.stdout.fileno(): (out, stdout_cap), proc.stderr.fileno(): (err, stderr_cap)}
     code: int | None = None
-    if not hung and not over.is_set():
-        try:
-            code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            hung = True
-    if hung or over.is_set():
-        kill_tree(proc)
-        # Children in the group may hold the pipes open; after SIGKILL they close.
-        for t in readers:
-            t.join(timeout=5)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            proc.kill()
-            proc.wait()
-        code = None if hung else proc.returncode
-    texts = []
-    for pipe, t, buf in zip((proc.stdout, proc.stderr), readers, (out, err), strict=True):
-        if t.is_alive():  # a reader still blocked (an escapee holds the pipe) keeps it,
-            buf = buf[:]  # and may still append: decode a copy
-        else:
-            pipe.close()
-        texts.append(_decode(buf))
+    with _Selector() as sel:
+        for fd in pipes:
+            sel.register(fd, selectors.EVENT_READ)
+        # read both pipes in this thread until EOF on both, the deadline or a cap
+        over = _read_until(sel, pipes, deadline)
+        hung = not over and bool(sel.get_map())  # a pipe still open at the deadline
+        if not hung and not over:
+            try:
+                code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                hung = True
+        if hung or over:
+            kill_tree(proc)
+            # Children in the group may hold the pipes open; after SIGKILL they close.
+            # What was written before is still read, up to the cap; an escapee out of
+            # reach that keeps a pipe open is given up after the grace.
+            drain_until = time.monotonic() + _DRAIN_SECONDS
+            over = _read_until(sel, pipes, drain_until, stop_at_cap=False) or over
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                proc.kill()
+                proc.wait()
+            code = None if hung else proc.returncode
+    proc.stdout.close()
+    proc.stderr.close()
     return ToolOutput(
         argv=tuple(argv),
-        stdout=texts[0],
-        stderr=texts[1],
+        stdout=_decode(out),
+        stderr=_decode(err),
         returncode=code,
         hung=hung,
         duration_seconds=time.monotonic() - start,
-        truncated=over.is_set(),
+        truncated=over,
     )
+
+
+def _read_until(
+    sel: selectors.BaseSelector, pipes: dict, deadline: float, *, stop_at_cap: bool = True
+) -> bool:
+    """Read the pipes registered in ``sel`` into their buffers (``pipes``: fd ->
+    (buffer, cap)) in chunks until EOF on all or ``deadline``; a pipe is unregistered at
+    its EOF, or at its cap (its buffer then keeps exactly ``cap`` bytes). Returns True
+    when one reached its cap (at once with ``stop_at_cap``), False otherwise."""
+    capped = False
+    while sel.get_map():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        for key, _ in sel.select(remaining):
+            try:
+                chunk = os.read(key.fd, _CHUNK)
+            except OSError:  # pragma: no cover - the pipe failed under us: as at EOF
+                chunk = b""
+            if not chunk:
+                sel.unregister(key.fd)
+                continue
+            buf, cap = pipes[key.fd]
+            room = cap - len(buf)
+            if len(chunk) > room:
+                buf += chunk[:room]
+                sel.unregister(key.fd)
+                capped = True
+                if stop_at_cap:
+                    return True
+                continue
+            buf += chunk
+    return capped
 
 
 def replay_file_name(argv: Sequence[str]) -> str:

@@ -129,3 +129,27 @@ def test_ascend_collector_turns_a_cut_output_into_an_error(tmp_path):
         collector.collect()
     assert exc.value.raw and len(exc.value.raw) <= RAW_KEEP
     assert exc.value.raw.startswith("| NPU garbage |")
+
+
+def test_not_executable_raises_permission_error(tmp_path):
+    path = tmp_path / "npu-smi"
+    path.write_text("#!/bin/sh\necho never\n")
+    path.chmod(0o644)
+    with pytest.raises(PermissionError):
+        run_tool([str(path)], 1)
+
+
+def test_a_child_holding_the_output_pipe_after_the_tool_exits_is_killed(tmp_path):
+    """The tool exits at once, its background child keeps stdout open: the output never
+    ends, so the run is hung at the timeout and the child (in the group) is killed."""
+    pidfile = tmp_path / "child.pid"
+    exe = script(tmp_path, "tool", f"sleep 300 &\necho $! > {pidfile}\necho done\n")
+    t0 = time.monotonic()
+    res = run_tool([exe], 0.5)
+    assert time.monotonic() - t0 < 3
+    assert (res.stdout, res.hung, res.returncode) == ("done\n", True, None)
+    child = psutil.Process(int(pidfile.read_text()))
+    try:
+        child.wait(timeout=5)
+    except psutil.TimeoutExpired:
+        pytest.fail(f"the child {child.pid} holding the pipe survived")

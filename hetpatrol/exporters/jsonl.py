@@ -149,13 +149,13 @@ class JsonlSink:
                 self.close()
             if self._fd is None:
                 self._open()
-            batch = sum(len(line.encode()) for line in lines)
+            datas = [line.encode() for line in lines]  # UTF-8, once per line
+            batch = sum(len(data) for data in datas)
             if self.max_bytes and self._size and self._size + batch > self.max_bytes:
                 self._rotate()
                 self._open()
             assert self._fd is not None
-            for line in lines:
-                data = line.encode()
+            for data in datas:
                 n = os.write(self._fd, data)
                 if n != len(data):
                     os.ftruncate(self._fd, self._size)
