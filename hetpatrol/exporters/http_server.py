@@ -15,8 +15,9 @@ when the request head passes :attr:`MetricsServer.max_head_bytes`. Connections a
 alive (HTTP/1.1 unless ``Connection: close``; HTTP/1.0 only with
 ``Connection: keep-alive``) and requests on one connection are answered in order.
 
-Bounds: at most :attr:`MetricsServer.max_connections` connections (one more is closed at
-once); a connection that has not completed a request and its answer within
+Bounds: at most :attr:`MetricsServer.max_connections` connections (more wait in the listen
+backlog, of 128, until one closes: no connection is refused while the scrapers that hold
+the others go on); a connection that has not completed a request and its answer within
 :attr:`MetricsServer.idle_timeout_seconds` of its last one (or of its accept) is closed,
 so a client that drips its request a byte at a time, or never reads its answer, holds a
 socket for that long and no thread at all.
@@ -93,7 +94,7 @@ class MetricsServer:
     free one (:attr:`port`). Raises ``OSError`` when the address cannot be bound.
     """
 
-    #: connections served at once; one more is closed as soon as it is accepted
+    #: connections served at once; more wait, unaccepted, in the listen backlog
     max_connections = 64
     #: seconds a connection may take to complete a request and its answer
     idle_timeout_seconds = 10.0
@@ -118,6 +119,8 @@ class MetricsServer:
         self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._conns: dict[int, _Connection] = {}
+        self._accepting = True
+        self._retry_accept_at: float | None = None
         self._stopping = False
         self._date = (0, "")
         self._thread = threading.Thread(target=self._serve, name="metrics-http", daemon=True)
@@ -154,6 +157,8 @@ class MetricsServer:
         while not self._stopping:
             now = time.monotonic()
             timeout = min((c.deadline for c in self._conns.values()), default=now + 1.0) - now
+            if self._retry_accept_at is not None:
+                timeout = min(timeout, self._retry_accept_at - now)
             for key, mask in self._selector.select(max(0.0, min(timeout, 1.0))):
                 if key.data == "accept":
                     self._accept()
@@ -164,24 +169,36 @@ class MetricsServer:
             now = time.monotonic()
             for conn in [c for c in self._conns.values() if c.deadline <= now]:
                 self._close(conn)
+            if self._retry_accept_at is not None and now >= self._retry_accept_at:
+                self._listen(len(self._conns) < self.max_connections)
 
     def _accept(self) -> None:
-        while True:
+        while len(self._conns) < self.max_connections:
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # EMFILE, ECONNABORTED...: try again on the next event
+            except OSError:  # EMFILE, ENFILE, ENOBUFS: stop accepting for a moment
+                self._listen(False, retry_at=time.monotonic() + 0.1)
                 return
-            if len(self._conns) >= self.max_connections:
-                sock.close()  # full: the scraper retries on its next scrape
-                continue
             sock.setblocking(False)
             # headers and body go out in one send; no Nagle delay on the keep-alive
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Connection(sock, time.monotonic() + self.idle_timeout_seconds)
             self._conns[sock.fileno()] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
+        self._listen(False)  # full: new connections wait in the listen backlog
+
+    def _listen(self, on: bool, retry_at: float | None = None) -> None:
+        """Accept new connections or not (the listening socket stays readable while
+        connections wait in its backlog: watching it while none can be taken would spin)."""
+        self._retry_accept_at = retry_at
+        if on != self._accepting:
+            self._accepting = on
+            if on:
+                self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+            else:
+                self._selector.unregister(self._listener)
 
     def _event(self, conn: _Connection, mask: int) -> None:
         try:
@@ -335,3 +352,5 @@ class MetricsServer:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
+        if not self._accepting and self._retry_accept_at is None:
+            self._listen(True)  # a slot is free: take the next waiting connection
