@@ -271,9 +271,12 @@ class Daemon:
             collectors=self._collector_names(),
             replay=str(self.replay_dir or ""),
             jsonl=str(self.config.jsonl_path or ""),
+            state=str(self.config.state_path or ""),
+            config=str(self.config_path or "bundled"),
         )
         epoch = time.monotonic()
         slot = 0
+        scheduled = self.config.interval_seconds
         self.watchdog.alive_for(self._patrol_budget())
         self.watchdog.start()
         try:
@@ -298,6 +301,8 @@ class Daemon:
                         changes=", ".join(describe_change(c) for c in report.changes),
                     )
                 interval = self.config.interval_seconds
+                if interval != scheduled:  # a reload changed it: a new schedule from here
+                    epoch, slot, scheduled = time.monotonic() - report.duration_seconds, 0, interval
                 slot += 1
                 now = time.monotonic()
                 due = epoch + slot * interval

@@ -124,3 +124,34 @@ def test_time_spent_in_a_reload_is_not_reported_as_a_patrol_overrun(tmp_path):
     assert after_reload["missed_slots"] >= 10
     overran = {e["seq"] for e in events if e["event"] == "patrol_overran"}
     assert after_reload["seq"] not in overran  # (a slow first patrol may overrun, honestly)
+
+
+def test_a_reload_that_shortens_the_interval_starts_a_new_schedule(tmp_path):
+    """7 s -> 5 s by SIGHUP made the loop count the slots of the new interval since the
+    daemon started as missed (``patrol_slots_skipped`` on a daemon that kept up)."""
+    import threading
+    import time as _time
+
+    from hetpatrol.logs import capture_logs
+
+    site = _site(tmp_path, f"interval_seconds: 0.4\nstate_path: {tmp_path}/s.json\n")
+    daemon = Daemon(load_config(site), config_path=site, overrides={"listen": ""})
+
+    def drive():
+        _time.sleep(1.0)  # past two patrols at 0.4 s
+        site.write_text(f"interval_seconds: 0.1\nstate_path: {tmp_path}/s.json\n")
+        daemon._reload = True
+        daemon._wake.poke()
+        _time.sleep(0.6)
+        daemon._stop_requested = True
+        daemon._wake.poke()
+
+    with capture_logs() as events:
+        threading.Thread(target=drive, daemon=True).start()
+        assert daemon.run() == 0
+    names = [e["event"] for e in events]
+    assert "config_reloaded" in names
+    assert names.count("patrol_changes") + names.count("first_patrol") >= 1
+    skipped = [e for e in events if e["event"] in ("patrol_slots_skipped", "patrol_overran")]
+    assert all(e["missed_slots"] <= 1 for e in skipped), skipped  # never the whole history
+    assert daemon.patrols >= 6  # 0.1 s patrols after the reload
