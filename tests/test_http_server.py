@@ -153,3 +153,62 @@ def test_stop_closes_connections_and_the_port(server):
         socket.create_connection(("127.0.0.1", port), timeout=1)
     server.start = lambda: None  # the fixture's stop runs again: harmless
     server.stop = lambda: None
+
+
+# Hostile request heads (issue 17 review). Each rule is RFC 9112's / RFC 9110's.
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        # 6.3 item 5: differing Content-Length values are invalid framing: 400 and close,
+        # never "the last one wins" (here the 5 body bytes became a request of their own)
+        (
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 0"
+            b"\r\n\r\nhelloGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"400",
+        ),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: +0\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", b"400"),
+        # 3.2: an HTTP/1.1 request without Host, or with two, MUST get 400
+        (b"GET /metrics HTTP/1.1\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", b"400"),
+        # RFC 9110 5.5: NUL / bare CR in a field value; 5.1: a field name is a token
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nFoo Bar: 1\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.10\r\nHost: x\r\n\r\n", b"400"),  # 2.3: DIGIT "." DIGIT
+    ],
+)
+def test_invalid_framing_and_fields_are_refused(server, request_bytes, status):
+    answer = _raw(server.port, request_bytes)
+    assert answer.startswith(b"HTTP/1.1 " + status + b" ")
+    assert answer.count(b"HTTP/1.1 ") == 1 and b"\r\nConnection: close\r\n" in answer
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /metrics HTTP/1.1\nHost: x\n\n",  # 2.2: a recipient MAY accept a bare LF
+        b"\r\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",  # 2.2: SHOULD skip a leading CRLF
+        b"GET http://x:9477/metrics?a=1 HTTP/1.1\r\nHost: x\r\n\r\n",  # 3.2.2: MUST accept
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 00\r\n\r\n",  # 1*DIGIT: 0
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0, 0\r\n\r\n",  # one value
+    ],
+)
+def test_valid_but_unusual_requests_are_served(server, request_bytes):
+    server.idle_timeout_seconds = 3.0
+    start = time.monotonic()
+    answer = _raw(server.port, request_bytes)
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:80]
+    assert answer.endswith(server.exposition.body)
+    assert time.monotonic() - start < 2.5  # answered, not closed at the idle timeout
+
+
+def test_http10_keep_alive_is_confirmed_and_kept(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(b"HEAD / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        first = s.recv(4096)
+        # an HTTP/1.0 client keeps the connection only if the answer says keep-alive
+        # (RFC 9112 C.2.2 -> RFC 2068 19.7.1)
+        assert b"\r\nConnection: keep-alive\r\n" in first
+        s.sendall(b"HEAD /nope HTTP/1.0\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 404 ")

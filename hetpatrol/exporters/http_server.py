@@ -11,9 +11,14 @@ costs a ``recv``, a split of the request head and one ``send``.
 What it serves (HTTP/1.1, RFC 9112): ``GET``/``HEAD`` of ``/metrics`` (the body of the
 last patrol, gzip when ``Accept-Encoding`` accepts it) and ``/``; 404 for other paths,
 405 for other methods, 400 for a request that is not HTTP/1.x or carries a body, 431
-when the request head passes :attr:`MetricsServer.max_head_bytes`. Connections are kept
-alive (HTTP/1.1 unless ``Connection: close``; HTTP/1.0 only with
-``Connection: keep-alive``) and requests on one connection are answered in order.
+when the request head passes :attr:`MetricsServer.max_head_bytes`. Also 400 (and close):
+an HTTP/1.1 request without one ``Host``, a ``Content-Length`` that is not digits or
+differs between lines (invalid framing, RFC 9112 6.3), a field name that is not a token,
+a field value with NUL or CR. Accepted: bare LF line ends and empty lines before the
+request line (RFC 9112 2.2), the absolute form ``GET http://host/metrics`` (3.2.2).
+Connections are kept alive (HTTP/1.1 unless ``Connection: close``; HTTP/1.0 only with
+``Connection: keep-alive``, which the answer then repeats) and requests on one
+connection are answered in order.
 
 Bounds: at most :attr:`MetricsServer.max_connections` connections (one more is closed at
 once); a connection that has not completed a request and its answer within
@@ -24,6 +29,7 @@ socket for that long and no thread at all.
 
 from __future__ import annotations
 
+import re
 import selectors
 import socket
 import threading
@@ -44,6 +50,15 @@ _REASONS = {
 }
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+#: the end of a request head: CRLF CRLF, or bare LF line ends (RFC 9112 2.2: "a recipient
+#: MAY recognize a single LF as a line terminator and ignore any preceding CR"; curl and
+#: http.client send CRLF, hand-typed and some embedded clients LF)
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_LINE_END = re.compile(r"\r?\n")
+#: field-name = token (RFC 9110 5.1, 5.6.2)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: HTTP-version = "HTTP/" DIGIT "." DIGIT (RFC 9112 2.3), major 1 only
+_VERSION = re.compile(r"HTTP/1\.[0-9]")
 _INDEX = b'<html><body><h1>hetpatrol</h1><a href="/metrics">metrics</a></body></html>'
 
 
@@ -223,13 +238,17 @@ class MetricsServer:
 
     def _next_request(self, conn: _Connection) -> bool:
         """Answer the first complete request in the input; False when there is none."""
-        head, sep, rest = conn.inbuf.partition(b"\r\n\r\n")
-        if not sep:
+        # RFC 9112 2.2: "a server that is expecting to receive and parse a request-line
+        # SHOULD ignore at least one empty line (CRLF) received prior to the request-line"
+        if conn.inbuf[:1] in (b"\r", b"\n"):
+            conn.inbuf = conn.inbuf.lstrip(b"\r\n")
+        end = _HEAD_END.search(conn.inbuf, 0, self.max_head_bytes + 4)
+        if end is None:
             if len(conn.inbuf) > self.max_head_bytes:
                 self._respond(conn, 431, b"request head too large\n", close=True)
                 return True
             return False
-        conn.inbuf = rest
+        head, conn.inbuf = conn.inbuf[: end.start()], conn.inbuf[end.end() :]
         if len(head) > self.max_head_bytes:
             self._respond(conn, 431, b"request head too large\n", close=True)
         else:
@@ -237,27 +256,61 @@ class MetricsServer:
         return True
 
     def _request(self, conn: _Connection, head: bytes) -> None:
-        lines = head.decode("latin-1").split("\r\n")
+        lines = _LINE_END.split(head.decode("latin-1"))
         parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        if len(parts) != 3 or not _VERSION.fullmatch(parts[2]):
             self._respond(conn, 400, b"bad request\n", close=True)
             return
         method, target, version = parts
         headers: dict[str, str] = {}
+        hosts = 0
+        lengths: set[str] = set()
         for line in lines[1:]:
             name, colon, value = line.partition(":")
-            if not colon or not name or name != name.strip():
+            # a field-name is a token, no whitespace before the colon (RFC 9112 5.1: MUST
+            # 400), no obs-fold (5.2: 400 or replace), and a value with NUL, CR or LF is
+            # "invalid and dangerous" (RFC 9110 5.5: reject or replace; 9112 2.2, bare CR)
+            value = value.strip(" \t")
+            if not colon or not _TOKEN.fullmatch(name) or any(c in value for c in "\0\r\n"):
                 self._respond(conn, 400, b"bad header\n", close=True)
                 return
-            headers[name.lower()] = value.strip()
-        if "transfer-encoding" in headers or headers.get("content-length", "0") != "0":
+            key = name.lower()
+            if key == "host":
+                hosts += 1
+            elif key == "content-length":
+                lengths.update(v.strip(" \t") for v in value.split(","))
+            # repeated lines are one comma-separated list (RFC 9110 5.3)
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        # RFC 9112 3.2: a server MUST answer 400 to an HTTP/1.1 request without a Host
+        # line, and to any request with more than one
+        if hosts > 1 or (hosts == 0 and version != "HTTP/1.0"):
+            self._respond(conn, 400, b"bad or missing Host\n", close=True)
+            return
+        # Content-Length = 1*DIGIT (RFC 9110 8.6); differing values, or one that is not
+        # digits, make the framing invalid: 400 and close (RFC 9112 6.3 item 5), never
+        # a guess at where the next request starts
+        if len(lengths) > 1 or any(not (v.isascii() and v.isdigit()) for v in lengths):
+            self._respond(conn, 400, b"bad Content-Length\n", close=True)
+            return
+        if "transfer-encoding" in headers or any(int(v) for v in lengths):
             self._respond(conn, 400, b"a request body is not accepted\n", close=True)
             return
         connection = headers.get("connection", "").lower()
         close = "close" in connection or (version == "HTTP/1.0" and "keep-alive" not in connection)
+        # an HTTP/1.0 client keeps the connection only when the answer says so (RFC 9112
+        # C.2.2, RFC 2068 19.7.1)
+        keep_alive = version == "HTTP/1.0" and not close
         if method not in ("GET", "HEAD"):
-            self._respond(conn, 405, b"method not allowed\n", close=close, allow=True)
+            self._respond(
+                conn, 405, b"method not allowed\n", close=close, allow=True, keep_alive=keep_alive
+            )
             return
+        # absolute-form (RFC 9112 3.2.2: "a server MUST accept the absolute-form"): the
+        # path is what follows the authority
+        if target[:1] != "/" and "://" in target:
+            scheme, _, rest = target.partition("://")
+            if scheme.lower() in ("http", "https"):
+                target = "/" + rest.partition("/")[2]
         path = target.split("?", 1)[0]
         if path == "/metrics":
             if accepts_gzip(headers.get("accept-encoding")):
@@ -273,13 +326,27 @@ class MetricsServer:
                 encoding,
                 True,
                 head_only=method == "HEAD",
+                keep_alive=keep_alive,
             )
         elif path == "/":
             self._respond(
-                conn, 200, _INDEX, "text/html; charset=utf-8", close, head_only=method == "HEAD"
+                conn,
+                200,
+                _INDEX,
+                "text/html; charset=utf-8",
+                close,
+                head_only=method == "HEAD",
+                keep_alive=keep_alive,
             )
         else:
-            self._respond(conn, 404, b"not found\n", close=close, head_only=method == "HEAD")
+            self._respond(
+                conn,
+                404,
+                b"not found\n",
+                close=close,
+                head_only=method == "HEAD",
+                keep_alive=keep_alive,
+            )
         conn.deadline = time.monotonic() + self.idle_timeout_seconds
 
     def _http_date(self) -> str:
@@ -305,6 +372,7 @@ class MetricsServer:
         *,
         head_only: bool = False,
         allow: bool = False,
+        keep_alive: bool = False,
     ) -> None:
         head = [
             f"HTTP/1.1 {status} {_REASONS[status]}",
@@ -322,6 +390,8 @@ class MetricsServer:
         if close:
             head.append("Connection: close")
             conn.closing = True
+        elif keep_alive:
+            head.append("Connection: keep-alive")
         conn.outbuf += ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
         if not head_only:
             conn.outbuf += body
