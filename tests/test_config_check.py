@@ -124,3 +124,28 @@ def test_time_spent_in_a_reload_is_not_reported_as_a_patrol_overrun(tmp_path):
     assert after_reload["missed_slots"] >= 10
     overran = {e["seq"] for e in events if e["event"] == "patrol_overran"}
     assert after_reload["seq"] not in overran  # (a slow first patrol may overrun, honestly)
+
+
+def test_a_baseline_file_changed_after_the_childs_check_is_checked_again(tmp_path, monkeypatch):
+    """The config's text is handed to the child, but the baseline file it names is read
+    by each process: one replaced between the child's check and the parent's read must
+    not pass unchecked (the parent skips the schema), it gets load_config's answer."""
+    from hetpatrol import config_check
+
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(BASELINE.read_text())
+    site = _site(tmp_path, f"baseline_file: {baseline}\n")
+    real_ask = config_check._ask_child
+
+    def ask_then_replace(path, text):
+        answer = real_ask(path, text)
+        assert answer is not None and answer.get("ok") is True  # the child saw a good file
+        baseline.write_text("baseline: 5\n")  # e.g. `hetpatrol baseline --write` racing
+        return answer
+
+    monkeypatch.setattr(config_check, "_ask_child", ask_then_replace)
+    with pytest.raises(ConfigError) as child:
+        load_config_isolated(site)
+    with pytest.raises(ConfigError) as here:
+        load_config(site)
+    assert str(child.value) == str(here.value) and child.value.key == "baseline_file"
