@@ -2,7 +2,8 @@
 part of the daemon's resident memory (see :mod:`hetpatrol.json_schema`).
 
 :func:`load_config_isolated` reads the file once, hands its text to
-``python -m hetpatrol.config_check`` (the same interpreter), which runs
+:func:`main` in a child (the same interpreter, importing hetpatrol from where this
+process does, never from the working directory), which runs
 :func:`hetpatrol.config.load_config` on it (every check, the schema's included) and
 answers one JSON line: ``{"ok": true, "reads": [[path, sha256], ...]}`` or ``{"error":
 {"message", "path", "line", "key"}}``. The parent then builds the config from the same
@@ -26,6 +27,16 @@ from hetpatrol.config import Config, ConfigError, load_config
 from hetpatrol.json_schema import checked_elsewhere
 from hetpatrol.yaml_document import read_document, recording_reads
 
+#: the directory this process imports hetpatrol from: the child imports the same one
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+#: the child's program. Not ``-m``: that puts the working directory first on sys.path, so
+#: a ``hetpatrol`` (or ``yaml``...) there would be imported instead of this process's
+#: (``-P``, which prevents it, is Python 3.11+). ``-c`` puts ``''`` (the cwd) first: it is
+#: replaced by the parent's package root.
+_CHILD_CODE = (
+    "import sys; sys.path[0] = sys.argv[1]; "
+    "from hetpatrol.config_check import main; sys.exit(main())"
+)
 #: seconds the child may take (an interpreter start, PyYAML, jsonschema, the checks)
 CHILD_TIMEOUT_SECONDS = 60.0
 
@@ -63,7 +74,7 @@ def _ask_child(path: str | os.PathLike[str] | None, text: str | None) -> dict | 
     request = json.dumps({"path": None if path is None else str(path), "text": text})
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "hetpatrol.config_check"],
+            [sys.executable, "-c", _CHILD_CODE, _PACKAGE_ROOT],
             input=request,
             capture_output=True,
             text=True,

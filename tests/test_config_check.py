@@ -149,3 +149,21 @@ def test_a_baseline_file_changed_after_the_childs_check_is_checked_again(tmp_pat
     with pytest.raises(ConfigError) as here:
         load_config(site)
     assert str(child.value) == str(here.value) and child.value.key == "baseline_file"
+
+
+def test_the_child_never_imports_from_the_working_directory(tmp_path, monkeypatch):
+    """``python -m`` puts the working directory first on sys.path: a ``hetpatrol``
+    package (another checkout, a planted file in a shared directory) there would run as
+    the config check. The child imports the parent's hetpatrol, never the cwd's."""
+    planted = tmp_path / "cwd" / "hetpatrol"
+    planted.mkdir(parents=True)
+    marker = tmp_path / "planted-ran"
+    (planted / "__init__.py").write_text("")
+    (planted / "config_check.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nprint('{{\"ok\": true, \"reads\": []}}')\n"
+    )
+    site = _site(tmp_path, "collectors:\n  nvidia:\n    timeout_seconds: 5\n    bogus: 1\n")
+    monkeypatch.chdir(planted.parent)
+    with pytest.raises(ConfigError, match="bogus"):
+        load_config_isolated(site)
+    assert not marker.exists()
