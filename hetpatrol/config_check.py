@@ -37,8 +37,13 @@ _CHILD_CODE = (
     "import sys; sys.path[0] = sys.argv[1]; "
     "from hetpatrol.config_check import main; sys.exit(main())"
 )
-#: seconds the child may take (an interpreter start, PyYAML, jsonschema, the checks)
-CHILD_TIMEOUT_SECONDS = 60.0
+#: seconds the child may take (an interpreter start, PyYAML, jsonschema, the checks:
+#: about 1 s). Past it the parent checks in its own process (the same answer). Kept well
+#: under what the watchdog allows a reload: the daemon vouches for a reload for its
+#: patrol budget, at least ``Daemon.watchdog_slack_seconds`` (10) + the hang margin (1),
+#: so a stalled child must not hold the reload longer than that, or systemd's watchdog
+#: (WatchdogSec=30s) kills a daemon that only had to keep its running config.
+CHILD_TIMEOUT_SECONDS = 5.0
 
 
 def load_config_isolated(path: str | os.PathLike[str] | None) -> Config:

@@ -167,3 +167,27 @@ def test_the_child_never_imports_from_the_working_directory(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match="bogus"):
         load_config_isolated(site)
     assert not marker.exists()
+
+
+def test_a_stalled_child_cannot_hold_a_reload_past_the_watchdogs_allowance(tmp_path, monkeypatch):
+    """During a reload the watchdog is vouched for the patrol budget only (at least the
+    slack + the hang margin): a child check that stalls must give up, and the parent
+    check in its own process, well within it (it waited 60 s: the daemon was killed by
+    systemd's watchdog instead of keeping or applying the config)."""
+    from hetpatrol import config_check
+    from hetpatrol.bounded import HANG_MARGIN_SECONDS
+
+    site = _site(tmp_path, "interval_seconds: 7\n")
+    daemon = Daemon(load_config(site), config_path=site, overrides={"listen": ""})
+    try:
+        allowance = daemon.watchdog_slack_seconds + HANG_MARGIN_SECONDS
+    finally:
+        daemon.shutdown()
+    # the in-process check after a timeout takes about as long as the child: half is left
+    assert allowance / 2 >= config_check.CHILD_TIMEOUT_SECONDS
+    stall = tmp_path / "python"
+    stall.write_text("#!/bin/sh\nexec sleep 30\n")
+    stall.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stall))
+    monkeypatch.setattr(config_check, "CHILD_TIMEOUT_SECONDS", 0.3)
+    assert load_config_isolated(site).interval_seconds == 7.0
