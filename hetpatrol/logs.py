@@ -31,7 +31,8 @@ time always has its six digits of microseconds (structlog left them out at .0000
 (here folded; one line in the stream)
 
 ``timestamp``, ``level`` and ``event`` first, then the fields in call order; a value JSON
-cannot encode is written as its ``str()``; non-ASCII is escaped (``\\uXXXX``). A field
+cannot encode is written as its ``str()`` (a float NaN or infinity as ``"nan"``,
+``"inf"``, ``"-inf"``: JSON has no such numbers); non-ASCII is escaped (``\\uXXXX``). A field
 named ``timestamp``, ``level`` or ``event`` is kept as ``field_<name>``.
 
 Each line leaves in one ``write()`` of the whole line, newline included, under a lock
@@ -62,6 +63,7 @@ neither and does not import :mod:`logging`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -182,10 +184,14 @@ def render_json(timestamp: str, level: str, event: str, fields: dict[str, Any]) 
     """The json line for one event, without its newline (see the module docstring)."""
     doc: dict[str, Any] = {"timestamp": timestamp, "level": level, "event": event}
     for key, value in fields.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            value = repr(value)  # "nan", "inf", "-inf": JSON has no such number
         doc[f"field_{key}" if key in _RESERVED else key] = value
     try:
-        return json.dumps(doc, default=str)
-    except (TypeError, ValueError):  # a circular value, a dict with tuple keys
+        # allow_nan=False: NaN/Infinity are not JSON (RFC 8259 section 6), and strict
+        # parsers (Go's encoding/json in log shippers) refuse the whole line
+        return json.dumps(doc, default=str, allow_nan=False)
+    except (TypeError, ValueError):  # a circular value, a dict with tuple keys, a nan inside
         return json.dumps({k: v if k in _RESERVED else str(v) for k, v in doc.items()})
 
 

@@ -408,3 +408,18 @@ def test_stderr_none_drops_the_line_and_never_raises(monkeypatch):
     before = logs.dropped_lines
     log.error("drain_policy_failed", error="x")
     assert logs.dropped_lines == before + 1
+
+
+def test_json_lines_stay_strict_json_with_nan_and_infinity():
+    """``json.dumps`` writes NaN / Infinity by default: not JSON (RFC 8259 section 6); a
+    strict parser (Go's encoding/json in a log shipper) refuses the whole line."""
+    stream = configured("info", "json")
+    log.warning("temperature_unreadable", celsius=float("nan"), limit=float("-inf"), seq=2)
+    log.warning("power_samples", watts=[1.5, float("inf")])
+
+    def refuse(constant: str):
+        raise ValueError(f"not JSON: {constant}")
+
+    first, second = (json.loads(w, parse_constant=refuse) for w in stream.writes)
+    assert (first["celsius"], first["limit"], first["seq"]) == ("nan", "-inf", 2)
+    assert second["watts"] == "[1.5, inf]"
