@@ -212,3 +212,54 @@ def test_http10_keep_alive_is_confirmed_and_kept(server):
         assert b"\r\nConnection: keep-alive\r\n" in first
         s.sendall(b"HEAD /nope HTTP/1.0\r\n\r\n")
         assert s.recv(4096).startswith(b"HTTP/1.1 404 ")
+
+
+_NO_DESCRIPTOR_LEFT = r"""
+import os, resource, socket, sys, time
+from hetpatrol.exporters.http_server import MetricsServer
+
+class Exposition:
+    body = b"hetpatrol_up 1\n"
+    def body_gzip(self):
+        return self.body
+
+srv = MetricsServer("127.0.0.1", 0, Exposition())
+srv.start()
+client = socket.socket()
+client.settimeout(5)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+client.connect(("127.0.0.1", srv.port))  # queued; the server's accept() gets EMFILE
+before = resource.getrusage(resource.RUSAGE_SELF)
+time.sleep(1.0)
+after = resource.getrusage(resource.RUSAGE_SELF)
+cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+for fd in held:
+    os.close(fd)
+client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+answer = client.recv(4096)
+print(round(cpu, 3), answer.split(b"\r\n")[0].decode(), answer.endswith(Exposition.body))
+"""
+
+
+def test_no_descriptor_left_does_not_spin_and_the_queued_scrape_is_served_after():
+    """accept() failing with EMFILE leaves the connection queued and the listener
+    readable: the loop spun a core (0.99 s of CPU per second) until a descriptor freed
+    up. Run in a child: its descriptor limit is lowered."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_DESCRIPTOR_LEFT],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.split()
+    assert out[1:] == ["HTTP/1.1", "200", "OK", "True"]
+    assert float(out[0]) < 0.3  # CPU seconds of the whole process in that second

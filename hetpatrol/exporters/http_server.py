@@ -114,6 +114,8 @@ class MetricsServer:
     idle_timeout_seconds = 10.0
     #: most bytes of one request head (request line and headers)
     max_head_bytes = 8192
+    #: seconds the listener is left alone after accept() failed (no descriptor left)
+    accept_backoff_seconds = 0.25
 
     def __init__(self, host: str, port: int, exposition: Exposition):
         self.exposition = exposition
@@ -134,6 +136,7 @@ class MetricsServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._conns: dict[int, _Connection] = {}
         self._stopping = False
+        self._accept_paused_until = 0.0  # accept() failed: the listener is not watched
         self._date = (0, "")
         self._thread = threading.Thread(target=self._serve, name="metrics-http", daemon=True)
 
@@ -168,7 +171,12 @@ class MetricsServer:
     def _serve(self) -> None:
         while not self._stopping:
             now = time.monotonic()
+            if self._accept_paused_until and now >= self._accept_paused_until:
+                self._accept_paused_until = 0.0
+                self._selector.register(self._listener, selectors.EVENT_READ, "accept")
             timeout = min((c.deadline for c in self._conns.values()), default=now + 1.0) - now
+            if self._accept_paused_until:
+                timeout = min(timeout, self._accept_paused_until - now)
             for key, mask in self._selector.select(max(0.0, min(timeout, 1.0))):
                 if key.data == "accept":
                     self._accept()
@@ -186,7 +194,15 @@ class MetricsServer:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # EMFILE, ECONNABORTED...: try again on the next event
+            except ConnectionAbortedError:  # gone before it was accepted: the next one
+                continue
+            except OSError:
+                # EMFILE, ENFILE, ENOBUFS: the connection stays queued and the listener
+                # readable, so the next select() would return at once: a loop spinning a
+                # core (and the GIL the patrol needs) until a descriptor frees up. The
+                # listener is not watched for a moment instead.
+                self._selector.unregister(self._listener)
+                self._accept_paused_until = time.monotonic() + self.accept_backoff_seconds
                 return
             if len(self._conns) >= self.max_connections:
                 sock.close()  # full: the scraper retries on its next scrape
