@@ -263,3 +263,26 @@ def test_no_descriptor_left_does_not_spin_and_the_queued_scrape_is_served_after(
     ).stdout.split()
     assert out[1:] == ["HTTP/1.1", "200", "OK", "True"]
     assert float(out[0]) < 0.3  # CPU seconds of the whole process in that second
+
+
+def test_clients_that_connect_and_send_nothing_cannot_keep_a_scraper_out(server):
+    """max_connections silent clients filled the server: each scrape was closed unanswered
+    until they timed out, and reconnecting kept it so. The oldest connection that is not
+    being answered now makes room for the new one."""
+    silent = [
+        socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        for _ in range(server.max_connections + 6)
+    ]
+    try:
+        deadline = time.monotonic() + 5
+        while server.connections < server.max_connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn.request("GET", "/")
+        assert conn.getresponse().status == 200
+        conn.close()
+        assert server.connections <= server.max_connections
+        assert silent[0].recv(10) == b""  # the oldest silent one was closed
+    finally:
+        for s in silent:
+            s.close()

@@ -20,8 +20,9 @@ Connections are kept alive (HTTP/1.1 unless ``Connection: close``; HTTP/1.0 only
 ``Connection: keep-alive``, which the answer then repeats) and requests on one
 connection are answered in order.
 
-Bounds: at most :attr:`MetricsServer.max_connections` connections (one more is closed at
-once); a connection that has not completed a request and its answer within
+Bounds: at most :attr:`MetricsServer.max_connections` connections (one more takes the
+place of the oldest one that is not being answered, or is closed at once when all are);
+a connection that has not completed a request and its answer within
 :attr:`MetricsServer.idle_timeout_seconds` of its last one (or of its accept) is closed,
 so a client that drips its request a byte at a time, or never reads its answer, holds a
 socket for that long and no thread at all.
@@ -108,7 +109,7 @@ class MetricsServer:
     free one (:attr:`port`). Raises ``OSError`` when the address cannot be bound.
     """
 
-    #: connections served at once; one more is closed as soon as it is accepted
+    #: connections served at once; one more evicts the oldest not being answered
     max_connections = 64
     #: seconds a connection may take to complete a request and its answer
     idle_timeout_seconds = 10.0
@@ -204,8 +205,8 @@ class MetricsServer:
                 self._selector.unregister(self._listener)
                 self._accept_paused_until = time.monotonic() + self.accept_backoff_seconds
                 return
-            if len(self._conns) >= self.max_connections:
-                sock.close()  # full: the scraper retries on its next scrape
+            if len(self._conns) >= self.max_connections and not self._evict_one():
+                sock.close()  # full of answers being sent: the scraper retries
                 continue
             sock.setblocking(False)
             # headers and body go out in one send; no Nagle delay on the keep-alive
@@ -213,6 +214,22 @@ class MetricsServer:
             conn = _Connection(sock, time.monotonic() + self.idle_timeout_seconds)
             self._conns[sock.fileno()] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _evict_one(self) -> bool:
+        """Make room for a new connection: close the one with no answer being sent that
+        is nearest its deadline (the oldest silent, idle or dripping one; RFC 9112 9.5
+        lets a server close an idle connection at any time). Without this, 64 clients
+        that connect and send nothing kept every scraper out for the idle timeout, again
+        and again. False when every connection is being answered."""
+        victim = min(
+            (c for c in self._conns.values() if not c.outbuf),
+            key=lambda c: c.deadline,
+            default=None,
+        )
+        if victim is None:
+            return False
+        self._close(victim)
+        return True
 
     def _event(self, conn: _Connection, mask: int) -> None:
         try:
