@@ -28,6 +28,7 @@ def test_the_daemon_process_never_imports_jsonschema(tmp_path):
         "import sys\n"
         "from hetpatrol.config_check import load_config_isolated\n"
         f"c = load_config_isolated({str(site)!r})\n"
+        f"c = load_config_isolated({str(site)!r})  # a reload: the bundled file is cached\n"
         "print(c.interval_seconds, c.baseline_file is not None,\n"
         "      sorted(m for m in sys.modules if m.startswith(('jsonschema', 'referencing'))))\n"
     )
