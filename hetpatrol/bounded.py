@@ -201,5 +201,8 @@ def _collect(name: str, collector: Collector) -> CollectResult:
 def _close(name: str, collector: Collector) -> None:
     try:
         collector.close()
-    except Exception as exc:  # noqa: BLE001
-        log.warning("collector_close_failed", collector=name, error=str(exc))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - as in _collect: a plugin's sys.exit()
+        # in close() must not end the daemon's reload (it is called from the main loop)
+        log.warning("collector_close_failed", collector=name, error=_describe(exc))

@@ -356,3 +356,24 @@ def test_a_reload_storm_while_a_call_is_stuck_starts_no_second_stuck_call():
         time.sleep(0.01)
     assert bc.wait(time.monotonic() + 5, True).state == "ok"
     bc.close()
+
+
+class ExitingOnClose(Recording):
+    def close(self) -> None:
+        super().close()
+        raise SystemExit(3)
+
+
+def test_a_plugin_whose_close_calls_sys_exit_does_not_end_a_reload(base_config):
+    """close() runs in the daemon's main loop (a reload replacing the collectors):
+    SystemExit from a plugin there ended the daemon; it is logged like any error."""
+    from hetpatrol.logs import capture_logs
+
+    c = ExitingOnClose()
+    p = make_patroller(base_config, {"ascend": c})
+    p.run()
+    with capture_logs() as events:
+        p.close()
+    assert c.closed.is_set()
+    failed = [e for e in events if e["event"] == "collector_close_failed"]
+    assert [(e["collector"], e["error"]) for e in failed] == [("ascend", "SystemExit: 3")]
