@@ -88,6 +88,12 @@ def accepts_gzip(header: str | None) -> bool:
     return q > 0.0
 
 
+def _is_token_fast(name: str) -> bool:
+    """True for the usual field names (ASCII letters, digits, ``-``), without a regex;
+    False leaves the decision to :data:`_TOKEN`."""
+    return name.isascii() and name.replace("-", "a").isalnum()
+
+
 class _Connection:
     __slots__ = ("sock", "inbuf", "outbuf", "outpos", "deadline", "closing", "events")
 
@@ -275,13 +281,20 @@ class MetricsServer:
         # SHOULD ignore at least one empty line (CRLF) received prior to the request-line"
         if conn.inbuf[:1] in (b"\r", b"\n"):
             conn.inbuf = conn.inbuf.lstrip(b"\r\n")
-        end = _HEAD_END.search(conn.inbuf, 0, self.max_head_bytes + 4)
-        if end is None:
-            if len(conn.inbuf) > self.max_head_bytes:
-                self._respond(conn, 431, b"request head too large\n", close=True)
-                return True
-            return False
-        head, conn.inbuf = conn.inbuf[: end.start()], conn.inbuf[end.end() :]
+        # CRLF CRLF (what clients send) by find(); bare LF line ends by the regex
+        limit = self.max_head_bytes + 4
+        start = conn.inbuf.find(b"\r\n\r\n", 0, limit)
+        stop = start + 4
+        inbuf = conn.inbuf
+        if start < 0 or inbuf.find(b"\n\n", 0, start) >= 0 or inbuf.find(b"\n\r\n", 0, start) >= 0:
+            match = _HEAD_END.search(conn.inbuf, 0, limit)
+            if match is None:
+                if len(conn.inbuf) > self.max_head_bytes:
+                    self._respond(conn, 431, b"request head too large\n", close=True)
+                    return True
+                return False
+            start, stop = match.span()
+        head, conn.inbuf = conn.inbuf[:start], conn.inbuf[stop:]
         if len(head) > self.max_head_bytes:
             self._respond(conn, 431, b"request head too large\n", close=True)
         else:
@@ -289,7 +302,11 @@ class MetricsServer:
         return True
 
     def _request(self, conn: _Connection, head: bytes) -> None:
-        lines = _LINE_END.split(head.decode("latin-1"))
+        text = head.decode("latin-1")
+        if text.count("\n") == text.count("\r\n"):
+            lines = text.split("\r\n")
+        else:  # bare LF line ends
+            lines = _LINE_END.split(text)
         parts = lines[0].split(" ")
         if len(parts) != 3 or not _VERSION.fullmatch(parts[2]):
             self._respond(conn, 400, b"bad request\n", close=True)
@@ -304,7 +321,12 @@ class MetricsServer:
             # 400), no obs-fold (5.2: 400 or replace), and a value with NUL, CR or LF is
             # "invalid and dangerous" (RFC 9110 5.5: reject or replace; 9112 2.2, bare CR)
             value = value.strip(" \t")
-            if not colon or not _TOKEN.fullmatch(name) or any(c in value for c in "\0\r\n"):
+            if (
+                not colon
+                or not (_is_token_fast(name) or _TOKEN.fullmatch(name))
+                or "\0" in value
+                or "\r" in value
+            ):
                 self._respond(conn, 400, b"bad header\n", close=True)
                 return
             key = name.lower()
