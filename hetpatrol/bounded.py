@@ -29,6 +29,12 @@ _STOP = None
 #: closed while a call was stuck in it, so the worker closes it once that call returns
 _CLOSE = object()
 
+#: collector name -> (token, monotonic time since which it is stuck) for a call still
+#: stuck in a BoundedCollector that was closed (a reload rebuilt the collectors): a new
+#: BoundedCollector of that name starts no call until that one has returned, so a
+#: reload storm while a vendor library is stuck adds no stuck thread per reload
+_stuck_after_close: dict[str, tuple[object, float]] = {}
+
 
 class BoundedCollector:
     """A collector run in a worker thread, so a stuck vendor call cannot stop a patrol.
@@ -41,8 +47,14 @@ class BoundedCollector:
     "still stuck in its previous call for N s"). The worker is a daemon thread: a stuck
     call blocks neither the daemon's exit nor :meth:`close`. After :meth:`close` (a
     reload that replaced the collectors, shutdown) the worker ends: at once when idle,
-    after its current call (then closing the collector) when stuck. A BoundedCollector
-    dropped without :meth:`close` ends its worker when it is garbage collected.
+    after its current call (then closing the collector) when stuck. Until that stuck call
+    returns, a new BoundedCollector of the same name (a reload rebuilt the collectors)
+    starts no call either: a reload storm while a vendor library is stuck leaves one
+    stuck thread per collector name, not one per reload. A BoundedCollector dropped
+    without :meth:`close` ends its worker when it is garbage collected. Every call is
+    settled: a plugin that raises (even ``BaseException``, or an exception whose message
+    cannot be read) or returns something that is not a ``CollectResult`` fails that
+    patrol only.
     """
 
     def __init__(self, name: str, collector: Collector, timeout_seconds: float):
@@ -58,6 +70,10 @@ class BoundedCollector:
     def start(self) -> bool:
         """Start a collect unless the previous one is still stuck. True if started."""
         if self._future is not None and not self._future.done():
+            return False
+        held = _stuck_after_close.get(self.name)
+        if held is not None:  # a replaced collector's call is still stuck in the library
+            self._stuck_since = held[1]
             return False
         future: Future[CollectResult] = Future()
         self._future = future
@@ -83,7 +99,6 @@ class BoundedCollector:
         worker.start()
 
     def wait(self, deadline: float, started_now: bool) -> CollectResult:
-        assert self._future is not None
         if not started_now:
             stuck = time.monotonic() - (self._stuck_since or time.monotonic())
             return CollectResult(
@@ -93,6 +108,7 @@ class BoundedCollector:
                 error=f"{self.name} collector still stuck in its previous "
                 f"call for {stuck:.0f} s; no new call started",
             )
+        assert self._future is not None
         remaining = max(0.0, deadline - time.monotonic())
         try:
             result = self._future.result(timeout=remaining)
@@ -116,7 +132,13 @@ class BoundedCollector:
             self._stop_worker.detach()
             self._stop_worker = None
             assert self._queue is not None
-            self._queue.put(_CLOSE if stuck else _STOP)
+            if stuck:
+                token = object()
+                since = self._stuck_since or time.monotonic()
+                _stuck_after_close[self.name] = (token, since)
+                self._queue.put((_CLOSE, token))
+            else:
+                self._queue.put(_STOP)
             self._queue = self._worker = None
         if not stuck:
             _close(self.name, self.collector)
@@ -129,10 +151,25 @@ def _serve(q: queue.SimpleQueue, name: str, collector: Collector) -> None:
         item = q.get()
         if item is _STOP:
             return
-        if item is _CLOSE:
+        if isinstance(item, tuple):  # (_CLOSE, token): the stuck call has returned
+            held = _stuck_after_close.get(name)
+            if held is not None and held[0] is item[1]:
+                del _stuck_after_close[name]
             _close(name, collector)
             return
-        item.set_result(_collect(name, collector))
+        try:
+            result = _collect(name, collector)
+        except BaseException as exc:  # noqa: BLE001 - the call must be settled, always
+            result = CollectResult(name, state=STATE_FAILED, error=_describe(exc))
+        item.set_result(result)
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message``; ``Type`` alone when the message cannot be read."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+        return type(exc).__name__
 
 
 def _collect(name: str, collector: Collector) -> CollectResult:
@@ -142,10 +179,20 @@ def _collect(name: str, collector: Collector) -> CollectResult:
         result = collector.collect()
     except CollectorError as exc:
         state = STATE_HUNG if exc.hung else STATE_FAILED
-        result = CollectResult(name, state=state, error=str(exc), raw=exc.raw)
+        try:
+            error = str(exc)
+        except Exception:  # noqa: BLE001 - a message that cannot be read
+            error = type(exc).__name__
+        result = CollectResult(name, state=state, error=error, raw=exc.raw)
     except BaseException as exc:  # noqa: BLE001 - a plugin bug, even sys.exit(), must
         # neither stop the patrol nor end the worker (the call would stay unsettled)
-        result = CollectResult(name, state=STATE_FAILED, error=f"{type(exc).__name__}: {exc}")
+        result = CollectResult(name, state=STATE_FAILED, error=_describe(exc))
+    if not isinstance(result, CollectResult):  # a plugin bug: None, a dict...
+        result = CollectResult(
+            name,
+            state=STATE_FAILED,
+            error=f"collect() returned {type(result).__name__}, not a CollectResult",
+        )
     result.collector = name
     result.duration_seconds = time.monotonic() - t0
     return result
@@ -154,5 +201,8 @@ def _collect(name: str, collector: Collector) -> CollectResult:
 def _close(name: str, collector: Collector) -> None:
     try:
         collector.close()
-    except Exception as exc:  # noqa: BLE001
-        log.warning("collector_close_failed", collector=name, error=str(exc))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - as in _collect: a plugin's sys.exit()
+        # in close() must not end the daemon's reload (it is called from the main loop)
+        log.warning("collector_close_failed", collector=name, error=_describe(exc))

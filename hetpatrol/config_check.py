@@ -2,11 +2,15 @@
 part of the daemon's resident memory (see :mod:`hetpatrol.json_schema`).
 
 :func:`load_config_isolated` reads the file once, hands its text to
-``python -m hetpatrol.config_check`` (the same interpreter), which runs
+:func:`main` in a child (the same interpreter, importing hetpatrol from where this
+process does, never from the working directory), which runs
 :func:`hetpatrol.config.load_config` on it (every check, the schema's included) and
-answers one JSON line: ``{"ok": true}`` or ``{"error": {"message", "path", "line",
-"key"}}``. The parent then builds the config from the same text with the schema checks
-skipped, or raises the child's :class:`~hetpatrol.config.ConfigError` as its own.
+answers one JSON line: ``{"ok": true, "reads": [[path, sha256], ...]}`` or ``{"error":
+{"message", "path", "line", "key"}}``. The parent then builds the config from the same
+text with the schema checks skipped, or raises the child's
+:class:`~hetpatrol.config.ConfigError` as its own. The files the config names (the
+baseline file...) are read by both processes: where the parent's bytes differ from the
+child's (a file replaced in between), the parent checks in its own process.
 A child that cannot run or answers nonsense makes the parent check in its own process
 (the answer is then the same; only the memory differs).
 """
@@ -21,10 +25,25 @@ from pathlib import Path
 
 from hetpatrol.config import Config, ConfigError, load_config
 from hetpatrol.json_schema import checked_elsewhere
-from hetpatrol.yaml_document import read_document
+from hetpatrol.yaml_document import read_document, recording_reads
 
-#: seconds the child may take (an interpreter start, PyYAML, jsonschema, the checks)
-CHILD_TIMEOUT_SECONDS = 60.0
+#: the directory this process imports hetpatrol from: the child imports the same one
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+#: the child's program. Not ``-m``: that puts the working directory first on sys.path, so
+#: a ``hetpatrol`` (or ``yaml``...) there would be imported instead of this process's
+#: (``-P``, which prevents it, is Python 3.11+). ``-c`` puts ``''`` (the cwd) first: it is
+#: replaced by the parent's package root.
+_CHILD_CODE = (
+    "import sys; sys.path[0] = sys.argv[1]; "
+    "from hetpatrol.config_check import main; sys.exit(main())"
+)
+#: seconds the child may take (an interpreter start, PyYAML, jsonschema, the checks:
+#: about 1 s). Past it the parent checks in its own process (the same answer). Kept well
+#: under what the watchdog allows a reload: the daemon vouches for a reload for its
+#: patrol budget, at least ``Daemon.watchdog_slack_seconds`` (10) + the hang margin (1),
+#: so a stalled child must not hold the reload longer than that, or systemd's watchdog
+#: (WatchdogSec=30s) kills a daemon that only had to keep its running config.
+CHILD_TIMEOUT_SECONDS = 5.0
 
 
 def load_config_isolated(path: str | os.PathLike[str] | None) -> Config:
@@ -42,15 +61,27 @@ def load_config_isolated(path: str | os.PathLike[str] | None) -> Config:
     if "error" in answer:
         e = answer["error"]
         raise ConfigError(e["message"], path=e.get("path"), line=e.get("line"), key=e.get("key"))
-    with checked_elsewhere():
+    # The config's own text is the one the child checked; a file it names (the baseline
+    # file, a plugin's profiles) is read again here. Unless each such file read here has
+    # the bytes the child read, the schema is checked here after all: a file replaced in
+    # between must not pass unchecked.
+    try:
+        with checked_elsewhere(), recording_reads() as reads:
+            config = load_config(path, text=text)
+    except Exception:  # noqa: BLE001 - data the schema would have refused: check it here
         return load_config(path, text=text)
+    # (a file this process did not read again, the bundled file it keeps from the first
+    # load, is not compared: the child's list may be longer)
+    if any(read not in answer["reads"] for read in reads):
+        return load_config(path, text=text)
+    return config
 
 
 def _ask_child(path: str | os.PathLike[str] | None, text: str | None) -> dict | None:
     request = json.dumps({"path": None if path is None else str(path), "text": text})
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "hetpatrol.config_check"],
+            [sys.executable, "-c", _CHILD_CODE, _PACKAGE_ROOT],
             input=request,
             capture_output=True,
             text=True,
@@ -62,7 +93,12 @@ def _ask_child(path: str | os.PathLike[str] | None, text: str | None) -> dict | 
         return None
     if not isinstance(answer, dict):
         return None
-    if answer.get("ok") is True:
+    reads = answer.get("reads")
+    if (
+        answer.get("ok") is True
+        and isinstance(reads, list)
+        and all(isinstance(r, list) and all(isinstance(x, str) for x in r) for r in reads)
+    ):
         return answer
     error = answer.get("error")
     if isinstance(error, dict) and isinstance(error.get("message"), str):
@@ -71,15 +107,18 @@ def _ask_child(path: str | os.PathLike[str] | None, text: str | None) -> dict | 
 
 
 def main() -> int:
-    """The child: one JSON request on stdin, one JSON answer on stdout."""
+    """The child: one JSON request on stdin, one JSON answer on stdout: ``{"ok": true,
+    "reads": [[path, sha256], ...]}`` (the files it read besides the text it was given,
+    :func:`~hetpatrol.yaml_document.recording_reads`) or ``{"error": {...}}``."""
     request = json.load(sys.stdin)
     try:
-        load_config(request["path"], text=request["text"])
+        with recording_reads() as reads:
+            load_config(request["path"], text=request["text"])
     except ConfigError as exc:
         error = {"message": exc.message, "path": exc.path, "line": exc.line, "key": exc.key}
         print(json.dumps({"error": error}))
         return 0
-    print(json.dumps({"ok": True}))
+    print(json.dumps({"ok": True, "reads": reads}))
     return 0
 
 

@@ -31,16 +31,27 @@ time always has its six digits of microseconds (structlog left them out at .0000
 (here folded; one line in the stream)
 
 ``timestamp``, ``level`` and ``event`` first, then the fields in call order; a value JSON
-cannot encode is written as its ``str()``; non-ASCII is escaped (``\\uXXXX``). A field
+cannot encode is written as its ``str()`` (a float NaN or infinity as ``"nan"``,
+``"inf"``, ``"-inf"``: JSON has no such numbers); non-ASCII is escaped (``\\uXXXX``). A field
 named ``timestamp``, ``level`` or ``event`` is kept as ``field_<name>``.
 
 Each line leaves in one ``write()`` of the whole line, newline included, under a lock
 (several threads log: the patrol loop, the bounded collector threads, the HTTP server),
 followed by a ``flush()`` (journald sees the line at once; a daemon killed between two
 writes would otherwise leave half a line glued to the next daemon's). A line that cannot
-be written (stderr closed, its reader gone: ``OSError``/``ValueError``) is counted in
-:data:`dropped_lines` and never raises into the caller: a log line lost must not stop a
-patrol.
+be written (stderr closed, its reader gone: ``OSError``/``ValueError``; ``sys.stderr``
+None when the process started with fd 2 closed) is counted in :data:`dropped_lines` and
+never raises into the caller: a log line lost must not stop a patrol. Nor does a value:
+one whose ``__repr__``/``__str__`` raises, or that nests too deep to render
+(``RecursionError``), is written as ``<unprintable TYPE: ERROR>``; a string value longer
+than :data:`VALUE_MAX_CHARS` is cut (``...[N more chars]``), and a line longer than
+:data:`LINE_MAX_CHARS` is written with every value as its cut ``str()``.
+
+A write to a stderr whose reader is slow (journald under load) blocks, under the lock, as
+every journald client does: lines are not dropped for a slow journal. A journal stuck
+for longer than ``WatchdogSec=`` stops the patrol loop's watchdog pings and systemd
+restarts the daemon (systemd/hetpatrol.service); ``/metrics`` is served meanwhile (its
+thread does not log).
 
 Why not structlog or :mod:`logging`: structlog imported asyncio, and rich and pygments
 where rich is installed, for the few calls hetpatrol makes: 3 MB of ``import
@@ -52,6 +63,7 @@ neither and does not import :mod:`logging`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -72,6 +84,14 @@ _EVENT_WIDTH = 30
 _QUOTE_IF = frozenset(" \t=\r\n\"'")
 #: field names the json line sets itself
 _RESERVED = ("timestamp", "level", "event")
+#: longest string value written whole; a longer one is cut, with "...[N more chars]".
+#: journald splits a line longer than its LineMax= (48K by default, journald.conf(5)),
+#: and the pieces of a json line are no longer JSON; a vendor tool's stderr (up to 1 MiB,
+#: hetpatrol.tool.STDERR_CAP) in an error field would otherwise make such a line.
+VALUE_MAX_CHARS = 8192
+#: a line longer than this (a huge list or dict value) is written with every value as
+#: its clipped ``str()``
+LINE_MAX_CHARS = 32768
 
 
 class LogConfig(NamedTuple):
@@ -164,11 +184,45 @@ def render_json(timestamp: str, level: str, event: str, fields: dict[str, Any]) 
     """The json line for one event, without its newline (see the module docstring)."""
     doc: dict[str, Any] = {"timestamp": timestamp, "level": level, "event": event}
     for key, value in fields.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            value = repr(value)  # "nan", "inf", "-inf": JSON has no such number
         doc[f"field_{key}" if key in _RESERVED else key] = value
     try:
-        return json.dumps(doc, default=str)
-    except (TypeError, ValueError):  # a circular value, a dict with tuple keys
+        # allow_nan=False: NaN/Infinity are not JSON (RFC 8259 section 6), and strict
+        # parsers (Go's encoding/json in log shippers) refuse the whole line
+        return json.dumps(doc, default=str, allow_nan=False)
+    except (TypeError, ValueError):  # a circular value, a dict with tuple keys, a nan inside
         return json.dumps({k: v if k in _RESERVED else str(v) for k, v in doc.items()})
+
+
+def _clip(text: str) -> str:
+    if len(text) <= VALUE_MAX_CHARS:
+        return text
+    return f"{text[:VALUE_MAX_CHARS]}...[{len(text) - VALUE_MAX_CHARS} more chars]"
+
+
+def _safe_text(value: object) -> str:
+    """``str(value)``, clipped; a value whose ``__str__`` raises (or recurses too deep)
+    is written as ``<unprintable TYPE: ERROR>`` instead of raising into the caller."""
+    try:
+        return _clip(value if isinstance(value, str) else str(value))
+    except Exception as exc:  # noqa: BLE001 - a log line must never raise
+        return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
+
+
+def _render(fmt: str, stamp: str, level: str, event: object, fields: dict[str, Any]) -> str:
+    render = render_json if fmt == "json" else render_console
+    try:
+        clipped = fields
+        if any(isinstance(v, str) and len(v) > VALUE_MAX_CHARS for v in fields.values()):
+            clipped = {k: _clip(v) if isinstance(v, str) else v for k, v in fields.items()}
+        line = render(stamp, level, str(event), clipped)
+        if len(line) <= LINE_MAX_CHARS:
+            return line
+    except Exception:  # noqa: BLE001 - a __repr__/__str__ that raises, RecursionError
+        pass
+    # every value as its clipped str(): never raises, never longer than the cap per value
+    return render(stamp, level, _safe_text(event), {k: _safe_text(v) for k, v in fields.items()})
 
 
 def _emit(name: str, level: str, event: str, fields: dict[str, Any]) -> None:
@@ -177,14 +231,12 @@ def _emit(name: str, level: str, event: str, fields: dict[str, Any]) -> None:
         _captures[-1].append({"event": event, "level": level, "logger": name, **fields})
         return
     config = _config
-    stamp = _timestamp(time.time_ns())
-    event = str(event)
-    if config.fmt == "json":
-        line = render_json(stamp, level, event, fields) + "\n"
-    else:
-        line = render_console(stamp, level, event, fields) + "\n"
+    line = _render(config.fmt, _timestamp(time.time_ns()), level, event, fields) + "\n"
     stream = config.stream if config.stream is not None else sys.stderr
     with _lock:
+        if stream is None:  # started with fd 2 closed: Python sets sys.stderr to None
+            dropped_lines += 1
+            return
         try:
             stream.write(line)
             stream.flush()

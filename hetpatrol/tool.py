@@ -11,8 +11,10 @@ Both output pipes are read in the calling thread (``poll(2)`` through
 :mod:`selectors`: no reader thread per run), in chunks up to a cap (:data:`STDOUT_CAP`,
 :data:`STDERR_CAP`): a tool that prints more (a runaway loop printing gigabytes) is
 killed the same way, and the result keeps what was read with ``truncated=True``, so the
-daemon's memory stays bounded. After a kill the pipes are still read for up to 5 s
-(what the tool wrote last), then closed.
+daemon's memory stays bounded. The tool's own exit ends the run too: a background child
+it left holding a pipe (a daemon it started) is not waited for until the timeout (the
+tool's answer and exit code are kept, ``hung`` False) but killed with the group. After
+a kill the pipes are still read for up to 5 s (what the tool wrote last), then closed.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ STDERR_CAP = 1024 * 1024
 _CHUNK = 64 * 1024
 #: how long the pipes are still read after a kill (what the killed tool wrote last)
 _DRAIN_SECONDS = 5.0
+#: how often a tool whose pipes are still open is looked at for its exit (``waitid``)
+_EXIT_POLL_SECONDS = 0.1
+#: how long the pipes are still read once the tool has exited (a background child it
+#: left may hold them open: that child is then killed, the tool's answer kept)
+_AFTER_EXIT_SECONDS = 0.2
 #: poll(2): no descriptor to create and close per run, unlike epoll
 _Selector = getattr(selectors, "PollSelector", selectors.SelectSelector)
 
@@ -110,10 +117,20 @@ def run_tool(
     with _Selector() as sel:
         for fd in pipes:
             sel.register(fd, selectors.EVENT_READ)
-        # read both pipes in this thread until EOF on both, the deadline or a cap
-        over = _read_until(sel, pipes, deadline)
-        hung = not over and bool(sel.get_map())  # a pipe still open at the deadline
-        if not hung and not over:
+        # read both pipes in this thread until EOF on both, the deadline, a cap, or the
+        # tool's own exit (then what it left behind, holding a pipe, is not waited for)
+        over, exited = _read_until(sel, pipes, deadline, pid=proc.pid)
+        held = bool(sel.get_map())  # a pipe still open
+        hung = not over and held and not exited
+        if exited and held and not over:
+            # The tool exited (its answer and exit code are in) but a background child
+            # it started still holds a pipe: the tool is not hung, and its output is
+            # not lost by waiting for that child until the timeout. The child is killed
+            # with the group (as at a timeout); an escapee out of reach is left to the
+            # unit's cgroup, its pipe end closed here.
+            kill_tree(proc)
+            code = proc.wait()
+        elif not hung and not over:
             try:
                 code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -124,7 +141,7 @@ def run_tool(
             # What was written before is still read, up to the cap; an escapee out of
             # reach that keeps a pipe open is given up after the grace.
             drain_until = time.monotonic() + _DRAIN_SECONDS
-            over = _read_until(sel, pipes, drain_until, stop_at_cap=False) or over
+            over = _read_until(sel, pipes, drain_until, stop_at_cap=False)[0] or over
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:  # pragma: no cover
@@ -144,19 +161,44 @@ def run_tool(
     )
 
 
+def _exited(pid: int) -> bool:
+    """Whether the child ``pid`` has ended, without reaping it (``WNOWAIT``): its pid
+    stays its own, so :func:`kill_tree` cannot hit a process that reused it."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # pragma: no cover - reaped elsewhere
+        return True
+
+
 def _read_until(
-    sel: selectors.BaseSelector, pipes: dict, deadline: float, *, stop_at_cap: bool = True
-) -> bool:
+    sel: selectors.BaseSelector,
+    pipes: dict,
+    deadline: float,
+    *,
+    stop_at_cap: bool = True,
+    pid: int | None = None,
+) -> tuple[bool, bool]:
     """Read the pipes registered in ``sel`` into their buffers (``pipes``: fd ->
     (buffer, cap)) in chunks until EOF on all or ``deadline``; a pipe is unregistered at
-    its EOF, or at its cap (its buffer then keeps exactly ``cap`` bytes). Returns True
-    when one reached its cap (at once with ``stop_at_cap``), False otherwise."""
-    capped = False
+    its EOF, or at its cap (its buffer then keeps exactly ``cap`` bytes). With ``pid``,
+    the process is also looked at every :data:`_EXIT_POLL_SECONDS` (``waitid``, not
+    reaped); once it has exited the pipes are read for :data:`_AFTER_EXIT_SECONDS` more
+    at most. Returns (a pipe reached its cap, at once with ``stop_at_cap``; the process
+    was seen to exit)."""
+    capped = exited = False
+    next_look = time.monotonic() + _EXIT_POLL_SECONDS
     while sel.get_map():
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        if pid is not None and now >= next_look:
+            next_look = now + _EXIT_POLL_SECONDS
+            if _exited(pid):
+                exited, pid = True, None
+                deadline = min(deadline, now + _AFTER_EXIT_SECONDS)
+        remaining = deadline - now
         if remaining <= 0:
             break
-        for key, _ in sel.select(remaining):
+        wait = remaining if pid is None else min(remaining, max(0.0, next_look - now))
+        for key, _ in sel.select(wait):
             try:
                 chunk = os.read(key.fd, _CHUNK)
             except OSError:  # pragma: no cover - the pipe failed under us: as at EOF
@@ -171,10 +213,10 @@ def _read_until(
                 sel.unregister(key.fd)
                 capped = True
                 if stop_at_cap:
-                    return True
+                    return True, exited
                 continue
             buf += chunk
-    return capped
+    return capped, exited
 
 
 def replay_file_name(argv: Sequence[str]) -> str:

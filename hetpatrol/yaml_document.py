@@ -20,8 +20,12 @@ Every refusal is a :class:`DocumentError` with the 1-based line where it can tel
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import yaml
@@ -34,7 +38,26 @@ __all__ = [
     "format_key_path",
     "parse_document",
     "read_document",
+    "recording_reads",
 ]
+
+#: the list :func:`recording_reads` collects into, where one is in force
+_reads: ContextVar[list[list[str]] | None] = ContextVar("reads", default=None)
+
+
+@contextmanager
+def recording_reads() -> Iterator[list[list[str]]]:
+    """Within this block every :func:`read_document` that returns adds ``[path,
+    sha256 hex of the bytes read]`` to the yielded list (in read order): what a check in
+    another process read can be compared with what this one read
+    (:mod:`hetpatrol.config_check`)."""
+    reads: list[list[str]] = []
+    token = _reads.set(reads)
+    try:
+        yield reads
+    finally:
+        _reads.reset(token)
+
 
 #: Largest file read as a YAML document.
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
@@ -117,6 +140,9 @@ def read_document(path: str | os.PathLike[str]) -> str:
         os.close(fd)
     if len(raw) > MAX_DOCUMENT_BYTES:
         raise DocumentError(f"larger than {MAX_DOCUMENT_BYTES} bytes: not a YAML document")
+    reads = _reads.get()
+    if reads is not None:
+        reads.append([os.fspath(path), hashlib.sha256(raw).hexdigest()])
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -28,6 +28,7 @@ def test_the_daemon_process_never_imports_jsonschema(tmp_path):
         "import sys\n"
         "from hetpatrol.config_check import load_config_isolated\n"
         f"c = load_config_isolated({str(site)!r})\n"
+        f"c = load_config_isolated({str(site)!r})  # a reload: the bundled file is cached\n"
         "print(c.interval_seconds, c.baseline_file is not None,\n"
         "      sorted(m for m in sys.modules if m.startswith(('jsonschema', 'referencing'))))\n"
     )
@@ -155,3 +156,70 @@ def test_a_reload_that_shortens_the_interval_starts_a_new_schedule(tmp_path):
     skipped = [e for e in events if e["event"] in ("patrol_slots_skipped", "patrol_overran")]
     assert all(e["missed_slots"] <= 1 for e in skipped), skipped  # never the whole history
     assert daemon.patrols >= 6  # 0.1 s patrols after the reload
+
+
+def test_a_baseline_file_changed_after_the_childs_check_is_checked_again(tmp_path, monkeypatch):
+    """The config's text is handed to the child, but the baseline file it names is read
+    by each process: one replaced between the child's check and the parent's read must
+    not pass unchecked (the parent skips the schema), it gets load_config's answer."""
+    from hetpatrol import config_check
+
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(BASELINE.read_text())
+    site = _site(tmp_path, f"baseline_file: {baseline}\n")
+    real_ask = config_check._ask_child
+
+    def ask_then_replace(path, text):
+        answer = real_ask(path, text)
+        assert answer is not None and answer.get("ok") is True  # the child saw a good file
+        baseline.write_text("baseline: 5\n")  # e.g. `hetpatrol baseline --write` racing
+        return answer
+
+    monkeypatch.setattr(config_check, "_ask_child", ask_then_replace)
+    with pytest.raises(ConfigError) as child:
+        load_config_isolated(site)
+    with pytest.raises(ConfigError) as here:
+        load_config(site)
+    assert str(child.value) == str(here.value) and child.value.key == "baseline_file"
+
+
+def test_the_child_never_imports_from_the_working_directory(tmp_path, monkeypatch):
+    """``python -m`` puts the working directory first on sys.path: a ``hetpatrol``
+    package (another checkout, a planted file in a shared directory) there would run as
+    the config check. The child imports the parent's hetpatrol, never the cwd's."""
+    planted = tmp_path / "cwd" / "hetpatrol"
+    planted.mkdir(parents=True)
+    marker = tmp_path / "planted-ran"
+    (planted / "__init__.py").write_text("")
+    (planted / "config_check.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nprint('{{\"ok\": true, \"reads\": []}}')\n"
+    )
+    site = _site(tmp_path, "collectors:\n  nvidia:\n    timeout_seconds: 5\n    bogus: 1\n")
+    monkeypatch.chdir(planted.parent)
+    with pytest.raises(ConfigError, match="bogus"):
+        load_config_isolated(site)
+    assert not marker.exists()
+
+
+def test_a_stalled_child_cannot_hold_a_reload_past_the_watchdogs_allowance(tmp_path, monkeypatch):
+    """During a reload the watchdog is vouched for the patrol budget only (at least the
+    slack + the hang margin): a child check that stalls must give up, and the parent
+    check in its own process, well within it (it waited 60 s: the daemon was killed by
+    systemd's watchdog instead of keeping or applying the config)."""
+    from hetpatrol import config_check
+    from hetpatrol.bounded import HANG_MARGIN_SECONDS
+
+    site = _site(tmp_path, "interval_seconds: 7\n")
+    daemon = Daemon(load_config(site), config_path=site, overrides={"listen": ""})
+    try:
+        allowance = daemon.watchdog_slack_seconds + HANG_MARGIN_SECONDS
+    finally:
+        daemon.shutdown()
+    # the in-process check after a timeout takes about as long as the child: half is left
+    assert allowance / 2 >= config_check.CHILD_TIMEOUT_SECONDS
+    stall = tmp_path / "python"
+    stall.write_text("#!/bin/sh\nexec sleep 30\n")
+    stall.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stall))
+    monkeypatch.setattr(config_check, "CHILD_TIMEOUT_SECONDS", 0.3)
+    assert load_config_isolated(site).interval_seconds == 7.0

@@ -180,14 +180,13 @@ def test_metrics_served_gzip_to_who_asks_and_plain_to_others():
         server.stop()
 
 
-def test_connections_past_the_cap_wait_and_are_served_once_a_slot_frees():
+def test_connections_past_the_cap_evict_the_oldest_unanswered_and_scrapes_go_on():
     import socket
     import time
 
     exposition = Exposition(("nvidia",))
     server = MetricsServer("127.0.0.1", 0, exposition)
     server.max_connections = 4
-    server.idle_timeout_seconds = 30
     server.start()
     drips = []
     try:
@@ -195,17 +194,21 @@ def test_connections_past_the_cap_wait_and_are_served_once_a_slot_frees():
             s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
             s.sendall(b"GET /metrics HTTP/1.1\r\n")
             drips.append(s)
+            time.sleep(0.02)  # accepted in this order
         time.sleep(0.3)
         extra = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-        extra.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        extra.settimeout(0.5)
-        with pytest.raises(TimeoutError):  # not accepted: waits in the listen backlog
-            extra.recv(100)
-        assert server.connections == 4
-        drips.pop().close()  # one slot frees: the waiting connection is taken and served
-        extra.settimeout(5)
-        assert extra.recv(100).startswith(b"HTTP/1.1 200 OK\r\n")
+        extra.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert extra.recv(100).startswith(b"HTTP/1.1 200 OK")  # served: the oldest drip made room
         extra.close()
+        assert drips[0].recv(10) == b""  # closed by the server
+        assert server.connections <= 4
+        for s in drips:
+            s.close()
+        time.sleep(0.3)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().status == 200  # the slots came back
+        conn.close()
     finally:
         for s in drips:
             s.close()

@@ -148,8 +148,144 @@ def test_stop_closes_connections_and_the_port(server):
     port = server.port
     server.stop()
     s.settimeout(5)
-    assert s.recv(10) == b""
+    try:  # closed: by the server, or reset with the listener when still unaccepted
+        assert s.recv(10) == b""
+    except ConnectionResetError:
+        pass
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1)
     server.start = lambda: None  # the fixture's stop runs again: harmless
     server.stop = lambda: None
+
+
+# Hostile request heads (issue 17 review). Each rule is RFC 9112's / RFC 9110's.
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        # 6.3 item 5: differing Content-Length values are invalid framing: 400 and close,
+        # never "the last one wins" (here the 5 body bytes became a request of their own)
+        (
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 0"
+            b"\r\n\r\nhelloGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"400",
+        ),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: +0\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", b"400"),
+        # 3.2: an HTTP/1.1 request without Host, or with two, MUST get 400
+        (b"GET /metrics HTTP/1.1\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", b"400"),
+        # RFC 9110 5.5: NUL / bare CR in a field value; 5.1: a field name is a token
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nFoo Bar: 1\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.10\r\nHost: x\r\n\r\n", b"400"),  # 2.3: DIGIT "." DIGIT
+    ],
+)
+def test_invalid_framing_and_fields_are_refused(server, request_bytes, status):
+    answer = _raw(server.port, request_bytes)
+    assert answer.startswith(b"HTTP/1.1 " + status + b" ")
+    assert answer.count(b"HTTP/1.1 ") == 1 and b"\r\nConnection: close\r\n" in answer
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /metrics HTTP/1.1\nHost: x\n\n",  # 2.2: a recipient MAY accept a bare LF
+        b"\r\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",  # 2.2: SHOULD skip a leading CRLF
+        b"GET http://x:9477/metrics?a=1 HTTP/1.1\r\nHost: x\r\n\r\n",  # 3.2.2: MUST accept
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 00\r\n\r\n",  # 1*DIGIT: 0
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0, 0\r\n\r\n",  # one value
+    ],
+)
+def test_valid_but_unusual_requests_are_served(server, request_bytes):
+    server.idle_timeout_seconds = 3.0
+    start = time.monotonic()
+    answer = _raw(server.port, request_bytes)
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:80]
+    assert answer.endswith(server.exposition.body)
+    assert time.monotonic() - start < 2.5  # answered, not closed at the idle timeout
+
+
+def test_http10_keep_alive_is_confirmed_and_kept(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(b"HEAD / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        first = s.recv(4096)
+        # an HTTP/1.0 client keeps the connection only if the answer says keep-alive
+        # (RFC 9112 C.2.2 -> RFC 2068 19.7.1)
+        assert b"\r\nConnection: keep-alive\r\n" in first
+        s.sendall(b"HEAD /nope HTTP/1.0\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 404 ")
+
+
+_NO_DESCRIPTOR_LEFT = r"""
+import os, resource, socket, sys, time
+from hetpatrol.exporters.http_server import MetricsServer
+
+class Exposition:
+    body = b"hetpatrol_up 1\n"
+    def body_gzip(self):
+        return self.body
+
+srv = MetricsServer("127.0.0.1", 0, Exposition())
+srv.start()
+client = socket.socket()
+client.settimeout(5)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+client.connect(("127.0.0.1", srv.port))  # queued; the server's accept() gets EMFILE
+before = resource.getrusage(resource.RUSAGE_SELF)
+time.sleep(1.0)
+after = resource.getrusage(resource.RUSAGE_SELF)
+cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+for fd in held:
+    os.close(fd)
+client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+answer = client.recv(4096)
+print(round(cpu, 3), answer.split(b"\r\n")[0].decode(), answer.endswith(Exposition.body))
+"""
+
+
+def test_no_descriptor_left_does_not_spin_and_the_queued_scrape_is_served_after():
+    """accept() failing with EMFILE leaves the connection queued and the listener
+    readable: the loop spun a core (0.99 s of CPU per second) until a descriptor freed
+    up. Run in a child: its descriptor limit is lowered."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_DESCRIPTOR_LEFT],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.split()
+    assert out[1:] == ["HTTP/1.1", "200", "OK", "True"]
+    assert float(out[0]) < 0.3  # CPU seconds of the whole process in that second
+
+
+def test_clients_that_connect_and_send_nothing_cannot_keep_a_scraper_out(server):
+    """max_connections silent clients filled the server: each scrape was closed unanswered
+    until they timed out, and reconnecting kept it so. The oldest connection that is not
+    being answered now makes room for the new one."""
+    silent = [
+        socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        for _ in range(server.max_connections + 6)
+    ]
+    try:
+        deadline = time.monotonic() + 5
+        while server.connections < server.max_connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn.request("GET", "/")
+        assert conn.getresponse().status == 200
+        conn.close()
+        assert server.connections <= server.max_connections
+        assert silent[0].recv(10) == b""  # the oldest silent one was closed
+    finally:
+        for s in silent:
+            s.close()

@@ -359,3 +359,67 @@ def test_a_fork_while_another_thread_logs_leaves_the_child_able_to_log(tmp_path)
             pytest.fail("the child waited forever on the log lock")
         time.sleep(0.02)
     assert json.loads(path.read_text())["event"] == "child_logged"
+
+
+# ------------------------------------------------------------------------------ hostile values
+class _Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("repr failed")
+
+    def __str__(self) -> str:
+        raise RuntimeError("str failed")
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("fmt", ["console", "json"])
+def test_a_value_that_cannot_be_rendered_never_raises_into_the_caller(fmt):
+    stream = configured("info", fmt)
+    log.warning("collector_failed", seq=3, error=_Unprintable(), deep=_nested(100_000))
+    (line,) = stream.writes
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert "<unprintable _Unprintable: RuntimeError>" in line
+    assert "<unprintable list: RecursionError>" in line
+    if fmt == "json":
+        doc = json.loads(line)
+        assert doc["event"] == "collector_failed" and doc["seq"] == "3"
+
+
+@pytest.mark.parametrize("fmt", ["console", "json"])
+def test_a_huge_value_is_cut_so_the_line_stays_under_journald_line_max(fmt):
+    stream = configured("info", fmt)
+    log.error("tool_failed", stderr="E" * 1_000_000, items=list(range(100_000)))
+    (line,) = stream.writes
+    assert len(line) < 48 * 1024  # journald.conf(5) LineMax= default: longer is split
+    assert f"{'E' * logs.VALUE_MAX_CHARS}...[{1_000_000 - logs.VALUE_MAX_CHARS} more chars]" in line
+    if fmt == "json":
+        assert json.loads(line)["stderr"].startswith("EEE")
+
+
+def test_stderr_none_drops_the_line_and_never_raises(monkeypatch):
+    # a process started with fd 2 closed gets sys.stderr = None
+    logs.configure("info", "json", None)
+    monkeypatch.setattr(sys, "stderr", None)
+    before = logs.dropped_lines
+    log.error("drain_policy_failed", error="x")
+    assert logs.dropped_lines == before + 1
+
+
+def test_json_lines_stay_strict_json_with_nan_and_infinity():
+    """``json.dumps`` writes NaN / Infinity by default: not JSON (RFC 8259 section 6); a
+    strict parser (Go's encoding/json in a log shipper) refuses the whole line."""
+    stream = configured("info", "json")
+    log.warning("temperature_unreadable", celsius=float("nan"), limit=float("-inf"), seq=2)
+    log.warning("power_samples", watts=[1.5, float("inf")])
+
+    def refuse(constant: str):
+        raise ValueError(f"not JSON: {constant}")
+
+    first, second = (json.loads(w, parse_constant=refuse) for w in stream.writes)
+    assert (first["celsius"], first["limit"], first["seq"]) == ("nan", "-inf", 2)
+    assert second["watts"] == "[1.5, inf]"

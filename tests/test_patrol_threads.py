@@ -270,3 +270,110 @@ def test_card_lines_are_the_record_fields_in_declaration_order():
         finally:
             p.close()
     assert seen == {"processes", "findings", "errors", "counters"}  # all exercised
+
+
+class _Unsayable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+class Misbehaving(Recording):
+    """A plugin bug: returns something that is not a CollectResult, or raises an
+    exception whose message cannot be read."""
+
+    def collect(self):
+        if self.mode == "none":
+            self.mode = "ok"
+            self.threads.append(threading.current_thread())
+            return None
+        if self.mode == "unsayable":
+            self.mode = "ok"
+            self.threads.append(threading.current_thread())
+            raise _Unsayable()
+        return super().collect()
+
+
+def test_a_plugin_returning_nonsense_fails_that_patrol_only(base_config):
+    """Setting the result's fields raised in the worker, outside the plugin's call: the
+    worker ended with the call unsettled, and the collector read as "stuck in its
+    previous call" for ever after."""
+    c = Misbehaving()
+    p = make_patroller(base_config, {"ascend": c})
+    try:
+        p.run()
+        for mode, error in (("none", "returned NoneType"), ("unsayable", "_Unsayable")):
+            c.mode = mode
+            t0 = time.monotonic()
+            status = p.run().collectors[0]
+            assert time.monotonic() - t0 < 0.5
+            assert status.state == "failed" and error in status.error
+            assert p.run().collectors[0].state == "ok"
+        assert len(set(c.threads)) == 1  # the same worker all along
+    finally:
+        p.close()
+
+
+def test_a_reload_storm_while_a_call_is_stuck_starts_no_second_stuck_call():
+    """Each reload that rebuilds the collectors closed the stuck one (its worker stays in
+    the vendor call) and made a new one whose first call went into the same stuck
+    library: one more stuck thread per reload. A collector name with a call still stuck
+    from before the reload gets no new call until that one returns."""
+    from hetpatrol.bounded import BoundedCollector
+
+    release = threading.Event()
+    calls = []
+
+    class Stuck:
+        name = "nvidia"
+
+        def collect(self):
+            calls.append(1)
+            release.wait(30)
+            from hetpatrol.collector import CollectResult
+
+            return CollectResult("nvidia")
+
+        def close(self):
+            pass
+
+    before = len(collect_threads())
+    try:
+        for _ in range(30):  # 30 SIGHUPs, each with a changed collector section
+            bc = BoundedCollector("nvidia", Stuck(), 0.01)
+            started = bc.start()
+            result = bc.wait(time.monotonic() + 0.02, started)
+            assert result.state == "hung"
+            bc.close()
+        assert len(calls) == 1
+        assert "still stuck in its previous call" in result.error
+        assert len(collect_threads()) - before <= 1
+    finally:
+        release.set()
+    bc = BoundedCollector("nvidia", Stuck(), 5)
+    deadline = time.monotonic() + 5
+    while not bc.start():  # the stuck call returned: a new collector is called again
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert bc.wait(time.monotonic() + 5, True).state == "ok"
+    bc.close()
+
+
+class ExitingOnClose(Recording):
+    def close(self) -> None:
+        super().close()
+        raise SystemExit(3)
+
+
+def test_a_plugin_whose_close_calls_sys_exit_does_not_end_a_reload(base_config):
+    """close() runs in the daemon's main loop (a reload replacing the collectors):
+    SystemExit from a plugin there ended the daemon; it is logged like any error."""
+    from hetpatrol.logs import capture_logs
+
+    c = ExitingOnClose()
+    p = make_patroller(base_config, {"ascend": c})
+    p.run()
+    with capture_logs() as events:
+        p.close()
+    assert c.closed.is_set()
+    failed = [e for e in events if e["event"] == "collector_close_failed"]
+    assert [(e["collector"], e["error"]) for e in failed] == [("ascend", "SystemExit: 3")]

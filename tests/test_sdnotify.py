@@ -151,8 +151,12 @@ def test_daemon_ready_watchdog_reload_stopping(tmp_path, notify_path):
         assert max(gaps) < 0.4, gaps
         n_before = len(sock.messages)
         proc.send_signal(signal.SIGHUP)
-        sock.wait_for("RELOADING=1")
-        sock.drain(0.5)
+        t_reloading = sock.wait_for("RELOADING=1")
+        # the reload's config check runs in a child process (~0.4 s, more on a busy host)
+        deadline = time.monotonic() + 15
+        while not sock.times("READY=1", since=t_reloading) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        sock.drain(0.05)
         after = [m for _, m in sock.messages[n_before:] if "WATCHDOG=1" not in m]
         assert after[0][0] == "RELOADING=1" and after[0][1].startswith("MONOTONIC_USEC=")
         assert after[1][0] == "READY=1"

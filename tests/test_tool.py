@@ -140,16 +140,35 @@ def test_not_executable_raises_permission_error(tmp_path):
 
 
 def test_a_child_holding_the_output_pipe_after_the_tool_exits_is_killed(tmp_path):
-    """The tool exits at once, its background child keeps stdout open: the output never
-    ends, so the run is hung at the timeout and the child (in the group) is killed."""
+    """The tool exits at once, its background child keeps stdout open: the tool's answer
+    and exit code are kept at its exit, not "hung" at the timeout (a collector_hung each
+    patrol, escalated to a node reboot after 10 minutes), and the child (in the group)
+    is killed."""
     pidfile = tmp_path / "child.pid"
-    exe = script(tmp_path, "tool", f"sleep 300 &\necho $! > {pidfile}\necho done\n")
+    exe = script(tmp_path, "tool", f"sleep 300 &\necho $! > {pidfile}\necho done\nexit 4\n")
     t0 = time.monotonic()
-    res = run_tool([exe], 0.5)
-    assert time.monotonic() - t0 < 3
-    assert (res.stdout, res.hung, res.returncode) == ("done\n", True, None)
+    res = run_tool([exe], 10)
+    assert time.monotonic() - t0 < 5
+    assert (res.stdout, res.hung, res.returncode, res.truncated) == ("done\n", False, 4, False)
     child = psutil.Process(int(pidfile.read_text()))
     try:
         child.wait(timeout=5)
     except psutil.TimeoutExpired:
         pytest.fail(f"the child {child.pid} holding the pipe survived")
+
+
+def test_a_daemon_in_a_session_of_its_own_holding_stderr_does_not_make_the_tool_hung(tmp_path):
+    """``setsid`` + exit: the daemon is out of the group and orphaned (out of reach, left
+    to the unit's cgroup); the run still ends at the tool's exit with its answer."""
+    pidfile = tmp_path / "child.pid"
+    exe = script(tmp_path, "tool", f"setsid sleep 300 >&2 &\necho $! > {pidfile}\necho ok\n")
+    t0 = time.monotonic()
+    res = run_tool([exe], 10)
+    try:
+        assert time.monotonic() - t0 < 5
+        assert (res.stdout, res.hung, res.returncode) == ("ok\n", False, 0)
+    finally:
+        try:
+            psutil.Process(int(pidfile.read_text())).kill()
+        except psutil.Error:
+            pass

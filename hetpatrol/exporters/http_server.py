@@ -11,13 +11,18 @@ costs a ``recv``, a split of the request head and one ``send``.
 What it serves (HTTP/1.1, RFC 9112): ``GET``/``HEAD`` of ``/metrics`` (the body of the
 last patrol, gzip when ``Accept-Encoding`` accepts it) and ``/``; 404 for other paths,
 405 for other methods, 400 for a request that is not HTTP/1.x or carries a body, 431
-when the request head passes :attr:`MetricsServer.max_head_bytes`. Connections are kept
-alive (HTTP/1.1 unless ``Connection: close``; HTTP/1.0 only with
-``Connection: keep-alive``) and requests on one connection are answered in order.
+when the request head passes :attr:`MetricsServer.max_head_bytes`. Also 400 (and close):
+an HTTP/1.1 request without one ``Host``, a ``Content-Length`` that is not digits or
+differs between lines (invalid framing, RFC 9112 6.3), a field name that is not a token,
+a field value with NUL or CR. Accepted: bare LF line ends and empty lines before the
+request line (RFC 9112 2.2), the absolute form ``GET http://host/metrics`` (3.2.2).
+Connections are kept alive (HTTP/1.1 unless ``Connection: close``; HTTP/1.0 only with
+``Connection: keep-alive``, which the answer then repeats) and requests on one
+connection are answered in order.
 
-Bounds: at most :attr:`MetricsServer.max_connections` connections (more wait in the listen
-backlog, of 128, until one closes: no connection is refused while the scrapers that hold
-the others go on); a connection that has not completed a request and its answer within
+Bounds: at most :attr:`MetricsServer.max_connections` connections (one more takes the
+place of the oldest one that is not being answered, or is closed at once when all are);
+a connection that has not completed a request and its answer within
 :attr:`MetricsServer.idle_timeout_seconds` of its last one (or of its accept) is closed,
 so a client that drips its request a byte at a time, or never reads its answer, holds a
 socket for that long and no thread at all.
@@ -25,6 +30,7 @@ socket for that long and no thread at all.
 
 from __future__ import annotations
 
+import re
 import selectors
 import socket
 import threading
@@ -45,6 +51,15 @@ _REASONS = {
 }
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+#: the end of a request head: CRLF CRLF, or bare LF line ends (RFC 9112 2.2: "a recipient
+#: MAY recognize a single LF as a line terminator and ignore any preceding CR"; curl and
+#: http.client send CRLF, hand-typed and some embedded clients LF)
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_LINE_END = re.compile(r"\r?\n")
+#: field-name = token (RFC 9110 5.1, 5.6.2)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: HTTP-version = "HTTP/" DIGIT "." DIGIT (RFC 9112 2.3), major 1 only
+_VERSION = re.compile(r"HTTP/1\.[0-9]")
 _INDEX = b'<html><body><h1>hetpatrol</h1><a href="/metrics">metrics</a></body></html>'
 
 
@@ -73,6 +88,12 @@ def accepts_gzip(header: str | None) -> bool:
     return q > 0.0
 
 
+def _is_token_fast(name: str) -> bool:
+    """True for the usual field names (ASCII letters, digits, ``-``), without a regex;
+    False leaves the decision to :data:`_TOKEN`."""
+    return name.isascii() and name.replace("-", "a").isalnum()
+
+
 class _Connection:
     __slots__ = ("sock", "inbuf", "outbuf", "outpos", "deadline", "closing", "events")
 
@@ -94,12 +115,14 @@ class MetricsServer:
     free one (:attr:`port`). Raises ``OSError`` when the address cannot be bound.
     """
 
-    #: connections served at once; more wait, unaccepted, in the listen backlog
+    #: connections served at once; one more evicts the oldest not being answered
     max_connections = 64
     #: seconds a connection may take to complete a request and its answer
     idle_timeout_seconds = 10.0
     #: most bytes of one request head (request line and headers)
     max_head_bytes = 8192
+    #: seconds the listener is left alone after accept() failed (no descriptor left)
+    accept_backoff_seconds = 0.25
 
     def __init__(self, host: str, port: int, exposition: Exposition):
         self.exposition = exposition
@@ -119,9 +142,8 @@ class MetricsServer:
         self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._conns: dict[int, _Connection] = {}
-        self._accepting = True
-        self._retry_accept_at: float | None = None
         self._stopping = False
+        self._accept_paused_until = 0.0  # accept() failed: the listener is not watched
         self._date = (0, "")
         self._thread = threading.Thread(target=self._serve, name="metrics-http", daemon=True)
 
@@ -156,49 +178,67 @@ class MetricsServer:
     def _serve(self) -> None:
         while not self._stopping:
             now = time.monotonic()
+            if self._accept_paused_until and now >= self._accept_paused_until:
+                self._accept_paused_until = 0.0
+                self._selector.register(self._listener, selectors.EVENT_READ, "accept")
             timeout = min((c.deadline for c in self._conns.values()), default=now + 1.0) - now
-            if self._retry_accept_at is not None:
-                timeout = min(timeout, self._retry_accept_at - now)
+            if self._accept_paused_until:
+                timeout = min(timeout, self._accept_paused_until - now)
+            accept = False
             for key, mask in self._selector.select(max(0.0, min(timeout, 1.0))):
                 if key.data == "accept":
-                    self._accept()
+                    accept = True
                 elif key.data == "wake":
                     return
                 else:
                     self._event(key.data, mask)
+            if accept:  # after the others: a peer's close seen in this round frees its slot
+                self._accept()
             now = time.monotonic()
             for conn in [c for c in self._conns.values() if c.deadline <= now]:
                 self._close(conn)
-            if self._retry_accept_at is not None and now >= self._retry_accept_at:
-                self._listen(len(self._conns) < self.max_connections)
 
     def _accept(self) -> None:
-        while len(self._conns) < self.max_connections:
+        while True:
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # EMFILE, ENFILE, ENOBUFS: stop accepting for a moment
-                self._listen(False, retry_at=time.monotonic() + 0.1)
+            except ConnectionAbortedError:  # gone before it was accepted: the next one
+                continue
+            except OSError:
+                # EMFILE, ENFILE, ENOBUFS: the connection stays queued and the listener
+                # readable, so the next select() would return at once: a loop spinning a
+                # core (and the GIL the patrol needs) until a descriptor frees up. The
+                # listener is not watched for a moment instead.
+                self._selector.unregister(self._listener)
+                self._accept_paused_until = time.monotonic() + self.accept_backoff_seconds
                 return
+            if len(self._conns) >= self.max_connections and not self._evict_one():
+                sock.close()  # full of answers being sent: the scraper retries
+                continue
             sock.setblocking(False)
             # headers and body go out in one send; no Nagle delay on the keep-alive
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Connection(sock, time.monotonic() + self.idle_timeout_seconds)
             self._conns[sock.fileno()] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
-        self._listen(False)  # full: new connections wait in the listen backlog
 
-    def _listen(self, on: bool, retry_at: float | None = None) -> None:
-        """Accept new connections or not (the listening socket stays readable while
-        connections wait in its backlog: watching it while none can be taken would spin)."""
-        self._retry_accept_at = retry_at
-        if on != self._accepting:
-            self._accepting = on
-            if on:
-                self._selector.register(self._listener, selectors.EVENT_READ, "accept")
-            else:
-                self._selector.unregister(self._listener)
+    def _evict_one(self) -> bool:
+        """Make room for a new connection: close the one with no answer being sent that
+        is nearest its deadline (the oldest silent, idle or dripping one; RFC 9112 9.5
+        lets a server close an idle connection at any time). Without this, 64 clients
+        that connect and send nothing kept every scraper out for the idle timeout, again
+        and again. False when every connection is being answered."""
+        victim = min(
+            (c for c in self._conns.values() if not c.outbuf),
+            key=lambda c: c.deadline,
+            default=None,
+        )
+        if victim is None:
+            return False
+        self._close(victim)
+        return True
 
     def _event(self, conn: _Connection, mask: int) -> None:
         try:
@@ -240,13 +280,24 @@ class MetricsServer:
 
     def _next_request(self, conn: _Connection) -> bool:
         """Answer the first complete request in the input; False when there is none."""
-        head, sep, rest = conn.inbuf.partition(b"\r\n\r\n")
-        if not sep:
-            if len(conn.inbuf) > self.max_head_bytes:
-                self._respond(conn, 431, b"request head too large\n", close=True)
-                return True
-            return False
-        conn.inbuf = rest
+        # RFC 9112 2.2: "a server that is expecting to receive and parse a request-line
+        # SHOULD ignore at least one empty line (CRLF) received prior to the request-line"
+        if conn.inbuf[:1] in (b"\r", b"\n"):
+            conn.inbuf = conn.inbuf.lstrip(b"\r\n")
+        # CRLF CRLF (what clients send) by find(); bare LF line ends by the regex
+        limit = self.max_head_bytes + 4
+        start = conn.inbuf.find(b"\r\n\r\n", 0, limit)
+        stop = start + 4
+        inbuf = conn.inbuf
+        if start < 0 or inbuf.find(b"\n\n", 0, start) >= 0 or inbuf.find(b"\n\r\n", 0, start) >= 0:
+            match = _HEAD_END.search(conn.inbuf, 0, limit)
+            if match is None:
+                if len(conn.inbuf) > self.max_head_bytes:
+                    self._respond(conn, 431, b"request head too large\n", close=True)
+                    return True
+                return False
+            start, stop = match.span()
+        head, conn.inbuf = conn.inbuf[:start], conn.inbuf[stop:]
         if len(head) > self.max_head_bytes:
             self._respond(conn, 431, b"request head too large\n", close=True)
         else:
@@ -254,27 +305,70 @@ class MetricsServer:
         return True
 
     def _request(self, conn: _Connection, head: bytes) -> None:
-        lines = head.decode("latin-1").split("\r\n")
+        text = head.decode("latin-1")
+        if text.count("\n") == text.count("\r\n"):
+            lines = text.split("\r\n")
+        else:  # bare LF line ends
+            lines = _LINE_END.split(text)
         parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        if len(parts) != 3 or not _VERSION.fullmatch(parts[2]):
             self._respond(conn, 400, b"bad request\n", close=True)
             return
         method, target, version = parts
         headers: dict[str, str] = {}
+        hosts = 0
+        lengths: set[str] = set()
         for line in lines[1:]:
             name, colon, value = line.partition(":")
-            if not colon or not name or name != name.strip():
+            # a field-name is a token, no whitespace before the colon (RFC 9112 5.1: MUST
+            # 400), no obs-fold (5.2: 400 or replace), and a value with NUL, CR or LF is
+            # "invalid and dangerous" (RFC 9110 5.5: reject or replace; 9112 2.2, bare CR)
+            value = value.strip(" \t")
+            if (
+                not colon
+                or not (_is_token_fast(name) or _TOKEN.fullmatch(name))
+                or "\0" in value
+                or "\r" in value
+            ):
                 self._respond(conn, 400, b"bad header\n", close=True)
                 return
-            headers[name.lower()] = value.strip()
-        if "transfer-encoding" in headers or headers.get("content-length", "0") != "0":
+            key = name.lower()
+            if key == "host":
+                hosts += 1
+            elif key == "content-length":
+                lengths.update(v.strip(" \t") for v in value.split(","))
+            # repeated lines are one comma-separated list (RFC 9110 5.3)
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        # RFC 9112 3.2: a server MUST answer 400 to an HTTP/1.1 request without a Host
+        # line, and to any request with more than one
+        if hosts > 1 or (hosts == 0 and version != "HTTP/1.0"):
+            self._respond(conn, 400, b"bad or missing Host\n", close=True)
+            return
+        # Content-Length = 1*DIGIT (RFC 9110 8.6); differing values, or one that is not
+        # digits, make the framing invalid: 400 and close (RFC 9112 6.3 item 5), never
+        # a guess at where the next request starts
+        if len(lengths) > 1 or any(not (v.isascii() and v.isdigit()) for v in lengths):
+            self._respond(conn, 400, b"bad Content-Length\n", close=True)
+            return
+        if "transfer-encoding" in headers or any(int(v) for v in lengths):
             self._respond(conn, 400, b"a request body is not accepted\n", close=True)
             return
         connection = headers.get("connection", "").lower()
         close = "close" in connection or (version == "HTTP/1.0" and "keep-alive" not in connection)
+        # an HTTP/1.0 client keeps the connection only when the answer says so (RFC 9112
+        # C.2.2, RFC 2068 19.7.1)
+        keep_alive = version == "HTTP/1.0" and not close
         if method not in ("GET", "HEAD"):
-            self._respond(conn, 405, b"method not allowed\n", close=close, allow=True)
+            self._respond(
+                conn, 405, b"method not allowed\n", close=close, allow=True, keep_alive=keep_alive
+            )
             return
+        # absolute-form (RFC 9112 3.2.2: "a server MUST accept the absolute-form"): the
+        # path is what follows the authority
+        if target[:1] != "/" and "://" in target:
+            scheme, _, rest = target.partition("://")
+            if scheme.lower() in ("http", "https"):
+                target = "/" + rest.partition("/")[2]
         path = target.split("?", 1)[0]
         if path == "/metrics":
             if accepts_gzip(headers.get("accept-encoding")):
@@ -290,13 +384,27 @@ class MetricsServer:
                 encoding,
                 True,
                 head_only=method == "HEAD",
+                keep_alive=keep_alive,
             )
         elif path == "/":
             self._respond(
-                conn, 200, _INDEX, "text/html; charset=utf-8", close, head_only=method == "HEAD"
+                conn,
+                200,
+                _INDEX,
+                "text/html; charset=utf-8",
+                close,
+                head_only=method == "HEAD",
+                keep_alive=keep_alive,
             )
         else:
-            self._respond(conn, 404, b"not found\n", close=close, head_only=method == "HEAD")
+            self._respond(
+                conn,
+                404,
+                b"not found\n",
+                close=close,
+                head_only=method == "HEAD",
+                keep_alive=keep_alive,
+            )
         conn.deadline = time.monotonic() + self.idle_timeout_seconds
 
     def _http_date(self) -> str:
@@ -322,6 +430,7 @@ class MetricsServer:
         *,
         head_only: bool = False,
         allow: bool = False,
+        keep_alive: bool = False,
     ) -> None:
         head = [
             f"HTTP/1.1 {status} {_REASONS[status]}",
@@ -339,6 +448,8 @@ class MetricsServer:
         if close:
             head.append("Connection: close")
             conn.closing = True
+        elif keep_alive:
+            head.append("Connection: keep-alive")
         conn.outbuf += ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
         if not head_only:
             conn.outbuf += body
@@ -352,5 +463,3 @@ class MetricsServer:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
-        if not self._accepting and self._retry_accept_at is None:
-            self._listen(True)  # a slot is free: take the next waiting connection
