@@ -268,7 +268,7 @@ class Daemon:
             "started",
             node=self.config.node,
             interval_seconds=self.config.interval_seconds,
-            collectors=self._collector_names(),
+            collectors=",".join(self._collector_names()),
             replay=str(self.replay_dir or ""),
             jsonl=str(self.config.jsonl_path or ""),
             state=str(self.config.state_path or ""),

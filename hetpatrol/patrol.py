@@ -229,12 +229,13 @@ class Patroller:
             prev = self._last_collector_state.get(result.collector)
             if prev != result.state:
                 changes.append({"collector": result.collector, "from": prev, "to": result.state})
+                why = {"error": result.error} if result.error else {}
                 log.info(
                     "collector_state",
                     collector=result.collector,
-                    previous=prev,
+                    previous=prev or "new",
                     state=result.state,
-                    error=result.error,
+                    **why,
                 )
             self._last_collector_state[result.collector] = result.state
         statuses.extend(CollectorStatus(n, STATE_DISABLED, 0, 0.0) for n in disabled)

@@ -472,7 +472,11 @@ def patrol_kernel_log(
     previous = getattr(source, "_last_state", None)
     if previous != (snapshot.state, snapshot.error):
         level = _log.warning if snapshot.state == "failed" else _log.info
-        level("kernel_log", state=snapshot.state, source=snapshot.source, error=snapshot.error)
+        # an absent log (no such file, no permission) is a reason, not an error of ours
+        why = {}
+        if snapshot.error:
+            why["error" if snapshot.state == "failed" else "reason"] = snapshot.error
+        level("kernel_log", state=snapshot.state, source=snapshot.source, **why)
         source._last_state = (snapshot.state, snapshot.error)  # type: ignore[attr-defined]
     lookup = processes.lookup if enrich_processes else None
     events, findings = apply_kernel_log(
