@@ -213,16 +213,20 @@ class Daemon:
             f'  ascend: {{command: ["{tool}", "info"], detail: false}}\n'
         )
         self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hetpatrol.cli", "run", "--config", str(config)]
-            + ["--listen", f"127.0.0.1:{self.port}", "--log-level", "warning"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        # the log to a file: a pipe nobody reads fills up and blocks the daemon's next
+        # log line (patrol_overran, at an interval shorter than a patrol)
+        self.log = tmp / f"daemon-{tag}.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hetpatrol.cli", "run", "--config", str(config)]
+                + ["--listen", f"127.0.0.1:{self.port}", "--log-level", "warning"],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         deadline = time.monotonic() + 60
         while not self.state.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(self.proc.stderr.read().decode()[-2000:])
+                raise RuntimeError(self.log.read_text()[-2000:])
             time.sleep(0.005)
         self.ps = psutil.Process(self.proc.pid)
         #: RSS once the first patrol's state file exists (the HTTP server is up before)
@@ -299,9 +303,12 @@ def growth(patrols: int, tmp: Path) -> dict:
         deadline = time.monotonic() + 1800
         marks = [m for m in (100, 1000, patrols) if m <= patrols]
         for mark in marks:
-            while d.patrols() < mark:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"fewer than {mark} patrols in 30 min")
+            stalled, last = time.monotonic(), 0
+            while (done := d.patrols()) < mark:
+                if done != last:
+                    stalled, last = time.monotonic(), done
+                if time.monotonic() > deadline or time.monotonic() - stalled > 60:
+                    raise RuntimeError(f"the daemon stopped patrolling at {done} of {mark}")
                 time.sleep(0.5)
             points[mark] = round(d.rss_mb(), 2)
         return {
