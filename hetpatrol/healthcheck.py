@@ -14,16 +14,21 @@ intervals + 10 s, the interval read from the state file).
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 from hetpatrol.exporters.state import read_state
 from hetpatrol.output import silence_stdout, write_stdout
 from hetpatrol.verdict import EXIT_CODES
+
+# typing and argparse are imported only where needed: `check --state-path` is started by
+# slurmd on every node at every health interval, and they are ~40 % of its imports
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from pathlib import Path
+    from typing import Any
 
 EXIT_UNKNOWN = 3
 STATE_WORDS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
@@ -141,7 +146,7 @@ def verdict_age(
 
 
 def check(
-    state_path: Path, max_age: float | None = None, now: float | None = None
+    state_path: str | Path, max_age: float | None = None, now: float | None = None
 ) -> tuple[int, str]:
     """(exit code, one line) for the state file at ``state_path``. Never raises."""
     try:
@@ -153,7 +158,7 @@ def check(
 
 
 def _check(
-    state_path: Path, max_age: float | None = None, now: float | None = None
+    state_path: str | Path, max_age: float | None = None, now: float | None = None
 ) -> tuple[int, str]:
     now = time.time() if now is None else now
     try:
@@ -200,7 +205,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if state_path is None:
             print("HETPATROL UNKNOWN - the configuration sets no state_path")
             return EXIT_UNKNOWN
-    code, line = check(Path(state_path), args.max_age)
+    code, line = check(state_path, args.max_age)
     write_stdout(line.replace("\n", " ") + "\n")  # a reader gone keeps the exit code
     return code
 
@@ -210,13 +215,12 @@ def run_check(state_path: str, max_age: str | None) -> int | None:
     :mod:`hetpatrol.entry`): prints the line, returns its exit code; None when
     ``max_age`` is not a valid ``--max-age`` (the full parser then reports the usage
     error) or the path is empty."""
-    try:
-        age = None if max_age is None else _positive(max_age)
-    except (ValueError, argparse.ArgumentTypeError):
+    age = None if max_age is None else _seconds(max_age)
+    if max_age is not None and age is None:
         return None
     if not state_path:
         return None
-    code, line = check(Path(state_path), age)
+    code, line = check(state_path, age)
     try:
         write_stdout(line.replace("\n", " ") + "\n")
         write_stdout("")
@@ -225,15 +229,30 @@ def run_check(state_path: str, max_age: str | None) -> int | None:
     return code
 
 
+def _seconds(text: str) -> float | None:
+    """A positive number of seconds below 10**9, else None (also nan and inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < 10**9 else None
+
+
 def _positive(text: str) -> float:
-    value = float(text)
-    if not 0 < value < 10**9:  # also refuses nan and inf
+    """``--max-age``'s argparse type."""
+    value = _seconds(text)
+    if value is None:
+        import argparse
+
         raise argparse.ArgumentTypeError("must be a positive number of seconds")
     return value
 
 
 def add_check_parser(sub: Any) -> None:
     """Register ``hetpatrol check`` on the CLI's subparsers."""
+    import argparse
+    from pathlib import Path
+
     p = sub.add_parser(
         "check",
         help="Slurm HealthCheckProgram / Nagios: the daemon's last verdict, exit 0/1/2/3",

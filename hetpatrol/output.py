@@ -8,7 +8,6 @@ output is dropped and the command still exits with its own code.
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 
@@ -42,5 +41,7 @@ def write_stdout(text: str) -> bool:
 def plain_help(doc: str | None) -> str:
     """A module docstring as ``--help`` text: reStructuredText markup (````x````,
     ``:func:`x````) shown as plain text."""
+    import re  # here: `check` writes its line and needs no help text
+
     text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc or "")
     return text.replace("``", "")

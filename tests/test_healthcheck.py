@@ -16,6 +16,7 @@ import pytest
 from conftest import HETPATROL, NODES
 from fakes import Scripted, make_patroller
 
+import hetpatrol
 from hetpatrol.config import load_config
 from hetpatrol.exporters.state import write_state
 from hetpatrol.healthcheck import check
@@ -184,6 +185,26 @@ def _modules_after(argv: list[str], tmp_path) -> tuple[int, str, list[str]]:
     *lines, last = run.stdout.strip().splitlines()
     rc, heavy = json.loads(last)
     return rc, "\n".join(lines), heavy
+
+
+def test_check_imports_nothing_past_json_and_the_os_without_site_hooks(tmp_path):
+    """Without site hooks (``python -S``: no .pth file or editable finder importing for
+    it), ``check --state-path`` imports no argparse, typing, pathlib, tempfile or glob:
+    each was milliseconds of a run slurmd makes on every node at every interval."""
+    state = tmp_path / "state.json"
+    write_state(state, Patroller(load_config(), replay_dir=NODES / "healthy-mixed").run(), 10.0)
+    root = str(Path(hetpatrol.__file__).resolve().parents[1])
+    code = (
+        f"import sys; sys.path.insert(0, {root!r})\n"
+        "from hetpatrol.entry import main\n"
+        f"rc = main(['check', '--state-path', {str(state)!r}])\n"
+        "extra = {'argparse', 'typing', 'pathlib', 'tempfile', 'glob', 'yaml', 'logging'}\n"
+        "print(rc, sorted({m.split('.')[0] for m in sys.modules} & extra))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert run.stdout.splitlines()[-1] == "0 []", run.stdout + run.stderr
 
 
 def test_check_with_a_state_path_imports_no_heavy_module(tmp_path):

@@ -10,17 +10,17 @@ process first writes the file.
 from __future__ import annotations
 
 import errno
-import glob
 import json
 import os
 import stat
-import tempfile
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from hetpatrol.exporters import PRIVATE_FILE_MODE
 
-if TYPE_CHECKING:  # `check` and `status` import this module: keep them light
+TYPE_CHECKING = False  # not typing's: `check` imports this module, keep it light
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
     from hetpatrol.report import PatrolReport
 
 STATE_SCHEMA = "hetpatrol.state/1"
@@ -64,6 +64,8 @@ def _sweep_stale_temps(path: Path) -> None:
     """
     if path in _swept:
         return
+    import glob  # here: `check` reads state files and never sweeps
+
     for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         try:
             stale.unlink()
@@ -94,6 +96,8 @@ def write_atomic(path: Path, data: bytes, *, make_parents: bool = False, mode: i
         if not stat.S_ISREG(existing):
             raise OSError(errno.EEXIST, "not a regular file: refusing to replace it", str(path))
     _sweep_stale_temps(path)
+    import tempfile  # here: 5 ms of imports `hetpatrol check` (a reader) never needs
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
