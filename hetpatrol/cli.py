@@ -28,19 +28,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hetpatrol import __version__, logs
-from hetpatrol.baseline_command import with_baseline_file, write_baseline
-from hetpatrol.cluster.audit_view import add_audit_parser
-from hetpatrol.cluster.fleet_view import add_fleet_parser
 from hetpatrol.collector import discover
 from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config, parse_listen
-from hetpatrol.healthcheck import add_check_parser
-from hetpatrol.node_view import printable, render, terminal_width, use_color
 from hetpatrol.output import plain_help, silence_stdout, write_stdout
 from hetpatrol.patrol import Patroller, PatrolReport
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import jsonl_json_schema
-from hetpatrol.slurm.epilog import add_epilog_parser
-from hetpatrol.status_view import add_status_parser
 
 
 def setup_logging(fmt: str = "console", level: str = "info") -> None:
@@ -56,6 +49,8 @@ def _load(args: argparse.Namespace, loader: Callable[..., Config] = load_config)
     if node is None and getattr(args, "replay", None) is not None:
         node = load_scenario(args.replay).get("node")
     if getattr(args, "baseline", None) is not None:  # once --baseline FILE
+        from hetpatrol.baseline_command import with_baseline_file
+
         config = with_baseline_file(config, args.baseline)
     return replace(config, node=str(node)) if node else config
 
@@ -153,6 +148,7 @@ def format_table(
     collectors, node findings and kernel-log events. Control characters and bidi
     controls in any text are shown escaped, never sent to the terminal raw."""
     from hetpatrol.exporters.state import state_document
+    from hetpatrol.node_view import render
 
     doc = state_document(report, 0.0)
     events = [json.loads(line) for line in report.event_lines]
@@ -180,6 +176,8 @@ def cmd_once(args: argparse.Namespace) -> int:
         }
         text = json.dumps(doc, indent=2) + "\n"
     else:
+        from hetpatrol.node_view import terminal_width, use_color
+
         text = format_table(
             report,
             verbose=args.verbose,
@@ -192,6 +190,8 @@ def cmd_once(args: argparse.Namespace) -> int:
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     """Record this node's driver and firmware versions per card type as a baseline."""
+    from hetpatrol.baseline_command import write_baseline
+
     report = _one_patrol(args)
     try:
         return write_baseline(report, args.write, sys.stdout, sys.stderr, force=args.force)
@@ -213,6 +213,7 @@ def cmd_validate_config(args: argparse.Namespace) -> int:
     config = load_config(args.path)
     if args.effective:
         from hetpatrol.config import effective_settings
+        from hetpatrol.node_view import printable
 
         rows = [
             (k, json.dumps(v, ensure_ascii=False), w) for k, v, w in effective_settings(args.path)
@@ -287,7 +288,9 @@ def _add_log_options(p: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser. ``only="run"``: the daemon's subcommand alone (the other
+    subcommands' modules are then never imported: they would stay in its memory)."""
     parser = _Parser(
         prog="hetpatrol",
         description=plain_help(__doc__),
@@ -383,6 +386,23 @@ def build_parser() -> argparse.ArgumentParser:
         "with the file and line it came from, or 'bundled'",
     )
     p.set_defaults(func=cmd_validate_config)
+    if only == "run":
+        for command in sub.choices.values():
+            _add_log_options(command, argparse.SUPPRESS)
+        return parser
+    _add_other_commands(sub)
+    for command in sub.choices.values():
+        _add_log_options(command, argparse.SUPPRESS)
+    return parser
+
+
+def _add_other_commands(sub: Any) -> None:
+    """The subcommands whose modules the daemon does not need."""
+    from hetpatrol.cluster.audit_view import add_audit_parser
+    from hetpatrol.cluster.fleet_view import add_fleet_parser
+    from hetpatrol.healthcheck import add_check_parser
+    from hetpatrol.slurm.epilog import add_epilog_parser
+    from hetpatrol.status_view import add_status_parser
 
     add_check_parser(sub)
 
@@ -402,14 +422,14 @@ def build_parser() -> argparse.ArgumentParser:
     # the cluster-wide commands (hetpatrol/cluster/)
     add_fleet_parser(sub)
     add_audit_parser(sub)
-    for command in sub.choices.values():
-        _add_log_options(command, argparse.SUPPRESS)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    # `run` (and `run --help`) parse with the daemon's subcommand alone
+    first = next((a for a in args_in if not a.startswith("-")), None)
+    parser = build_parser(only="run" if first == "run" else None)
+    args = parser.parse_args(args_in)
     level = args.log_level or ("info" if args.command == "run" else "warning")
     setup_logging(args.log_format, level)
     try:

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 from conftest import HETPATROL, NODES
@@ -189,3 +190,18 @@ def test_version(capsys):
         main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out.startswith("hetpatrol 0.")
+
+
+def test_run_parses_without_importing_the_other_commands():
+    """The daemon's memory holds what ``run`` needs: the fleet, audit, status, check,
+    epilog and ledger modules are imported only for their own subcommands."""
+    code = (
+        "import sys\n"
+        "from hetpatrol.cli import build_parser\n"
+        "args = build_parser(only='run').parse_args(['run', '--interval', '5'])\n"
+        "others = ('hetpatrol.cluster', 'hetpatrol.ledger', 'hetpatrol.status_view',\n"
+        "          'hetpatrol.healthcheck', 'hetpatrol.slurm.epilog', 'hetpatrol.node_view')\n"
+        "print(args.interval, sorted({m for m in sys.modules if m.startswith(others)}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split(" ", 1) == ["5.0", "[]\n"]
