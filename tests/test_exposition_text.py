@@ -213,3 +213,18 @@ def test_connections_past_the_cap_evict_the_oldest_unanswered_and_scrapes_go_on(
         for s in drips:
             s.close()
         server.stop()
+
+
+def test_cached_values_keep_the_sign_of_zero_and_hold_only_the_last_render():
+    """Values are formatted once per render and kept for the next (0 and -0.0 are equal
+    as keys: each zero is written by its sign, never looked up)."""
+    g = GaugeFamily("hp_z", "zeros", labels=["k"])
+    for i, v in enumerate((0.0, -0.0, 0, False, True, 1, 2.5, float("nan"), -0.0, 0.0)):
+        g.add_metric([str(i)], v)
+    renderer = TextRenderer()
+    for _ in range(3):
+        assert renderer.render([g]) == _reference([g])
+    h = GaugeFamily("hp_z", "zeros", labels=["k"])
+    h.add_metric(["0"], 7.5)
+    renderer.render([h])
+    assert renderer._values == {7.5: "7.5"}

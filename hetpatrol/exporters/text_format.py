@@ -67,21 +67,6 @@ def format_value(value: float) -> str:
     return s
 
 
-#: values formatted lately (most values repeat from one patrol to the next: counts, 0/1
-#: flags, totals); emptied when it reaches :data:`_VALUE_CACHE_MAX` entries
-_value_cache: dict[float, str] = {}
-_VALUE_CACHE_MAX = 4096
-
-
-def _cached_value(value: float) -> str:
-    text = _value_cache.get(value)
-    if text is None:
-        if len(_value_cache) >= _VALUE_CACHE_MAX:
-            _value_cache.clear()
-        text = _value_cache[value] = format_value(value)
-    return text
-
-
 class Family:
     """One metric family: ``name``, ``documentation``, ``type`` and its series.
 
@@ -184,6 +169,9 @@ class TextRenderer:
 
     def __init__(self) -> None:
         self._labels: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
+        #: values of the last render, formatted (counts, flags, totals repeat from one
+        #: patrol to the next); like the label cache, it holds only the last render's
+        self._values: dict[float, str] = {}
         self._headers: dict[tuple[str, str, str], str] = {}
 
     @staticmethod
@@ -205,11 +193,11 @@ class TextRenderer:
 
     def render(self, families: Iterable[Family]) -> bytes:
         """The text exposition of ``families`` (UTF-8 bytes)."""
-        previous = self._labels
+        previous, previous_values = self._labels, self._values
         seen: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
+        formatted: dict[float, str] = {}
         out: list[str] = []
         append = out.append
-        fmt = _cached_value
         for family in families:
             append(self._header(family))
             for sname, names, values, value in family.rows:
@@ -220,6 +208,15 @@ class TextRenderer:
                     if labels is None:
                         labels = self._labelstr(names, values)
                     seen[key] = labels
-                append(f"{sname}{labels} {fmt(value)}\n")
-        self._labels = seen
+                if not value:  # 0 == 0.0 == -0.0 as keys: zeros are not cached
+                    text = "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+                else:
+                    text = formatted.get(value)
+                    if text is None:
+                        text = previous_values.get(value)
+                        if text is None:
+                            text = format_value(value)
+                        formatted[value] = text
+                append(f"{sname}{labels} {text}\n")
+        self._labels, self._values = seen, formatted
         return "".join(out).encode("utf-8")
