@@ -85,14 +85,35 @@ def test_a_reload_through_the_child_keeps_the_running_config_when_bad(tmp_path):
         daemon.shutdown()
 
 
+def _events_of_a_reload(daemon, wait: float, change=None, then: float = 0.6) -> list[dict]:
+    """Run ``daemon`` here; ``wait`` s in, call ``change()`` (when given) and ask for a
+    reload (as SIGHUP does), stop it ``then`` s later; the events it logged."""
+    import threading
+    import time
+
+    from hetpatrol.logs import capture_logs
+
+    def drive():
+        time.sleep(wait)
+        if change is not None:
+            change()
+        daemon._reload = True
+        daemon._wake.poke()
+        time.sleep(then)
+        daemon._stop_requested = True
+        daemon._wake.poke()
+
+    with capture_logs() as events:
+        threading.Thread(target=drive, daemon=True).start()
+        assert daemon.run() == 0
+    return events
+
+
 def test_time_spent_in_a_reload_is_not_reported_as_a_patrol_overrun(tmp_path):
     """A reload's config check (a child process) can take longer than a short interval:
     the slots it skips are said at info, and ``patrol_overran`` stays for patrols that
     really took longer than the interval."""
-    import threading
-    import time as _time
-
-    from hetpatrol.logs import capture_logs
+    import time as _time  # (the daemon's module imports time too)
 
     site = _site(tmp_path, f"interval_seconds: 0.02\nstate_path: {tmp_path}/s.json\n")
 
@@ -107,17 +128,7 @@ def test_time_spent_in_a_reload_is_not_reported_as_a_patrol_overrun(tmp_path):
         overrides={"listen": ""},  # no HTTP server (an override wins on every reload)
     )
 
-    def drive():
-        _time.sleep(0.2)
-        daemon._reload = True
-        daemon._wake.poke()
-        _time.sleep(0.6)
-        daemon._stop_requested = True
-        daemon._wake.poke()
-
-    with capture_logs() as events:
-        threading.Thread(target=drive, daemon=True).start()
-        assert daemon.run() == 0
+    events = _events_of_a_reload(daemon, 0.2)
     names = [e["event"] for e in events]
     assert "config_reloaded" in names
     skipped = [e for e in events if e["event"] == "patrol_slots_skipped"]
@@ -130,26 +141,12 @@ def test_time_spent_in_a_reload_is_not_reported_as_a_patrol_overrun(tmp_path):
 def test_a_reload_that_shortens_the_interval_starts_a_new_schedule(tmp_path):
     """7 s -> 5 s by SIGHUP made the loop count the slots of the new interval since the
     daemon started as missed (``patrol_slots_skipped`` on a daemon that kept up)."""
-    import threading
-    import time as _time
-
-    from hetpatrol.logs import capture_logs
 
     site = _site(tmp_path, f"interval_seconds: 0.4\nstate_path: {tmp_path}/s.json\n")
     daemon = Daemon(load_config(site), config_path=site, overrides={"listen": ""})
 
-    def drive():
-        _time.sleep(1.0)  # past two patrols at 0.4 s
-        site.write_text(f"interval_seconds: 0.1\nstate_path: {tmp_path}/s.json\n")
-        daemon._reload = True
-        daemon._wake.poke()
-        _time.sleep(0.6)
-        daemon._stop_requested = True
-        daemon._wake.poke()
-
-    with capture_logs() as events:
-        threading.Thread(target=drive, daemon=True).start()
-        assert daemon.run() == 0
+    new = f"interval_seconds: 0.1\nstate_path: {tmp_path}/s.json\n"
+    events = _events_of_a_reload(daemon, 1.0, lambda: site.write_text(new))  # past 2 patrols
     names = [e["event"] for e in events]
     assert "config_reloaded" in names
     assert names.count("patrol_changes") + names.count("first_patrol") >= 1
