@@ -45,6 +45,7 @@ HELPER = textwrap.dedent(
 
     config_path, replay, log_path = sys.argv[1:4]
     load_collector("nvidia"), load_collector("ascend")  # imported once, before forking
+    import jsonschema  # noqa: F401 - the config check imports it on first use: here, once
     for line in sys.stdin:
         cmd, *arg = line.split()
         if cmd == "fork":
