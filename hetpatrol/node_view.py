@@ -166,14 +166,16 @@ def _health_counts(cards: Iterable[Mapping[str, Any]], paint: Painter) -> str:
 
 
 def _drivers(cards: Iterable[Mapping[str, Any]]) -> str:
+    """``ascend 25.2.0, hygon not reported, nvidia 555.42.02``: each vendor's driver
+    versions; a vendor whose tool reports none is said, not left out."""
     versions: dict[str, list[str]] = {}
     for c in cards:
+        seen = versions.setdefault(str(c.get("vendor")), [])
         version = c.get("driver_version")
-        if isinstance(version, str) and version:
-            seen = versions.setdefault(str(c.get("vendor")), [])
-            if version not in seen:
-                seen.append(version)
-    return ", ".join(f"{vendor} {' / '.join(v)}" for vendor, v in sorted(versions.items()))
+        if isinstance(version, str) and version and version not in seen:
+            seen.append(version)
+    said = {vendor: " / ".join(v) if v else "not reported" for vendor, v in versions.items()}
+    return ", ".join(f"{vendor} {text}" for vendor, text in sorted(said.items()))
 
 
 def _process_line(p: Mapping[str, Any]) -> str:
@@ -320,6 +322,11 @@ def render(
                     hidden += 1
                     continue
                 out.lines.extend(_finding_line(f, paint, width, 6))
+            if c.get("action") == "watch" and c.get("health") in ("critical", "unknown"):
+                # a critical card left in service reads like an oversight without this
+                why = c.get("action_reason")
+                text = "action watch: kept in service and watched, no drain"
+                out.add(paint(text + (f" ({why})" if why else ""), "dim"), 6, plain_len=0)
             procs = [p for p in c.get("processes") or [] if isinstance(p, Mapping)]
             for p in procs[:MAX_PROCESSES]:
                 out.add(paint(_process_line(p), "dim"), 6, plain_len=0)
@@ -332,7 +339,8 @@ def render(
             for e in (c.get("errors") or []) if c.get("health") != "ok" else []:
                 if e.get("error") == "NotSupported" and not verbose:
                     continue
-                out.add(paint(f"error {e.get('source')}: {e.get('error')}", "dim"), 6, plain_len=0)
+                line = f"not read {e.get('source')}: {e.get('error')}"
+                out.add(paint(line, "dim"), 6, plain_len=0)
 
     out.add()
     node_findings = [f for f in doc.get("findings") or [] if isinstance(f, Mapping)]

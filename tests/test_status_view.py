@@ -108,6 +108,10 @@ def test_pipe_is_plain_and_complete(tmp_path):
         *("0000:02:00.0", "910B3"),
     ]
     assert lines[row5 + 1] == "      critical vendor_health: vendor health is Alarm"
+    # a critical card left in service says so, with the action's reason
+    assert lines[row5 + 2] == (
+        "      action watch: kept in service and watched, no drain (vendor health 'Alarm')"
+    )
     # NPU 2 holds the 37 GiB process of the recording (pid 1333928, no name in the
     # container's PID namespace): listed under its card
     row2 = next(i for i, x in enumerate(lines) if x.split()[:3] == ["2", "0", "OK"])
@@ -118,6 +122,8 @@ def test_pipe_is_plain_and_complete(tmp_path):
         in lines
     )
     assert any("GPU is lost (fell off the bus)" in x for x in lines)
+    # a value that could not be read is said as such, not as a severity word
+    assert "      not read nvmlDeviceGetHandleByIndex: GpuIsLost" in lines
     assert lines[-3] == "collectors:"
     assert lines[-2].startswith("  nvidia ok (4 cards, ") and lines[-1].startswith("  ascend ok (8")
 
@@ -324,3 +330,16 @@ def test_bidi_controls_are_printed_escaped():
             3.5,
         ]
     }
+
+
+def test_the_drivers_line_says_a_vendor_that_reports_no_driver_version():
+    from hetpatrol.node_view import _drivers
+
+    cards = [
+        {"vendor": "nvidia", "driver_version": "555.42.02"},
+        {"vendor": "hygon", "driver_version": None},
+        {"vendor": "ascend", "driver_version": "25.2.0"},
+        {"vendor": "ascend", "driver_version": "25.3.0"},
+        {"vendor": "nvidia", "driver_version": "555.42.02"},
+    ]
+    assert _drivers(cards) == "ascend 25.2.0 / 25.3.0, hygon not reported, nvidia 555.42.02"
