@@ -170,6 +170,11 @@ def test_stop_closes_connections_and_the_port(server):
             b"400",
         ),
         (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: +0\r\n\r\n", b"400"),
+        # more digits than int() takes (4,300): still a 400, not a dropped connection
+        (
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1" + b"0" * 5000 + b"\r\n\r\n",
+            b"400",
+        ),
         (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", b"400"),
         # 3.2: an HTTP/1.1 request without Host, or with two, MUST get 400
         (b"GET /metrics HTTP/1.1\r\n\r\n", b"400"),
