@@ -49,8 +49,6 @@ _REASONS = {
     405: "Method Not Allowed",
     431: "Request Header Fields Too Large",
 }
-_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 #: the end of a request head: CRLF CRLF, or bare LF line ends (RFC 9112 2.2: "a recipient
 #: MAY recognize a single LF as a line terminator and ignore any preceding CR"; curl and
 #: http.client send CRLF, hand-typed and some embedded clients LF)
@@ -410,13 +408,12 @@ class MetricsServer:
 
     def _http_date(self) -> str:
         now = int(time.time())
-        if self._date[0] != now:  # IMF-fixdate (RFC 9110 5.6.7), locale-independent
-            t = time.gmtime(now)
-            text = (
-                f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
-                f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
-            )
-            self._date = (now, text)
+        if self._date[0] != now:  # IMF-fixdate (RFC 9110 5.6.7), once a second
+            # email.utils is loaded in the daemon already (importlib.metadata, for the
+            # plugins' entry points)
+            from email.utils import formatdate
+
+            self._date = (now, formatdate(now, usegmt=True))
         return self._date[1]
 
     def _respond(
