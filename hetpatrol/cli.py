@@ -272,6 +272,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EX_USAGE, f"{self.prog}: error: {message}\n")
 
 
+class _PartialParser(_Parser):
+    """The parser of ``run`` alone: a usage error of the top level is raised, not
+    printed, so that :func:`main` says it with every command in the usage line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _PartialUsage(message)
+
+
+class _PartialUsage(Exception):
+    pass
+
+
 def _add_log_options(p: argparse.ArgumentParser, default: Any) -> None:
     """--log-format/--log-level, accepted before and after the command."""
     p.add_argument(
@@ -291,14 +303,14 @@ def _add_log_options(p: argparse.ArgumentParser, default: Any) -> None:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser. ``only="run"``: the daemon's subcommand alone (the other
     subcommands' modules are then never imported: they would stay in its memory)."""
-    parser = _Parser(
+    parser = (_PartialParser if only else _Parser)(
         prog="hetpatrol",
         description=plain_help(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"hetpatrol {__version__}")
     _add_log_options(parser, None)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("run", help="patrol forever (the daemon)")
     _add_common(p)
@@ -428,8 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else list(argv)
     # `run` (and `run --help`) parse with the daemon's subcommand alone
     first = next((a for a in args_in if not a.startswith("-")), None)
-    parser = build_parser(only="run" if first == "run" else None)
-    args = parser.parse_args(args_in)
+    before = args_in[: args_in.index(first)] if first else []
+    only = "run" if first == "run" and not {"-h", "--help"} & set(before) else None
+    try:
+        args = build_parser(only=only).parse_args(args_in)
+    except _PartialUsage:  # the same usage error, said with every command
+        args = build_parser().parse_args(args_in)
     level = args.log_level or ("info" if args.command == "run" else "warning")
     setup_logging(args.log_format, level)
     try:

@@ -205,3 +205,19 @@ def test_run_parses_without_importing_the_other_commands():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split(" ", 1) == ["5.0", "[]\n"]
+
+
+def test_a_usage_error_of_run_lists_every_command():
+    """``run`` parses with its own subcommand alone; its top-level usage errors are said
+    with the full parser all the same (exit 64), and ``--help run`` is the full help."""
+    res = subprocess.run(
+        [sys.executable, "-m", "hetpatrol.cli", "run", "--bogus"], capture_output=True, text=True
+    )
+    assert res.returncode == 64
+    assert "{run,once,baseline,schema,validate-config,check,status,ledger," in res.stderr
+    assert res.stderr.rstrip().endswith("error: unrecognized arguments: --bogus")
+    assert res.stderr.count("usage:") == 1
+    res = subprocess.run(
+        [sys.executable, "-m", "hetpatrol.cli", "--help", "run"], capture_output=True, text=True
+    )
+    assert res.returncode == 0 and "audit-slurm" in res.stdout
