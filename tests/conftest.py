@@ -81,3 +81,11 @@ def _log_config_restored():
     before = logs.get_config()
     yield
     logs.set_config(before)
+
+
+@pytest.fixture(autouse=True)
+def _state_home_in_tmp(tmp_path, monkeypatch):
+    """The bundled config writes its JSONL log and state file under
+    ``$XDG_STATE_HOME/hetpatrol``: a test that leaves a path at its default writes into
+    its own temporary folder, never into the user's ``~/.local/state``."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))

@@ -73,7 +73,12 @@ def test_a_child_that_cannot_run_checks_in_process(tmp_path, monkeypatch):
 
 def test_a_reload_through_the_child_keeps_the_running_config_when_bad(tmp_path):
     site = _site(tmp_path, "interval_seconds: 7\n")
-    daemon = Daemon(load_config(site), config_path=site, config_loader=load_config_isolated)
+    daemon = Daemon(
+        load_config(site),
+        config_path=site,
+        config_loader=load_config_isolated,
+        overrides={"listen": "", "jsonl_path": tmp_path / "p.jsonl"},
+    )
     try:
         site.write_text("interval_seconds: 3\n")
         assert daemon.reload() and daemon.config.interval_seconds == 3.0
@@ -125,7 +130,8 @@ def test_time_spent_in_a_reload_is_not_reported_as_a_patrol_overrun(tmp_path):
         load_config(site),
         config_path=site,
         config_loader=slow_loader,
-        overrides={"listen": ""},  # no HTTP server (an override wins on every reload)
+        # no HTTP server, the log in tmp_path (an override wins on every reload)
+        overrides={"listen": "", "jsonl_path": tmp_path / "p.jsonl"},
     )
 
     events = _events_of_a_reload(daemon, 0.2)
@@ -143,7 +149,11 @@ def test_a_reload_that_shortens_the_interval_starts_a_new_schedule(tmp_path):
     daemon started as missed (``patrol_slots_skipped`` on a daemon that kept up)."""
 
     site = _site(tmp_path, f"interval_seconds: 0.4\nstate_path: {tmp_path}/s.json\n")
-    daemon = Daemon(load_config(site), config_path=site, overrides={"listen": ""})
+    daemon = Daemon(
+        load_config(site),
+        config_path=site,
+        overrides={"listen": "", "jsonl_path": tmp_path / "p.jsonl"},
+    )
 
     new = f"interval_seconds: 0.1\nstate_path: {tmp_path}/s.json\n"
     events = _events_of_a_reload(daemon, 1.0, lambda: site.write_text(new))  # past 2 patrols
@@ -207,7 +217,11 @@ def test_a_stalled_child_cannot_hold_a_reload_past_the_watchdogs_allowance(tmp_p
     from hetpatrol.bounded import HANG_MARGIN_SECONDS
 
     site = _site(tmp_path, "interval_seconds: 7\n")
-    daemon = Daemon(load_config(site), config_path=site, overrides={"listen": ""})
+    daemon = Daemon(
+        load_config(site),
+        config_path=site,
+        overrides={"listen": "", "jsonl_path": tmp_path / "p.jsonl"},
+    )
     try:
         allowance = daemon.watchdog_slack_seconds + HANG_MARGIN_SECONDS
     finally:
