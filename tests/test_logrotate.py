@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import grp
 import gzip
 import json
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -26,6 +28,10 @@ def local_copy(tmp_path: Path, jsonl: Path) -> Path:
     text = SNIPPET.read_text()
     assert text.count(INSTALLED_PATH) == 1
     conf = tmp_path / "hetpatrol.logrotate"
+    # `su hetpatrol hetpatrol`: the test's files belong to the user running it
+    assert text.count("    su hetpatrol hetpatrol\n") == 1
+    me = f"{pwd.getpwuid(os.getuid()).pw_name} {grp.getgrgid(os.getgid()).gr_name}"
+    text = text.replace("    su hetpatrol hetpatrol\n", f"    su {me}\n")
     conf.write_text(text.replace(INSTALLED_PATH, str(jsonl)))
     conf.chmod(0o644)
     return conf

@@ -39,6 +39,8 @@ PREFIX = "/usr/lib/hetpatrol"
 UNITDIR = "/lib/systemd/system"
 UNITS = ("hetpatrol.service", "hetpatrol-scontrol.socket", "hetpatrol-scontrol@.service")
 SCENARIO = "healthy-mixed"
+#: packaging/slurm/<name> -> /usr/libexec/hetpatrol/<name>
+SLURM_ENTRY_POINTS = ("healthcheck", "prolog", "epilog")
 
 
 def _pyproject_version() -> str:
@@ -156,6 +158,10 @@ def test_package_holds_venv_units_config_and_rules(built):
         "/usr/share/doc/hetpatrol/copyright",
     ):
         assert e[path][0] == "-rw-r--r--", path
+    # Slurm's entry points, where docs/slurm.md and audit-slurm's advice name them
+    for name in SLURM_ENTRY_POINTS:
+        assert e[f"/usr/libexec/hetpatrol/{name}"][0] == "-rwxr-xr-x", name
+    assert e["/usr/share/hetpatrol/slurm/slurm.conf"][0] == "-rw-r--r--"
     # nothing in /usr/local or /opt; no byte code (postinst compiles it), no pip
     assert not [p for p in e if p.startswith(("/usr/local", "/opt"))]
     assert not [p for p in e if "__pycache__" in p or p.endswith(".pyc")]
@@ -201,6 +207,8 @@ def test_files_installed_as_they_are_in_the_repository(built):
         "usr/share/hetpatrol/prometheus/tests/hetpatrol-rules.test.yml": "config/prometheus/"
         "tests/hetpatrol-rules.test.yml",
         "usr/share/hetpatrol/grafana/hetpatrol.json": "config/grafana/hetpatrol.json",
+        "usr/share/hetpatrol/slurm/slurm.conf": "packaging/slurm/slurm.conf",
+        **{f"usr/libexec/hetpatrol/{n}": f"packaging/slurm/{n}" for n in SLURM_ENTRY_POINTS},
     }
     for installed, source in same.items():
         assert (built.root / installed).read_bytes() == (REPO / source).read_bytes(), installed
@@ -485,6 +493,76 @@ def test_sysusers_and_tmpfiles_agree_with_the_unit(installed):
 
 
 @pytest.mark.slow
+def test_unit_user_and_groups_resolve_and_run_the_installed_program(installed):
+    """The unit's User=, Group= and SupplementaryGroups= exist after the install, on a node
+    without the Ascend driver too (systemd refuses a unit whose group is missing,
+    216/GROUP): the install created what it names. The installed program then runs with
+    exactly those credentials, as systemd would start it (setpriv sets uid, gid and the
+    supplementary groups)."""
+    import grp
+    import pwd
+
+    d: dict[str, str] = {}
+    for line in Path(f"{UNITDIR}/hetpatrol.service").read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith("#"):
+            d[key.strip()] = value.strip()
+    user = pwd.getpwnam(d["User"])
+    group = grp.getgrnam(d["Group"])
+    groups = [grp.getgrnam(name) for name in d["SupplementaryGroups"].split()]
+    assert [g.gr_name for g in groups] == ["HwHiAiUser"]
+    assert all(g.gr_gid < 1000 or g.gr_mem for g in groups), groups
+    res = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={user.pw_uid}",
+            f"--regid={group.gr_gid}",
+            "--groups=" + ",".join(str(g.gr_gid) for g in groups),
+            "/usr/bin/hetpatrol",
+            "validate-config",
+            "/etc/hetpatrol/hetpatrol.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_installed_slurm_entry_points_run(installed, tmp_path):
+    """/usr/libexec/hetpatrol/healthcheck runs the installed check on the packaged state
+    path: no daemon has written it on this machine, so the verdict is unknown (exit 3)
+    with the reason, as slurmd would log it. The prolog and epilog are valid sh."""
+    for name in SLURM_ENTRY_POINTS:
+        res = subprocess.run(["sh", "-n", f"/usr/libexec/hetpatrol/{name}"])
+        assert res.returncode == 0, name
+    res = subprocess.run(
+        ["/usr/libexec/hetpatrol/healthcheck"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={},  # slurmd runs it with a bare environment
+    )
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert res.stdout.startswith("HETPATROL UNKNOWN"), res.stdout
+    assert "/var/lib/hetpatrol/state.json" in res.stdout, res.stdout
+    # the units' Documentation= are the installed docs
+    for unit in UNITS:
+        for line in Path(f"{UNITDIR}/{unit}").read_text().splitlines():
+            if line.startswith("Documentation="):
+                for uri in line.split("=", 1)[1].split():
+                    assert uri.startswith("file:/") and Path(uri[5:]).is_file(), (unit, uri)
+    snippet = Path("/usr/share/hetpatrol/slurm/slurm.conf").read_text()
+    for key, name in (
+        ("HealthCheckProgram", "healthcheck"),
+        ("Prolog", "prolog"),
+        ("Epilog", "epilog"),
+    ):
+        assert f"\n{key}=/usr/libexec/hetpatrol/{name}\n" in snippet, key
+
+
+@pytest.mark.slow
 def test_purge_removes_the_package_and_what_it_created(installed):
     # postinst byte-compiled the venv; prerm must remove that, or dpkg leaves directories
     assert list(Path(PREFIX).rglob("__pycache__"))
@@ -494,6 +572,7 @@ def test_purge_removes_the_package_and_what_it_created(installed):
     for path in (
         PREFIX,
         "/usr/bin/hetpatrol",
+        "/usr/libexec/hetpatrol",
         "/etc/hetpatrol",
         "/var/lib/hetpatrol",
         "/var/log/hetpatrol",

@@ -132,9 +132,31 @@ def test_sysusers_creates_the_user(tmp_path):
     )
     name, _, uid, gid, _, home, shell = user.split(":")
     assert int(uid) < 1000 and home == "/var/lib/hetpatrol" and shell.endswith("nologin")
-    assert any(
-        g.startswith("hetpatrol:") for g in (root / "etc" / "group").read_text().splitlines()
+    groups = {g.split(":")[0]: g for g in (root / "etc" / "group").read_text().splitlines()}
+    assert "hetpatrol" in groups
+    # the unit's SupplementaryGroups= exist on a node without the Ascend driver: systemd
+    # refuses a unit whose group is missing (216/GROUP)
+    supplementary = dict(_directives(UNIT))["SupplementaryGroups"].split()
+    for name in supplementary:
+        assert name in groups, f"sysusers does not create {name}, the unit needs it"
+        assert int(groups[name].split(":")[2]) < 1000, groups[name]
+
+
+def test_sysusers_leaves_an_existing_ascend_group_alone(tmp_path):
+    """On an Ascend node the driver's HwHiAiUser group (its GID, its members) stays."""
+    sysusers = require_program("systemd-sysusers", package="systemd")
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    driver_group = "HwHiAiUser:x:1000:HwHiAiUser,alice\n"
+    (root / "etc" / "group").write_text(driver_group)
+    res = subprocess.run(
+        [sysusers, f"--root={root}", str(SYSTEMD / "hetpatrol.sysusers")],
+        capture_output=True,
+        text=True,
     )
+    assert res.returncode == 0, res.stderr
+    lines = (root / "etc" / "group").read_text().splitlines()
+    assert [x for x in lines if x.startswith("HwHiAiUser:")] == [driver_group.strip()]
 
 
 def test_helper_socket_is_for_the_hetpatrol_group_only():
