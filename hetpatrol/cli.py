@@ -1,20 +1,8 @@
 """The ``hetpatrol`` command line.
 
-Commands:
-  run              patrol forever: /metrics, JSONL, state file (systemd service)
-  once             one patrol, printed; exit 0 ok, 1 warning, 2 critical, 3 unknown
-  schema           print the JSON Schema of the JSONL lines
-  validate-config  check a config file; exit 78 (EX_CONFIG) when it is bad
-  check            Slurm HealthCheckProgram: the daemon's last verdict, exit 0/1/2/3
-  status           this node at a glance, from the running daemon's state file
-  baseline         record the driver/firmware versions per card type as a baseline
-  prolog           Slurm Prolog: refuse a job whose cards need a drain action
-  epilog           Slurm Epilog: one quick patrol of the finished job's cards
-  ledger           card-hours per GRES type, metering audit, quotas (Slurm accounting)
-  fleet            the cluster per card class, partition and node batch (Slurm + Prometheus)
-  audit-slurm      check slurm.conf / gres.conf / the nodes for a mixed cluster
-
-Usage errors exit 64 (EX_USAGE).
+Health, placement and accounting for Slurm clusters of several accelerator vendors: each
+command below has its own ``--help``. Verdicts exit as Nagios checks do (0 ok, 1 warning,
+2 critical, 3 unknown); usage errors exit 64 (EX_USAGE), a bad config 78 (EX_CONFIG).
 """
 
 from __future__ import annotations
@@ -310,9 +298,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"hetpatrol {__version__}")
     _add_log_options(parser, None)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, title="commands", metavar="COMMAND"
+    )
 
-    p = sub.add_parser("run", help="patrol forever (the daemon)")
+    p = sub.add_parser(
+        "run",
+        help="the daemon: patrol forever; /metrics, JSONL, state file (systemd service)",
+        description="The node daemon: patrols on a fixed schedule, serves /metrics, appends "
+        "the JSONL log and writes the state file. SIGHUP reloads the config (a bad one is "
+        "refused and the running one kept); SIGTERM finishes the patrol and exits 0. Exit 78 "
+        "on a bad config, 1 when the address is taken or another daemon holds the same files.",
+    )
     _add_common(p)
     p.add_argument(
         "--listen",
@@ -343,7 +340,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("once", help="one patrol; exit 0/1/2/3 = ok/warning/critical/unknown")
+    p = sub.add_parser(
+        "once",
+        help="one patrol, printed; exit 0/1/2/3 = ok/warning/critical/unknown",
+        description="One patrol of this node's cards, printed as the node view (a table per "
+        "vendor and card type, findings under each card), JSON or the JSONL lines the daemon "
+        "would write. Exit 0 ok, 1 warning, 2 critical, 3 unknown.",
+    )
     _add_common(p)
     p.add_argument(
         "--format",
@@ -412,6 +415,7 @@ def _add_other_commands(sub: Any) -> None:
     """The subcommands whose modules the daemon does not need."""
     from hetpatrol.cluster.audit_view import add_audit_parser
     from hetpatrol.cluster.fleet_view import add_fleet_parser
+    from hetpatrol.doctor import add_doctor_parser
     from hetpatrol.healthcheck import add_check_parser
     from hetpatrol.slurm.epilog import add_epilog_parser
     from hetpatrol.status_view import add_status_parser
@@ -434,6 +438,7 @@ def _add_other_commands(sub: Any) -> None:
     # the cluster-wide commands (hetpatrol/cluster/)
     add_fleet_parser(sub)
     add_audit_parser(sub)
+    add_doctor_parser(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

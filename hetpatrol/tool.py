@@ -150,6 +150,8 @@ def run_tool(
             code = None if hung else proc.returncode
     proc.stdout.close()
     proc.stderr.close()
+    if RECORD_DIR_ENV in os.environ:
+        _record(Path(os.environ[RECORD_DIR_ENV]), argv, bytes(out))
     return ToolOutput(
         argv=tuple(argv),
         stdout=_decode(out),
@@ -217,6 +219,20 @@ def _read_until(
                 continue
             buf += chunk
     return capped, exited
+
+
+#: When set, :func:`run_tool` also writes each tool's stdout (as read: within the cap) to
+#: this directory under its :func:`replay_file_name`: one patrol recorded becomes a
+#: ``--replay`` scenario (``hetpatrol doctor --bundle``). Unset in the daemon.
+RECORD_DIR_ENV = "HETPATROL_RECORD_DIR"
+
+
+def _record(directory: Path, argv: Sequence[str], stdout: bytes) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / replay_file_name(argv)).write_bytes(stdout)
+    except OSError:
+        pass  # a recording is a support aid: the patrol itself goes on
 
 
 def replay_file_name(argv: Sequence[str]) -> str:

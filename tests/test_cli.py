@@ -214,10 +214,18 @@ def test_a_usage_error_of_run_lists_every_command():
         [sys.executable, "-m", "hetpatrol.cli", "run", "--bogus"], capture_output=True, text=True
     )
     assert res.returncode == 64
-    assert "{run,once,baseline,schema,validate-config,check,status,ledger," in res.stderr
+    assert res.stderr.startswith("usage: hetpatrol [-h]") and " COMMAND ..." in res.stderr
     assert res.stderr.rstrip().endswith("error: unrecognized arguments: --bogus")
     assert res.stderr.count("usage:") == 1
     res = subprocess.run(
         [sys.executable, "-m", "hetpatrol.cli", "--help", "run"], capture_output=True, text=True
     )
     assert res.returncode == 0 and "audit-slurm" in res.stdout
+    # each command is listed once, in the commands section
+    assert res.stdout.count("\n    audit-slurm ") == 1 and "Commands:" not in res.stdout
+    res = subprocess.run(
+        [sys.executable, "-m", "hetpatrol.cli", "bogus"], capture_output=True, text=True
+    )
+    assert res.returncode == 64
+    assert "invalid choice: 'bogus' (choose from 'run', 'once'," in res.stderr
+    assert "'audit-slurm'" in res.stderr and "'doctor'" in res.stderr

@@ -23,6 +23,7 @@ import base64
 import csv
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -560,6 +561,30 @@ def test_installed_slurm_entry_points_run(installed, tmp_path):
         ("Epilog", "epilog"),
     ):
         assert f"\n{key}=/usr/libexec/hetpatrol/{name}\n" in snippet, key
+
+
+@pytest.mark.slow
+def test_installed_doctor_probes_as_the_units_user(installed):
+    """``hetpatrol doctor`` on the installed node: the unit read from /lib/systemd/system,
+    the probe run as hetpatrol with HwHiAiUser and CAP_SYSLOG; no daemon runs here, so
+    /metrics fails (exit 2) and says how to start it."""
+    res = subprocess.run(
+        ["/usr/bin/hetpatrol", "doctor", "--json"], capture_output=True, text=True, cwd="/"
+    )
+    assert res.returncode == 2, res.stdout + res.stderr
+    by = {c["name"]: c for c in json.loads(res.stdout)}
+    assert by["unit"]["detail"] == "runs as hetpatrol:hetpatrol +HwHiAiUser, caps syslog"
+    assert by["config"]["detail"] == "/etc/hetpatrol/hetpatrol.yaml loads"
+    assert by["kmsg"] == {
+        "level": "OK",
+        "name": "kmsg",
+        "detail": "/dev/kmsg readable as hetpatrol",
+        "fix": None,
+    }
+    assert by["state"]["detail"] == "/var/lib/hetpatrol/state.json writable as hetpatrol"
+    assert by["jsonl"]["detail"] == "/var/log/hetpatrol/patrol.jsonl writable as hetpatrol"
+    assert by["metrics"]["level"] == "FAIL"
+    assert "systemctl enable --now hetpatrol.service" in by["metrics"]["fix"]
 
 
 @pytest.mark.slow

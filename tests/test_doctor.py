@@ -1,0 +1,239 @@
+"""``hetpatrol doctor``: the unit read as systemd merges it, the probes run with the unit's
+credentials (``setpriv``), a real daemon's ``/metrics``, the report's width, and the
+support bundle's redaction. The installed package's doctor: tests/test_package.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import HETPATROL, REPO, replay_run_argv
+
+from hetpatrol import doctor
+from hetpatrol.tool import RECORD_DIR_ENV, run_tool
+
+UNIT = REPO / "systemd" / "hetpatrol.service"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _unit_dir(tmp_path: Path, text: str, dropins: dict[str, str] | None = None) -> Path:
+    d = tmp_path / "units"
+    d.mkdir()
+    (d / "hetpatrol.service").write_text(text)
+    for name, body in (dropins or {}).items():
+        (d / "hetpatrol.service.d").mkdir(exist_ok=True)
+        (d / "hetpatrol.service.d" / name).write_text(body)
+    return d
+
+
+def test_the_shipped_unit_is_read_as_systemd_runs_it(tmp_path):
+    d = _unit_dir(tmp_path, UNIT.read_text())
+    u = doctor.unit_settings((str(d),))
+    assert (u.user, u.group, u.groups, u.capabilities) == (
+        "hetpatrol",
+        "hetpatrol",
+        ("HwHiAiUser",),
+        ("syslog",),
+    )
+    assert u.config == "/etc/hetpatrol/hetpatrol.yaml"
+    assert u.path.startswith("/usr/local/sbin:") and "/usr/local/Ascend/driver/tools" in u.path
+
+
+def test_a_drop_in_resets_and_extends_lists_and_overrides_the_user(tmp_path):
+    # systemd.service(5): an empty assignment resets a list; the last User= wins
+    d = _unit_dir(
+        tmp_path,
+        UNIT.read_text(),
+        {
+            "10-groups.conf": "[Service]\nSupplementaryGroups=\nSupplementaryGroups=video render\n",
+            "20-root.conf": "[Service]\nUser=root\nExecStart=\nExecStart=/x run --config=/y\n",
+        },
+    )
+    u = doctor.unit_settings((str(d),))
+    assert (u.user, u.groups, u.config) == ("root", ("video", "render"), "/y")
+
+
+def test_a_group_the_node_lacks_fails_with_what_systemd_does(tmp_path):
+    text = UNIT.read_text().replace(
+        "SupplementaryGroups=HwHiAiUser", "SupplementaryGroups=no-such-group-hp"
+    )
+    checks = doctor.diagnose((str(_unit_dir(tmp_path, text)),))
+    assert [(c.level, c.name) for c in checks] == [("FAIL", "unit")]
+    assert "no group no-such-group-hp" in checks[0].detail
+    assert "216/GROUP" in checks[0].detail and "sysusers" in checks[0].fix
+    assert doctor.exit_code(checks) == 2
+
+
+def _config(tmp_path: Path, port: int) -> Path:
+    cfg = tmp_path / "hetpatrol.yaml"
+    cfg.write_text(
+        f'listen: "127.0.0.1:{port}"\n'
+        f"state_path: {tmp_path}/state/state.json\n"
+        f"jsonl:\n  path: {tmp_path}/log/patrol.jsonl\n"
+    )
+    return cfg
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setpriv to the unit's user needs root")
+def test_as_root_the_probe_runs_with_the_units_credentials_and_finds_the_daemon(tmp_path):
+    port = _free_port()
+    cfg = _config(tmp_path, port)
+    unit = (
+        "[Service]\nUser=root\nGroup=root\nAmbientCapabilities=CAP_SYSLOG\n"
+        f"Environment=PATH=/usr/bin:/bin\nExecStart=/usr/bin/hetpatrol run --config {cfg}\n"
+    )
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "xdg"))
+    proc = subprocess.Popen(
+        replay_run_argv("healthy-mixed", port, tmp_path / "d.jsonl", 1.0),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # ready when /metrics answers (the daemon serves after its first patrol)
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    pytest.fail("daemon did not answer: " + proc.communicate()[1][-2000:])
+                time.sleep(0.2)
+        checks = doctor.diagnose((str(_unit_dir(tmp_path, unit)),))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=15)
+    by = {c.name: c for c in checks}
+    assert by["unit"].detail == "runs as root:root, caps syslog"
+    assert by["config"].level == "OK" and str(cfg) in by["config"].detail
+    assert by["kmsg"].level == "OK" and by["kmsg"].detail == "/dev/kmsg readable as root"
+    assert by["state"].detail == f"{tmp_path}/state/state.json writable as root"
+    assert by["jsonl"].level == "OK"
+    assert by["metrics"] == doctor.Check(
+        "OK", "metrics", f"http://127.0.0.1:{port}/metrics answers"
+    )
+    # this machine has no accelerator and no vendor tool: every plugin says absent, once
+    assert by["vendors absent"].level == "INFO"
+    assert by["vendors absent"].detail.startswith("amd, ascend, cambricon,")
+    assert {c.level for c in checks} <= {"OK", "INFO"}, doctor.render(checks)
+    assert doctor.exit_code(checks) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setpriv to another user needs root")
+def test_a_state_directory_the_units_user_cannot_write_fails(tmp_path):
+    # pytest's tmp_path lies under a 0700 directory: this one the user nobody can read
+    shared = Path(tempfile.mkdtemp(prefix="hetpatrol-doctor-"))
+    try:
+        shared.chmod(0o755)
+        cfg = _config(shared, _free_port())
+        cfg.chmod(0o644)
+        (shared / "state").mkdir(mode=0o700)
+        unit = f"[Service]\nUser=nobody\nGroup=nogroup\nExecStart=/x run --config {cfg}\n"
+        checks = doctor.diagnose((str(_unit_dir(tmp_path, unit)),))
+    finally:
+        shutil.rmtree(shared)
+    tmp_path = shared
+    by = {c.name: c for c in checks}
+    if "probe" in by and "Permission denied" in by["probe"].detail:
+        pytest.skip(f"the user nobody cannot run {sys.executable}: {by['probe'].detail}")
+    assert by["state"].level == "FAIL"
+    assert f"{tmp_path}/state is not writable" in by["state"].detail
+    assert "as nobody" in by["state"].detail
+    assert doctor.exit_code(checks) == 2
+
+
+def test_the_report_fits_80_columns_and_says_every_fix():
+    checks = [
+        doctor.Check("OK", "kmsg", "/dev/kmsg readable as hetpatrol"),
+        doctor.Check(
+            "FAIL",
+            "metrics",
+            "http://127.0.0.1:9477/metrics: [Errno 111] Connection refused " * 3,
+            "systemctl enable --now hetpatrol.service; journalctl -u hetpatrol",
+        ),
+        doctor.Check("WARN", "vendor nvidia", "tool \x1b[31mred\x1b[0m", "fix \x07 it"),
+    ]
+    text = doctor.render(checks, 80)
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert "\x1b" not in text and "\x07" not in text
+    assert "fix: systemctl enable --now hetpatrol.service;" in text
+    assert text.splitlines()[-1] == "1 ok, 1 warn, 1 fail"
+    assert doctor.exit_code(checks) == 2
+
+
+def test_run_tool_records_a_replay_file_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv(RECORD_DIR_ENV, str(tmp_path / "rec"))
+    out = run_tool(["sh", "-c", "echo 'NPU 0 OK'"], 5)
+    assert out.stdout == "NPU 0 OK\n"
+    assert (tmp_path / "rec" / "sh_-c_echo 'NPU 0 OK'.txt").read_text() == "NPU 0 OK\n"
+
+
+def test_the_bundle_redacts_user_names_unless_asked(tmp_path):
+    cfg = _config(tmp_path, _free_port())
+    (tmp_path / "state").mkdir()
+    (tmp_path / "log").mkdir()
+    state = {"cards": [{"processes": [{"pid": 7, "user": "alice", "job_id": "42"}]}]}
+    (tmp_path / "state" / "state.json").write_text(json.dumps(state))
+    lines = [json.dumps({"kind": "card", "seq": i, "user": "alice"}) for i in range(300)]
+    (tmp_path / "log" / "patrol.jsonl").write_text("\n".join(lines) + "\n")
+    for redact, name in ((True, "r.tgz"), (False, "plain.tgz")):
+        argv = [*HETPATROL, "doctor", "--config", str(cfg), "--unit-dir", str(tmp_path / "none")]
+        argv += ["--bundle", str(tmp_path / name)] + ([] if redact else ["--no-redact"])
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert res.returncode in (1, 2), res.stderr  # no unit: a warning; no daemon: a failure
+        with tarfile.open(tmp_path / name) as tar:
+            members = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar}
+            assert all(m.mode == 0o600 for m in tar.getmembers())
+        assert {"doctor.json", "versions.txt", "config.yaml", "state.json"} <= set(members)
+        jsonl = members["patrol.jsonl"].decode().splitlines()
+        assert len(jsonl) == 200 and json.loads(jsonl[-1])["seq"] == 299
+        blob = b"".join(members.values())
+        if redact:
+            assert b"alice" not in blob
+            proc = json.loads(members["state.json"])["cards"][0]["processes"][0]
+            assert proc["pid"] == 7 and proc["job_id"] == "42"  # support needs these
+            # the same placeholder for the same name, in every file
+            assert re.fullmatch(r"user-\d+", proc["user"])
+            assert json.loads(jsonl[0])["user"] == proc["user"]
+        else:
+            assert b'"user": "alice"' in members["state.json"]
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600
+    # never written through a link left at the path
+    (tmp_path / "link.tgz").symlink_to(tmp_path / "victim")
+    res = subprocess.run(
+        [
+            *HETPATROL,
+            "doctor",
+            "--config",
+            str(cfg),
+            "--unit-dir",
+            str(tmp_path / "none"),
+            "--bundle",
+            str(tmp_path / "link.tgz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 1 and not (tmp_path / "victim").exists(), res.stderr
+    assert shutil.which("setpriv"), "util-linux's setpriv runs the probe"
