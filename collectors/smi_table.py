@@ -290,12 +290,18 @@ def aligned_columns(header: str, sub_header: str | None = None) -> list[Column]:
     return cols
 
 
+#: a value may start this many characters before its header: DTK's rocm-smi prints
+#: ``AvgPwr   SCLK`` over ``20.0W   1250Mhz`` (the header one character wider)
+_SLACK = 1
+
+
 def column_at(cols: list[Column], pos: int) -> Column:
     """The column a text starting at ``pos`` belongs to: the last one starting at or
-    before it (a value right-aligned under a longer header starts inside its column)."""
+    before ``pos + 1`` (a value right-aligned under a longer header starts inside its
+    column; one left-aligned under a header printed a character wider starts one early)."""
     found = cols[0]
     for col in cols:
-        if col.start <= pos:
+        if col.start <= pos + _SLACK:
             found = col
         else:
             break
