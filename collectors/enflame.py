@@ -1,10 +1,13 @@
 """Enflame GCUs (S60, T20, i20...) through ``efsmi``, one record per GCU.
 
 ``efsmi`` prints an nvidia-smi-like table with its own borders: a title row
-(``EFSMI V1.2.0.301  Driver Ver: 1.2.0.301``), two header rows, then two rows per device
-between ``+---+`` / ``|---|`` borders. Cells are read by the header rows' names: ``DEV
-NAME | FW VER | BUS-ID ECC`` over ``TEMP Dpm Pwr(Usage/Cap) | Mem GCU Virt | DUsed SN``
-(``FW VER`` and ``GCU Virt`` are one name each; ``39 C`` and ``105W  300W`` one value).
+(``EFSMI V1.2.0.301  Driver Ver: 1.2.0.301``; ``EFSMI    1.4.0.3``, ``EFSMI: 1.6.3.12``),
+two header rows, then two rows per device between ``+---+`` / ``|---|`` / ``|===|``
+borders. Cells are read by the header rows' names: ``DEV NAME | FW VER | BUS-ID ECC``
+over ``TEMP Dpm Pwr(Usage/Cap) | Mem GCU Virt | DUsed SN`` (``FW VER``, ``Boot FW VER``
+(1.7) and ``GCU Virt`` are one name each; ``Dpm`` is ``Lpm`` from 1.6; ``39 C``,
+``71\u2103``, ``105W  300W`` and ``118W / 300W`` one value each; ``NAME`` may hold spaces:
+``Enflame S60``). Each value is read on its own: a power ``N/A`` nulls the power only.
 
 Value sources (efsmi column -> :class:`~hetpatrol.schema.CardRecord` field):
 
@@ -19,8 +22,8 @@ Value sources (efsmi column -> :class:`~hetpatrol.schema.CardRecord` field):
 ``Driver Ver:``     ``driver_version`` (title row)
 ==================  ===============================================================
 
-The only recorded output is a documentation excerpt (PaddlePaddle docs, efsmi V1.2.0),
-so what it does not say is not guessed: ``Mem`` (one figure: total, used or free is not
+Recorded: efsmi 1.2, 1.4, 1.6 and 1.7 (``fixtures/vendor-outputs/enflame``); what none
+of them says is not guessed: ``Mem`` (one figure: total, used or free is not
 stated; 49120 MiB on an idle 48 GiB S60, 42976 MiB on a busy one) and ``DUsed`` are not
 read (memory and utilization None, with that reason); there is no process table and no
 health word (processes unknown, ``vendor_health`` None).

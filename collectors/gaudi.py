@@ -22,8 +22,12 @@ Value sources (query field -> :class:`~hetpatrol.schema.CardRecord` field):
 =====================  ===========================================================
 
 The recorded sample (``habana-hl-smi-csv-HL-325L.txt``, all-smi's parser test) was read
-with the default query. hl-smi prints no health word or process list in this form:
-``vendor_health`` is None, the processes are unknown (an error entry says so).
+with the default query. A configured ``command`` may print another of hl-smi's forms,
+each read by what it names (:func:`parse_hl_smi`): CSV with its header row
+(``memory.used [MiB]`` over ``512``: the unit from the header) or the plain table
+(:func:`parse_hl_smi_table`, hl-smi 1.4 to 1.20, which lists processes). hl-smi prints
+no health word; the CSV forms list no processes: ``vendor_health`` is None, the
+processes unknown (an error entry says so).
 """
 
 from __future__ import annotations

@@ -20,8 +20,10 @@ Value sources (ixsmi column -> :class:`~hetpatrol.schema.CardRecord` field):
 ``Driver Version:``    ``driver_version`` (title row)
 =====================  ==============================================================
 
-The only recorded output (gpustack issue #3256, IX-ML 3.1.1) shows no process row and is
-cut inside its process table, so process rows are not read: a table that lists any is
+Each value of a cell is read on its own: ``N/A / N/A`` under ``Pwr:Usage/Cap`` (IX-ML
+4.0 on a BI-V150S) nulls the two power values, never the temperature beside them. No
+recorded output (IX-ML 3.0.1, 3.1.1, 4.0.0) shows a process row, so process rows are not
+read: a table that lists any is
 refused for processes (unknown, with the row kept in ``raw``), as is one without its
 closing border. ixsmi prints no health word: ``vendor_health`` is None.
 """

@@ -22,10 +22,15 @@ Where the formats differ, the difference is read, not papered over:
   byte counts by 1024*1024 (github.com/ROCm/amdsmi ``amdsmi_cli/amdsmi_commands.py``).
   ECC is read in total (``ecc.total_*_count``) and per block (``ecc_blocks.<BLOCK>``,
   ``amd-smi metric --ecc-blocks``), the latter as ``counters["ecc_uncorrected_<block>"]``.
-- **the plain rocm-smi table** (``DCU Temp AvgPwr Fan Perf PwrCap VRAM% DCU%``) gives
-  VRAM only as a percentage: no bytes, so memory is null with that reason.
+- **the plain rocm-smi table** (``DCU Temp AvgPwr Fan Perf PwrCap VRAM% DCU%``; ROCm 5's
+  ``GPU Temp (DieEdge) AvgPwr ...``; ROCm 6's ``Device [Model : Revision] Temp Power ...``
+  with its second header row and a name row under each card) is read by where each
+  header name starts, each value by its unit; it gives VRAM only as a percentage: no
+  bytes, so memory is null with that reason; a Temp column naming the edge sensor is no
+  stand-in for the junction (null with that reason).
 
-A value the tool printed as ``N/A`` is ``None`` with the reason; a value that is neither
+A value the tool printed as ``N/A`` (with or without a note: ``N/A (Secondary die)``) is
+``None`` with the reason; a value that is neither
 a number nor ``N/A`` (garbled) is ``None`` and the card is marked ``complete=False``,
 judged ``unknown``. Nothing is ever read as 0 for lack of a value.
 """

@@ -5,7 +5,10 @@ Each ``|``-cell of the two header rows names the values of the same cell in ever
 two rows (``| Card  VF  Name  Firmware |`` over ``| 0  /  MLU370-X4  v1.1.6 |``). A value
 pair with units (``30 W/ 150 W``, ``257MiB / 32768MiB``) is one value (``30W/150W``); a
 header naming a free-text value (``Name``) takes the tokens the other names leave; a
-two-word header (``Compute M.``) is one name. Only cells closed by a ``|`` are trusted.
+two-word header (``Compute M.``, ``Volatile Uncorr. ECC``) is one name; a pair with an
+``N/A`` side (``N/A / N/A``) is one value; a cell that names one value is that value
+whole (``0 MiB/ xxxxx MiB``), for the vendor's reader to read each side of on its own
+(:func:`read_pair`). Only cells closed by a ``|`` are trusted.
 A card whose rows are not both complete, or whose cell holds a different number of values
 than its header names, is ``complete=False`` with ``damage`` saying why. The process
 section's rows are handed back as text for the vendor's reader.
