@@ -115,7 +115,7 @@ def tokens_of(cell: str) -> list[str]:
     """Whitespace tokens of a cell, a ``30 W/ 150 W`` pair kept as one (``30W/150W``), as
     is a pair with an ``N/A`` side (``N/A / N/A`` -> ``N/A/N/A``)."""
     cell = PAIR.sub(lambda m: f"{m[1]}{m[2]}/{m[3]}{m[4]}", cell)
-    if "N/A" in cell:
+    if "N/A" in cell and "/" in cell.replace("N/A", ""):
         cell = _NA_PAIR.sub(lambda m: f"{m[1].replace(' ', '')}/{m[2].replace(' ', '')}", cell)
     return cell.split()
 
