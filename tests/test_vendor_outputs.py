@@ -24,6 +24,8 @@ from hetpatrol.collectors.gaudi import GaudiCollector, parse_hl_smi
 from hetpatrol.collectors.iluvatar import parse_ixsmi
 from hetpatrol.collectors.kunlunxin import parse_xpu_smi
 from hetpatrol.collectors.rocm_family import parse_rocm_smi, to_record
+from hetpatrol.config import load_config
+from hetpatrol.judge import judge
 from hetpatrol.schema import CardRecord
 from hetpatrol.tool import ToolOutput
 
@@ -301,6 +303,8 @@ def test_ixsmi_na_pair_nulls_power_only():
     }
     assert (rec.memory_used_bytes, rec.memory_total_bytes) == (114 * MIB, 32768 * MIB)
     assert (rec.clock_sm_hertz, rec.driver_version, rec.processes) == (500e6, "4.1.0", [])
+    judge(rec, load_config(text="node: t\nlisten: null\n"))
+    assert rec.health == "ok"  # judged by its values (the temperature read), not unknown
 
 
 def test_ixsmi_301_seven_cards_cut_after_the_card_table():
@@ -511,6 +515,17 @@ def test_ascend_aicore_percent_to_ratio(name, aicore):
     assert [c.aicore_percent for c in info.chips] == [float(a) for a in aicore]
     records = AscendCollector.records_from(info)
     assert [r.utilization_ratio for r in records] == [a / 100 for a in aicore]
+    if "TAIL-CUT" in name:  # the process list stops after NPU 2: NPU 3-7 unknown, not none
+        assert [bool(errors(r).get("npu-smi info processes")) for r in records] == [
+            False,
+            False,
+            False,
+            True,
+            True,
+            True,
+            True,
+            True,
+        ]
 
 
 def test_ascend_busy_910premiuma_values():
