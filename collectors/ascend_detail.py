@@ -43,19 +43,81 @@ _RECORD_RE = re.compile(
 )
 
 
-def parse_chip_map(text: str) -> list[tuple[int, int, int | None, str]]:
-    """``npu-smi info -m``: (NPU ID, Chip ID, Chip Logic ID or None for ``-``, name).
+#: the column names of ``npu-smi info -m`` seen on the recorded generations: ``NPU ID
+#: Chip ID Chip Logic ID Chip Name`` (310, 310P, 910, 910B), with ``Chip Phy-ID`` after
+#: ``Chip Logic ID`` (910_93 / A3: xllm and vllm-ascend test data), and ``NPU ID Slot ID
+#: Chip ID Chip Phy-ID Chip Name`` without a logic id (Ascend 950PR: swanlab's test data)
+_MAP_COLUMNS = ("NPU ID", "Slot ID", "Chip ID", "Chip Logic ID", "Chip Phy-ID", "Chip Name")
 
-    Tab- or space-indented, any column widths; the MCU rows have logic id ``-``.
-    """
-    rows = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 3 or not parts[0].isdigit() or not parts[1].isdigit():
+
+@dataclass(frozen=True)
+class ChipMap:
+    """``npu-smi info -m`` read by its header: ``rows`` as (NPU ID, Chip ID, logic id or
+    None for ``-``, Chip Name); ``logic_column`` names the column the logic id was read
+    from (``Chip Logic ID``, or ``Chip Phy-ID`` where the generation prints no logic id);
+    ``columns`` the header as printed; ``problems`` the rows not read, and why."""
+
+    rows: tuple[tuple[int, int, int | None, str], ...]
+    columns: tuple[str, ...]
+    logic_column: str | None
+    problems: tuple[str, ...] = ()
+
+
+def _map_header(line: str) -> list[str] | None:
+    """The column names of a ``-m`` header row, known names first (``Chip Logic ID`` is
+    one name, not ``Chip`` + ``Logic ID``); None when the row names no ``NPU ID`` and
+    ``Chip ID`` or holds a word that is no known column."""
+    rest = " ".join(line.split())
+    names: list[str] = []
+    while rest:
+        name = next((c for c in _MAP_COLUMNS if rest == c or rest.startswith(c + " ")), None)
+        if name is None:
+            return None
+        names.append(name)
+        rest = rest[len(name) :].strip()
+    return names if "NPU ID" in names and "Chip ID" in names else None
+
+
+def read_chip_map(text: str) -> ChipMap:
+    """``npu-smi info -m`` read by its header row, on every recorded generation (tab- or
+    space-indented, any column widths). Each row: one token per column before ``Chip
+    Name``, which takes the rest (``Ascend 910A``). The logic id is ``Chip Logic ID`` where
+    printed, else ``Chip Phy-ID`` (Ascend 950PR prints no logic id; its chips are
+    addressed by the physical id, as the 950 layouts recorded by swanlab, xqueue and
+    kernelx read it); ``-`` (the MCU rows) is None. Never raises: a text with no header
+    row gives no rows and a problem saying what the output began with."""
+    lines = text.splitlines()
+    at = next((n for n, ln in enumerate(lines) if _map_header(ln)), None)
+    if at is None:
+        first = next((ln.strip() for ln in lines if ln.strip()), "")
+        return ChipMap((), (), None, (f"no 'NPU ID ... Chip ID' header row: {first[:80]!r}",))
+    names = _map_header(lines[at]) or []
+    logic_column = next((c for c in ("Chip Logic ID", "Chip Phy-ID") if c in names), None)
+    fixed = names[:-1] if names[-1] == "Chip Name" else names
+    rows: list[tuple[int, int, int | None, str]] = []
+    problems: list[str] = []
+    for line in lines[at + 1 :]:
+        toks = line.split()
+        if not toks:
             continue
-        logic = int(parts[2]) if parts[2].isdigit() else None
-        rows.append((int(parts[0]), int(parts[1]), logic, " ".join(parts[3:])))
-    return rows
+        if len(toks) < len(fixed) or (names[-1] == "Chip Name" and len(toks) == len(fixed)):
+            problems.append(f"row {' '.join(toks)[:60]!r}: {len(toks)} values for {names}")
+            continue
+        values = dict(zip(fixed, toks, strict=False))
+        name = " ".join(toks[len(fixed) :])
+        npu, chip = values.get("NPU ID", ""), values.get("Chip ID", "")
+        logic = values.get(logic_column or "", "-")
+        if not (npu.isdigit() and chip.isdigit()) or not (logic.isdigit() or logic == "-"):
+            problems.append(f"row {' '.join(toks)[:60]!r} not understood")
+            continue
+        rows.append((int(npu), int(chip), int(logic) if logic.isdigit() else None, name))
+    return ChipMap(tuple(rows), tuple(names), logic_column, tuple(problems))
+
+
+def parse_chip_map(text: str) -> list[tuple[int, int, int | None, str]]:
+    """``npu-smi info -m``: (NPU ID, Chip ID, logic id or None for ``-``, name), read by
+    the header's column names (:func:`read_chip_map`)."""
+    return list(read_chip_map(text).rows)
 
 
 @dataclass(frozen=True)
@@ -330,15 +392,21 @@ class DetailReader:
                 for e in holder.errors
             ]
             return {}
-        rows = parse_chip_map(text)
-        logic = {(n, c): lg for n, c, lg, _name in rows if lg is not None}
+        chip_map = read_chip_map(text)
+        logic = {(n, c): lg for n, c, lg, _name in chip_map.rows if lg is not None}
         if not logic:
             first = text.strip().splitlines()[:1]
+            seen = (
+                f"header {' | '.join(chip_map.columns)}"
+                if chip_map.columns
+                else repr(first[0][:200] if first else "empty")
+            )
+            why = "; ".join(chip_map.problems[:2])
             self._map_errors = [
                 {
                     "source": " ".join(argv),
                     "error": "no chip with a logic id in the output (RoCE checks not "
-                    f"run): {first[0][:200] if first else 'empty'!r}",
+                    f"run): {seen}{': ' + why if why else ''}",
                 }
             ]
             return {}
@@ -405,6 +473,16 @@ class DetailReader:
         logic = self._chip_map().get(key)
         if self._logic is None:
             chip.errors.extend(dict(e) for e in self._map_errors)
+        elif logic is None:
+            # a chip the map does not list (or lists without a logic id): its RoCE port is
+            # not asked, and that is said, never skipped in silence
+            chip.errors.append(
+                {
+                    "source": " ".join([*self.npu_smi, "-m"]),
+                    "error": f"NPU {key[0]} chip {key[1]} has no logic id in the map "
+                    "(RoCE checks not run)",
+                }
+            )
         if logic is not None:
             self._read_roce(key, logic, chip)
         self._details[key] = chip
@@ -455,7 +533,9 @@ __all__ = [
     "DetailReader",
     "HealthDetail",
     "LinkStat",
+    "ChipMap",
     "parse_chip_map",
+    "read_chip_map",
     "parse_health",
     "parse_link",
     "parse_link_stat",

@@ -44,12 +44,11 @@ from hetpatrol.collector import (
     DeviceNode,
     VendorInfo,
 )
-from hetpatrol.collectors.smi_table import PAIR, parse_blocks
+from hetpatrol.collectors.smi_table import describe, is_na, number_unit, parse_blocks, read_pair
 from hetpatrol.collectors.smi_tool import SmiToolCollector, problem_result
 from hetpatrol.schema import CardRecord, ProcessInfo, normalize_bus_id
 
 MIB = 1 << 20
-_NUM_UNIT = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,6})?)\s*([A-Za-z%]{0,4})")
 _VERSION = re.compile(r"CNMON\s+v(\S+)")
 _DRIVER = re.compile(r"Driver\s+v(\S+)")
 _NA = frozenset({"N/A", "NA", "-", "--"})
@@ -101,7 +100,7 @@ def _parse(text: str) -> CnmonTable:
     table = CnmonTable(problems=list(blocks.problems))
     table.cards = [MluCard(b.index, b.values, b.complete, b.damage) for b in blocks.cards]
     if not table.cards:
-        raise CollectorError("cnmon: no MLU table in the output", raw=text)
+        raise CollectorError(f"cnmon: no MLU table in the output ({describe(text)})", raw=text)
     m = _VERSION.search(blocks.title or "")
     if m:
         table.tool_version = m[1]
@@ -178,27 +177,32 @@ def _record(table: CnmonTable, card: MluCard) -> CardRecord:
         rec.bus_id = normalize_bus_id(v["Bus-Id"])
     else:
         missing("Bus-Id", "not in this cnmon layout (v4)")
-    util = _NUM_UNIT.fullmatch(v.get("Util", ""))
-    if util and util[2] == "%" and float(util[1]) <= 100:
-        rec.utilization_ratio = float(util[1]) / 100.0
+    util = number_unit(v.get("Util"))
+    if util and util[1] == "%" and util[0] <= 100:
+        rec.utilization_ratio = util[0] / 100.0
     else:
-        missing("Util")
-    temp = _NUM_UNIT.fullmatch(v.get("Temp", ""))
-    if temp and temp[2] == "C":
-        rec.temperature_celsius = float(temp[1])
+        missing("Util", "N/A: not reported" if is_na(v.get("Util")) else None)
+    temp = number_unit(v.get("Temp"))  # "32C"; "34℃" read the same
+    if temp and temp[1] == "C":
+        rec.temperature_celsius = temp[0]
     else:
-        missing("Temp")
-    pwr = PAIR.fullmatch(v.get("Pwr:Usage/Cap", ""))
-    if pwr and pwr[2] == pwr[4] == "W":
-        rec.power_watts, rec.power_limit_watts = float(pwr[1]), float(pwr[3])
-    else:
-        missing("Pwr:Usage/Cap")
-    mem = PAIR.fullmatch(v.get("Memory-Usage", ""))
-    if mem and mem[2] == mem[4] == "MiB":
-        rec.memory_kind = "fb"  # device memory; cnmon does not say LPDDR or HBM
-        rec.memory_used_bytes, rec.memory_total_bytes = int(mem[1]) * MIB, int(mem[3]) * MIB
-    else:
-        missing("Memory-Usage")
+        missing("Temp", "N/A: not reported" if is_na(v.get("Temp")) else None)
+    # each side of a used/cap pair on its own: "N/A/ 150 W" nulls the usage only
+    for key, attrs, units in (
+        ("Pwr:Usage/Cap", ("power_watts", "power_limit_watts"), {"W": 1.0}),
+        ("Memory-Usage", ("memory_used_bytes", "memory_total_bytes"), {"MiB": MIB}),
+    ):
+        if key not in v:
+            missing(key)
+            continue
+        for attr, (value, why) in zip(attrs, read_pair(v[key], units), strict=True):
+            if value is None:
+                rec.add_error(f"cnmon {key}", f"{attr}: {why}")
+            elif key == "Memory-Usage":
+                rec.memory_kind = "fb"  # device memory; cnmon does not say LPDDR or HBM
+                setattr(rec, attr, int(value))
+            else:
+                setattr(rec, attr, value)
     ecc = v.get("Ecc-Error")
     if ecc is not None and ecc.isdigit():
         rec.counters["ecc_errors"] = int(ecc)

@@ -1,10 +1,13 @@
 """Enflame GCUs (S60, T20, i20...) through ``efsmi``, one record per GCU.
 
 ``efsmi`` prints an nvidia-smi-like table with its own borders: a title row
-(``EFSMI V1.2.0.301  Driver Ver: 1.2.0.301``), two header rows, then two rows per device
-between ``+---+`` / ``|---|`` borders. Cells are read by the header rows' names: ``DEV
-NAME | FW VER | BUS-ID ECC`` over ``TEMP Dpm Pwr(Usage/Cap) | Mem GCU Virt | DUsed SN``
-(``FW VER`` and ``GCU Virt`` are one name each; ``39 C`` and ``105W  300W`` one value).
+(``EFSMI V1.2.0.301  Driver Ver: 1.2.0.301``; ``EFSMI    1.4.0.3``, ``EFSMI: 1.6.3.12``),
+two header rows, then two rows per device between ``+---+`` / ``|---|`` / ``|===|``
+borders. Cells are read by the header rows' names: ``DEV NAME | FW VER | BUS-ID ECC``
+over ``TEMP Dpm Pwr(Usage/Cap) | Mem GCU Virt | DUsed SN`` (``FW VER``, ``Boot FW VER``
+(1.7) and ``GCU Virt`` are one name each; ``Dpm`` is ``Lpm`` from 1.6; ``39 C``,
+``71\u2103``, ``105W  300W`` and ``118W / 300W`` one value each; ``NAME`` may hold spaces:
+``Enflame S60``). Each value is read on its own: a power ``N/A`` nulls the power only.
 
 Value sources (efsmi column -> :class:`~hetpatrol.schema.CardRecord` field):
 
@@ -19,8 +22,8 @@ Value sources (efsmi column -> :class:`~hetpatrol.schema.CardRecord` field):
 ``Driver Ver:``     ``driver_version`` (title row)
 ==================  ===============================================================
 
-The only recorded output is a documentation excerpt (PaddlePaddle docs, efsmi V1.2.0),
-so what it does not say is not guessed: ``Mem`` (one figure: total, used or free is not
+Recorded: efsmi 1.2, 1.4, 1.6 and 1.7 (``fixtures/vendor-outputs/enflame``); what none
+of them says is not guessed: ``Mem`` (one figure: total, used or free is not
 stated; 49120 MiB on an idle 48 GiB S60, 42976 MiB on a busy one) and ``DUsed`` are not
 read (memory and utilization None, with that reason); there is no process table and no
 health word (processes unknown, ``vendor_health`` None).
@@ -33,26 +36,36 @@ import re
 from typing import ClassVar
 
 from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
+from hetpatrol.collectors.smi_table import describe, is_na, number_unit, read_pair
 from hetpatrol.collectors.smi_tool import SmiToolCollector
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
-_TITLE = re.compile(r"EFSMI\s+V(\S+)")
+#: the title row: ``EFSMI V1.2.0.301`` (1.2), ``EFSMI    1.4.0.3`` (1.4), ``EFSMI: 1.6.3.12``
+_TITLE = re.compile(r"EFSMI:?\s+V?([0-9]\S*)")
 _DRIVER = re.compile(r"Driver Ver:\s*(\S+)")
-_JOIN_NAMES = (("FW VER", "FW-VER"), ("GCU Virt", "GCU-Virt"))
+_JOIN_NAMES = (("Boot FW VER", "Boot-FW-VER"), ("FW VER", "FW-VER"), ("GCU Virt", "GCU-Virt"))
+#: header names whose value may hold spaces (``Enflame S60`` from 1.4 on)
+_FREE_TEXT = frozenset({"NAME"})
+_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,30}(?: [A-Za-z0-9][A-Za-z0-9._-]{0,30}){0,3}")
 _JOIN_VALUES = (
     (re.compile(r"\b([0-9]{1,3}(?:\.[0-9])?) C\b"), r"\1C"),
     (re.compile(r"\b([0-9]{1,5}(?:\.[0-9]{1,3})?W)\s+([0-9]{1,5}(?:\.[0-9]{1,3})?W)"), r"\1/\2"),
+    # 1.4 on: "118W / 300W"
+    (
+        re.compile(r"\b([0-9]{1,5}(?:\.[0-9]{1,3})?W)\s*/\s*([0-9]{1,5}(?:\.[0-9]{1,3})?W)"),
+        r"\1/\2",
+    ),
 )
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9()/:-]{0,30}")
 _TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,40}")
-_TEMP = re.compile(r"([0-9]{1,3}(?:\.[0-9])?)C")
-_PWR = re.compile(r"([0-9]{1,5}(?:\.[0-9]{1,3})?)W/([0-9]{1,5}(?:\.[0-9]{1,3})?)W")
 
 
 def card_type_for(model: str | None) -> str:
-    """``S60`` -> ``"s60"``, ``T20`` -> ``"t20"``, ``i20`` -> ``"i20"``; anything else ->
+    """``S60`` / ``Enflame S60`` -> ``"s60"``, ``Enflame S60G`` -> ``"s60"``, ``T20`` ->
+    ``"t20"``, ``i20`` -> ``"i20"``, ``Enflame L300`` -> ``"l300"``; anything else ->
     ``"enflame"``."""
-    m = re.fullmatch(r"([STIsti][0-9]{2})\S*", (model or "").strip())
+    words = (model or "").split()
+    m = re.fullmatch(r"([STILstil][0-9]{2,3})\S*", words[-1]) if words else None
     return m[1].lower() if m else "enflame"
 
 
@@ -98,7 +111,7 @@ def parse_efsmi(text: str) -> tuple[list[CardRecord], list[str]]:
         if not s:
             continue
         last = s
-        if s.startswith("+") or s.startswith("|-"):
+        if s.startswith("+") or s.startswith("|-") or s.startswith("|="):
             close_block()
             continue
         if not s.startswith("|"):
@@ -121,7 +134,7 @@ def parse_efsmi(text: str) -> tuple[list[CardRecord], list[str]]:
         current.append((cells, closed))
     close_block()
     if not blocks:
-        raise CollectorError("efsmi: no device table in the output", raw=text)
+        raise CollectorError(f"efsmi: no device table in the output ({describe(text)})", raw=text)
     if title is None:
         problems.append("no 'EFSMI V...' title row: head of the output missing")
     if not last.startswith("+"):
@@ -144,8 +157,18 @@ def _block(
             if i >= len(cells):
                 break
             toks = _values(cells[i])
+            if cell_names is not None and len(cell_names) == 1 and toks:
+                toks = [" ".join(toks)]  # one value: the whole cell ("118W / 300W", "N/A")
+            free = [j for j, n in enumerate(cell_names or ()) if n in _FREE_TEXT]
+            extra = len(toks) - len(cell_names or ())
+            if cell_names is not None and extra > 0 and len(free) == 1:
+                j = free[0]
+                toks = [*toks[:j], " ".join(toks[j : j + extra + 1]), *toks[j + extra + 1 :]]
             if cell_names is None or len(toks) != len(cell_names):
-                damage = damage or f"cell {i} does not match its header"
+                names = " ".join(cell_names or ("?",))
+                damage = damage or (
+                    f"cell {names!r} holds {len(toks)} values: {' '.join(toks)[:50]!r}"
+                )
                 continue
             values.update(zip(cell_names, toks, strict=True))
     return int(first), values, damage
@@ -156,9 +179,11 @@ def _record(index: int, v: dict[str, str], damage: str | None, driver: str | Non
     if damage:
         rec.read_ok = False
         rec.add_error("efsmi", f"device rows damaged: {damage}: card not fully read")
+    if "Boot-FW-VER" in v:  # efsmi 1.7 heads the firmware column "Boot FW VER"
+        v["FW-VER"] = v.pop("Boot-FW-VER")
     for key, attr in (("NAME", "model"), ("FW-VER", "firmware_version"), ("SN", "serial")):
         value = v.get(key)
-        if value is not None and _TEXT.fullmatch(value):
+        if value is not None and (_MODEL if key == "NAME" else _TEXT).fullmatch(value):
             setattr(rec, attr, value)
         elif value is not None or not damage:
             rec.read_ok = rec.read_ok and value is None
@@ -170,16 +195,23 @@ def _record(index: int, v: dict[str, str], damage: str | None, driver: str | Non
         rec.bus_id = normalize_bus_id(f"{int(m[1], 16):04x}:{m[2]}")
     elif bus is not None or not damage:
         rec.add_error("efsmi BUS-ID", repr(bus) if bus else "not read")
-    m = _TEMP.fullmatch(v.get("TEMP", ""))
-    if m:
-        rec.temperature_celsius = float(m[1])
+    temp = number_unit(v.get("TEMP"))  # "39C" (1.2: "39 C"), "71\u2103" (1.4 on)
+    if temp and temp[1] == "C":
+        rec.temperature_celsius = temp[0]
     elif "TEMP" in v or not damage:
-        rec.add_error("efsmi TEMP", repr(v.get("TEMP", "not read")))
-    m = _PWR.fullmatch(v.get("Pwr(Usage/Cap)", ""))
-    if m:
-        rec.power_watts, rec.power_limit_watts = float(m[1]), float(m[2])
-    elif "Pwr(Usage/Cap)" in v or not damage:
-        rec.add_error("efsmi Pwr(Usage/Cap)", repr(v.get("Pwr(Usage/Cap)", "not read")))
+        why = "N/A: not reported" if is_na(v.get("TEMP")) else repr(v.get("TEMP", "not read"))
+        rec.add_error("efsmi TEMP", why)
+    pwr = v.get("Pwr(Usage/Cap)")
+    if pwr is not None and is_na(pwr):
+        rec.add_error("efsmi Pwr(Usage/Cap)", f"{pwr}: not reported")
+    elif pwr is not None or not damage:
+        # each side on its own: "105W/300W" (1.2, joined above), "118W / 300W" (1.4 on)
+        sides = read_pair(pwr, {"W": 1.0})
+        for attr, (value, why) in zip(("power_watts", "power_limit_watts"), sides, strict=True):
+            if value is None:
+                rec.add_error("efsmi Pwr(Usage/Cap)", f"{attr}: {why}")
+            else:
+                setattr(rec, attr, value)
     rec.add_error("efsmi Mem", "not read: one figure, total, used or free not stated")
     rec.add_error("efsmi DUsed", "not read: meaning not stated in the recorded output")
     rec.add_error("efsmi processes", "unknown: efsmi's table lists no processes")

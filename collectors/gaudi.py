@@ -22,8 +22,12 @@ Value sources (query field -> :class:`~hetpatrol.schema.CardRecord` field):
 =====================  ===========================================================
 
 The recorded sample (``habana-hl-smi-csv-HL-325L.txt``, all-smi's parser test) was read
-with the default query. hl-smi prints no health word or process list in this form:
-``vendor_health`` is None, the processes are unknown (an error entry says so).
+with the default query. A configured ``command`` may print another of hl-smi's forms,
+each read by what it names (:func:`parse_hl_smi`): CSV with its header row
+(``memory.used [MiB]`` over ``512``: the unit from the header) or the plain table
+(:func:`parse_hl_smi_table`, hl-smi 1.4 to 1.20, which lists processes). hl-smi prints
+no health word; the CSV forms list no processes: ``vendor_health`` is None, the
+processes unknown (an error entry says so).
 """
 
 from __future__ import annotations
@@ -34,8 +38,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
+from hetpatrol.collectors.smi_table import (
+    describe,
+    is_na,
+    number_unit,
+    parse_blocks,
+    read_pair,
+    read_side,
+)
 from hetpatrol.collectors.smi_tool import SmiToolCollector
-from hetpatrol.schema import CardRecord, normalize_bus_id
+from hetpatrol.schema import CardRecord, ProcessInfo, normalize_bus_id
 
 MIB = 1 << 20
 HL_FIELDS = (
@@ -85,6 +97,9 @@ def parse_hl_smi_csv(
     records: list[CardRecord] = []
     problems: list[str] = []
     lines = text.splitlines()
+    head = next((ln for ln in lines if ln.strip()), "")
+    if _is_csv_header(head):
+        return _parse_headered_csv(text, lines, problems)
     if lines and not text.endswith(("\n", "\r")):
         problems.append("last line has no line end: cut, not read")
         lines.pop()
@@ -108,8 +123,187 @@ def parse_hl_smi_csv(
             rec.memory_kind = "hbm"
         rec.add_error("hl-smi processes", "unknown: this query lists no processes")
     if not records:
-        raise CollectorError("hl-smi: no card row in the output", raw=text)
+        raise CollectorError(f"hl-smi: no card row in the output ({describe(text)})", raw=text)
     return records, problems
+
+
+#: a header cell of ``--format csv`` (with its header row): ``memory.used [MiB]``
+_HEADER_CELL = re.compile(r"([a-z][a-z0-9_.]{0,40})(?:\s*\[([A-Za-z%]{1,4})\])?")
+
+
+def _is_csv_header(line: str) -> bool:
+    cells = [c.strip() for c in line.split(",")]
+    return len(cells) > 1 and all(_HEADER_CELL.fullmatch(c) for c in cells)
+
+
+def _parse_headered_csv(
+    text: str, lines: list[str], problems: list[str]
+) -> tuple[list[CardRecord], list[str]]:
+    """``hl-smi -Q <fields> --format csv[,nounits]`` with its header row: each column read
+    by the field it names, a cell without a unit in the unit its header gives
+    (``memory.used [MiB]`` over ``512``; 2maz/slurm-monitor's recorded hl-smi 1.18 query).
+    A query without ``index`` numbers the cards in row order (hl-smi prints them by
+    index), with that said in an error entry; ``uuid`` stays the card's identity."""
+    header = [_HEADER_CELL.fullmatch(c.strip()) for c in lines[0].split(",")]
+    while not lines[0].strip():
+        lines.pop(0)
+        header = [_HEADER_CELL.fullmatch(c.strip()) for c in lines[0].split(",")]
+    names = [(m[1], m[2]) for m in header if m]
+    field_names = [n for n, _ in names]
+    if lines and not text.endswith(("\n", "\r")):
+        problems.append("last line has no line end: cut, not read")
+        lines = lines[:-1]
+    records: list[CardRecord] = []
+    for row_no, line in enumerate(ln for ln in lines[1:] if ln.strip()):
+        cells = [c.strip() for c in line.split(",")]
+        rec = CardRecord(vendor="gaudi", index=row_no)
+        if "index" not in field_names:
+            rec.add_error("hl-smi index", "not in the query: numbered in row order")
+        records.append(rec)
+        if len(cells) != len(names):
+            rec.read_ok = False
+            rec.add_error("hl-smi", f"row has {len(cells)} cells for {len(names)} fields")
+            continue
+        for (name, unit), cell in zip(names, cells, strict=True):
+            if name == "index":
+                if cell.isdigit():
+                    rec.index = int(cell)
+                else:
+                    rec.read_ok = False
+                    rec.add_error("hl-smi index", f"{cell[:20]!r} not an index")
+                continue
+            expected = _NUMERIC.get(name, (None, None, None))[1]
+            if unit and name in _NUMERIC and unit != expected:
+                rec.add_error(f"hl-smi {name}", f"header unit {unit!r} not {expected!r}: not read")
+                continue
+            if unit and name in _NUMERIC and number_unit(cell) and number_unit(cell)[1] == "":
+                cell = f"{cell} {unit}"
+            _cell(rec, name, cell)
+        rec.card_type = card_type_for(rec.model)
+        if rec.memory_total_bytes is not None:
+            rec.memory_kind = "hbm"
+        rec.add_error("hl-smi processes", "unknown: this query lists no processes")
+    if not records:
+        raise CollectorError(f"hl-smi: no card row in the output ({describe(text)})", raw=text)
+    return records, problems
+
+
+# ------------------------------------------------------------------ hl-smi (table)
+
+_DRIVER = re.compile(r"Driver Version:\s*(\S+)")
+#: hl-smi's table prints MiB as "Mib" up to 1.6 (32768Mib on a 32 GiB HL-205)
+_MIB_UNITS = {"MiB": MIB, "Mib": MIB}
+
+
+def parse_hl_smi_table(text: str) -> tuple[list[CardRecord], list[str]]:
+    """Records and problems of plain ``hl-smi`` (its nvidia-smi-like table: ``AIP Name
+    Persistence-M | Bus-Id Disp.A | Volatile Uncorr. ECC`` over ``Fan Temp Perf
+    Pwr:Usage/Cap | Memory-Usage | AIP-Util Compute M.``), read by the header rows' names
+    (:mod:`hetpatrol.collectors.smi_table`). Recorded from hl-smi 1.4.1 to 1.20.
+
+    Value sources: ``AIP`` -> ``index``, ``Name`` -> ``model``, ``Bus-Id`` -> ``bus_id``,
+    ``Temp`` -> ``temperature_celsius``, ``Pwr:Usage/Cap`` -> ``power_watts`` /
+    ``power_limit_watts``, ``Memory-Usage`` -> ``memory_used_bytes`` /
+    ``memory_total_bytes`` (MiB, HBM), ``AIP-Util`` -> ``utilization_ratio``, ``Volatile
+    Uncorr. ECC`` -> ``counters["ecc_uncorrected_volatile"]``, the title's ``Driver
+    Version:`` -> ``driver_version``; the ``Compute Processes`` rows -> ``processes``
+    (``N/A`` rows: none on that AIP; a row cut or wrapped: processes unknown).
+    :class:`CollectorError` (raw kept) when no AIP row is found."""
+    table = parse_blocks(text, "AIP", "HL-SMI")
+    if not table.cards:
+        raise CollectorError(f"hl-smi: no AIP table in the output ({describe(text)})", raw=text)
+    problems = list(table.problems)
+    if table.title is None:
+        problems.append("no 'HL-SMI Version' title row: head of the output missing")
+    driver = _DRIVER.search(text)
+    procs: dict[int, list[ProcessInfo]] = {}
+    known = table.processes_complete
+    for row, closed in table.process_rows:
+        toks = row.split()
+        if closed and len(toks) >= 5 and toks[0].isdigit() and toks[1] == "N/A":
+            continue  # "0  N/A  N/A  N/A  N/A": nothing on that AIP
+        usage = read_side(toks[-1], _MIB_UNITS)[0] if toks else None
+        if not closed or len(toks) < 5 or not (toks[0].isdigit() and toks[1].isdigit()):
+            known = False
+            problems.append(f"process row {row[:40]!r} cut or not understood")
+            continue
+        procs.setdefault(int(toks[0]), []).append(
+            ProcessInfo(
+                pid=int(toks[1]),
+                name=" ".join(toks[3:-1]) or None,
+                memory_bytes=int(usage) if usage is not None else None,
+            )
+        )
+    if not table.processes_complete:
+        problems.append("process table missing or cut")
+    records = []
+    for block in table.cards:
+        rec = CardRecord(vendor="gaudi", index=block.index)
+        rec.driver_version = driver[1] if driver else None
+        v = block.values
+        if not block.complete:
+            rec.read_ok = False
+            rec.add_error("hl-smi", f"card rows damaged: {block.damage}: card not fully read")
+        name = v.get("Name")
+        if name and _TEXT.fullmatch(name):
+            rec.model = name
+        elif name is not None:
+            rec.read_ok = False
+            rec.add_error("hl-smi Name", f"garbled text {name[:30]!r}: not read")
+        rec.card_type = card_type_for(rec.model)
+        bus = v.get("Bus-Id")
+        rec.bus_id = normalize_bus_id(bus) if bus and not is_na(bus) else None
+        if rec.bus_id is None and (bus is not None or block.complete):
+            rec.add_error("hl-smi Bus-Id", repr(bus) if bus else "not read")
+        for key, attr, units in (
+            ("Temp", "temperature_celsius", {"C": 1.0}),
+            ("AIP-Util", "utilization_ratio", {"%": 0.01}),
+        ):
+            if key not in v and not block.complete:
+                continue
+            value, why = read_side(v.get(key), units)
+            setattr(rec, attr, value)
+            if value is None:
+                rec.add_error(f"hl-smi {key}", why or "not read")
+        for key, attrs, units in (
+            ("Pwr:Usage/Cap", ("power_watts", "power_limit_watts"), {"W": 1.0}),
+            ("Memory-Usage", ("memory_used_bytes", "memory_total_bytes"), _MIB_UNITS),
+        ):
+            if key not in v and not block.complete:
+                continue
+            for attr, (value, why) in zip(attrs, read_pair(v.get(key), units), strict=True):
+                if value is None:
+                    rec.add_error(f"hl-smi {key}", f"{attr}: {why}")
+                elif key == "Memory-Usage":
+                    setattr(rec, attr, int(value))
+                    rec.memory_kind = "hbm"
+                else:
+                    setattr(rec, attr, value)
+        ecc = v.get("Volatile-Uncorr.-ECC")
+        if ecc is not None and ecc.isdigit():
+            rec.counters["ecc_uncorrected_volatile"] = int(ecc)
+        elif ecc is not None:
+            rec.add_error("hl-smi Volatile Uncorr. ECC", f"{ecc[:20]!r}: not read")
+        if known:
+            rec.processes = procs.get(block.index, [])
+        else:
+            rec.add_error("hl-smi processes", "unknown: process table cut or a row not read")
+        records.append(rec)
+    return records, problems
+
+
+def parse_hl_smi(
+    text: str, fields: tuple[str, ...] = HL_FIELDS
+) -> tuple[list[CardRecord], list[str]]:
+    """Any of hl-smi's printed forms, told apart by what the text is: its table (a
+    ``+---`` border or the ``HL-SMI Version`` title: :func:`parse_hl_smi_table`), CSV with
+    a header row (the header names the columns), or ``--format csv,noheader`` read by
+    ``fields`` (:func:`parse_hl_smi_csv`). :class:`CollectorError` (raw kept) when none
+    holds a card row."""
+    head = text.lstrip()[:400]
+    if head.startswith(("+", "|")) or "HL-SMI Version" in head:
+        return parse_hl_smi_table(text)
+    return parse_hl_smi_csv(text, fields)
 
 
 def _cell(rec: CardRecord, name: str, cell: str) -> None:
@@ -170,9 +364,23 @@ class GaudiCollector(SmiToolCollector):
         return ["hl-smi", "-Q", ",".join(self.fields), "--format", "csv,noheader"]
 
     def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:
-        """:func:`parse_hl_smi_csv` by ``self.fields``; :class:`CollectorError` (raw
-        kept) when it printed no card row."""
-        return parse_hl_smi_csv(text, self.fields)
+        """:func:`parse_hl_smi` (the CSV by ``self.fields``, or hl-smi's table when a
+        configured command prints it); :class:`CollectorError` (raw kept) when it printed
+        no card row."""
+        try:
+            return parse_hl_smi(text, self.fields)
+        except CollectorError:
+            raise
+        except Exception as exc:  # pragma: no cover - guard: a parser bug must not escape
+            raise CollectorError(
+                f"hl-smi: parser error {type(exc).__name__}: {exc}", raw=text
+            ) from exc
 
 
-__all__ = ["GaudiCollector", "card_type_for", "parse_hl_smi_csv"]
+__all__ = [
+    "GaudiCollector",
+    "card_type_for",
+    "parse_hl_smi",
+    "parse_hl_smi_csv",
+    "parse_hl_smi_table",
+]

@@ -20,8 +20,10 @@ Value sources (ixsmi column -> :class:`~hetpatrol.schema.CardRecord` field):
 ``Driver Version:``    ``driver_version`` (title row)
 =====================  ==============================================================
 
-The only recorded output (gpustack issue #3256, IX-ML 3.1.1) shows no process row and is
-cut inside its process table, so process rows are not read: a table that lists any is
+Each value of a cell is read on its own: ``N/A / N/A`` under ``Pwr:Usage/Cap`` (IX-ML
+4.0 on a BI-V150S) nulls the two power values, never the temperature beside them. No
+recorded output (IX-ML 3.0.1, 3.1.1, 4.0.0) shows a process row, so process rows are not
+read: a table that lists any is
 refused for processes (unknown, with the row kept in ``raw``), as is one without its
 closing border. ixsmi prints no health word: ``vendor_health`` is None.
 """
@@ -32,12 +34,18 @@ import re
 from typing import ClassVar
 
 from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
-from hetpatrol.collectors.smi_table import PAIR, Block, SmiTable, parse_blocks
+from hetpatrol.collectors.smi_table import (
+    Block,
+    SmiTable,
+    describe,
+    number_unit,
+    parse_blocks,
+    read_pair,
+)
 from hetpatrol.collectors.smi_tool import SmiToolCollector
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 MIB = 1 << 20
-_NUM_UNIT = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,6})?)([A-Za-z%]{1,4})")
 _DRIVER = re.compile(r"Driver Version:\s*(\S+)")
 _GARBLED = re.compile(r"[\x00-\x1f\x7f\ufffd#?@!*~^`%&$;=<>]")
 
@@ -56,8 +64,14 @@ def parse_ixsmi(text: str) -> tuple[SmiTable, list[CardRecord]]:
         table = parse_blocks(text, "GPU", "IX-ML", frozenset({"Name"}))
     except Exception as exc:  # pragma: no cover - guard
         raise CollectorError(f"ixsmi: parser error {type(exc).__name__}: {exc}", raw=text) from exc
+    if table.cards and not table.header_seen:
+        raise CollectorError(
+            f"ixsmi: {len(table.cards)} card rows but no header rows to read them by"
+            f" ({describe(text)})",
+            raw=text,
+        )
     if not table.cards:
-        raise CollectorError("ixsmi: no GPU table in the output", raw=text)
+        raise CollectorError(f"ixsmi: no GPU table in the output ({describe(text)})", raw=text)
     driver = _DRIVER.search(table.title or "")
     if table.title is None:
         table.problems.append("no 'IX-ML' title row: head of the output missing")
@@ -72,9 +86,9 @@ def parse_ixsmi(text: str) -> tuple[SmiTable, list[CardRecord]]:
 
 def _number(rec: CardRecord, block: Block, name: str, unit: str) -> float | None:
     text = block.values.get(name)
-    m = _NUM_UNIT.fullmatch(text or "")
-    if m and m[2] == unit:
-        return float(m[1])
+    got = number_unit(text)
+    if got and got[1] == unit:
+        return got[0]
     if block.complete or text is not None:
         rec.add_error(f"ixsmi {name}", repr(text) if text is not None else "not read")
     return None
@@ -102,18 +116,29 @@ def _record(block: Block, driver: str | None, processes_known: bool) -> CardReco
     util = _number(rec, block, "GPU-Util", "%")
     if util is not None and util <= 100:
         rec.utilization_ratio = util / 100.0
-    pwr = PAIR.fullmatch(v.get("Pwr:Usage/Cap", ""))
-    if pwr and pwr[2] == pwr[4] == "W":
-        rec.power_watts, rec.power_limit_watts = float(pwr[1]), float(pwr[3])
-    elif block.complete or "Pwr:Usage/Cap" in v:
-        rec.add_error("ixsmi Pwr:Usage/Cap", repr(v.get("Pwr:Usage/Cap", "not read")))
-    mem = PAIR.fullmatch(v.get("Memory-Usage", ""))
-    if mem and mem[2] == mem[4] == "MiB":
-        rec.memory_kind = "fb"
-        rec.memory_used_bytes = int(float(mem[1])) * MIB
-        rec.memory_total_bytes = int(float(mem[3])) * MIB
-    elif block.complete or "Memory-Usage" in v:
-        rec.add_error("ixsmi Memory-Usage", repr(v.get("Memory-Usage", "not read")))
+    # each side of a used/cap pair on its own: "N/A / N/A" (a BI-V150S reporting no
+    # power) nulls the two power values, never the temperature beside them
+    for key, attrs, units, sides in (
+        ("Pwr:Usage/Cap", ("power_watts", "power_limit_watts"), {"W": 1.0}, ("usage", "cap")),
+        (
+            "Memory-Usage",
+            ("memory_used_bytes", "memory_total_bytes"),
+            {"MiB": MIB},
+            ("used", "total"),
+        ),
+    ):
+        if key not in v and not block.complete:
+            continue
+        for attr, (value, why), side in zip(
+            attrs, read_pair(v.get(key), units), sides, strict=True
+        ):
+            if value is None:
+                rec.add_error(f"ixsmi {key}", f"{side}: {why}")
+            elif units.get("MiB"):
+                setattr(rec, attr, int(value))
+                rec.memory_kind = "fb"
+            else:
+                setattr(rec, attr, value)
     if not processes_known:
         rec.add_error("ixsmi processes", "unknown: process table cut or its rows not read")
     return rec

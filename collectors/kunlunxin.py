@@ -8,21 +8,32 @@ trusted, and a section that does not end on its border line is cut.
 
 Value sources (``DEVICES`` column -> :class:`~hetpatrol.schema.CardRecord` field):
 
-=============  ===================================================================
-``DevID``      ``index``
-``PCI Addr``   ``bus_id``
-``Model``      ``model``; :func:`card_type_for` -> ``card_type``
-``SN``         ``serial`` (published samples mask it: ``02Kxxx``)
-``UseRate``    ``utilization_ratio`` (``0 %`` / 100)
-``Memory``     ``memory_used_bytes`` / ``memory_total_bytes`` (``0 / 32768 MB``; read
-               as MiB: the R300's 32 GiB print as 32768)
-=============  ===================================================================
+====================  ============================================================
+``DevID``             ``index``
+``PCI Addr``          ``bus_id``
+``Model``             ``model``; :func:`card_type_for` -> ``card_type``
+``SN``                ``serial`` (published samples mask it: ``02Kxxx``)
+``UseRate``           ``utilization_ratio`` (``0 %`` / 100)
+``Memory``            ``memory_used_bytes`` / ``memory_total_bytes`` (``0 / 32768
+                      MB``; read as MiB: the R300's 32 GiB print as 32768)
+``Power(W)``          ``power_watts`` (the wider layout only)
+``Temp``              ``temperature_celsius`` (the wider layout only; see below)
+``Firmware Version``  ``firmware_version`` (the wider layout only)
+====================  ============================================================
 
-The default table prints no temperature, power or health word: those are None with
-that reason (never 0). The only recorded output (PaddlePaddle docs, a documentation
-excerpt) has an empty ``PROCESSES`` table: an empty table closed by its border means
-no processes; process rows, whose layout no recording shows, are refused (processes
-unknown, raw kept), never guessed.
+Columns are found by their header names, wherever they stand: the wider layout of the
+same driver 4.0 (``... | State | UseRate | L3 | Memory | Power(W) | Temp | Freq(MHz) |
+Firmware Version | CPLD Version |``, recorded on R200, K100 and K200 nodes) is read for
+its power, temperature and firmware too; a layout without them (R300 in the
+PaddlePaddle docs) gives None with that reason (never 0). ``Temp`` has no unit in its
+header: it is read as degrees Celsius, the only scale that puts the recorded idle cards
+at 39-51. No health word is printed (``State``'s letters are not documented: not
+read).
+
+The R300 recording (PaddlePaddle docs, a documentation excerpt) has an empty
+``PROCESSES`` table: an empty table closed by its border means no processes; process
+rows, whose layout no recording shows, are refused (processes unknown, raw kept), never
+guessed.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import re
 from typing import ClassVar
 
 from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
+from hetpatrol.collectors.smi_table import describe, is_na
 from hetpatrol.collectors.smi_tool import SmiToolCollector
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
@@ -39,13 +51,14 @@ _VERSION = re.compile(r"^\s*Driver Version:\s*(\S+)", re.MULTILINE)
 _PCT = re.compile(r"([0-9]{1,3}(?:\.[0-9]{1,3})?)\s*%")
 _MEM = re.compile(r"([0-9]{1,9})\s*/\s*([0-9]{1,9})\s*MB")
 _TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,40}")
+_NUMBER = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,3})?")
 _SECTIONS = ("DEVICES", "VIDEO", "PROCESSES")
 
 
 def card_type_for(model: str | None) -> str:
-    """``R300`` -> ``"r300"``, ``P800`` -> ``"p800"``, ``R200-8F`` -> ``"r200"``;
-    anything else -> ``"kunlunxin"``."""
-    m = re.fullmatch(r"([RP][0-9]{3})(?:-\S+)?", (model or "").strip(), re.IGNORECASE)
+    """``R300`` -> ``"r300"``, ``P800`` -> ``"p800"``, ``R200-8F`` -> ``"r200"``, ``K200``
+    (first generation) -> ``"k200"``; anything else -> ``"kunlunxin"``."""
+    m = re.fullmatch(r"([RPK][0-9]{3})(?:-\S+)?", (model or "").strip(), re.IGNORECASE)
     return m[1].lower() if m else "kunlunxin"
 
 
@@ -86,7 +99,10 @@ def parse_xpu_smi(text: str) -> tuple[list[CardRecord], list[str]]:
     sections = _sections(text)
     header, rows, ended = _table(sections.get("DEVICES", []))
     if header is None or not rows:
-        raise CollectorError("xpu_smi: no DEVICES table in the output", raw=text)
+        seen = f"DEVICES header {' | '.join(header)[:80]!r}, " if header else ""
+        raise CollectorError(
+            f"xpu_smi: no DEVICES table in the output ({seen}{describe(text)})", raw=text
+        )
     if not ended:
         problems.append("DEVICES table does not end on its border: cut")
     driver = _VERSION.search(text)
@@ -105,8 +121,9 @@ def parse_xpu_smi(text: str) -> tuple[list[CardRecord], list[str]]:
         else:
             _fill(rec, dict(zip(header, cells, strict=True)))
         rec.card_type = card_type_for(rec.model)
-        rec.add_error("xpu_smi temperature", "not in xpu_smi's default table")
-        rec.add_error("xpu_smi power", "not in xpu_smi's default table")
+        for name in ("Power(W)", "Temp"):
+            if name not in header:
+                rec.add_error(f"xpu_smi {name}", "no such column in this layout")
         records.append(rec)
     if not records:
         raise CollectorError("xpu_smi: no readable DEVICES row", raw=text)
@@ -135,6 +152,21 @@ def _fill(rec: CardRecord, v: dict[str, str]) -> None:
         rec.memory_used_bytes, rec.memory_total_bytes = int(m[1]) * MIB, int(m[2]) * MIB
     else:
         rec.add_error("xpu_smi Memory", repr(v.get("Memory", "column not in the table")))
+    # the wider layout's columns, each read on its own where its header is printed
+    for name, attr in (("Power(W)", "power_watts"), ("Temp", "temperature_celsius")):
+        cell = v.get(name)
+        if cell is None:
+            continue
+        if _NUMBER.fullmatch(cell):
+            setattr(rec, attr, float(cell))
+        else:
+            why = f"{cell}: not reported" if is_na(cell) else f"{cell[:30]!r} not a number"
+            rec.add_error(f"xpu_smi {name}", why)
+    fw = v.get("Firmware Version")
+    if fw is not None and _TEXT.fullmatch(fw):
+        rec.firmware_version = fw
+    elif fw is not None:
+        rec.add_error("xpu_smi Firmware Version", f"{fw[:30]!r} not read")
 
 
 def _processes(

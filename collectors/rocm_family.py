@@ -22,10 +22,15 @@ Where the formats differ, the difference is read, not papered over:
   byte counts by 1024*1024 (github.com/ROCm/amdsmi ``amdsmi_cli/amdsmi_commands.py``).
   ECC is read in total (``ecc.total_*_count``) and per block (``ecc_blocks.<BLOCK>``,
   ``amd-smi metric --ecc-blocks``), the latter as ``counters["ecc_uncorrected_<block>"]``.
-- **the plain rocm-smi table** (``DCU Temp AvgPwr Fan Perf PwrCap VRAM% DCU%``) gives
-  VRAM only as a percentage: no bytes, so memory is null with that reason.
+- **the plain rocm-smi table** (``DCU Temp AvgPwr Fan Perf PwrCap VRAM% DCU%``; ROCm 5's
+  ``GPU Temp (DieEdge) AvgPwr ...``; ROCm 6's ``Device [Model : Revision] Temp Power ...``
+  with its second header row and a name row under each card) is read by where each
+  header name starts, each value by its unit; it gives VRAM only as a percentage: no
+  bytes, so memory is null with that reason; a Temp column naming the edge sensor is no
+  stand-in for the junction (null with that reason).
 
-A value the tool printed as ``N/A`` is ``None`` with the reason; a value that is neither
+A value the tool printed as ``N/A`` (with or without a note: ``N/A (Secondary die)``) is
+``None`` with the reason; a value that is neither
 a number nor ``N/A`` (garbled) is ``None`` and the card is marked ``complete=False``,
 judged ``unknown``. Nothing is ever read as 0 for lack of a value.
 """
@@ -39,6 +44,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetpatrol.collector import CollectorError
+from hetpatrol.collectors.smi_table import (
+    Column,
+    aligned_columns,
+    aligned_values,
+    describe,
+    is_na,
+)
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 HYGON = "hygon"
@@ -125,7 +137,7 @@ def read_value(card: RocmCard, source: str, raw: Any, unit: str | None, table: d
         number: float = float(raw)
     else:
         text = str(raw).strip()
-        if text.lower() in _NA or text == "":
+        if text.lower() in _NA or text == "" or is_na(text):
             card.errors[source] = f"{text or 'empty'}: not reported"
             return None
         m = _NUM_UNIT.fullmatch(text)
@@ -267,69 +279,155 @@ def _unit_of(key: str) -> str | None:
 
 # ------------------------------------------------------------------ rocm-smi (table)
 
+#: the first header word of rocm-smi's concise table: ``GPU`` (ROCm 4/5), ``Device`` (ROCm
+#: 6), ``DCU`` (Hygon DTK), ``HCU`` (Hygon hy-smi)
+_INDEX_HEADERS = {"GPU": AMD, "Device": AMD, "DCU": HYGON, "HCU": HYGON}
+#: column (name before its parentheses, lower-cased) -> (attribute, units)
 _TABLE_UNITS = {
-    "temp": ("temperature_celsius", {"c", "°c"}),
+    "temp": ("temperature_celsius", CELSIUS),
     "avgpwr": ("power_watts", WATTS),
     "power": ("power_watts", WATTS),
     "pwrcap": ("power_limit_watts", WATTS),
     "dcu%": ("utilization_percent", {"%"}),
     "gpu%": ("utilization_percent", {"%"}),
+    "hcu%": ("utilization_percent", {"%"}),
 }
-#: columns read as text only or not needed
-_TABLE_SKIP = {"fan", "perf", "sclk", "mclk", "vram%", "temp(junction)"}
+#: columns read as text only or not needed (clocks, fan, performance level, VRAM%, the
+#: PCI ids and partition modes of ROCm 6, the node number)
+_TABLE_SKIP = {
+    "fan",
+    "fans",
+    "perf",
+    "sclk",
+    "mclk",
+    "vram%",
+    "ids",
+    "node",
+    "partitions",
+    "temp(junction)",
+}
+#: the sensor words a Temp column names (in its own parentheses or the row under it)
+_EDGE = {"edge", "dieedge"}
+#: ROCm 6 prints the card name under ``[Model : Revision]`` cut to 20 characters
+_NAME_CUT = 20
+
+
+def _base(name: str) -> tuple[str, str | None]:
+    """``"Temp (DieEdge)"`` -> ``("temp", "dieedge")``; ``"PwrCap"`` -> ``("pwrcap", None)``."""
+    m = re.fullmatch(r"(.*?)\s*\(([^()]*)\)\s*", name)
+    if m and m[1]:
+        return m[1].strip().lower(), m[2].strip().lower()
+    return name.strip().lower(), None
 
 
 def _parse_rocm_table(text: str) -> RocmRead:
+    """rocm-smi's concise table read by its header: each column found by where its
+    name starts (:func:`~hetpatrol.collectors.smi_table.aligned_columns`), each value
+    by the column it is printed under and by its unit; the header's second row gives a
+    column's sensor (``(Junction)``, ``(Edge)``) and, under ``[Model : Revision]``, says
+    that the row below each card holds its name (ROCm 6)."""
     read = RocmRead("rocm-smi table")
     lines = text.splitlines()
-    header: list[str] | None = None
+    cols: list[Column] | None = None
+    family = AMD
     ended = False
-    for line in lines:
-        toks = line.split()
-        if not toks:
+    card: RocmCard | None = None
+    skip_to = -1
+    for n, line in enumerate(lines):
+        s = line.strip()
+        if not s or n <= skip_to:
             continue
-        if header is None:
-            if toks[0] in ("DCU", "GPU") and len(toks) >= 3:
-                header = toks
+        if cols is None:
+            first = s.split()[0]
+            if first in _INDEX_HEADERS and len(s.split()) >= 3:
+                sub = lines[n + 1] if n + 1 < len(lines) else ""
+                if not sub.strip() or set(sub.strip()) <= {"="} or sub.split()[0][:1].isdigit():
+                    sub = ""
+                else:
+                    skip_to = n + 1
+                cols = aligned_columns(line, sub or None)
+                family = _INDEX_HEADERS[first]
             continue
-        if set(line.strip()) <= {"="}:
+        if set(s) <= {"=", "-"}:
             continue
-        if "End of SMI Log" in line:
+        if "End of" in s and "SMI Log" in s:
             ended = True
             break
-        card = _table_row(header, toks, read)
-        if card is not None:
-            read.cards.append(card)
-    if header is None or not read.cards:
-        raise CollectorError("rocm-smi: no DCU/GPU table in the output", raw=text)
+        values = aligned_values(cols, line)
+        index_text = values.get(cols[0].name)
+        if index_text is None and card is not None and len(values) == 1:
+            _name_row(card, cols, values)
+            continue
+        if index_text is None or not index_text.isdigit():
+            read.problems.append(f"row {' '.join(s.split())[:40]!r} not understood")
+            card = None
+            continue
+        card = RocmCard(index=int(index_text), family=family)
+        _table_values(card, cols, values, read)
+        read.cards.append(card)
+    if cols is None or not read.cards:
+        seen = f"header {' | '.join(c.name for c in cols)[:80]!r}, " if cols else ""
+        raise CollectorError(
+            f"rocm-smi: no DCU/GPU table in the output ({seen}{describe(text)})", raw=text
+        )
     if not ended:
         read.truncated = True
         read.problems.append("no 'End of SMI Log' line: tail of the table missing")
     return read
 
 
-def _table_row(header: list[str], toks: list[str], read: RocmRead) -> RocmCard | None:
-    if not NUM.fullmatch(toks[0]) or "." in toks[0]:
-        read.problems.append(f"row {' '.join(toks)[:40]!r} not understood")
-        return None
-    card = RocmCard(index=int(toks[0]), family=HYGON if header[0] == "DCU" else AMD)
-    if len(toks) != len(header):
-        card.complete = False
-        card.errors["rocm-smi"] = f"row has {len(toks)} cells for {len(header)} columns"
-        read.truncated = True
-        return card
-    for title, cell in zip(header[1:], toks[1:], strict=True):
-        low = title.lower()
-        if low in _TABLE_UNITS:
-            attr, units = _TABLE_UNITS[low]
-            setattr(card, attr, read_value(card, f"rocm-smi {title}", cell, None, units))
-        elif low not in _TABLE_SKIP:
-            card.errors[f"rocm-smi {title[:20]}"] = "column not understood: not read"
-            if f"column {title[:20]!r} not understood" not in read.problems:
-                read.problems.append(f"column {title[:20]!r} not understood")
+def _name_row(card: RocmCard, cols: list[Column], values: dict[str, str]) -> None:
+    """ROCm 6: the row under a card holds its name, under ``[Model : Revision]`` whose
+    second header row says ``Name (20 chars)``; a name of 20 characters may be cut
+    (``AMD INSTINCT MI200 (``) and is then not taken as the model."""
+    col = next(c for c in cols if c.name in values)
+    name = values[col.name]
+    if not (col.sub or "").lower().startswith("name"):
+        card.errors[f"rocm-smi {col.name[:20]}"] = f"row {name[:30]!r} under it not understood"
+        return
+    card.errors.pop("rocm-smi model", None)
+    if len(name) >= _NAME_CUT:
+        card.errors["rocm-smi model"] = f"name {name!r} cut at {_NAME_CUT} characters: not read"
+    else:
+        card.model = identity_text(name, card, "rocm-smi name")
+
+
+def _table_values(
+    card: RocmCard, cols: list[Column], values: dict[str, str], read: RocmRead
+) -> None:
+    for col in cols[1:]:
+        base, qual = _base(col.name)
+        sensor = (
+            qual
+            or (_base(col.sub)[1] if col.sub else None)
+            or (col.sub or "").strip("()").lower()
+            or None
+        )
+        source = f"rocm-smi {col.name[:24]}"
+        if base in _TABLE_UNITS:
+            attr, units = _TABLE_UNITS[base]
+            cell = values.get(col.name)
+            if cell is None:
+                card.errors[source] = "nothing printed under the column: row cut"
+                card.complete = False
+                read.truncated = True
+                continue
+            if base == "temp" and sensor in _EDGE:
+                # the junction (hotspot) sensor only, as in the JSON: edge is no stand-in
+                card.errors["temperature"] = f"this table prints the {sensor} sensor only"
+                continue
+            setattr(card, attr, read_value(card, source, cell, None, units))
+        elif base == "[model : revision]" or base.startswith("[model"):
+            continue
+        elif base not in _TABLE_SKIP:
+            card.errors[f"rocm-smi {col.name[:20]}"] = "column not understood: not read"
+            if f"column {col.name[:20]!r} not understood" not in read.problems:
+                read.problems.append(f"column {col.name[:20]!r} not understood")
     card.errors["rocm-smi memory"] = "the table prints VRAM% only: no bytes"
-    card.errors["rocm-smi model"] = "the table prints no model name"
-    return card
+    if not any((c.sub or "").lower().startswith("name") for c in cols):
+        card.errors["rocm-smi model"] = "the table prints no model name"
+    else:
+        card.errors["rocm-smi model"] = "no name row under the card"
 
 
 def parse_rocm_smi(text: str) -> RocmRead:

@@ -43,7 +43,8 @@ def test_two_r300():
         # not printed: None with the reason, never 0
         assert card.temperature_celsius is None and card.power_watts is None
         sources = {e["source"]: e["error"] for e in card.errors}
-        assert sources["xpu_smi temperature"] == "not in xpu_smi's default table"
+        assert sources["xpu_smi Temp"] == "no such column in this layout"
+        assert sources["xpu_smi Power(W)"] == "no such column in this layout"
         # the empty PROCESSES table, closed by its border: no processes (known)
         assert card.processes == [] and "xpu_smi processes" not in sources
         judge(card, config)
