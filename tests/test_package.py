@@ -208,6 +208,10 @@ def test_files_installed_as_they_are_in_the_repository(built):
         "usr/share/hetpatrol/prometheus/tests/hetpatrol-rules.test.yml": "config/prometheus/"
         "tests/hetpatrol-rules.test.yml",
         "usr/share/hetpatrol/grafana/hetpatrol.json": "config/grafana/hetpatrol.json",
+        "usr/share/hetpatrol/prometheus/hetpatrol-compat-rules.yml": "config/prometheus/"
+        "hetpatrol-compat-rules.yml",
+        "usr/share/hetpatrol/prometheus/tests/hetpatrol-compat-rules.test.yml": "config/"
+        "prometheus/tests/hetpatrol-compat-rules.test.yml",
         "usr/share/hetpatrol/slurm/slurm.conf": "packaging/slurm/slurm.conf",
         **{f"usr/libexec/hetpatrol/{n}": f"packaging/slurm/{n}" for n in SLURM_ENTRY_POINTS},
     }
@@ -285,12 +289,16 @@ def test_no_file_names_the_build_directory_and_records_match(built):
 @pytest.mark.slow
 def test_packaged_rules_pass_their_promtool_tests(built):
     promtool = require_program("promtool", package="prometheus")
-    tests = built.root / "usr/share/hetpatrol/prometheus/tests/hetpatrol-rules.test.yml"
-    res = subprocess.run(
-        [promtool, "test", "rules", tests.name], capture_output=True, text=True, cwd=tests.parent
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS" in res.stdout + res.stderr
+    for name in ("hetpatrol-rules.test.yml", "hetpatrol-compat-rules.test.yml"):
+        tests = built.root / "usr/share/hetpatrol/prometheus/tests" / name
+        res = subprocess.run(
+            [promtool, "test", "rules", tests.name],
+            capture_output=True,
+            text=True,
+            cwd=tests.parent,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "SUCCESS" in res.stdout + res.stderr
 
 
 # ---------------------------------------------------------------------------- lintian

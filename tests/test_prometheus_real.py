@@ -30,6 +30,9 @@ from hetpatrol.config import ConfigError, load_config
 PROM_DIR = REPO / "config" / "prometheus"
 RULES = PROM_DIR / "hetpatrol-rules.yml"
 RULE_TESTS = PROM_DIR / "tests" / "hetpatrol-rules.test.yml"
+#: the optional migration aid: dcgm-exporter's and npu-exporter's names from hetpatrol's
+COMPAT_RULES = PROM_DIR / "hetpatrol-compat-rules.yml"
+COMPAT_TESTS = PROM_DIR / "tests" / "hetpatrol-compat-rules.test.yml"
 EXAMPLE = PROM_DIR / "prometheus-hetpatrol.yml"
 DASHBOARD = REPO / "config" / "grafana" / "hetpatrol.json"
 
@@ -151,7 +154,7 @@ def fleet(tmp_path_factory):
         # the shipped example config, pointed at the local daemons, 1 s intervals
         config = yaml.safe_load(EXAMPLE.read_text())
         config["global"].update(scrape_interval="1s", evaluation_interval="1s")
-        config["rule_files"] = [str(RULES)]
+        config["rule_files"] = [str(RULES), str(COMPAT_RULES)]
         (job,) = config["scrape_configs"]
         assert job["job_name"] == "hetpatrol"
         job.update(scrape_interval="1s", scrape_timeout="1s")
@@ -307,21 +310,58 @@ def test_series_exist_from_the_first_scrape():
 # ------------------------------------------------------------------- 2. rules
 def test_promtool_check_rules_and_config():
     promtool = tool("promtool")
-    res = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS" in res.stdout
+    for rules in (RULES, COMPAT_RULES):
+        res = subprocess.run(
+            [promtool, "check", "rules", str(rules)], capture_output=True, text=True
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "SUCCESS" in res.stdout
     res = subprocess.run(
         [promtool, "check", "config", str(EXAMPLE)], capture_output=True, text=True
     )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_promtool_test_rules():
+@pytest.mark.parametrize("tests", [RULE_TESTS, COMPAT_TESTS], ids=lambda p: p.name)
+def test_promtool_test_rules(tests):
     res = subprocess.run(
-        [tool("promtool"), "test", "rules", str(RULE_TESTS)], capture_output=True, text=True
+        [tool("promtool"), "test", "rules", str(tests)], capture_output=True, text=True
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS" in res.stdout
+
+
+def test_compat_rules_give_dcgm_and_npu_exporter_names_on_real_series(fleet):
+    """GPU 0 of healthy-mixed: NVML's 551 MiB used of 81559 MiB (the replay's nvidia-smi
+    -q), 29 C; NPU 0: npu-smi's HBM 2654 / 32768 MB, 33 C, health OK."""
+
+    def sample(expr):
+        found = fleet.query(expr)
+        return found or None
+
+    (fb,) = wait(
+        lambda: sample('DCGM_FI_DEV_FB_USED{gpu="0",modelName="NVIDIA H100 80GB HBM3"}'),
+        what="DCGM_FI_DEV_FB_USED recorded",
+    )
+    assert float(fb["value"][1]) == 551
+    assert fb["metric"]["UUID"] == "GPU-e94fa8ce-6e04-a49e-f637-ba3a7dc7019a"
+    uuid = fb["metric"]["UUID"]
+    (free,) = fleet.query(f'DCGM_FI_DEV_FB_FREE{{gpu="0",UUID="{uuid}"}}')
+    assert float(free["value"][1]) == 81559 - 551
+    (temp,) = fleet.query(f'DCGM_FI_DEV_GPU_TEMP{{UUID="{uuid}"}}')
+    assert float(temp["value"][1]) == 29
+    npu = wait(
+        lambda: sample('npu_chip_info_hbm_used_memory{id="0",model_name="910B4"}'),
+        what="npu_chip_info_hbm_used_memory recorded",
+    )
+    assert [float(s["value"][1]) for s in npu] == [2654]
+    (total,) = fleet.query('npu_chip_info_hbm_total_memory{id="0",model_name="910B4"}')
+    assert float(total["value"][1]) == 32768
+    healthy = fleet.query('npu_chip_info_health_status{model_name="910B4"}')
+    assert len(healthy) == 8 and {float(s["value"][1]) for s in healthy} == {1.0}
+    # sick-mixed's NPU 5 (910B3) is in Alarm
+    (alarm,) = fleet.query('npu_chip_info_health_status{model_name="910B3",id="5"}')
+    assert float(alarm["value"][1]) == 0
 
 
 def test_every_rule_evaluates_cleanly_on_real_series(fleet):
@@ -331,7 +371,7 @@ def test_every_rule_evaluates_cleanly_on_real_series(fleet):
         return rules if all(r.get("lastEvaluation", "").startswith("2") for r in rules) else None
 
     rules = wait(evaluated, what="every rule evaluated once")
-    assert len(rules) == 20
+    assert len(rules) == 20 + 11  # hetpatrol-rules.yml + hetpatrol-compat-rules.yml
     bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert bad == []
 
