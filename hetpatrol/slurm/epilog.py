@@ -11,7 +11,8 @@ node be, as the prolog does):
 
 1. the job's cards: :func:`hetpatrol.slurm.jobguard.epilog_cards` on the daemon's state
    file (the environment's ``SLURM_JOB_GPUS`` / ``CUDA_VISIBLE_DEVICES`` /
-   ``ASCEND_VISIBLE_DEVICES``, else ``scontrol show job -d``);
+   ``ASCEND_VISIBLE_DEVICES``, else Slurm's ``gres_detail`` of ``squeue --json``, never
+   text a user chose);
 2. one patrol of this node (every enabled collector, the kernel log within its window),
    without writing the daemon's JSONL log or state file;
 3. each held card found again (by UUID, serial or bus id, else vendor/index/chip): its
