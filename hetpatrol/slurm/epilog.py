@@ -45,7 +45,8 @@ from hetpatrol.actions.vocabulary import (
     parse_action,
     worst_verdict,
 )
-from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX, read_state
+from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX
+from hetpatrol.healthcheck import UntrustedStateFile, read_trusted_state
 from hetpatrol.slurm.jobguard import (
     EXIT_FAIL,
     EXIT_PASS,
@@ -111,9 +112,14 @@ def run_epilog(
     Never raises for what it reads; the caller bounds the whole run in time."""
     start = time.monotonic()
     try:
-        doc = read_state(Path(state_path), accept=STATE_SCHEMA_PREFIX)
+        doc = read_trusted_state(state_path, accept=STATE_SCHEMA_PREFIX)
     except FileNotFoundError:
         return EXIT_PASS, f"hetpatrol epilog: no state file {state_path}: nothing to check"
+    except UntrustedStateFile as exc:
+        return (
+            EXIT_PASS,
+            f"hetpatrol epilog: untrusted state file {state_path}: {exc}: nothing checked",
+        )
     except (OSError, ValueError) as exc:
         return EXIT_PASS, f"hetpatrol epilog: cannot read {state_path}: {exc}: nothing checked"
     held, alloc = epilog_cards(

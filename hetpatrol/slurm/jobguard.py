@@ -54,7 +54,6 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from hetpatrol.actions.apply import drain_reason
@@ -65,8 +64,13 @@ from hetpatrol.actions.vocabulary import (
     ActionVerdict,
     is_action,
 )
-from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX, read_state
-from hetpatrol.healthcheck import stale_limit, verdict_age
+from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX
+from hetpatrol.healthcheck import (
+    UntrustedStateFile,
+    read_trusted_state,
+    stale_limit,
+    verdict_age,
+)
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -473,9 +477,12 @@ def decide(
 # ------------------------------------------------------------------------- I/O
 def read_state_bounded(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The state file, read as ``hetpatrol check`` reads it (non-blocking, regular files
-    only, bounded: :func:`hetpatrol.exporters.state.read_state`), whatever the version
-    of its ``hetpatrol.state/N`` schema. Raises OSError or ValueError."""
-    return read_state(Path(path), accept=STATE_SCHEMA_PREFIX)
+    only, bounded, and only one that root, the daemon's user or this user owns and alone
+    can write, reached through no one else's symlink or directory:
+    :func:`hetpatrol.healthcheck.read_trusted_state`), whatever the version of its
+    ``hetpatrol.state/N`` schema. Raises OSError, ValueError or
+    :class:`~hetpatrol.healthcheck.UntrustedStateFile` (a ValueError)."""
+    return read_trusted_state(path, accept=STATE_SCHEMA_PREFIX)
 
 
 Runner = Callable[[Sequence[str], float], str]
@@ -516,6 +523,11 @@ def guard(
         doc = read_state_bounded(state_path)
     except FileNotFoundError:
         error = f"no state file {state_path}: is the hetpatrol daemon running?"
+    except UntrustedStateFile as exc:
+        # not the daemon's verdict: failing would let whoever wrote it drain the node
+        return GuardDecision(
+            EXIT_PASS, f"untrusted state file {state_path}: {exc}: job let through"
+        )
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         error = f"cannot read {state_path}: {getattr(exc, 'strerror', None) or exc}"
     alloc = parse_job_env(env)
