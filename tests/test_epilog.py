@@ -186,8 +186,14 @@ def _npu_epilog(tmp_path, damaged_text):
         write_state(state, daemon.run(), 10.0)
         table.write_text(damaged_text)
         report = daemon.run()
+        after = tmp_path / "after.json"
+        write_state(after, report, 10.0)
     finally:
         daemon.close()
+    # the Prolog of the next job (NPU 0), on the daemon's verdict of that patrol
+    from hetpatrol.slurm import jobguard
+
+    prolog = jobguard.guard({"ASCEND_VISIBLE_DEVICES": "0"}, after, runner=None)
     calls = []
 
     def scontrol(argv, timeout):
@@ -203,7 +209,7 @@ def _npu_epilog(tmp_path, damaged_text):
 
     env = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n1", "ASCEND_VISIBLE_DEVICES": "5"}
     code, line = run_epilog(env, state, epilog_patrol, runner=scontrol, scontrol="sc")
-    return report, code, line, calls
+    return report, code, line, calls, prolog
 
 
 def test_damaged_npu_smi_output_the_daemon_calls_unknown_drains_nothing(tmp_path):
@@ -212,11 +218,12 @@ def test_damaged_npu_smi_output_the_daemon_calls_unknown_drains_nothing(tmp_path
     ("reboot_node ascend/5/0 ... no longer listed" before)."""
     _, text, _ = _npu_tables(tmp_path / "t")
     garbled = text.replace("| 5     910B4", "| X     910B4")
-    report, code, line, calls = _npu_epilog(tmp_path, garbled)
+    report, code, line, calls, prolog = _npu_epilog(tmp_path, garbled)
     assert [(f.check, f.severity, f.action) for f in report.node_findings] == [
         ("card_missing", "unknown", "watch")
     ]
     assert (code, line, calls) == (0, "hetpatrol epilog: ascend/5/0 fine after the job", [])
+    assert prolog.ok and prolog.reason.startswith("job cards ok: ascend/0/0"), prolog
 
 
 def test_an_npu_really_gone_after_the_job_drains_as_the_daemon_would(tmp_path):
@@ -224,9 +231,12 @@ def test_an_npu_really_gone_after_the_job_drains_as_the_daemon_would(tmp_path):
     critical (reboot_node), and so does the Epilog, which drains with that reason."""
     _, _, lines = _npu_tables(tmp_path / "t")
     gone = "".join(lines[:21] + lines[24:43] + lines[45:])
-    report, code, line, calls = _npu_epilog(tmp_path, gone)
+    report, code, line, calls, prolog = _npu_epilog(tmp_path, gone)
     assert [(f.check, f.severity, f.action) for f in report.node_findings] == [
         ("card_missing", "critical", "reboot_node")
     ]
     assert code == 0 and line.startswith("hetpatrol: reboot_node ascend/5/0 "), line
     assert calls == [["sc", "update", "NodeName=n1", "State=DRAIN", f"Reason={line}"]]
+    # and the Prolog refuses the next job on the node, from the daemon's same finding
+    assert prolog.reason.startswith("hetpatrol: reboot_node node card_missing"), prolog
+    assert prolog.exit_code == 1
