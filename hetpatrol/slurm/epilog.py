@@ -209,7 +209,11 @@ def add_epilog_parser(sub: Any, patrol_factory: Callable[[Any], Patrol]) -> None
         help="comma-separated action words that drain (default: %(default)s)",
     )
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="hard limit")
-    p.add_argument("--scontrol", default="scontrol", help="scontrol (absolute in slurm.conf)")
+    p.add_argument(
+        "--scontrol",
+        default="scontrol",
+        help="scontrol (absolute in slurm.conf); squeue is run from its directory",
+    )
     p.add_argument("--no-set-reason", action="store_true", help="leave Slurm's own reason")
 
     def cmd(args: argparse.Namespace) -> int:

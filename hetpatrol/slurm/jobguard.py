@@ -731,7 +731,11 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         default=",".join(sorted(DEFAULT_DRAIN_ACTIONS)),
         help="comma-separated action words (default: %(default)s)",
     )
-    p.add_argument("--scontrol", default=None, help="scontrol to run (absolute path)")
+    p.add_argument(
+        "--scontrol",
+        default=None,
+        help="scontrol to run (absolute path); squeue is run from its directory",
+    )
     p.add_argument("--no-set-reason", action="store_true", help="leave Slurm's own reason")
     args = p.parse_args(argv)
     if not args.state_path:
