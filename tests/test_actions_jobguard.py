@@ -4,6 +4,7 @@ real Slurm Prolog that runs it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -418,6 +419,28 @@ def test_real_prolog_reads_the_allocation_not_a_hostile_job_name(slurm_node, tmp
         said = _wait_file(out)
         assert said.startswith("job cards ok: ascend/0/0 (patrol 42"), said
         c.run("scontrol", "wait_job", job.split(";")[0], check=False)
+        line = c.wait_for(lambda line: line.split(" ")[1] == "idle", what="node idle")
+        assert c.reason() == "none", line
+    c.run("scancel", "--user=root", check=False)
+
+
+@pytest.mark.slurm
+def test_real_prolog_on_a_state_file_of_another_user_drains_nothing(slurm_node, tmp_path):
+    """A state file owned by someone else that says a held card needs a reset: not the
+    daemon's verdict, so the real Prolog neither believes it nor fails (failing would
+    let that user drain the node): the job runs, the node stays idle, the line says why."""
+    c = slurm_node
+    out = tmp_path / "guard.out"
+    state_path = tmp_path / "state.json"
+    cards = [card("nvidia", i, "gpu", action="reset_card") for i in range(8)]
+    state_path.write_text(json.dumps(state(cards, finished=time.time(), interval=3600)))
+    os.chown(state_path, 54321, -1)
+    with c.explain(), c.install_hook("prolog", _prolog_script(state_path, out, tmp_path)):
+        job = c.run("sbatch", "--parsable", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "true")
+        said = _wait_file(out)
+        assert said.startswith(f"untrusted state file {state_path}: "), said
+        assert "is owned by uid 54321" in said and said.rstrip().endswith("job let through")
+        c.run("scontrol", "wait_job", job.stdout.strip().split(";")[0], check=False)
         line = c.wait_for(lambda line: line.split(" ")[1] == "idle", what="node idle")
         assert c.reason() == "none", line
     c.run("scancel", "--user=root", check=False)
