@@ -243,7 +243,7 @@ def _epilog_patrol(args: argparse.Namespace):
     """The epilog's one patrol: the command's config and replay, collectors closed after."""
 
     def patrol():
-        return _one_patrol(args).cards
+        return _one_patrol(args)
 
     return patrol
 

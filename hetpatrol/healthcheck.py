@@ -14,11 +14,14 @@ intervals + 10 s, the interval read from the state file).
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import stat
 import time
 from collections.abc import Mapping
 
-from hetpatrol.exporters.state import read_state
+from hetpatrol.exporters.state import STATE_SCHEMA, read_state
 from hetpatrol.output import silence_stdout, write_stdout
 from hetpatrol.verdict import EXIT_CODES
 
@@ -145,6 +148,99 @@ def verdict_age(
     return age, age > stale_limit(doc, max_age)
 
 
+#: The packaged daemon's user (``User=hetpatrol`` in systemd/hetpatrol.service, made by
+#: systemd/hetpatrol.sysusers and the Debian package): besides root and the reader itself,
+#: the one owner a state file may have.
+DAEMON_USER = "hetpatrol"
+#: most symlinks followed on the way to a state file (Linux's own limit, MAXSYMLINKS)
+MAX_SYMLINKS = 40
+
+
+class UntrustedStateFile(ValueError):
+    """A state file that hetpatrol may not believe: owned by, writable by, or reached
+    through (a symlink, a directory) someone other than root, the daemon's user
+    (:data:`DAEMON_USER`) and the reader. Its text says who and where."""
+
+
+def trusted_uids() -> frozenset[int]:
+    """The owners a state file, its directories and symlinks may have: root, this
+    process's effective user, and :data:`DAEMON_USER` when that user exists."""
+    uids = {0, os.geteuid()}
+    import pwd  # a builtin module: no file is read until the lookup
+
+    try:
+        uids.add(pwd.getpwnam(DAEMON_USER).pw_uid)
+    except KeyError:
+        pass
+    return frozenset(uids)
+
+
+def _refuse_writable(where: str, st: os.stat_result, trusted: frozenset[int]) -> None:
+    if st.st_uid not in trusted:
+        raise UntrustedStateFile(f"{where} is owned by uid {st.st_uid}, not root or the daemon's")
+    # a sticky directory (/tmp) lets no one but an entry's owner rename or remove it
+    sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky:
+        who = "everyone" if st.st_mode & stat.S_IWOTH else f"group {st.st_gid}"
+        raise UntrustedStateFile(f"{where} is writable by {who} (mode {st.st_mode & 0o7777:o})")
+
+
+def resolve_trusted(path: str | os.PathLike[str], trusted: frozenset[int]) -> str:
+    """``path`` resolved component by component, each directory on the way and each
+    symlink followed checked: owned by a ``trusted`` uid, and (directories) not writable
+    by group or others unless sticky. Returns the real path of the last component (not
+    itself checked: the caller opens it with ``O_NOFOLLOW`` and checks what it opened).
+    Raises :class:`UntrustedStateFile`, or OSError (a missing component, a loop)."""
+    text = os.fspath(path)
+    if not text.startswith("/"):
+        text = f"{os.getcwd()}/{text}"
+    todo = list(reversed(text.split("/")))
+    done = "/"
+    _refuse_writable(done, os.stat(done), trusted)
+    hops = 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            done = os.path.dirname(done)
+            continue
+        here = os.path.join(done, name)
+        st = os.lstat(here)
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in trusted:
+                raise UntrustedStateFile(f"{here} is a symlink owned by uid {st.st_uid}")
+            hops += 1
+            if hops > MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, "too many symlinks", os.fspath(path))
+            target = os.readlink(here)
+            if target.startswith("/"):
+                done = "/"
+            todo.extend(reversed(target.split("/")))
+            continue
+        if todo and any(t not in ("", ".") for t in todo):  # a directory on the way
+            if not stat.S_ISDIR(st.st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", here)
+            _refuse_writable(here, st, trusted)
+        done = here
+    return done
+
+
+def read_trusted_state(path: str | os.PathLike[str], accept: str = STATE_SCHEMA) -> dict[str, Any]:
+    """:func:`~hetpatrol.exporters.state.read_state` of a state file hetpatrol may believe:
+    reached only through trusted directories and symlinks (:func:`resolve_trusted`), and
+    the file opened (not followed) owned by root, :data:`DAEMON_USER` or the reader, not
+    writable by group or others. Raises :class:`UntrustedStateFile` (a ValueError: why,
+    with the uid or mode), else as ``read_state``."""
+    trusted = trusted_uids()
+    real = resolve_trusted(path, trusted)
+
+    def verify(st: os.stat_result) -> None:
+        _refuse_writable(f"state file {real}", st, trusted)
+
+    return read_state(real, accept, verify=verify)  # type: ignore[arg-type]
+
+
 def check(
     state_path: str | Path, max_age: float | None = None, now: float | None = None
 ) -> tuple[int, str]:
@@ -162,11 +258,13 @@ def _check(
 ) -> tuple[int, str]:
     now = time.time() if now is None else now
     try:
-        doc = read_state(state_path)
+        doc = read_trusted_state(state_path)
     except FileNotFoundError:
         return EXIT_UNKNOWN, (
             f"HETPATROL UNKNOWN - no state file {state_path}: is the hetpatrol daemon running?"
         )
+    except UntrustedStateFile as exc:
+        return EXIT_UNKNOWN, f"HETPATROL UNKNOWN - untrusted state file {state_path}: {exc}"
     except (OSError, ValueError) as exc:  # unreadable, not JSON, not a state file
         reason = getattr(exc, "strerror", None) or str(exc)
         return EXIT_UNKNOWN, f"HETPATROL UNKNOWN - cannot read state file {state_path}: {reason}"

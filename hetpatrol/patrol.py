@@ -391,37 +391,12 @@ class Patroller:
         if result.state != STATE_OK:
             return None
         seen = self._seen_cards.get(result.collector, {})
-        present: set[tuple] = set()
-        anonymous = set()  # keys of cards read without any identity (a garbled row)
-        for rec in result.records:
-            ids = _identities(rec)
-            present.update(ids)
-            if ids[0][0] == "key":
-                anonymous.add(rec.key)
-        gone = [
-            c
-            for c in seen.values()
-            if not present.intersection(_identities(c)) and c.key not in anonymous
-        ]
+        gone = cards_no_longer_listed(result.records, seen.values())
         # this patrol's cards, by what names them now, and the ones gone, kept
         self._seen_cards[result.collector] = {
-            _identities(r)[0]: r.identity() for r in result.records
-        } | {_identities(c)[0]: c for c in gone}
-        if not gone:
-            return None
-        names = ", ".join(
-            f"{c.vendor}/{c.index}"
-            + (f"/{c.chip}" if c.chip is not None else "")
-            + (f" ({c.bus_id})" if c.bus_id else "")
-            for c in gone
-        )
-        severity = HEALTH_UNKNOWN if result.error else HEALTH_CRITICAL
-        return Finding(
-            "card_missing",
-            severity,
-            f"{result.collector}: {len(gone)} card(s) listed before no longer listed: {names}",
-            value=len(gone),
-        )
+            card_identities(r)[0]: r.identity() for r in result.records
+        } | {card_identities(c)[0]: c for c in gone}
+        return card_missing_finding(result.collector, gone, result.error)
 
     def _apply_recovery(self, cards: Iterable[CardRecord]) -> list[dict[str, Any]]:
         """Hold a card at its bad verdict until ``recovery_patrols`` good patrols in a row.
@@ -493,8 +468,51 @@ def _card_name(rec: CardRecord) -> str:
     return f"{rec.vendor}/{rec.index}" + (f"/{rec.chip}" if rec.chip is not None else "")
 
 
+def cards_no_longer_listed(
+    records: Iterable[CardRecord], seen: Iterable[CardRecord]
+) -> list[CardRecord]:
+    """The cards of ``seen`` that ``records`` (one ok collector's patrol) no longer list:
+    none of their UUID, serial or bus id is read again, and no card read without any
+    identity (a garbled row) stands at their position. The one rule of "a card no longer
+    listed", for the daemon's patrols and the Epilog's alike."""
+    present: set[tuple] = set()
+    anonymous = set()  # keys of cards read without any identity (a garbled row)
+    for rec in records:
+        ids = card_identities(rec)
+        present.update(ids)
+        if ids[0][0] == "key":
+            anonymous.add(rec.key)
+    return [
+        c for c in seen if not present.intersection(card_identities(c)) and c.key not in anonymous
+    ]
+
+
+def card_missing_finding(
+    collector: str, gone: Sequence[CardRecord], error: str | None
+) -> Finding | None:
+    """The ``card_missing`` node finding for ``gone`` (see :func:`cards_no_longer_listed`):
+    ``critical`` (then ``reboot_node``, :mod:`hetpatrol.actions.findings`), or
+    ``unknown`` when the collector's output this patrol was itself damaged (``error`` on
+    an ok collector: a dropped row is no proof the card is gone); None when none is
+    gone."""
+    if not gone:
+        return None
+    names = ", ".join(
+        f"{c.vendor}/{c.index}"
+        + (f"/{c.chip}" if c.chip is not None else "")
+        + (f" ({c.bus_id})" if c.bus_id else "")
+        for c in gone
+    )
+    return Finding(
+        "card_missing",
+        HEALTH_UNKNOWN if error else HEALTH_CRITICAL,
+        f"{collector}: {len(gone)} card(s) listed before no longer listed: {names}",
+        value=len(gone),
+    )
+
+
 def _track_ids(rec: CardRecord) -> list[tuple]:
-    return [(rec.vendor, *i) for i in _identities(rec)]
+    return [(rec.vendor, *i) for i in card_identities(rec)]
 
 
 def _recover_identity(records: Sequence[CardRecord], previous: Sequence[CardRecord]) -> None:
@@ -507,18 +525,18 @@ def _recover_identity(records: Sequence[CardRecord], previous: Sequence[CardReco
     without any of them, the one at the same position (vendor, index, chip), unless
     that card is listed elsewhere in this patrol (the enumeration moved). The position
     is used for nothing else."""
-    claimed = {i for r in records for i in _identities(r) if i[0] != "key"}
+    claimed = {i for r in records for i in card_identities(r) if i[0] != "key"}
     by_position = {r.key: r for r in previous}
-    by_identity = {i: r for r in previous for i in _identities(r) if i[0] != "key"}
+    by_identity = {i: r for r in previous for i in card_identities(r) if i[0] != "key"}
     for rec in records:
         if rec.read_ok and not rec.errors:
             continue
-        ids = [i for i in _identities(rec) if i[0] != "key"]
+        ids = [i for i in card_identities(rec) if i[0] != "key"]
         if ids:
             before = next((by_identity[i] for i in ids if i in by_identity), None)
         else:
             before = by_position.get(rec.key)
-            if before is not None and claimed.intersection(_identities(before)):
+            if before is not None and claimed.intersection(card_identities(before)):
                 before = None
         if before is None or not (before.uuid or before.serial or before.bus_id):
             continue
@@ -536,7 +554,7 @@ __all__ = [
 ]
 
 
-def _identities(rec: CardRecord) -> list[tuple]:
+def card_identities(rec: CardRecord) -> list[tuple]:
     """What names a card across patrols, most specific first: its UUID, serial and bus
     id (each with the chip; one call failing in a patrol must not make it another card),
     or its (index, chip) when it was read without any of them (a garbled row)."""

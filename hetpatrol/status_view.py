@@ -1,7 +1,8 @@
 """``hetpatrol status``: this node at a glance, from the running daemon's state file.
 
-Reads only the state file (:func:`hetpatrol.exporters.state.read_state`): no vendor
-tool, no daemon round trip, so it answers at once even while ``npu-smi`` hangs. The
+Reads only the state file (:func:`hetpatrol.healthcheck.read_trusted_state`, as
+``check`` does: one that root, the daemon's user or the reader owns and alone can write):
+no vendor tool, no daemon round trip, so it answers at once even while ``npu-smi`` hangs. The
 view is :mod:`hetpatrol.node_view`'s, the same as ``hetpatrol once``'s, with how old
 the verdict is. Health is coloured on a terminal (ANSI), plain when piped or when
 ``NO_COLOR`` is set; ``--json`` prints the state document with ``age_seconds`` and
@@ -20,8 +21,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hetpatrol.exporters.state import read_state
-from hetpatrol.healthcheck import verdict_age, verdict_code
+from hetpatrol.healthcheck import (
+    UntrustedStateFile,
+    read_trusted_state,
+    verdict_age,
+    verdict_code,
+)
 from hetpatrol.node_view import render, terminal_width, use_color
 from hetpatrol.output import write_stdout
 
@@ -42,7 +47,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("hetpatrol status: no state_path in the config; use --state-path", file=sys.stderr)
         return EXIT_UNKNOWN
     try:
-        doc = read_state(path)
+        doc = read_trusted_state(path)
+    except UntrustedStateFile as exc:  # someone else's word: not shown as the verdict
+        print(f"hetpatrol status: untrusted state file {path}: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
     except ValueError as exc:  # not JSON, nested too deep, too large, not a state file
         print(f"hetpatrol status: the state file {path} is damaged: {exc}", file=sys.stderr)
         return EXIT_UNKNOWN

@@ -15,6 +15,10 @@ SAMPLES = REPO.parent / "shared" / "vendor-samples"
 NODES = REPO / "fixtures" / "nodes"
 #: argv prefix of the ``hetpatrol`` command, run by this interpreter
 HETPATROL = [sys.executable, "-m", "hetpatrol.cli"]
+# check/prolog/epilog refuse a state file group or others may write (docs/slurm.md, "Who
+# may write the verdict"): files the tests write themselves get no such bit, whatever
+# the umask of the shell that runs them (0002 on some CI images)
+os.umask(os.umask(0o022) | 0o022)
 
 
 def samples_dir(vendor: str) -> Path:

@@ -4,6 +4,7 @@ real Slurm Prolog that runs it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 from hetpatrol import healthcheck
 from hetpatrol.slurm import jobguard
-from hetpatrol.slurm.jobguard import Allocation, decide, parse_job_env, parse_scontrol_job
+from hetpatrol.slurm.jobguard import Allocation, decide, parse_job_env, parse_squeue_json
 from tests import slurm_cluster as cluster
 
 slurm_cluster = cluster.slurm_cluster
@@ -22,11 +23,27 @@ slurm_node = cluster.slurm_node
 
 NOW = 1_800_000_000.0
 
-# `scontrol show job -d` of a real Slurm 22.05 job (tests/slurm_cluster.py, sbatch
-# --gres=gpu:2,ascend:1), the detail line as printed:
-REAL_DETAIL = "     Nodes=hp-gpu01 CPU_IDs=0 Mem=1 GRES=gpu:a100:2(IDX:0-1),ascend:910b:1(IDX:0)\n"
-# older releases (Slurm's own testsuite test39.19 comment, and 21.08/20.11 outputs):
-OLD_DETAIL = "  Nodes=n4 CPU_IDs=0 Mem=0 GRES_IDX=gpu(IDX:2,4)\n"
+# `squeue --json` of a real Slurm 22.05.8 cluster (tests/slurm_cluster.py; see
+# fixtures/slurm/README.md): job 1 named 'train Nodes=hp-gpu01 GRES=ascend:910b:1(IDX:3)',
+# with a comment holding a forged detail line and such a work directory, given gpu IDX 0
+# and ascend IDX 0; jobs 2 and 3 pending
+SQUEUE = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "squeue-json-22.05-hostile.json"
+)
+REAL_SQUEUE = SQUEUE.read_text()
+
+
+def squeue_json(**changes) -> str:
+    """The recorded document with job 1's fields changed (``job_resources=None`` drops
+    it), as a later or multi-node record would have them."""
+    doc = json.loads(REAL_SQUEUE)
+    job = doc["jobs"][0]
+    for key, value in changes.items():
+        if value is None:
+            job.pop(key, None)
+        else:
+            job[key] = value
+    return json.dumps(doc)
 
 
 def card(vendor, index, gres, *, action=None, chip=None, uuid=None, findings=()):
@@ -100,28 +117,61 @@ def test_env_slurm_job_gpus_wins_and_uuids_are_exact():
     assert parse_job_env({}).empty
 
 
-def test_scontrol_real_and_old_formats():
-    a = parse_scontrol_job(
-        "JobId=1 JobName=wrap\n   NumNodes=1 NumCPUs=1\n" + REAL_DETAIL, "hp-gpu01"
-    )
-    assert a.by_gres == {"gpu": frozenset({0, 1}), "ascend": frozenset({0})}
-    assert parse_scontrol_job(OLD_DETAIL, "n4").by_gres == {"gpu": frozenset({2, 4})}
-    # another node's line is not ours; a host list is expanded by name
-    two = (
-        "Nodes=gpu[1-2] CPU_IDs=0-7 Mem=0 GRES=gpu:2080ti:2(IDX:2-3)\n"
-        "Nodes=gpu3 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)\n"
-    )
-    assert parse_scontrol_job(two, "gpu2").by_gres == {"gpu": frozenset({2, 3})}
-    assert parse_scontrol_job(two, "gpu3").by_gres == {"gpu": frozenset({0})}
-    assert parse_scontrol_job(two, "gpu9").by_gres == {}
-    # NumNodes= is not a Nodes= segment; no GRES at all
-    assert parse_scontrol_job("NumNodes=1 Nodes=n1 CPU_IDs=4 Mem=0 GRES_IDX=\n", "n1").by_gres == {}
-    # the one-line form (scontrol -o) has several key=value runs on one line
-    one = (
-        "JobId=1 NumNodes=1 JOB_GRES=gpu:a100:2   Nodes=hp-gpu01 CPU_IDs=0 Mem=1 "
-        "GRES=gpu:a100:2(IDX:0-1) MinCPUsNode=1"
-    )
-    assert parse_scontrol_job(one, "hp-gpu01").by_gres == {"gpu": frozenset({0, 1})}
+def test_squeue_json_gives_what_slurm_allocated_never_what_the_job_is_named():
+    a = parse_squeue_json(REAL_SQUEUE, "1", "hp-gpu01")
+    # Slurm gave gpu IDX 0 and ascend IDX 0; the name, comment and work directory all say
+    # "ascend ... (IDX:3)" and are not read
+    assert (a.by_gres, a.errors) == ({"gpu": frozenset({0}), "ascend": frozenset({0})}, ())
+    assert a.sources == ("squeue --json",)
+    doc = json.loads(REAL_SQUEUE)
+    assert "IDX:3" in doc["jobs"][0]["name"] and "\n     Nodes=" in doc["jobs"][0]["comment"]
+    # a pending job (no job_resources, gres_detail []), another node, an unknown job
+    assert parse_squeue_json(REAL_SQUEUE, "3", "hp-gpu01").by_gres == {}
+    assert parse_squeue_json(REAL_SQUEUE, "1", "hp-gpu02").by_gres == {}
+    assert "0 records of job '99'" in parse_squeue_json(REAL_SQUEUE, "99", "hp-gpu01").errors[0]
+
+
+def test_squeue_json_pairs_gres_detail_with_the_hosts_in_slurms_order():
+    # two hosts: gres_detail[i] belongs to the i-th host of job_resources.nodes
+    # (src/api/job_info.c pairs them so for scontrol's "Nodes=... GRES=" lines)
+    res = {"nodes": "gpu[1-2]", "allocated_hosts": 2, "allocated_nodes": []}
+    text = squeue_json(job_resources=res, gres_detail=["gpu:2(IDX:2-3)", "gpu:1(IDX:0)"])
+    assert parse_squeue_json(text, "1", "gpu1").by_gres == {"gpu": frozenset({2, 3})}
+    assert parse_squeue_json(text, "1", "gpu2").by_gres == {"gpu": frozenset({0})}
+    assert parse_squeue_json(text, "1", "gpu3").by_gres == {}
+    # allocated_nodes names each host: it must agree with the host list
+    res["allocated_nodes"] = [{"nodename": "gpu2"}, {"nodename": "gpu1"}]
+    text = squeue_json(job_resources=res, gres_detail=["gpu:2(IDX:2-3)", "gpu:1(IDX:0)"])
+    a = parse_squeue_json(text, "1", "gpu1")
+    assert a.by_gres == {} and "differ" in a.errors[0]
+    # a later data_parser's {"list": ...}; a GRES name with no IDX (the Epilog's record)
+    res = {"nodes": {"list": "gpu[1-2]"}}
+    text = squeue_json(job_resources=res, gres_detail=["gpu:2(IDX:2-3)", "ascend:910b:1"])
+    assert parse_squeue_json(text, "1", "gpu2").by_gres == {"ascend": frozenset()}
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("{not json", "not JSON"),
+        ("[]", "no jobs list"),
+        (squeue_json(gres_detail="gpu:1(IDX:0)"), "not a list of strings"),
+        (squeue_json(job_resources=None), "no job_resources"),
+        (squeue_json(gres_detail=["gpu:1(IDX:0)", "gpu:1(IDX:1)"]), "2 gres_detail entries"),
+        (squeue_json(gres_detail=["gpu:1(IDX:zero)"]), "IDX not readable"),
+        (squeue_json(job_id=True), "0 records"),
+        ("x" * (jobguard.SQUEUE_JSON_MAX + 1), "larger than"),
+    ],
+)
+def test_squeue_json_that_cannot_be_read_is_unknown_never_guessed(text, said):
+    a = parse_squeue_json(text, "1", "hp-gpu01")
+    assert said in "; ".join(a.errors)
+    assert not any(a.by_gres.values())
+
+
+def test_squeue_beside_scontrol():
+    assert jobguard.squeue_argv("/usr/bin/scontrol") == ["/usr/bin/squeue", "--json"]
+    assert jobguard.squeue_argv("scontrol") == ["squeue", "--json"]
 
 
 # -------------------------------------------------------------------- decision
@@ -234,14 +284,14 @@ def test_guard_reads_the_file_and_runs_scontrol_only_when_needed(tmp_path):
 
     def runner(argv, timeout):
         calls.append((list(argv), timeout))
-        return REAL_DETAIL
+        return squeue_json(job_id=7)
 
     env = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "0"}
     d = jobguard.guard(env, path, runner=runner, clock=lambda: NOW)
     # gpu 0 fine, but the verdict has a bad ascend card the env says nothing about:
-    # scontrol says ascend IDX 0 (fine) -> pass
+    # squeue says ascend IDX 0 (fine) -> pass
     assert d.ok, d.reason
-    assert calls[0][0] == ["scontrol", "show", "job", "-d", "7"] and 0 < calls[0][1] <= 5
+    assert calls[0][0] == ["squeue", "--json"] and 0 < calls[0][1] <= 5
     calls.clear()
     path.write_text(json.dumps(state(NODE[:1])))
     assert jobguard.guard(env, path, runner=runner, clock=lambda: NOW).ok
@@ -334,6 +384,68 @@ def test_real_prolog_passes_good_cards_and_fails_a_bad_one(slurm_node, tmp_path)
     c.run("scancel", "--user=root", check=False)
 
 
+@pytest.mark.slurm
+def test_real_prolog_reads_the_allocation_not_a_hostile_job_name(slurm_node, tmp_path):
+    """A job named, commented and run in a directory that all say
+    ``Nodes=<node> GRES=ascend:910b:1(IDX:3)`` (and a comment holding a newline and a
+    forged ``scontrol show job -d`` detail line) while NPU 3 needs ``isolate_card``: Slurm
+    gives the job NPU 0, the real Prolog reads that from ``squeue --json`` and lets the job
+    run; the node is not drained. (Read from scontrol's text, the name was IDX 3.)"""
+    c = slurm_node
+    out = tmp_path / "guard.out"
+    state_path = tmp_path / "state.json"
+    cards = [card("nvidia", i, "gpu", action="none") for i in range(8)]
+    cards += [card("ascend", i, "ascend", action="none", chip=0) for i in range(8)]
+    cards[8 + 3]["action"] = "isolate_card"
+    state_path.write_text(json.dumps(state(cards, finished=time.time(), interval=3600)))
+    forged = f"Nodes={c.node} GRES=ascend:910b:1(IDX:3)"
+    workdir = tmp_path / forged
+    workdir.mkdir()
+    with c.explain(), c.install_hook("prolog", _prolog_script(state_path, out, tmp_path)):
+        job = c.run(
+            "sbatch",
+            "--parsable",
+            "-J",
+            f"train {forged}",
+            f"--comment=x\n     Nodes={c.node} CPU_IDs=0 Mem=0 GRES=ascend:910b:1(IDX:3)",
+            "-D",
+            str(workdir),
+            "--gres=ascend:910b:1",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "true",
+        ).stdout.strip()
+        said = _wait_file(out)
+        assert said.startswith("job cards ok: ascend/0/0 (patrol 42"), said
+        c.run("scontrol", "wait_job", job.split(";")[0], check=False)
+        line = c.wait_for(lambda line: line.split(" ")[1] == "idle", what="node idle")
+        assert c.reason() == "none", line
+    c.run("scancel", "--user=root", check=False)
+
+
+@pytest.mark.slurm
+def test_real_prolog_on_a_state_file_of_another_user_drains_nothing(slurm_node, tmp_path):
+    """A state file owned by someone else that says a held card needs a reset: not the
+    daemon's verdict, so the real Prolog neither believes it nor fails (failing would
+    let that user drain the node): the job runs, the node stays idle, the line says why."""
+    c = slurm_node
+    out = tmp_path / "guard.out"
+    state_path = tmp_path / "state.json"
+    cards = [card("nvidia", i, "gpu", action="reset_card") for i in range(8)]
+    state_path.write_text(json.dumps(state(cards, finished=time.time(), interval=3600)))
+    os.chown(state_path, 54321, -1)
+    with c.explain(), c.install_hook("prolog", _prolog_script(state_path, out, tmp_path)):
+        job = c.run("sbatch", "--parsable", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "true")
+        said = _wait_file(out)
+        assert said.startswith(f"untrusted state file {state_path}: "), said
+        assert "is owned by uid 54321" in said and said.rstrip().endswith("job let through")
+        c.run("scontrol", "wait_job", job.stdout.strip().split(";")[0], check=False)
+        line = c.wait_for(lambda line: line.split(" ")[1] == "idle", what="node idle")
+        assert c.reason() == "none", line
+    c.run("scancel", "--user=root", check=False)
+
+
 def test_reason_carries_the_action_fields_the_daemon_wrote():
     bad = card("nvidia", 3, "gpu", action="reboot_node")
     bad.update(action_source="nvidia_xid", action_code="xid:79", action_reason="RESTART_BM")
@@ -354,7 +466,7 @@ def test_prolog_main_sets_the_drain_reason_then_fails(tmp_path):
 
     def runner(argv, timeout):
         calls.append(list(argv))
-        return REAL_DETAIL if argv[1] == "show" else ""
+        return squeue_json(job_id=9) if argv[0] == "squeue" else ""
 
     env = {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "1"}
     rc = jobguard.prolog_main(env, path, runner=runner, write=lines.append)
@@ -393,11 +505,11 @@ def test_epilog_cards_from_env_and_scontrol():
 
     def runner(argv, timeout):
         calls.append(argv)
-        return REAL_DETAIL
+        return squeue_json(job_id=5)
 
     env = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "1"}
     held, alloc = jobguard.epilog_cards(env, state(NODE), runner=runner)
-    # gpu from the env (IDX 1); ascend not covered -> scontrol: ascend IDX 0
+    # gpu from the env (IDX 1); ascend not covered -> squeue: ascend IDX 0
     assert [jobguard.card_name(c) for c in held] == ["ascend/0/0", "nvidia/1"]
     assert len(calls) == 1
     calls.clear()

@@ -59,7 +59,7 @@ def test_a_card_the_job_broke_drains_the_node_with_hetpatrols_reason(state):
         return ""
 
     code, line = run_epilog(
-        _env("6"), state, lambda: _patrol("xid-79").cards, runner=scontrol, scontrol="sc"
+        _env("6"), state, lambda: _patrol("xid-79"), runner=scontrol, scontrol="sc"
     )
     assert code == 0  # drained with hetpatrol's reason: a non-zero Epilog would replace it
     assert line.startswith("hetpatrol: ") and " nvidia/6 " in f"{line} "
@@ -70,7 +70,7 @@ def test_healthy_cards_of_the_job_pass(state):
     def scontrol(argv, timeout):  # never called: the environment names the GPUs
         raise AssertionError(argv)
 
-    code, line = run_epilog(_env("0,1"), state, lambda: _patrol("xid-79").cards, runner=scontrol)
+    code, line = run_epilog(_env("0,1"), state, lambda: _patrol("xid-79"), runner=scontrol)
     assert (code, line) == (0, "hetpatrol epilog: nvidia/0, nvidia/1 fine after the job")
 
 
@@ -83,7 +83,7 @@ def test_no_state_file_or_no_card_is_no_drain(tmp_path, state):
         "SLURM_JOB_GPUS": "",
         "ASCEND_VISIBLE_DEVICES": "",
     }
-    code, line = run_epilog(env, state, lambda: _patrol("xid-79").cards, runner=lambda a, t: "")
+    code, line = run_epilog(env, state, lambda: _patrol("xid-79"), runner=lambda a, t: "")
     assert code == 0
 
 
@@ -149,3 +149,94 @@ def test_real_slurmd_epilog_drains_after_a_job_that_broke_a_gpu(slurm_node, tmp_
         time.sleep(2)  # the job completes: the reason stays hetpatrol's
         assert c.reason().startswith("hetpatrol: reboot_node nvidia/6 ")
     c.run("scancel", "--user=root", check=False)
+
+
+# ------------------------------------------- a card no longer listed: one judgment
+def _npu_tables(tmp_path):
+    """(replay dir, the recorded healthy 8 x 910B4 table, its lines): NPU 5 is bus
+    0000:02:00.0 (fixtures/nodes/healthy-mixed/npu-smi-info.txt, lines 22-23, its
+    process line 44)."""
+    import shutil
+
+    node = tmp_path / "npu"
+    node.mkdir(parents=True)
+    table = node / "npu-smi-info.txt"
+    shutil.copy(NODES / "healthy-mixed" / "npu-smi-info.txt", table)
+    text = table.read_text()
+    lines = text.splitlines(keepends=True)
+    assert lines[21].startswith("| 5     910B4") and "0000:02:00.0" in lines[22]
+    assert lines[43].startswith("| No running processes found in NPU 5 ")
+    return node, text, lines
+
+
+def _ascend_patroller(node):
+    config = replace(load_config(), node="n1", collectors=load_config().collectors[1:])
+    return Patroller(config, replay_dir=node)
+
+
+def _npu_epilog(tmp_path, damaged_text):
+    """The daemon's state from the healthy table; then the daemon's next patrol and the
+    Epilog's (a job held NPU 5) both read ``damaged_text``: (daemon's report, epilog's
+    exit code and line, the scontrol calls)."""
+    node, text, _ = _npu_tables(tmp_path)
+    table = node / "npu-smi-info.txt"
+    daemon = _ascend_patroller(node)
+    try:
+        state = tmp_path / "state.json"
+        write_state(state, daemon.run(), 10.0)
+        table.write_text(damaged_text)
+        report = daemon.run()
+        after = tmp_path / "after.json"
+        write_state(after, report, 10.0)
+    finally:
+        daemon.close()
+    # the Prolog of the next job (NPU 0), on the daemon's verdict of that patrol
+    from hetpatrol.slurm import jobguard
+
+    prolog = jobguard.guard({"ASCEND_VISIBLE_DEVICES": "0"}, after, runner=None)
+    calls = []
+
+    def scontrol(argv, timeout):
+        calls.append(list(argv))
+        return ""
+
+    def epilog_patrol():
+        p = _ascend_patroller(node)
+        try:
+            return p.run()
+        finally:
+            p.close()
+
+    env = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n1", "ASCEND_VISIBLE_DEVICES": "5"}
+    code, line = run_epilog(env, state, epilog_patrol, runner=scontrol, scontrol="sc")
+    return report, code, line, calls, prolog
+
+
+def test_damaged_npu_smi_output_the_daemon_calls_unknown_drains_nothing(tmp_path):
+    """NPU 5's row garbled ("| X     910B4"): the daemon's card_missing is unknown
+    (action watch), so the Epilog, judging the same input, does not drain
+    ("reboot_node ascend/5/0 ... no longer listed" before)."""
+    _, text, _ = _npu_tables(tmp_path / "t")
+    garbled = text.replace("| 5     910B4", "| X     910B4")
+    report, code, line, calls, prolog = _npu_epilog(tmp_path, garbled)
+    assert [(f.check, f.severity, f.action) for f in report.node_findings] == [
+        ("card_missing", "unknown", "watch")
+    ]
+    assert (code, line, calls) == (0, "hetpatrol epilog: ascend/5/0 fine after the job", [])
+    assert prolog.ok and prolog.reason.startswith("job cards ok: ascend/0/0"), prolog
+
+
+def test_an_npu_really_gone_after_the_job_drains_as_the_daemon_would(tmp_path):
+    """NPU 5 gone from both tables (output otherwise whole): the daemon says card_missing
+    critical (reboot_node), and so does the Epilog, which drains with that reason."""
+    _, _, lines = _npu_tables(tmp_path / "t")
+    gone = "".join(lines[:21] + lines[24:43] + lines[45:])
+    report, code, line, calls, prolog = _npu_epilog(tmp_path, gone)
+    assert [(f.check, f.severity, f.action) for f in report.node_findings] == [
+        ("card_missing", "critical", "reboot_node")
+    ]
+    assert code == 0 and line.startswith("hetpatrol: reboot_node ascend/5/0 "), line
+    assert calls == [["sc", "update", "NodeName=n1", "State=DRAIN", f"Reason={line}"]]
+    # and the Prolog refuses the next job on the node, from the daemon's same finding
+    assert prolog.reason.startswith("hetpatrol: reboot_node node card_missing"), prolog
+    assert prolog.exit_code == 1

@@ -239,3 +239,106 @@ def test_check_forms_the_fast_path_does_not_know_go_to_the_full_cli(argv, tmp_pa
         return code, capsys.readouterr()
 
     assert outcome(entry_main) == outcome(cli_main)
+
+
+# ------------------------------------------------------------- whose state file
+OTHER_UID = 54321  # no user of this machine: "someone else"
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+def _trusted_state(tmp_path) -> Path:
+    state = tmp_path / "state.json"
+    write_state(state, Patroller(load_config(), replay_dir=NODES / "healthy-mixed").run(), 10.0)
+    assert check(state)[0] == 0
+    return state
+
+
+def _all_three(state: Path) -> tuple[tuple[int, str], object, tuple[int, str]]:
+    """(check, the Prolog's decision, the Epilog) on ``state``."""
+    from hetpatrol.slurm import jobguard
+    from hetpatrol.slurm.epilog import run_epilog
+
+    env = {"SLURM_JOB_ID": "1", "SLURMD_NODENAME": "n1", "SLURM_JOB_GPUS": "0"}
+
+    def no_scontrol(argv, timeout):
+        raise AssertionError(argv)
+
+    def no_patrol():
+        raise AssertionError("patrolled on an untrusted state file")
+
+    guard = jobguard.guard(env, state, runner=no_scontrol)
+    return check(state), guard, run_epilog(env, state, no_patrol, runner=no_scontrol)
+
+
+def _refused(state: Path, said: str) -> None:
+    (code, line), guard, (ecode, eline) = _all_three(state)
+    assert code == 3 and line.startswith(f"HETPATROL UNKNOWN - untrusted state file {state}: ")
+    assert said in line, line
+    # the Prolog: not the daemon's verdict, so no drain either (whoever wrote it would
+    # decide the drain): the job goes through, the reason said
+    assert guard.exit_code == 0 and guard.reason.startswith("untrusted state file"), guard
+    assert said in guard.reason and guard.reason.endswith(": job let through")
+    assert ecode == 0 and said in eline and eline.endswith("nothing checked"), eline
+
+
+@needs_root
+def test_a_state_file_of_another_user_is_refused(tmp_path):
+    state = _trusted_state(tmp_path)
+    os.chown(state, OTHER_UID, -1)
+    _refused(state, f"is owned by uid {OTHER_UID}, not root or the daemon's")
+
+
+@pytest.mark.parametrize(("mode", "said"), [(0o646, "everyone"), (0o660, "group")])
+def test_a_state_file_others_can_write_is_refused(tmp_path, mode, said):
+    state = _trusted_state(tmp_path)
+    state.chmod(mode)
+    _refused(state, f"is writable by {said}")
+
+
+@needs_root
+def test_a_symlink_or_directory_of_another_user_on_the_way_is_refused(tmp_path):
+    state = _trusted_state(tmp_path)
+    link = tmp_path / "link.json"
+    link.symlink_to(state)
+    assert check(link)[0] == 0  # root's own symlink: followed
+    os.lchown(link, OTHER_UID, -1)
+    _refused(link, f"is a symlink owned by uid {OTHER_UID}")
+    # a symlinked directory on the way, owned by someone else
+    (tmp_path / "d").symlink_to(tmp_path)
+    os.lchown(tmp_path / "d", OTHER_UID, -1)
+    _refused(tmp_path / "d" / "state.json", f"{tmp_path}/d is a symlink owned by uid")
+    # a directory someone else owns (they can swap the file in it)
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    state.rename(sub / "state.json")
+    assert check(sub / "state.json")[0] == 0
+    os.chown(sub, OTHER_UID, -1)
+    _refused(sub / "state.json", f"{sub} is owned by uid {OTHER_UID}")
+
+
+def test_a_world_writable_directory_on_the_way_is_refused_unless_sticky(tmp_path):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    state = _trusted_state(sub)
+    sub.chmod(0o777)
+    _refused(state, f"{sub} is writable by everyone (mode 777)")
+    sub.chmod(0o1777)  # /tmp's mode: only an entry's owner may rename or remove it
+    assert check(state)[0] == 0
+
+
+@needs_root
+def test_the_daemons_own_user_is_trusted(tmp_path, monkeypatch):
+    """The packaged unit runs the daemon as User=hetpatrol: root's Prolog believes that
+    user's file (here the user ``nobody`` stands in for it)."""
+    import pwd
+
+    from hetpatrol import healthcheck
+
+    unit = (Path(__file__).resolve().parents[1] / "systemd" / "hetpatrol.service").read_text()
+    assert re.search(r"(?m)^User=(\S+)$", unit).group(1) == healthcheck.DAEMON_USER
+    nobody = pwd.getpwnam("nobody").pw_uid
+    state = _trusted_state(tmp_path)
+    os.chown(state, nobody, -1)
+    assert check(state)[0] == 3
+    monkeypatch.setattr(healthcheck, "DAEMON_USER", "nobody")
+    assert check(state)[0] == 0

@@ -518,3 +518,58 @@ def test_every_row_of_the_state_table(config, state, rule):
     for seq in range(1, 4):
         events += decode(policy.on_report(report("ok", seq), config))
     assert [e["event"] for e in events] == ["resume" if rule.resume else "resume_skipped"]
+
+
+# sinfo(1) "NODE STATE CODES" (22.05), each mark read off the man page: what it means,
+# and whether a node in IDLE with it may be drained (its flag's row of the state table)
+SINFO_MARKS = [
+    ("*", "NOT_RESPONDING", False),  # not responding
+    ("~", "POWERED_DOWN", False),  # powered off
+    ("#", "POWERING_UP", False),  # being powered up or configured
+    ("!", "POWER_DOWN", False),  # pending power down
+    ("%", "POWERING_DOWN", False),  # being powered down
+    ("$", "MAINTENANCE", False),  # in a maintenance reservation
+    ("@", "REBOOT_REQUESTED", False),  # pending reboot
+    ("^", "REBOOT_ISSUED", False),  # reboot issued
+    ("-", "PLANNED", True),  # planned by the backfill scheduler
+]
+
+
+@pytest.mark.parametrize(("mark", "flag", "drain"), SINFO_MARKS, ids=[m for m, *_ in SINFO_MARKS])
+def test_a_compact_state_mark_is_its_flag_never_stripped(config, mark, flag, drain):
+    """``IDLE~`` is a powered-off node, not an idle one: the mark is read as its flag and
+    the flag's rule decides (also after a flag word, and for a resume)."""
+    from hetpatrol.slurm.gres import STATE_MARKS, NodeInfo
+
+    assert STATE_MARKS[mark] == flag
+    assert NodeInfo("n", f"IDLE{mark}").flags == {flag}
+    assert NodeInfo("n", f"IDLE{mark}").base_state == "IDLE"
+    slurm = FakeSlurm(f"IDLE{mark}")
+    (event,) = decode(DrainPolicy(slurm).on_report(report("critical"), config))
+    assert event["event"] == ("drain" if drain else "drain_skipped"), event
+    assert drain or (slurm.updates == [] and flag in event["detail"]), event
+    slurm = FakeSlurm(f"IDLE+DRAIN{mark}", "hetpatrol: x")
+    policy = DrainPolicy(slurm)
+    events = []
+    for seq in range(1, 4):
+        events += decode(policy.on_report(report("ok", seq), config))
+    assert [e["event"] for e in events] == ["resume" if drain else "resume_skipped"]
+
+
+@pytest.mark.parametrize("state", ["IDLE&", "IDLE?", "IDLE+DRAIN&", "IDLE=", "IDLE~&"])
+def test_a_mark_hetpatrol_does_not_know_means_hands_off(config, state):
+    slurm = FakeSlurm(state)
+    (event,) = decode(DrainPolicy(slurm).on_report(report("critical"), config))
+    assert event["event"] == "drain_skipped" and slurm.updates == [], event
+    assert "unknown to hetpatrol" in event["detail"], event
+
+
+def test_docs_mark_table_is_the_code_table():
+    """docs/slurm.md's mark table says what hetpatrol.slurm.gres.STATE_MARKS does."""
+    from conftest import REPO
+
+    from hetpatrol.slurm.gres import STATE_MARKS
+
+    text = (REPO / "docs" / "slurm.md").read_text()
+    rows = re.findall(r"^\| `(.)` \| `([A-Z_]+)` \|", text, re.M)
+    assert dict(rows) == STATE_MARKS == {m: f for m, f, _ in SINFO_MARKS}

@@ -343,3 +343,13 @@ def test_the_drivers_line_says_a_vendor_that_reports_no_driver_version():
         {"vendor": "nvidia", "driver_version": "555.42.02"},
     ]
     assert _drivers(cards) == "ascend 25.2.0 / 25.3.0, hygon not reported, nvidia 555.42.02"
+
+
+def test_a_state_file_others_may_write_is_not_shown_as_the_verdict(tmp_path):
+    """As ``check``: a state file everyone may write is someone else's word."""
+    state = make_state(tmp_path, "healthy-mixed")
+    state.chmod(0o666)
+    res = run_piped(["status", "--state-path", str(state)], clean_env())
+    assert (res.returncode, res.stdout) == (3, "")
+    assert f"untrusted state file {state}: " in res.stderr
+    assert "is writable by everyone (mode 666)" in res.stderr

@@ -18,6 +18,7 @@ from hetpatrol.exporters import PRIVATE_FILE_MODE
 
 TYPE_CHECKING = False  # not typing's: `check` imports this module, keep it light
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
     from typing import Any
 
@@ -137,18 +138,30 @@ def state_bytes(report: PatrolReport, interval_seconds: float) -> bytes:
 STATE_READ_MAX = 64 * 1024 * 1024
 
 
-def read_state(path: Path, accept: str = STATE_SCHEMA) -> dict[str, Any]:
+def read_state(
+    path: Path,
+    accept: str = STATE_SCHEMA,
+    *,
+    verify: Callable[[os.stat_result], None] | None = None,
+) -> dict[str, Any]:
     """Read a state file without blocking: at most :data:`STATE_READ_MAX` bytes.
 
     ``accept``: the schema it must have (a prefix, such as :data:`STATE_SCHEMA_PREFIX`,
-    when it ends with ``/``). Raises OSError (missing, unreadable, not a regular file: a
-    FIFO or device is never read) or ValueError (larger than the bound, not JSON, nested
-    too deep, another schema).
+    when it ends with ``/``). ``verify``: called with the opened file's ``fstat`` before
+    a byte is read (it raises to refuse the file); with it, a symlink as the last
+    component is not followed (``O_NOFOLLOW``: the caller resolved the path itself, see
+    :func:`hetpatrol.healthcheck.read_trusted_state`). Raises OSError (missing,
+    unreadable, not a regular file: a FIFO or device is never read) or ValueError (larger
+    than the bound, not JSON, nested too deep, another schema, refused by ``verify``).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    nofollow = os.O_NOFOLLOW if verify is not None else 0
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | nofollow)
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if verify is not None:
+            verify(st)
         data = fh.read(STATE_READ_MAX + 1)
     if len(data) > STATE_READ_MAX:
         raise ValueError(f"{path} is larger than {STATE_READ_MAX} bytes")

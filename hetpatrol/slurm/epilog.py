@@ -11,7 +11,8 @@ node be, as the prolog does):
 
 1. the job's cards: :func:`hetpatrol.slurm.jobguard.epilog_cards` on the daemon's state
    file (the environment's ``SLURM_JOB_GPUS`` / ``CUDA_VISIBLE_DEVICES`` /
-   ``ASCEND_VISIBLE_DEVICES``, else ``scontrol show job -d``);
+   ``ASCEND_VISIBLE_DEVICES``, else Slurm's ``gres_detail`` of ``squeue --json``, never
+   text a user chose);
 2. one patrol of this node (every enabled collector, the kernel log within its window),
    without writing the daemon's JSONL log or state file;
 3. each held card found again (by UUID, serial or bus id, else vendor/index/chip): its
@@ -19,9 +20,12 @@ node be, as the prolog does):
    ``--block-on`` (default: the drain actions) drains the node with hetpatrol's reason
    (``hetpatrol: reset_card nvidia/6 ...``) and exits 0 (a non-zero Epilog makes
    slurmctld replace that reason with "Epilog error"); when the drain cannot be set, it
-   exits 1 and Slurm drains the node itself. A held card the patrol no longer lists (it
-   fell off the bus) counts as ``reboot_node``; a card whose vendor the patrol read
-   nothing of is not judged. When the job's cards cannot be told (no ``SLURM_JOB_GPUS``,
+   exits 1 and Slurm drains the node itself. A held card the patrol no longer lists is
+   judged by the daemon's own rule for the same input (the ``card_missing`` finding of
+   :func:`hetpatrol.patrol.cards_no_longer_listed`): ``reboot_node`` when the output is
+   whole (it fell off the bus), ``watch`` when the collector's output was damaged (a
+   garbled row, a tool error: no proof it is gone); a card whose collector did not
+   answer ok is not judged. When the job's cards cannot be told (no ``SLURM_JOB_GPUS``,
    no IDX in the finished job's record), every card of the node is looked at.
 
 No state file, no card of the job, nothing bad: exit 0. Prints one line.
@@ -39,12 +43,16 @@ from hetpatrol.actions.apply import drain_reason
 from hetpatrol.actions.findings import card_action
 from hetpatrol.actions.vocabulary import (
     DEFAULT_DRAIN_ACTIONS,
-    REBOOT_NODE,
     ActionVerdict,
     parse_action,
     worst_verdict,
 )
-from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX, read_state
+from hetpatrol.collector import STATE_OK
+from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX
+from hetpatrol.healthcheck import UntrustedStateFile, read_trusted_state
+from hetpatrol.patrol import card_identities, card_missing_finding, cards_no_longer_listed
+from hetpatrol.report import PatrolReport
+from hetpatrol.schema import CardRecord
 from hetpatrol.slurm.jobguard import (
     EXIT_FAIL,
     EXIT_PASS,
@@ -53,41 +61,61 @@ from hetpatrol.slurm.jobguard import (
     run_scontrol,
 )
 
-Patrol = Callable[[], Sequence[Any]]
+Patrol = Callable[[], "PatrolReport"]
 
 
-def _identity(card: Any) -> set[tuple[str, str]]:
-    get = card.get if isinstance(card, Mapping) else lambda k: getattr(card, k, None)
-    return {(k, str(get(k)).lower()) for k in ("uuid", "serial", "bus_id") if get(k)}
+def _record(card: Mapping[str, Any]) -> CardRecord:
+    """The identity of a state file's card line, as a record (what names it)."""
 
+    def text(key: str) -> str | None:
+        value = card.get(key)
+        return value if isinstance(value, str) and value else None
 
-def _position(card: Any) -> tuple:
-    get = card.get if isinstance(card, Mapping) else lambda k: getattr(card, k, None)
-    return (get("vendor"), get("index"), get("chip"))
+    index = card.get("index")
+    chip = card.get("chip")
+    return CardRecord(
+        vendor=str(card.get("vendor")),
+        index=index if isinstance(index, int) and not isinstance(index, bool) else -1,
+        chip=chip if isinstance(chip, int) and not isinstance(chip, bool) else None,
+        uuid=text("uuid"),
+        serial=text("serial"),
+        bus_id=text("bus_id"),
+    )
 
 
 def judge_held(
-    held: Sequence[Mapping[str, Any]], cards: Sequence[Any], block_on: frozenset[str]
+    held: Sequence[Mapping[str, Any]], report: PatrolReport, block_on: frozenset[str]
 ) -> tuple[list[tuple[str, ActionVerdict]], list[str]]:
     """(the held cards whose action is in ``block_on``, with it; the names of held cards
-    the patrol read fine). ``cards`` are the new patrol's records."""
+    the patrol read fine). ``report``: the Epilog's one patrol.
+
+    The daemon's judgment, for the same input: a held card the patrol no longer lists is
+    judged by the daemon's rule (:func:`hetpatrol.patrol.cards_no_longer_listed`, its
+    ``card_missing`` finding: ``critical`` -> ``reboot_node``, ``unknown`` -> ``watch``
+    when the collector's output was damaged, a garbled row or a tool error); a card
+    whose collector did not answer ok this time is not judged; a card read again, by
+    its findings' action."""
     bad: list[tuple[str, ActionVerdict]] = []
     fine: list[str] = []
-    read_vendors = {_position(c)[0] for c in cards}
+    status = {c.name: c for c in report.collectors}
     for old in held:
-        if _position(old)[0] not in read_vendors:
+        vendor = str(old.get("vendor"))
+        collector = status.get(vendor)
+        if collector is None or collector.state != STATE_OK:
             continue  # that vendor's collector read nothing this time: no verdict on it
-        ident = _identity(old)
-        now = next((c for c in cards if ident and ident & _identity(c)), None)
-        if now is None:  # a card read without identity now (lost before its UUID was read)
-            now = next(
-                (c for c in cards if _position(c) == _position(old) and not _identity(c)), None
-            )
-        name = card_name(old)
-        if now is None:
-            verdict = ActionVerdict(REBOOT_NODE, "epilog", None, "no longer listed")
+        before = _record(old)
+        records = [c for c in report.cards if c.vendor == vendor]
+        gone = cards_no_longer_listed(records, [before])
+        missing = card_missing_finding(vendor, gone, collector.error)
+        if missing is not None:
+            verdict = card_action([missing], levels=None)
         else:
+            ids = set(card_identities(before))
+            now = next((c for c in records if ids & set(card_identities(c))), None)
+            if now is None:  # read without identity at its position (a garbled row)
+                now = next(c for c in records if c.key == before.key)
             verdict = card_action(list(now.findings), levels=None)
+        name = card_name(old)
         if verdict.action in block_on:
             bad.append((name, verdict))
         else:
@@ -106,13 +134,18 @@ def run_epilog(
     timeout: float = 30.0,
     runner: Callable[[Sequence[str], float], str] = run_scontrol,
 ) -> tuple[int, str]:
-    """(exit code, one line). ``patrol`` runs one patrol and returns its card records.
+    """(exit code, one line). ``patrol`` runs one patrol and returns its report.
     Never raises for what it reads; the caller bounds the whole run in time."""
     start = time.monotonic()
     try:
-        doc = read_state(Path(state_path), accept=STATE_SCHEMA_PREFIX)
+        doc = read_trusted_state(state_path, accept=STATE_SCHEMA_PREFIX)
     except FileNotFoundError:
         return EXIT_PASS, f"hetpatrol epilog: no state file {state_path}: nothing to check"
+    except UntrustedStateFile as exc:
+        return (
+            EXIT_PASS,
+            f"hetpatrol epilog: untrusted state file {state_path}: {exc}: nothing checked",
+        )
     except (OSError, ValueError) as exc:
         return EXIT_PASS, f"hetpatrol epilog: cannot read {state_path}: {exc}: nothing checked"
     held, alloc = epilog_cards(
@@ -176,7 +209,11 @@ def add_epilog_parser(sub: Any, patrol_factory: Callable[[Any], Patrol]) -> None
         help="comma-separated action words that drain (default: %(default)s)",
     )
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="hard limit")
-    p.add_argument("--scontrol", default="scontrol", help="scontrol (absolute in slurm.conf)")
+    p.add_argument(
+        "--scontrol",
+        default="scontrol",
+        help="scontrol (absolute in slurm.conf); squeue is run from its directory",
+    )
     p.add_argument("--no-set-reason", action="store_true", help="leave Slurm's own reason")
 
     def cmd(args: argparse.Namespace) -> int:

@@ -273,6 +273,32 @@ class HostList:
 
 
 # ------------------------------------------------------------------ scontrol show node
+#: The marks Slurm prints after a state name (``IDLE~``, ``DOWN*``, ``MIXED-``), sinfo(1)
+#: "NODE STATE CODES" (22.05; ``node_state_string()``, src/common/slurm_protocol_defs.c,
+#: prints them in ``sinfo %T``/``%t`` and in ``scontrol show node`` of older releases),
+#: and the state flag each stands for. A trailing character not here is no mark: it stays
+#: part of the word, which then matches no state (hands off).
+STATE_MARKS: dict[str, str] = {
+    "*": "NOT_RESPONDING",  # "presently not responding and will not be allocated any new work"
+    "~": "POWERED_DOWN",  # "presently in powered off"
+    "#": "POWERING_UP",  # "presently being powered up or configured"
+    "!": "POWER_DOWN",  # "pending power down"
+    "%": "POWERING_DOWN",  # "presently being powered down"
+    "$": "MAINTENANCE",  # "in a reservation with a flag value of "maintenance""
+    "@": "REBOOT_REQUESTED",  # "pending reboot"
+    "^": "REBOOT_ISSUED",  # "The node reboot was issued"
+    "-": "PLANNED",  # "planned by the backfill scheduler for a higher priority job"
+}
+
+
+def split_state_marks(word: str) -> tuple[str, str]:
+    """(``IDLE``, ``~*``) of ``IDLE~*``: the word and its trailing :data:`STATE_MARKS`."""
+    end = len(word)
+    while end and word[end - 1] in STATE_MARKS:
+        end -= 1
+    return word[:end], word[end:]
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """One node of ``scontrol show node [-o]`` output.
@@ -294,16 +320,22 @@ class NodeInfo:
 
     @property
     def base_state(self) -> str:
-        """``IDLE`` of ``IDLE+DRAIN`` (``*`` for not responding stripped)."""
-        return self.state.split("+", 1)[0].rstrip("*~#!%$@^-").upper()
+        """``IDLE`` of ``IDLE+DRAIN`` and of ``IDLE~`` (the marks of :data:`STATE_MARKS`
+        go to :attr:`flags`); a mark not in that table stays (``IDLE&``: a base state no
+        table knows, so hetpatrol acts on nothing)."""
+        return split_state_marks(self.state.split("+", 1)[0])[0].upper()
 
     @property
     def flags(self) -> frozenset[str]:
-        """``{DRAIN}`` of ``IDLE+DRAIN``; a trailing ``*`` counts as ``NOT_RESPONDING``."""
+        """``{DRAIN}`` of ``IDLE+DRAIN``; each known trailing mark of a word counts as its
+        flag (``IDLE~`` -> ``{POWERED_DOWN}``, ``DOWN*`` -> ``{NOT_RESPONDING}``)."""
         parts = self.state.upper().split("+")
-        flags = {p.rstrip("*") for p in parts[1:] if p}
-        if parts[0].endswith("*"):
-            flags.add("NOT_RESPONDING")
+        flags: set[str] = set()
+        for i, part in enumerate(parts):
+            word, marks = split_state_marks(part)
+            if i and word:
+                flags.add(word)
+            flags.update(STATE_MARKS[m] for m in marks)
         return frozenset(flags)
 
     @property

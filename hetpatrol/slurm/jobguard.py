@@ -14,7 +14,7 @@ allocated to the job, and fails only when
   job holds at least one card of the node.
 
 Which cards (Slurm facts, checked in slurm.conf(5) of Slurm 22.05, section "Prolog and
-Epilog Scripts", and in recorded ``scontrol show job -d`` outputs):
+Epilog Scripts", and in recorded outputs, fixtures/slurm):
 
 - ``SLURM_JOB_GPUS``: "The GPU IDs of GPUs in the job allocation (if any). Available in
   the Prolog and Epilog" -- the GRES index (IDX) of the ``gpu`` GRES. ``SLURM_STEP_GPUS``
@@ -23,10 +23,17 @@ Epilog Scripts", and in recorded ``scontrol show job -d`` outputs):
   used only when neither Slurm variable is there (UUID entries ``GPU-...`` are exact).
 - Ascend: ``ASCEND_VISIBLE_DEVICES`` (Ascend Docker Runtime, device IDs) or
   ``ASCEND_RT_VISIBLE_DEVICES`` (the CANN runtime's visible logical devices).
-- Any vendor's GRES: ``scontrol show job -d <id>`` prints per node
-  ``Nodes=n[1-2] CPU_IDs=0-7 Mem=0 GRES=gpu:a100:2(IDX:0-1),ascend:910b:1(IDX:3)``
-  (older releases: ``GRES_IDX=gpu(IDX:2,4)``, and ``GRES_IDX=`` when none). It is run
-  only when a card with a blocking action has a GRES the environment did not cover.
+- Any vendor's GRES: ``squeue --json`` (Slurm 21.08 and later; 22.05 lists every job,
+  squeue(1): "All other formatting and filtering arguments will be ignored"): the job's
+  record (by ``job_id``), its ``gres_detail`` list (one string per host,
+  ``gpu:a100:2(IDX:0-1),ascend:910b:1(IDX:3)``) paired with its hosts
+  (``job_resources``), see :func:`parse_squeue_json`. It is run only when a card with a
+  blocking action has a GRES the environment did not cover. The text of
+  ``scontrol show job -d`` is never read: a job name, comment or work directory is free
+  text that can hold ``Nodes=<node> GRES=...(IDX:3)``, even a newline and a whole forged
+  detail line, indistinguishable from Slurm's own (seen on slurmctld 22.05; a user could
+  drain any node through the Prolog). Without ``--json`` (older Slurm) the job's other
+  GRES are unknown: the job is let through, said in the line.
 
 IDX -> card: Slurm numbers the devices of one GRES name on a node 0, 1, ... in gres.conf
 ``File=`` order (or the order AutoDetect found them); hetpatrol takes the cards of that
@@ -40,13 +47,13 @@ Nothing here imports yaml, jsonschema, prometheus_client or pynvml.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from hetpatrol.actions.apply import drain_reason
@@ -57,13 +64,16 @@ from hetpatrol.actions.vocabulary import (
     ActionVerdict,
     is_action,
 )
-from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX, read_state
-from hetpatrol.healthcheck import stale_limit, verdict_age
+from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX
+from hetpatrol.healthcheck import (
+    UntrustedStateFile,
+    read_trusted_state,
+    stale_limit,
+    verdict_age,
+)
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
-#: most bytes of scontrol output looked at
-SCONTROL_MAX = 1024 * 1024
 
 GPU_GRES = "gpu"
 ASCEND = "ascend"
@@ -177,36 +187,99 @@ def parse_job_env(env: Mapping[str, str]) -> Allocation:
     return Allocation(by, frozenset(uuids), ascend, tuple(sources), tuple(errors))
 
 
-_NODES_RE = re.compile(r"(?<![A-Za-z_])Nodes=(?P<nodes>\S+)")
-_GRES_RE = re.compile(r"(?<![A-Za-z_])(?:GRES|GRES_IDX)=(?P<gres>\S*)")
 _IDX_RE = re.compile(r"\(IDX:(?P<idx>[^)]*)\)")
+#: most bytes of ``squeue --json`` looked at (22.05 lists every job of the cluster)
+SQUEUE_JSON_MAX = 64 * 1024 * 1024
 
 
-def parse_scontrol_job(text: str, node: str) -> Allocation:
-    """The job's GRES indexes on ``node`` from ``scontrol show job -d`` (multi-line or
-    ``-o`` one-line output). Each ``Nodes=<host list> ... GRES=<items>`` segment whose
-    host list holds ``node`` contributes its ``name...(IDX:list)`` items; a GRES name in
-    a matching segment without IDX is recorded with no index. Never raises."""
-    from hetpatrol.slurm.gres import hostlist_contains, split_top  # scontrol path only
+def squeue_argv(scontrol: str) -> list[str]:
+    """``squeue --json`` beside ``scontrol`` (same directory when it is a path)."""
+    head, sep, _tail = scontrol.rpartition("/")
+    return [f"{head}{sep}squeue" if sep else "squeue", "--json"]
 
+
+def _job_nodes(record: Mapping[str, Any]) -> list[str]:
+    """The job's hosts in Slurm's order of ``gres_detail``: Slurm pairs
+    ``gres_detail_str[i]`` with the i-th host of ``job_resrcs->nodes``
+    (``hostlist_shift`` in ``slurm_sprint_job_info()``, src/api/job_info.c, 22.05; the
+    openapi/v0.0.38 dump copies both lists as they are). 22.05 also names each host in
+    ``job_resources.allocated_nodes[i].nodename``: when both are there they must agree.
+    Raises ValueError when neither is readable or they differ."""
+    from hetpatrol.slurm.gres import expand_hostlist  # the squeue path only
+
+    res = record.get("job_resources")
+    if not isinstance(res, Mapping):
+        raise ValueError("no job_resources (the job holds no node)")
+    nodes = res.get("nodes")
+    if isinstance(nodes, Mapping):  # later data_parser versions: {"list": "n[1-2]", ...}
+        nodes = nodes.get("list")
+    names = expand_hostlist(nodes) if isinstance(nodes, str) and nodes else None
+    listed = res.get("allocated_nodes")
+    if isinstance(listed, list) and listed:
+        named = [
+            n.get("nodename", n.get("name")) if isinstance(n, Mapping) else None for n in listed
+        ]
+        if all(isinstance(n, str) and n for n in named):
+            if names is not None and names != named:
+                raise ValueError(f"job_resources.nodes {nodes!r} and allocated_nodes differ")
+            names = named  # type: ignore[assignment]
+    if not names:
+        raise ValueError("job_resources names no host")
+    return names
+
+
+def parse_squeue_json(text: str, job: str, node: str) -> Allocation:
+    """The GRES indexes that Slurm gave job ``job`` on ``node``, from ``squeue --json``.
+
+    Only Slurm's structured fields are read: the record whose ``job_id`` is ``job``, its
+    ``gres_detail`` (one string per host, ``gpu:a100:2(IDX:0-1),ascend:910b:1(IDX:3)``:
+    the text of ``scontrol show job -d``'s ``GRES=``) and its hosts (:func:`_job_nodes`).
+    Nothing a user chose (job name, comment, work directory: free text that may hold
+    ``Nodes=... GRES=...(IDX:3)`` and even a newline) is looked at. A GRES name on the
+    node's entry without IDX is recorded with no index. Never raises: what cannot be
+    read is in ``errors`` (then the job's cards are unknown, never guessed)."""
+    from hetpatrol.slurm.gres import split_top  # the squeue path only
+
+    def fail(why: str) -> Allocation:
+        return Allocation(sources=("squeue --json",), errors=(f"squeue --json: {why}",))
+
+    if len(text) > SQUEUE_JSON_MAX:
+        return fail(f"output larger than {SQUEUE_JSON_MAX} bytes")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return fail(f"not JSON ({type(exc).__name__})")
+    jobs = doc.get("jobs") if isinstance(doc, Mapping) else None
+    if not isinstance(jobs, list):
+        return fail("no jobs list")
+    mine = [
+        j
+        for j in jobs
+        if isinstance(j, Mapping)
+        and not isinstance(j.get("job_id"), bool)
+        and isinstance(j.get("job_id"), int)
+        and str(j["job_id"]) == str(job).strip()
+    ]
+    if len(mine) != 1:
+        return fail(f"{len(mine)} records of job {str(job)[:20]!r}")
+    record = mine[0]
+    detail = record.get("gres_detail")
+    if not isinstance(detail, list) or not all(isinstance(d, str) for d in detail):
+        return fail("gres_detail is not a list of strings")
+    if not detail:  # no GRES at all on any node (22.05 dumps [] then)
+        return Allocation({}, sources=("squeue --json",))
+    try:
+        hosts = _job_nodes(record)
+    except (ValueError, RecursionError) as exc:
+        return fail(str(exc))
+    if len(hosts) != len(detail):
+        return fail(f"{len(detail)} gres_detail entries for {len(hosts)} hosts")
     by: dict[str, set[int]] = {}
     errors: list[str] = []
-    text = text[:SCONTROL_MAX]
-    starts = [m for m in _NODES_RE.finditer(text)]
-    for i, m in enumerate(starts):
-        end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
-        segment = text[m.end() : end]
-        nl = segment.find("\n", 1)
-        line = segment if nl < 0 else segment[:nl]
-        try:
-            mine = hostlist_contains(m.group("nodes"), node)
-        except (ValueError, RecursionError):
-            errors.append(f"host list {m.group('nodes')[:80]!r} not readable")
+    for host, gres in zip(hosts, detail, strict=True):
+        if host != node:
             continue
-        g = _GRES_RE.search(line)
-        if not mine or g is None:
-            continue
-        for item in split_top(g.group("gres")):
+        for item in split_top(gres):
             name = re.split(r"[:(]", item, maxsplit=1)[0].strip().lower()
             if not name or name in ("(null)", "n/a"):
                 continue
@@ -220,7 +293,9 @@ def parse_scontrol_job(text: str, node: str) -> Allocation:
                 continue
             slot.update(idx)
     return Allocation(
-        {k: frozenset(v) for k, v in by.items()}, sources=("scontrol",), errors=tuple(errors)
+        {k: frozenset(v) for k, v in by.items()},
+        sources=("squeue --json",),
+        errors=tuple(errors),
     )
 
 
@@ -324,7 +399,7 @@ def needs_scontrol(
     env_alloc: Allocation,
     block_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS,
 ) -> bool:
-    """True when asking ``scontrol show job -d`` could change the answer: a card of the
+    """True when asking ``squeue --json`` could change the answer: a card of the
     verdict has a blocking action and the environment does not say whether the job
     holds cards of that card's GRES. False for a stale or missing verdict (that fails
     anyway) and when no card blocks (the common case: no scontrol at all)."""
@@ -402,23 +477,28 @@ def decide(
 # ------------------------------------------------------------------------- I/O
 def read_state_bounded(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The state file, read as ``hetpatrol check`` reads it (non-blocking, regular files
-    only, bounded: :func:`hetpatrol.exporters.state.read_state`), whatever the version
-    of its ``hetpatrol.state/N`` schema. Raises OSError or ValueError."""
-    return read_state(Path(path), accept=STATE_SCHEMA_PREFIX)
+    only, bounded, and only one that root, the daemon's user or this user owns and alone
+    can write, reached through no one else's symlink or directory:
+    :func:`hetpatrol.healthcheck.read_trusted_state`), whatever the version of its
+    ``hetpatrol.state/N`` schema. Raises OSError, ValueError or
+    :class:`~hetpatrol.healthcheck.UntrustedStateFile` (a ValueError)."""
+    return read_trusted_state(path, accept=STATE_SCHEMA_PREFIX)
 
 
 Runner = Callable[[Sequence[str], float], str]
 
 
 def run_scontrol(argv: Sequence[str], timeout: float) -> str:
-    """Run scontrol with a hard timeout; stdout text (at most :data:`SCONTROL_MAX`
-    bytes). Raises OSError / subprocess.SubprocessError (timeout, non-zero exit)."""
+    """Run scontrol (or squeue) with a hard timeout; stdout text (at most
+    :data:`SQUEUE_JSON_MAX` + 1 bytes: one more than :func:`parse_squeue_json` takes, so
+    an overlong output is refused, not cut into something else). Raises OSError /
+    subprocess.SubprocessError (timeout, non-zero exit)."""
     import subprocess  # only when scontrol is needed: the common pass path skips it
 
     res = subprocess.run(
         list(argv), capture_output=True, timeout=timeout, check=True, stdin=subprocess.DEVNULL
     )
-    return res.stdout[:SCONTROL_MAX].decode("utf-8", "replace")
+    return res.stdout[: SQUEUE_JSON_MAX + 1].decode("utf-8", "replace")
 
 
 def guard(
@@ -432,9 +512,10 @@ def guard(
     scontrol: str = "scontrol",
     clock: Callable[[], float] = time.time,
 ) -> GuardDecision:
-    """One prolog run: read the verdict, the environment, ``scontrol`` only if
-    :func:`needs_scontrol`; never raises, never runs longer than ``timeout`` seconds in
-    scontrol. The node name is ``SLURMD_NODENAME``, else the state's ``node``."""
+    """One prolog run: read the verdict, the environment, ``squeue --json`` (beside
+    ``scontrol``) only if :func:`needs_scontrol`; never raises, never runs longer than
+    ``timeout`` seconds in squeue. The node name is ``SLURMD_NODENAME``, else the
+    state's ``node``."""
     start = time.monotonic()
     doc: dict[str, Any] | None = None
     error = None
@@ -442,6 +523,11 @@ def guard(
         doc = read_state_bounded(state_path)
     except FileNotFoundError:
         error = f"no state file {state_path}: is the hetpatrol daemon running?"
+    except UntrustedStateFile as exc:
+        # not the daemon's verdict: failing would let whoever wrote it drain the node
+        return GuardDecision(
+            EXIT_PASS, f"untrusted state file {state_path}: {exc}: job let through"
+        )
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         error = f"cannot read {state_path}: {getattr(exc, 'strerror', None) or exc}"
     alloc = parse_job_env(env)
@@ -454,11 +540,11 @@ def guard(
                 import subprocess
 
                 try:
-                    text = runner([scontrol, "show", "job", "-d", str(job)], left)
-                    alloc = alloc.merged(parse_scontrol_job(text, node))
+                    text = runner(squeue_argv(scontrol), left)
+                    alloc = alloc.merged(parse_squeue_json(text, str(job), node))
                 except (OSError, subprocess.SubprocessError, ValueError) as exc:
                     alloc = alloc.merged(
-                        Allocation(errors=(f"scontrol: {type(exc).__name__}: {exc}",))
+                        Allocation(errors=(f"squeue --json: {type(exc).__name__}: {exc}",))
                     )
         return decide(doc, alloc, now=clock(), max_age=max_age, block_on=block_on, read_error=error)
     except Exception as exc:  # noqa: BLE001 - a guard bug must not drain the cluster
@@ -561,9 +647,11 @@ def epilog_cards(
     """The state's card lines the finished job held, for ``hetpatrol epilog``'s one quick
     patrol of them (XIDs the job caused show up there). The environment first
     (``SLURM_JOB_GPUS`` is "Available in the Prolog and Epilog", slurm.conf(5)); when it
-    does not cover every GRES name of the node's cards, ``scontrol show job -d`` (the job
-    record is still there while the Epilog runs). Never raises; returns (cards, the
-    allocation used, whose ``errors`` say what could not be read)."""
+    does not cover every GRES name of the node's cards, ``squeue --json`` (the job
+    record is still there while the Epilog runs, but Slurm 22.05 has already emptied its
+    ``gres_detail`` entry then: every card is looked at, see :mod:`hetpatrol.slurm.epilog`).
+    Never raises; returns (cards, the allocation used, whose ``errors`` say what could not
+    be read)."""
     alloc = parse_job_env(env)
     cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
     uncovered = [
@@ -575,10 +663,12 @@ def epilog_cards(
         import subprocess
 
         try:
-            text = runner([scontrol, "show", "job", "-d", str(job)], timeout)
-            alloc = alloc.merged(parse_scontrol_job(text, node))
+            text = runner(squeue_argv(scontrol), timeout)
+            alloc = alloc.merged(parse_squeue_json(text, str(job), node))
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            alloc = alloc.merged(Allocation(errors=(f"scontrol: {type(exc).__name__}: {exc}",)))
+            alloc = alloc.merged(
+                Allocation(errors=(f"squeue --json: {type(exc).__name__}: {exc}",))
+            )
     return match_cards(cards, alloc)[0], alloc
 
 
@@ -641,7 +731,11 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         default=",".join(sorted(DEFAULT_DRAIN_ACTIONS)),
         help="comma-separated action words (default: %(default)s)",
     )
-    p.add_argument("--scontrol", default=None, help="scontrol to run (absolute path)")
+    p.add_argument(
+        "--scontrol",
+        default=None,
+        help="scontrol to run (absolute path); squeue is run from its directory",
+    )
     p.add_argument("--no-set-reason", action="store_true", help="leave Slurm's own reason")
     args = p.parse_args(argv)
     if not args.state_path:
