@@ -13,6 +13,7 @@ Commands:
   ledger           card-hours per GRES type, metering audit, quotas (Slurm accounting)
   fleet            the cluster per card class, partition and node batch (Slurm + Prometheus)
   audit-slurm      check slurm.conf / gres.conf / the nodes for a mixed cluster
+  gres-conf        this node's gres.conf lines, slurm.conf fragment and TaskProlog
 
 Usage errors exit 64 (EX_USAGE).
 """
@@ -260,6 +261,16 @@ def _epilog_patrol(args: argparse.Namespace):
     return patrol
 
 
+def _gres_conf_patrol(args: argparse.Namespace) -> tuple[PatrolReport, Config]:
+    """gres-conf's one patrol and the config it ran with (collectors closed after)."""
+    config = _load(args)
+    patroller = Patroller(config, replay_dir=args.replay)
+    try:
+        return patroller.run(), config
+    finally:
+        patroller.close()
+
+
 EX_USAGE = 64
 EX_CANTCREAT = 73
 
@@ -434,6 +445,10 @@ def _add_other_commands(sub: Any) -> None:
     # the cluster-wide commands (hetpatrol/cluster/)
     add_fleet_parser(sub)
     add_audit_parser(sub)
+    # this node's gres.conf lines from its own patrol (hetpatrol/slurm/gres_conf.py)
+    from hetpatrol.slurm.gres_conf import add_gres_conf_parser
+
+    add_gres_conf_parser(sub, _gres_conf_patrol, _add_common)
 
 
 def main(argv: list[str] | None = None) -> int:
