@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -433,3 +434,57 @@ def test_real_slurmd_refuses_a_gpu_file_that_is_no_device(tmp_path):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ------------------------------------------------------- the TaskProlog, for real
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_task_prolog_sets_the_vendor_variable_from_the_jobs_gres_indices(tmp_path):
+    """A real cluster (tests/slurm_cluster.py: 8 ascend:910b devices on the node) runs the
+    generated TaskProlog: a job's ascend indices become ASCEND_RT_VISIBLE_DEVICES through
+    the plan's table (index i -> id 10+i here, so that the table, not the index, shows),
+    and Slurm itself sets no device variable for this GRES. (A job started while
+    another holds devices would get later indices; on this 2-CPU node a second job
+    waits for the first, so one job is shown.)"""
+    from slurm_cluster import BINARIES, NODE_NAME, start_cluster
+
+    missing = [b for b in (*BINARIES, "srun") if shutil.which(b) is None]
+    if missing or os.geteuid() != 0:
+        why = f"not installed: {missing}" if missing else "needs root (SlurmUser=root)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    plan = Plan(NODE_NAME)
+    for i in range(8):
+        plan.cards.append(
+            CardLine(
+                f"ascend/{i}/0",
+                "ascend",
+                "ascend",
+                "910b",
+                f"/dev/davinci{i}",
+                i,
+                None,
+                visible=(("ASCEND_RT_VISIBLE_DEVICES", 10 + i),),
+            )  # fmt: skip
+        )
+    cluster = start_cluster(overrides={"TaskProlog": "{root}/taskprolog"})
+    try:
+        with cluster.explain():
+            script = cluster.root / "taskprolog"
+            script.write_text(plan.task_prolog())
+            script.chmod(0o755)
+            out = cluster.root / "job.out"
+            cluster.run(
+                "sbatch", "-N1", "--gres=ascend:910b:3", "-o", str(out), "--wrap",
+                'echo "A=$ASCEND_RT_VISIBLE_DEVICES G=${SLURM_JOB_GPUS-unset}"',
+            )  # fmt: skip
+            deadline = time.monotonic() + 30
+            while not (out.exists() and out.read_text().strip()):
+                assert time.monotonic() < deadline, "the job never wrote its output"
+                time.sleep(0.2)
+            # IDX 0-2 -> the table's 10, 11, 12; Slurm sets no SLURM_JOB_GPUS for ascend
+            assert out.read_text().strip() == "A=10,11,12 G=unset"
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
