@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import slurm_cluster as _cluster
 from conftest import samples_dir
 
 from hetpatrol.cli import main
@@ -488,3 +489,37 @@ def test_task_prolog_sets_the_vendor_variable_from_the_jobs_gres_indices(tmp_pat
     finally:
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+# ----------------------------------------------- --check against the real slurmctld
+slurm_cluster = _cluster.slurm_cluster  # the session's real cluster (tests/slurm_cluster.py)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_check_against_the_real_slurmctld(slurm_cluster, tmp_path, capsys):
+    """tests/slurm_cluster.py registers hp-gpu01 as gpu:a100:8,ascend:910b:8. A replay of
+    8 A100s + 8 910B4s agrees with it; one of 6 A100s is told the difference and its fix.
+    The gres.conf checked is the one gres-conf writes (so only slurmctld differs)."""
+    cfg = tmp_path / "hetpatrol.yaml"
+    argv = ", ".join(f'"{a}"' for a in slurm_cluster.scontrol_argv)
+    cfg.write_text(f"slurm:\n  node_name: {slurm_cluster.node}\n  scontrol: [{argv}]\n")
+    for gpus, want_code in ((8, 0), (6, 1)):
+        replay = _cluster.make_replay(tmp_path / f"a100x{gpus}", gpus)
+        out, code = gres_conf(capsys, "--replay", str(replay), "--config", str(cfg))
+        conf = tmp_path / f"gres{gpus}.conf"
+        conf.write_text("\n".join(lines_of(out)[:-2]) + "\n")
+        out, code = gres_conf(
+            capsys, "--replay", str(replay), "--config", str(cfg), "--check",
+            "--gres-conf", str(conf),
+        )  # fmt: skip
+        with slurm_cluster.explain():
+            assert code == want_code, out
+        if gpus == 8:
+            assert out == "ok: gres.conf and slurmctld agree with the node's cards\n"
+        else:
+            assert out == (
+                "warning slurmctld: gpu:a100: slurmctld has 8, the node's cards are 6\n"
+                f"    fix: NodeName={slurm_cluster.node} Gres=ascend:910b:8,gpu:a100:6 "
+                "Features=910b,a100\n"
+            )
