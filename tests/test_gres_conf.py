@@ -77,6 +77,27 @@ def lines_of(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith(("NodeName=", "GresTypes="))]
 
 
+# ------------------------------------------------------------ the plugins' words
+@pytest.mark.parametrize(
+    "vendor",
+    ["nvidia", "ascend", "amd", "hygon", "cambricon", "enflame", "gaudi", "iluvatar", "kunlunxin"],
+)
+def test_each_plugins_gres_file_is_one_of_its_device_nodes(vendor):
+    """The File= family a plugin declares is a device node its reads open (or lies in a
+    directory it opens: /dev/dri), so the unit's sandbox and gres.conf name the same."""
+    from hetpatrol.collector import load_collector
+
+    info = load_collector(vendor).vendor_info
+    assert info.gres is not None
+    paths = {d.path for d in info.device_nodes}
+    assert info.gres.file in paths or any(info.gres.file.startswith(p + "/") for p in paths)
+    assert info.gres.number in ("index", "device_number", "drm_render")
+    # a vendor Slurm does not find itself says which variable a job needs, and where
+    # that is documented
+    if info.gres.autodetect is None:
+        assert info.gres.visible_env and info.gres.visible_doc
+
+
 # ------------------------------------------------------------------- placement
 def test_cpulist_and_slurm_core_indices():
     assert parse_cpulist("0-3,8,10-11") == (0, 1, 2, 3, 8, 10, 11)
