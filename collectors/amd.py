@@ -48,6 +48,7 @@ from hetpatrol.collector import (
     CollectorError,
     CollectResult,
     DeviceNode,
+    GresDevice,
     VendorInfo,
 )
 from hetpatrol.collectors.amd_smi import amd_smi_cards, parse_amd_smi_tree
@@ -92,6 +93,10 @@ class AmdCollector(Collector):
             DeviceNode("/dev/kfd", "rw", "amd-smi", "kfd"),
             DeviceNode("/dev/dri", "rw", "amd-smi", "drm"),
         ),
+        # gres.conf: File=/dev/dri/renderD<N> of the card's PCI function (sysfs
+        # .../<bus id>/drm/renderD<N>); Slurm finds AMD GPUs itself with AutoDetect=rsmi
+        # and its gpu plugin sets ROCR_VISIBLE_DEVICES (gres.conf(5); gres_common.c)
+        gres=GresDevice("/dev/dri/renderD{n}", number="drm_render", autodetect="rsmi"),
         # the same rocm-smi tuple as the hygon plugin's (one program name, one entry)
         tool_dirs={
             "amd-smi": ("/opt/rocm/bin",),

@@ -76,6 +76,7 @@ from hetpatrol.collector import (
     CollectorError,
     CollectResult,
     DeviceNode,
+    GresDevice,
     VendorInfo,
 )
 from hetpatrol.collectors.ascend_detail import DetailReader
@@ -918,6 +919,23 @@ class AscendCollector(Collector):
             "npu-smi": ("/usr/local/sbin", "/usr/local/bin"),
             "hccn_tool": ("/usr/local/Ascend/driver/tools",),
         },
+        # gres.conf: File=/dev/davinci<physical chip id> (MindCluster, Ascend Docker
+        # Runtime: "ls /dev/davinci*" lists the physical chip ids,
+        # https://www.hiascend.com/document/detail/zh/mindcluster/730/clustersched/dlug/dlruntime_ug_004.html).
+        # ASCEND_RT_VISIBLE_DEVICES takes logic ids (CANN env reference,
+        # https://www.hiascend.com/document/detail/en/canncommercial/850/maintenref/envvar/envref_07_0028.html);
+        # outside a container the physical id is the logic id (CANN runtime API,
+        # aclrtGetPhyDevIdByUserDevId,
+        # https://www.hiascend.com/document/detail/en/CANNCommunityEdition/910/API/runtimeapi/aclcppdevg_03_2286.html).
+        # Slurm has no AutoDetect for Ascend and sets no variable for a GRES of this name.
+        gres=GresDevice(
+            "/dev/davinci{n}",
+            number="device_number",
+            visible_env=("ASCEND_RT_VISIBLE_DEVICES",),
+            visible_id="device_number",
+            visible_doc="https://www.hiascend.com/document/detail/en/canncommercial/850/maintenref/envvar/envref_07_0028.html",
+            note="ids in ascending order only (CANN); not for DCMI/hccn_tool in the job",
+        ),
     )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
@@ -1010,6 +1028,21 @@ class AscendCollector(Collector):
         return [_record(info, chip, chips_per_npu[chip.npu_id], has_phy) for chip in info.chips]
 
 
+def _device_number(chip: NpuChip, chips_per_npu: int) -> int | None:
+    """N of the chip's ``/dev/davinciN``: its physical id. The ``Phy-ID`` column (A3),
+    else the ``Device`` column (310 family), else, for a one-chip NPU, the NPU ID (on the
+    host the chip's logic id, which ``npu-smi info -m`` maps the NPU ID to one to one on
+    every recorded one-chip server, is its physical id: CANN ``aclrtGetPhyDevIdByUserDevId``);
+    None when none of these can say."""
+    if chip.phy_id is not None:
+        return chip.phy_id
+    if chip.device_id is not None:
+        return chip.device_id
+    if chips_per_npu == 1 and chip.chip_id in (0, None):
+        return chip.npu_id
+    return None
+
+
 def _record(info: NpuSmiInfo, chip: NpuChip, chips_per_npu: int, has_phy: bool) -> CardRecord:
     rec = CardRecord(
         vendor="ascend",
@@ -1018,6 +1051,7 @@ def _record(info: NpuSmiInfo, chip: NpuChip, chips_per_npu: int, has_phy: bool) 
         model=chip.name,
         card_type=card_type_for(chip.name, chips_per_npu, has_phy),
         bus_id=normalize_bus_id(chip.bus_id),
+        device_number=_device_number(chip, chips_per_npu),
         driver_version=info.driver_version,
         vendor_health=chip.health,
         temperature_celsius=chip.temperature_celsius,

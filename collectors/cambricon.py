@@ -42,6 +42,7 @@ from hetpatrol.collector import (
     CollectorError,
     CollectResult,
     DeviceNode,
+    GresDevice,
     VendorInfo,
 )
 from hetpatrol.collectors.smi_table import describe, is_na, number_unit, parse_blocks, read_pair
@@ -235,6 +236,15 @@ class CambriconCollector(SmiToolCollector):
         device_nodes=(
             DeviceNode("/dev/cambricon_ctl", "rw", "cnmon"),
             DeviceNode("/dev/cambricon_dev{n}", "rw", "cnmon", None, 16),
+        ),
+        # gres.conf: File=/dev/cambricon_dev<card> (cnmon's card number); the runtime
+        # (CNRT) reads MLU_VISIBLE_DEVICES, card numbers (as Cambricon's model scripts
+        # set it, e.g. "export MLU_VISIBLE_DEVICES=0,1,2,3"; no Cambricon page in reach
+        # to cite, see docs/slurm.md)
+        gres=GresDevice(
+            "/dev/cambricon_dev{n}",
+            visible_env=("MLU_VISIBLE_DEVICES",),
+            visible_doc="https://www.cambricon.com/docs/sdk_1.15.0/cntoolkit_3.7.2/cntoolkit_install_3.7.2/index.html",
         ),
         tool_dirs={"cnmon": ("/usr/bin",)},
     )

@@ -35,7 +35,7 @@ import functools
 import re
 from typing import ClassVar
 
-from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
+from hetpatrol.collector import CollectorError, DeviceNode, GresDevice, VendorInfo
 from hetpatrol.collectors.smi_table import describe, is_na, number_unit, read_pair
 from hetpatrol.collectors.smi_tool import SmiToolCollector
 from hetpatrol.schema import CardRecord, normalize_bus_id
@@ -232,6 +232,15 @@ class EnflameCollector(SmiToolCollector):
         device_nodes=(
             DeviceNode("/dev/gcuctl", "rw", "efsmi"),
             DeviceNode("/dev/gcu{n}", "rw", "efsmi", None, 8),
+        ),
+        # gres.conf: File=/dev/gcu<card> (efsmi's device number); TopsRider's runtime
+        # reads TOPS_VISIBLE_DEVICES (Enflame's vLLM platform declares it as its
+        # device_control_env_var; its k8s device plugin sets it with
+        # ENFLAME_VISIBLE_DEVICES)
+        gres=GresDevice(
+            "/dev/gcu{n}",
+            visible_env=("TOPS_VISIBLE_DEVICES",),
+            visible_doc="https://github.com/Project-HAMi/HAMi (docs: Enflame GCU sharing)",
         ),
         tool_dirs={"efsmi": ("/usr/sbin",)},
     )

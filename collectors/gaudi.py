@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
+from hetpatrol.collector import CollectorError, DeviceNode, GresDevice, VendorInfo
 from hetpatrol.collectors.smi_table import (
     describe,
     is_na,
@@ -350,6 +350,17 @@ class GaudiCollector(SmiToolCollector):
         device_nodes=(
             DeviceNode("/dev/accel/accel{n}", "rw", "hl-smi", "accel", 8),
             DeviceNode("/dev/accel/accel_controlD{n}", "rw", "hl-smi", "accel", 8),
+        ),
+        # gres.conf: File=/dev/accel/accel<index> (hl-smi's index). HABANA_VISIBLE_DEVICES
+        # takes these indices, HABANA_VISIBLE_MODULES module ids (hl-smi -Q
+        # index,module_id), which survive a reboot (Intel Gaudi docs, "Multiple Dockers
+        # Each with a Single Workload")
+        gres=GresDevice(
+            "/dev/accel/accel{n}",
+            visible_env=("HABANA_VISIBLE_DEVICES",),
+            visible_doc="https://docs.habana.ai/en/latest/Orchestration/Multiple_Tenants_on_HPU/Multiple_Dockers_each_with_Single_Workload.html",
+            note="bare-metal processes read HABANA_VISIBLE_MODULES (module ids: "
+            "hl-smi -Q index,module_id -f csv)",
         ),
         tool_dirs={"hl-smi": ("/usr/bin",)},
     )

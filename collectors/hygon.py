@@ -38,6 +38,7 @@ from hetpatrol.collector import (
     CollectorError,
     CollectResult,
     DeviceNode,
+    GresDevice,
     VendorInfo,
 )
 from hetpatrol.collectors.rocm_family import HYGON, ROCM_SMI_COMMAND, parse_rocm_smi, to_record
@@ -80,6 +81,20 @@ class HygonCollector(SmiToolCollector):
         device_nodes=(
             DeviceNode("/dev/kfd", "rw", "rocm-smi", "kfd"),
             DeviceNode("/dev/dri", "rw", "rocm-smi", "drm"),
+        ),
+        # gres.conf: File=/dev/dri/renderD<N> of the card's PCI function (sysfs
+        # .../<bus id>/drm/renderD<N>). Slurm's AutoDetect=rsmi needs AMD's ROCm SMI
+        # library and does not list Hygon; DTK's HIP reads HIP_VISIBLE_DEVICES as ROCm's
+        # does (ROCm "GPU isolation techniques",
+        # https://rocm.docs.amd.com/en/latest/conceptual/gpu-isolation.html), device
+        # indices in rocm-smi's order
+        gres=GresDevice(
+            "/dev/dri/renderD{n}",
+            number="drm_render",
+            visible_env=("HIP_VISIBLE_DEVICES",),
+            visible_id="index",
+            visible_doc="https://rocm.docs.amd.com/en/latest/conceptual/gpu-isolation.html",
+            note="a GRES named gpu also gets Slurm's own ROCR_VISIBLE_DEVICES",
         ),
         # rocm-smi: DTK's bin (/opt/dtk, linked as /opt/rocm on DTK nodes) or AMD's ROCm; the
         # same tuple in the amd plugin (host_access keys tool directories by program name)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
+from hetpatrol.collector import CollectorError, DeviceNode, GresDevice, VendorInfo
 from hetpatrol.collectors.smi_table import (
     Block,
     SmiTable,
@@ -158,6 +158,15 @@ class IluvatarCollector(SmiToolCollector):
         device_nodes=(
             DeviceNode("/dev/itrctl", "rw", "ixsmi"),
             DeviceNode("/dev/iluvatar{n}", "rw", "ixsmi", None, 16),
+        ),
+        # gres.conf: File=/dev/iluvatar<card> (ixsmi's index); CoreX is CUDA-compatible
+        # and its runtime reads CUDA_VISIBLE_DEVICES (FlagScale's vendor table:
+        # "CUDA_VISIBLE_DEVICES for nvidia, iluvatar")
+        gres=GresDevice(
+            "/dev/iluvatar{n}",
+            visible_env=("CUDA_VISIBLE_DEVICES",),
+            visible_doc="https://github.com/FlagOpen/FlagScale",
+            note="a GRES named gpu gets CUDA_VISIBLE_DEVICES from Slurm itself",
         ),
         tool_dirs={"ixsmi": ("/usr/local/corex/bin",)},
     )

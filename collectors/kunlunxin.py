@@ -41,7 +41,7 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
+from hetpatrol.collector import CollectorError, DeviceNode, GresDevice, VendorInfo
 from hetpatrol.collectors.smi_table import describe, is_na
 from hetpatrol.collectors.smi_tool import SmiToolCollector
 from hetpatrol.schema import CardRecord, normalize_bus_id
@@ -199,6 +199,15 @@ class KunlunxinCollector(SmiToolCollector):
         device_nodes=(
             DeviceNode("/dev/xpuctrl", "rw", "xpu_smi"),
             DeviceNode("/dev/xpu{n}", "rw", "xpu_smi", None, 8),
+        ),
+        # gres.conf: File=/dev/xpu<DevID> (xpu_smi's INODE column names /dev/xpuN for
+        # DevID N, PaddlePaddle "Kunlunxin XPU install"); the XRE runtime reads
+        # XPU_VISIBLE_DEVICES (PaddlePaddle FastDeploy, Kunlunxin XPU deployment:
+        # export XPU_VISIBLE_DEVICES="0,1,2,3,4,5,6,7")
+        gres=GresDevice(
+            "/dev/xpu{n}",
+            visible_env=("XPU_VISIBLE_DEVICES",),
+            visible_doc="https://paddlepaddle.github.io/FastDeploy/zh/get_started/installation/kunlunxin_xpu",
         ),
         tool_dirs={"xpu_smi": ("/usr/local/xpu/bin", "/usr/bin")},
     )

@@ -12,6 +12,7 @@ field                                   NVML call
 ``uuid``                                ``nvmlDeviceGetUUID``
 ``serial``                              ``nvmlDeviceGetSerial``
 ``bus_id``                              ``nvmlDeviceGetPciInfo().busId``, normalised
+``device_number``                       ``nvmlDeviceGetMinorNumber`` (N of ``/dev/nvidiaN``)
 ``driver_version``                      ``nvmlSystemGetDriverVersion``
 ``firmware_version``                    ``nvmlDeviceGetVbiosVersion`` (VBIOS)
 ``utilization_ratio``                   ``nvmlDeviceGetUtilizationRates().gpu`` / 100
@@ -123,6 +124,7 @@ from hetpatrol.collector import (
     CollectorError,
     CollectResult,
     DeviceNode,
+    GresDevice,
     VendorInfo,
 )
 from hetpatrol.collectors.nvidia_kmsg import NVRM
@@ -526,6 +528,11 @@ class NvidiaCollector(Collector):
             DeviceNode("/dev/nvidia-uvm", "rw", "NVML", "nvidia-uvm"),
             DeviceNode("/dev/nvidia-caps/nvidia-cap{n}", "r", "NVML (MIG)", "nvidia-caps", 2),
         ),
+        # gres.conf: File=/dev/nvidia<minor number> (NVML's nvmlDeviceGetMinorNumber, not
+        # the NVML index: the two differ when the PCI order is not the minor order).
+        # Slurm's gpu plugin sets CUDA_VISIBLE_DEVICES itself (gres_common.c,
+        # gres_common_gpu_set_env) and finds the cards with AutoDetect=nvml (gres.conf(5))
+        gres=GresDevice("/dev/nvidia{n}", number="device_number", autodetect="nvml"),
     )
 
     def __init__(
@@ -817,6 +824,7 @@ class NvidiaCollector(Collector):
         vbios = call("nvmlDeviceGetVbiosVersion", handle)
         gen_max = call("nvmlDeviceGetMaxPcieLinkGeneration", handle)
         width_max = call("nvmlDeviceGetMaxPcieLinkWidth", handle)
+        minor = call("nvmlDeviceGetMinorNumber", handle)  # N of /dev/nvidiaN (nvml.h)
         values = {
             "model": None if name is _MISSING else _text(name),
             "uuid": None if uuid is _MISSING else _text(uuid),
@@ -825,6 +833,7 @@ class NvidiaCollector(Collector):
             "firmware_version": None if vbios is _MISSING else _text(vbios),
             "pcie_link_gen_max": None if gen_max is _MISSING else int(gen_max),
             "pcie_link_width_max": None if width_max is _MISSING else int(width_max),
+            "device_number": None if minor is _MISSING else int(minor),
         }
         for field_name, value in values.items():
             setattr(rec, field_name, value)

@@ -248,6 +248,16 @@ def _epilog_patrol(args: argparse.Namespace):
     return patrol
 
 
+def _gres_conf_patrol(args: argparse.Namespace) -> tuple[PatrolReport, Config]:
+    """gres-conf's one patrol and the config it ran with (collectors closed after)."""
+    config = _load(args)
+    patroller = Patroller(config, replay_dir=args.replay)
+    try:
+        return patroller.run(), config
+    finally:
+        patroller.close()
+
+
 EX_USAGE = 64
 EX_CANTCREAT = 73
 
@@ -439,6 +449,10 @@ def _add_other_commands(sub: Any) -> None:
     add_fleet_parser(sub)
     add_audit_parser(sub)
     add_doctor_parser(sub)
+    # this node's gres.conf lines from its own patrol (hetpatrol/slurm/gres_conf.py)
+    from hetpatrol.slurm.gres_conf import add_gres_conf_parser
+
+    add_gres_conf_parser(sub, _gres_conf_patrol, _add_common)
 
 
 def main(argv: list[str] | None = None) -> int:

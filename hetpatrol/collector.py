@@ -74,6 +74,34 @@ class DeviceNode:
 
 
 @dataclass(frozen=True)
+class GresDevice:
+    """How Slurm's ``gres.conf`` names one of this vendor's cards, and what a job needs
+    that Slurm does not set (``hetpatrol gres-conf``, :mod:`hetpatrol.slurm.gres_conf`).
+
+    - ``file``: the card's own device node, ``{n}`` its number (``/dev/davinci{n}``);
+      ``number``: where the number comes from: ``"device_number"`` (the record's
+      :attr:`~hetpatrol.schema.CardRecord.device_number`, which the plugin fills),
+      ``"index"`` (the record's index, the tool's card number) or ``"drm_render"`` (the
+      DRM render node of the card's PCI function in sysfs: ``/dev/dri/renderD{n}``);
+    - ``autodetect``: the ``gres.conf`` ``AutoDetect=`` mode with which Slurm finds these
+      cards itself (``nvml``, ``rsmi``, ``oneapi``, ``nrt``), or None;
+    - ``visible_env``: the variables that make only the job's cards visible to the
+      vendor's runtime, as a TaskProlog must set them (empty: Slurm sets what is needed);
+      ``visible_id``: the value each card gives them (``"device_number"``, ``"index"``);
+      ``visible_doc``: the vendor documentation that names the variables;
+      ``note``: what the operator must know beyond that (one line, or None).
+    """
+
+    file: str
+    number: str = "index"
+    autodetect: str | None = None
+    visible_env: tuple[str, ...] = ()
+    visible_id: str = "index"
+    visible_doc: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class VendorInfo:
     """What the checks must know of a vendor's words, declared by its plugin
     (:attr:`Collector.vendor_info`), so that no check names a vendor.
@@ -90,7 +118,9 @@ class VendorInfo:
       kernel log);
     - ``device_nodes``: the :class:`DeviceNode` rows its reads open (a sandbox must keep
       them open: :mod:`hetpatrol.host_access`); ``tool_dirs``: program -> the
-      directories the vendor installs it in.
+      directories the vendor installs it in;
+    - ``gres``: how ``gres.conf`` names its cards and which variables a job needs
+      (:class:`GresDevice`; None: ``hetpatrol gres-conf`` cannot write its lines).
     """
 
     health_words: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
@@ -99,6 +129,7 @@ class VendorInfo:
     kernel_log: Any = None
     device_nodes: tuple[DeviceNode, ...] = ()
     tool_dirs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    gres: GresDevice | None = None
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,9 @@ class CardRecord:
     uuid: str | None = None
     serial: str | None = None
     bus_id: str | None = None
+    #: the number of the card's own device node (``/dev/nvidia<N>``: NVML's minor
+    #: number; ``/dev/davinci<N>``: the chip's physical id), where the plugin reads one
+    device_number: int | None = None
     driver_version: str | None = None
     firmware_version: str | None = None
     vendor_health: str | None = None
@@ -263,6 +266,7 @@ class CardRecord:
             uuid=self.uuid,
             serial=self.serial,
             bus_id=self.bus_id,
+            device_number=self.device_number,
             gres=self.gres,
             read_ok=read_ok,
         )
@@ -341,6 +345,7 @@ def card_json_schema() -> dict[str, Any]:
         "uuid": string,
         "serial": string,
         "bus_id": string,
+        "device_number": {**integer, "minimum": 0},
         "driver_version": string,
         "firmware_version": string,
         "vendor_health": string,

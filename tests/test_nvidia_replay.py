@@ -671,10 +671,10 @@ def test_one_init_bounded_calls_and_close():
     collector.collect()
     steady = sum(nvml.calls.values()) - first
     assert nvml.calls["nvmlInit"] == 1
-    # init, count, driver once; per GPU handle + 7 identity + 16 + 1 NVLink probe (link 0
-    # NotSupported: no NVLink, not asked again in this session) + 1 recovery-action field
-    # (NotSupported in this dump: not asked again either)
-    assert first <= 3 + 8 * 26
+    # init, count, driver once; per GPU handle + 8 identity (the minor number among them)
+    # + 16 + 1 NVLink probe (link 0 NotSupported: no NVLink, not asked again in this
+    # session) + 1 recovery-action field (NotSupported in this dump: not asked again either)
+    assert first <= 3 + 8 * 27
     assert steady <= 1 + 8 * 16  # count + 16 state calls per ECC GPU; handles, identity cached
     assert nvml.calls["nvmlDeviceGetHandleByIndex"] == 8
     collector.close()

@@ -130,6 +130,20 @@ def gather(args: argparse.Namespace) -> AuditInput:
     )
 
 
+def _domain_findings(args: argparse.Namespace, inp: AuditInput) -> list:
+    """topology.conf (``--topology-conf``, else the one beside slurm.conf when there)
+    and the partitions, by :mod:`hetpatrol.cluster.domains`."""
+    from hetpatrol.cluster.domains import domain_findings, node_table, parse_topology_conf
+
+    path = args.topology_conf
+    if path is None and args.slurm_conf is not None:
+        beside = args.slurm_conf.parent / "topology.conf"
+        path = beside if beside.is_file() else None
+    switches = parse_topology_conf(read_regular(path), str(path)) if path else None
+    classes, features, parts = node_table(inp.conf, inp.profiles)
+    return domain_findings(switches, parts, lambda n: classes.get(n, set()), features)
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     try:
         inp = gather(args)
@@ -137,6 +151,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(printable(f"hetpatrol audit-slurm: {exc}"), file=sys.stderr)
         return EXIT_UNKNOWN
     report: AuditReport = audit(inp)
+    try:  # one interconnect domain per job: leaf switches and partitions (domains.py)
+        report.findings.extend(_domain_findings(args, inp))
+    except (OSError, ValueError) as exc:
+        print(printable(f"hetpatrol audit-slurm: {exc}"), file=sys.stderr)
+        return EXIT_UNKNOWN
     doc = report.to_json()
     if args.json:
         write_stdout(json.dumps(doc, indent=1) + "\n")
@@ -177,6 +196,13 @@ def add_audit_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="cgroup.conf (default: the one beside slurm.conf, when there)",
+    )
+    p.add_argument(
+        "--topology-conf",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="topology.conf (default: the one beside slurm.conf, when there)",
     )
     p.add_argument(
         "--live",

@@ -3,15 +3,16 @@
   hetpatrol ledger usage  [--start T] [--end T] [--by user,account,...] [--format F]
   hetpatrol ledger audit  [--format text|json]
   hetpatrol ledger quota  [--start T] [--end T] [--quota-file F] [--textfile P]
+  hetpatrol ledger spans  [--start T] [--end T] [--format text|json]
 
 Times: ``now``, ``now-7days`` (units minutes, hours, days, weeks), or local
 ``YYYY-MM-DD[THH:MM[:SS]]``. Exit codes: usage 0; audit 0 fine / 1 warnings / 2 per-type
 metering impossible; quota 0 all below 80 % / 1 one at 80 % / 2 one at 100 % / 3 (instead
 of 0 or 1) when AllocTRES items could not be read; efficiency 0, 65 when Prometheus's
-answer for a job could not be read; 69 (EX_UNAVAILABLE) when a Slurm command or
-Prometheus fails or sacct runs past --timeout, 65 (EX_DATAERR) for unreadable input,
-64 (EX_USAGE) for a window that cannot be or a --sacct-file that cannot be opened (not a
-regular file).
+answer for a job could not be read; spans 0 none / 1 jobs across card classes;
+69 (EX_UNAVAILABLE) when a Slurm command or Prometheus fails or sacct runs past
+--timeout, 65 (EX_DATAERR) for unreadable input, 64 (EX_USAGE) for a window that
+cannot be or a --sacct-file that cannot be opened (not a regular file).
 """
 
 from __future__ import annotations
@@ -177,6 +178,18 @@ def add_ledger_parser(sub) -> None:
     )
     q.add_argument("--format", choices=("table", "json"), default="table")
     q.set_defaults(func=cmd_quota)
+    s = lsub.add_parser(
+        "spans", help="jobs whose nodes held different card classes (exit 0 none, 1 some)"
+    )
+    _add_window(s)
+    s.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="config whose profiles name the card GRES (default: the bundled one)",
+    )
+    s.add_argument("--format", choices=("text", "json"), default="text")
+    s.set_defaults(func=cmd_spans)
     e = lsub.add_parser("efficiency", help="cards allocated vs busy per job (Prometheus)")
     _add_window(e)
     e.add_argument("--prometheus", required=True, metavar="URL", help="http://host:9090")
@@ -273,6 +286,25 @@ def cmd_usage(args) -> int:
     ledger = _ledger(args, args.by)
     sys.stdout.write(report.render(ledger, args.format))
     return 0
+
+
+@_guard
+def cmd_spans(args) -> int:
+    """Jobs of the window whose nodes held two card classes or more (ledger/spans.py)."""
+    from hetpatrol.config import load_config
+    from hetpatrol.ledger.spans import render_text, spanning_jobs
+
+    if args.no_node_types:
+        raise LedgerUsageError("spans needs the nodes' GRES types: drop --no-node-types")
+    start, end, _now = _window(args)
+    node_gres = read_node_gres(shlex.split(args.scontrol))
+    names = {p.gres for p in load_config(args.config).profiles if p.gres}
+    jobs = spanning_jobs(_runs(args, start, end), node_gres, names)
+    if args.format == "json":
+        sys.stdout.write(json.dumps([j.to_dict() for j in jobs], indent=2) + "\n")
+    else:
+        sys.stdout.write(render_text(jobs, printable))
+    return 1 if jobs else 0
 
 
 @_guard

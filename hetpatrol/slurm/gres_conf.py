@@ -1,0 +1,550 @@
+"""``hetpatrol gres-conf``: the gres.conf lines, slurm.conf fragment and TaskProlog that
+this node's cards need, from its own patrol; ``--check`` compares them with the node's
+installed ``gres.conf`` and with what slurmctld holds for the node.
+
+Slurm finds NVIDIA (``AutoDetect=nvml``), AMD (``rsmi``), Intel (``oneapi``) and AWS
+(``nrt``) cards itself (gres.conf(5), AutoDetect); every other vendor needs hand-written
+lines. What each vendor's cards are called comes from its plugin
+(:class:`hetpatrol.collector.GresDevice` on ``vendor_info.gres``), where each card sits
+from sysfs (:mod:`hetpatrol.sysfs_pci`, under the replay's ``root/`` when replaying).
+
+Slurm's rules followed here (Slurm 22.05, gres.conf(5) and ``src/plugins/gres/common/
+gres_common.c``):
+
+- ``File=`` must name a character or block device that exists on the node: slurmd
+  ``stat()``s each (``_set_gres_device_desc``: "is not a valid character or block
+  device, fix your gres.conf") for a GRES with a plugin (``gpu``...); a GRES of another
+  name (``ascend``) is not checked by slurmd, so a wrong path is only found by a job;
+- a device's number is the digits its file name ends with (``_init_gres_device``: the
+  ``dev_num``), its GRES index the order of the files over the lines of one name
+  (``common_node_config_load``); the gpu plugin numbers ``CUDA_VISIBLE_DEVICES`` by that
+  index, "the order they enumerate on the PCI bus" (``common_gres_set_env``), so lines
+  follow the tool's card order (NVML's index is PCI bus order);
+- ``Count=``, with ``File=``, must be the number of files (gres.conf(5), Count);
+- ``Cores=`` takes logical core indices, "Core 0 will be the first core on the first
+  socket" (gres.conf(5), Cores; :func:`hetpatrol.sysfs_pci.slurm_cores`);
+- Slurm sets ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES`` only from its gpu plugin
+  (``gres_common_gpu_set_env``); a job's GRES indices per node are in ``scontrol show
+  job -d`` (``GRES=ascend:910b:2(IDX:0-1)``), which the TaskProlog reads; a TaskProlog's
+  ``export NAME=value`` lines are set in the task's environment (slurm.conf(5),
+  TaskProlog).
+
+Exit codes: generate 0 every card has its line, 1 a card's cores could not be read (no
+``Cores=``), 3 a card has no device file (no line); ``--check`` 0 no difference, 1
+differences, 3 a source could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetpatrol.collector import GresDevice, load_collector
+from hetpatrol.schema import CardRecord
+from hetpatrol.slurm.gres import (
+    GresConfLine,
+    find_node,
+    parse_gres_conf,
+    sum_gres,
+)
+from hetpatrol.slurm.inventory import card_gres, run_scontrol
+from hetpatrol.sysfs_pci import (
+    format_ranges,
+    read_cpu_cores,
+    read_place,
+    slurm_cores,
+)
+
+EXIT_OK, EXIT_WARNING, EXIT_UNKNOWN = 0, 1, 3
+
+
+@dataclass(frozen=True)
+class CardLine:
+    """One card as ``gres.conf`` needs it: GRES ``name``/``type``, its device ``file``
+    and ``number`` (None with ``problem`` saying why), ``cores`` (Slurm's logical core
+    indices, None with ``cores_problem``), ``visible`` (variable -> the card's id in it)."""
+
+    card: str
+    vendor: str
+    name: str
+    type: str | None
+    file: str | None
+    number: int | None
+    cores: tuple[int, ...] | None
+    problem: str | None = None
+    cores_problem: str | None = None
+    visible: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass
+class Plan:
+    """What the node needs: ``cards`` in gres.conf order, ``notes`` per GRES name
+    (AutoDetect, the vendor's caveat)."""
+
+    node: str
+    cards: list[CardLine] = field(default_factory=list)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def placed(self) -> list[CardLine]:
+        return [c for c in self.cards if c.file is not None]
+
+    def lines(self) -> list[tuple[str, list[CardLine]]]:
+        """(gres.conf line, its cards): consecutive cards of one name, type and cores
+        whose files differ only by consecutive numbers share a line (``[0-3]``)."""
+        out: list[tuple[str, list[CardLine]]] = []
+        group: list[CardLine] = []
+
+        def flush() -> None:
+            if group:
+                out.append((self._line(group), list(group)))
+                group.clear()
+
+        for card in self.placed:
+            if group:
+                last = group[-1]
+                same = (last.name, last.type, last.cores) == (card.name, card.type, card.cores)
+                stem = _stem(last)
+                if not (
+                    same
+                    and stem is not None
+                    and stem == _stem(card)
+                    and card.number == (last.number or 0) + 1
+                ):
+                    flush()
+            group.append(card)
+        flush()
+        return out
+
+    def _line(self, cards: list[CardLine]) -> str:
+        first = cards[0]
+        if len(cards) == 1:
+            files = first.file
+        else:
+            stem = _stem(first) or ""
+            files = f"{stem}[{first.number}-{cards[-1].number}]"
+        parts = [f"NodeName={self.node}", f"Name={first.name}"]
+        if first.type:
+            parts.append(f"Type={first.type}")
+        parts += [f"File={files}", f"Count={len(cards)}"]
+        if first.cores:
+            parts.append(f"Cores={format_ranges(first.cores)}")
+        return " ".join(parts)
+
+    def totals(self) -> list[tuple[str, str | None, int]]:
+        """(name, type, count) of the placed cards, in first-seen order."""
+        counts: dict[tuple[str, str | None], int] = {}
+        for c in self.placed:
+            counts[(c.name, c.type)] = counts.get((c.name, c.type), 0) + 1
+        return [(n, t, k) for (n, t), k in counts.items()]
+
+    def slurm_conf(self) -> list[str]:
+        """``GresTypes=`` and the node's ``NodeName=... Gres=... Features=...``."""
+        totals = self.totals()
+        names = list(dict.fromkeys(n for n, _t, _k in totals))
+        gres = ",".join(f"{n}:{t}:{k}" if t else f"{n}:{k}" for n, t, k in totals)
+        features = ",".join(dict.fromkeys(t for _n, t, _k in totals if t))
+        node = f"NodeName={self.node} Gres={gres}"
+        if features:
+            node += f" Features={features}"
+        return [f"GresTypes={','.join(names)}", node]
+
+    def task_prolog(self) -> str | None:
+        """The TaskProlog that sets each vendor's visible-devices variable from the job's
+        GRES indices on this node, or None when Slurm sets every variable itself."""
+        tables: dict[tuple[str, str], list[tuple[int, int]]] = {}
+        index: dict[str, int] = {}
+        for c in self.placed:  # Slurm's index: the file's position among its name's files
+            i = index.get(c.name, 0)
+            index[c.name] = i + 1
+            for var, ident in c.visible:
+                tables.setdefault((c.name, var), []).append((i, ident))
+        if not tables:
+            return None
+        out = [
+            "#!/bin/sh",
+            f"# Slurm TaskProlog for {self.node}, written by hetpatrol gres-conf. slurmstepd",
+            "# sets each 'export NAME=value' line it prints in the task's environment",
+            "# (slurm.conf(5), TaskProlog); Slurm sets no device variable for these GRES.",
+            "# The job's GRES indices on this node come from 'scontrol show job -d'",
+            "# (GRES=name:type:N(IDX:0-1)), in gres.conf order.",
+            'node="${SLURMD_NODENAME:?}"',
+            'detail=$(scontrol show job -d "${SLURM_JOB_ID:?}" 2>/dev/null) || exit 0',
+            "idx() {  # $1: GRES name -> its IDX list on this node (0-1,4)",
+            "  printf '%s\\n' \"$detail\" | while read -r line; do",
+            '    case "$line" in Nodes=*" GRES="*) ;; *) continue ;; esac',
+            "    nodes=${line#Nodes=}; nodes=${nodes%% *}",
+            '    scontrol show hostnames "$nodes" 2>/dev/null | grep -qx "$node" || continue',
+            '    printf \'%s\\n\' "$line" | sed -n "s/.*[= ,]$1:[^(]*(IDX:\\([0-9,-]*\\)).*/\\1/p"',
+            "  done",
+            "}",
+            "expand() {  # 0-1,4 -> one index a line",
+            "  printf '%s\\n' \"$1\" | tr ',' '\\n' | while IFS=- read -r a b; do",
+            '    [ -n "$a" ] && seq "$a" "${b:-$a}"',
+            "  done",
+            "}",
+        ]
+        for (name, var), pairs in tables.items():
+            fn = f"id_{_shell_word(name)}_{_shell_word(var)}"
+            cases = " ".join(f"{i}) echo {ident} ;;" for i, ident in pairs)
+            out += [
+                f'{fn}() {{ case "$1" in {cases} esac; }}',
+                f'ids=$(for i in $(expand "$(idx {name})"); do {fn} "$i"; done | paste -sd, -)',
+                f'[ -n "$ids" ] && echo "export {var}=$ids"',
+            ]
+        out.append("exit 0")
+        return "\n".join(out) + "\n"
+
+
+def _shell_word(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in text)
+
+
+def _stem(card: CardLine) -> str | None:
+    """The file name without its trailing number, when it ends with ``card.number``."""
+    if card.file is None or card.number is None:
+        return None
+    tail = str(card.number)
+    return card.file[: -len(tail)] if card.file.endswith(tail) else None
+
+
+# --------------------------------------------------------------------------- planning
+def vendor_gres(vendor: str) -> GresDevice | None:
+    """The plugin's :class:`GresDevice` (None when it declares none or cannot load)."""
+    try:
+        return load_collector(vendor).vendor_info.gres
+    except Exception:  # noqa: BLE001 - a plugin that cannot load declares nothing
+        return None
+
+
+def card_label(rec: CardRecord) -> str:
+    return f"{rec.vendor}/{rec.index}" + ("" if rec.chip is None else f"/{rec.chip}")
+
+
+def build_plan(
+    records: Iterable[CardRecord],
+    config: Any,
+    node: str,
+    root: str | Path | None,
+    gres_of: Callable[[str], GresDevice | None] = vendor_gres,
+) -> Plan:
+    """The :class:`Plan` of ``records`` (one patrol's cards) for Slurm node ``node``,
+    placement read under ``root`` (None: not read, as for a replay without ``root/``).
+    Cards whose profile names no GRES are left out."""
+    plan = Plan(node)
+    topology = read_cpu_cores(root) if root is not None else {}
+    for rec in sorted(records, key=lambda r: (r.vendor, r.index, r.chip or 0)):
+        named = card_gres(rec, config)
+        if named is None:
+            continue
+        name, gtype = named
+        info = gres_of(rec.vendor)
+        label = card_label(rec)
+        notes = plan.notes.setdefault(name, [])
+        if info is None:
+            plan.cards.append(
+                CardLine(
+                    label,
+                    rec.vendor,
+                    name,
+                    gtype,
+                    None,
+                    None,
+                    None,
+                    problem=f"the {rec.vendor} plugin says nothing of its device files",
+                )
+            )
+            continue
+        if info.autodetect and f"AutoDetect={info.autodetect}" not in " ".join(notes):
+            notes.append(
+                f"Slurm finds {rec.vendor} cards itself with AutoDetect={info.autodetect} "
+                "(when slurmd is built with it); these lines need no such build"
+            )
+        if info.note and info.note not in notes:
+            notes.append(info.note)
+        place = read_place(root, rec.bus_id) if rec.bus_id and root is not None else None
+        number, problem = _number(rec, info, place, root)
+        cores = cores_problem = None
+        if root is None:
+            cores_problem = "the replay has no root/ tree: placement not read"
+        elif place is None:
+            cores_problem = "no bus id read: its NUMA node is unknown"
+        elif place.local_cpus is None or place.numa_node is None:
+            cores_problem = place.error or "no NUMA node"
+        elif not topology:
+            cores_problem = f"{Path(root) / 'sys/devices/system/cpu'}: no CPU topology"
+        else:
+            try:
+                cores = slurm_cores(place.local_cpus, topology)
+            except ValueError as exc:
+                cores_problem = str(exc)
+        ident = {"device_number": number, "index": rec.index}.get(info.visible_id)
+        visible = tuple((var, ident) for var in info.visible_env if ident is not None)
+        if name == "gpu":  # Slurm's gpu plugin sets CUDA_VISIBLE_DEVICES itself
+            visible = tuple(v for v in visible if v[0] != "CUDA_VISIBLE_DEVICES")
+        plan.cards.append(
+            CardLine(
+                label,
+                rec.vendor,
+                name,
+                gtype,
+                None if number is None else info.file.replace("{n}", str(number)),
+                number,
+                cores,
+                problem,
+                cores_problem,
+                visible,
+            )
+        )
+    return plan
+
+
+def _number(
+    rec: CardRecord, info: GresDevice, place: Any, root: str | Path | None
+) -> tuple[int | None, str | None]:
+    if info.number == "index":
+        return rec.index, None
+    if info.number == "device_number":
+        if rec.device_number is None:
+            return None, f"the {rec.vendor} plugin read no device number for this card"
+        return rec.device_number, None
+    if info.number == "drm_render":
+        if root is None:
+            return None, "the replay has no root/ tree: its DRM render node is unknown"
+        if place is None:
+            return None, "no bus id read: its DRM render node is unknown"
+        if place.render_minor is None:
+            return None, f"sysfs shows no drm/renderD* under {rec.bus_id}"
+        return place.render_minor, None
+    return None, f"unknown device numbering {info.number!r} in the {rec.vendor} plugin"
+
+
+def render(plan: Plan) -> tuple[str, int]:
+    """The text ``gres-conf`` prints, and its exit code."""
+    out = [f"# gres.conf lines for {plan.node} (hetpatrol gres-conf)"]
+    code = EXIT_OK
+    for c in plan.cards:
+        if c.file is None:
+            label = f"{c.name}:{c.type}" if c.type else c.name
+            out.append(f"# {c.card} ({label}): no line: {c.problem}")
+            code = EXIT_UNKNOWN
+    for name, notes in plan.notes.items():
+        out += [f"# {name}: {n}" for n in notes]
+    for line, cards in plan.lines():
+        missing = [c for c in cards if c.cores_problem]
+        if missing:
+            out.append(f"# {missing[0].card}: no Cores=: {missing[0].cores_problem}")
+            code = max(code, EXIT_WARNING)
+        out.append(line)
+    out += ["", "# slurm.conf (merge Features= with the node's own)", *plan.slurm_conf()]
+    prolog = plan.task_prolog()
+    if prolog is not None:
+        out += ["", "# TaskProlog= (slurm.conf), e.g. /etc/slurm/taskprolog.sh:", prolog.rstrip()]
+    return "\n".join(out) + "\n", code
+
+
+# ------------------------------------------------------------------------------ check
+@dataclass(frozen=True)
+class Difference:
+    """One difference ``--check`` found: where (``gres.conf:12``, ``slurmctld``), what,
+    and the line that fixes it."""
+
+    where: str
+    message: str
+    fix: str
+
+
+def _cores_of(text: str, lineno: int) -> tuple[int, ...] | None:
+    """``Cores=`` of gres.conf line ``lineno`` (keys case-insensitive), as indices."""
+    from hetpatrol.sysfs_pci import parse_cpulist
+
+    lines = text.splitlines()
+    if not 0 < lineno <= len(lines):
+        return None
+    for token in lines[lineno - 1].split("#", 1)[0].split():
+        key, sep, value = token.partition("=")
+        if sep and key.lower() in ("cores", "cpus"):
+            try:
+                return parse_cpulist(value)
+            except ValueError:
+                return None
+    return None
+
+
+def check_gres_conf(plan: Plan, text: str, path: str) -> list[Difference]:
+    """Differences between the installed gres.conf ``text`` (lines for ``plan.node``)
+    and ``plan``. ``ValueError`` (naming the line) when the file cannot be parsed."""
+    lines = [ln for ln in parse_gres_conf(text) if ln.name is not None]
+    mine = [ln for ln in lines if ln.nodes is None or plan.node in ln.nodes]
+    by_file: dict[str, GresConfLine] = {}
+    for ln in mine:
+        for f in ln.files:
+            by_file.setdefault(f, ln)
+    fix_of = {c.file: line for line, cards in plan.lines() for c in cards}
+    out: list[Difference] = []
+    for ln in mine:
+        if ln.files and ln.count != len(ln.files) and _has_count(text, ln.line):
+            out.append(
+                Difference(
+                    f"{path}:{ln.line}",
+                    f"Count={ln.count} but {len(ln.files)} files (gres.conf(5): with File=, "
+                    "Count must be the number of files)",
+                    "drop Count= or make it the number of files",
+                )
+            )
+    for c in plan.placed:
+        fix = fix_of[c.file]
+        ln = by_file.get(c.file or "")
+        want = f"{c.name}:{c.type}" if c.type else c.name
+        if ln is None:
+            out.append(Difference(path, f"{c.card} ({want}): {c.file} is in no line", fix))
+            continue
+        have = f"{ln.name}:{ln.type}" if ln.type else str(ln.name)
+        if (ln.name or "").lower() != c.name.lower() or (ln.type or "").lower() != (
+            c.type or ""
+        ).lower():
+            out.append(
+                Difference(
+                    f"{path}:{ln.line}",
+                    f"{c.file} is under {have}; the card ({c.card}) is {want}",
+                    fix,
+                )
+            )
+        cores = _cores_of(text, ln.line)
+        if c.cores is not None and cores != c.cores:
+            said = format_ranges(cores) if cores else "none"
+            out.append(
+                Difference(
+                    f"{path}:{ln.line}",
+                    f"{c.file}: Cores={said}, but the card's NUMA node has cores "
+                    f"{format_ranges(c.cores)}",
+                    fix,
+                )
+            )
+    known = {c.file for c in plan.cards if c.file}
+    for f, ln in by_file.items():
+        if f not in known:
+            out.append(
+                Difference(
+                    f"{path}:{ln.line}",
+                    f"{f}: no card of this node has this device file",
+                    f"remove {f} from line {ln.line}",
+                )
+            )
+    return out
+
+
+def _has_count(text: str, lineno: int) -> bool:
+    lines = text.splitlines()
+    if not 0 < lineno <= len(lines):
+        return False
+    return any(t.lower().startswith("count=") for t in lines[lineno - 1].split("#", 1)[0].split())
+
+
+def check_registration(plan: Plan, scontrol_text: str) -> list[Difference]:
+    """Differences between the node's GRES in slurmctld (``scontrol show node -o``
+    output) and ``plan``. Types compare case-insensitively, as Slurm matches them."""
+    info = find_node(scontrol_text, plan.node)
+    fix = plan.slurm_conf()[1]
+    if info is None:
+        return [Difference("slurmctld", f"no node named {plan.node!r}", fix)]
+    if info.gres_error is not None:
+        return [Difference("slurmctld", f"Gres= not readable: {info.gres_error}", fix)]
+    have = {(e.name.lower(), (e.type or "").lower()): e.count for e in sum_gres(info.gres)}
+    want = {(n.lower(), (t or "").lower()): k for n, t, k in plan.totals()}
+    names = {n for n, _t in want}
+    out = []
+    reason = f" (Reason: {info.reason})" if info.reason else ""
+    for key in sorted(set(have) | set(want)):
+        if key[0] not in names:
+            continue  # mps, shard, a site's own GRES: not cards
+        h, w = have.get(key, 0), want.get(key, 0)
+        if h != w:
+            label = f"{key[0]}:{key[1]}" if key[1] else key[0]
+            out.append(
+                Difference(
+                    "slurmctld",
+                    f"{label}: slurmctld has {h}, the node's cards are {w}{reason}",
+                    fix,
+                )
+            )
+    return out
+
+
+def render_check(diffs: Sequence[Difference], unreadable: Sequence[str]) -> tuple[str, int]:
+    out = [f"unknown: {u}" for u in unreadable]
+    out += [f"warning {d.where}: {d.message}\n    fix: {d.fix}" for d in diffs]
+    if not out:
+        out.append("ok: gres.conf and slurmctld agree with the node's cards")
+    code = EXIT_UNKNOWN if unreadable else (EXIT_WARNING if diffs else EXIT_OK)
+    return "\n".join(out) + "\n", code
+
+
+# -------------------------------------------------------------------------------- CLI
+def add_gres_conf_parser(
+    sub: Any,
+    patrol: Callable[[argparse.Namespace], Any],
+    add_common: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    """``gres-conf``: ``patrol(args)`` runs the node's one patrol and returns (report,
+    config); ``add_common`` adds the CLI's ``--config``/``--replay``/``--node``."""
+    p = sub.add_parser(
+        "gres-conf",
+        help="the gres.conf lines, slurm.conf fragment and TaskProlog this node's cards "
+        "need; --check compares them with gres.conf and slurmctld",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    add_common(p)
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="read sysfs under DIR (default: /, or the replay's root/)",
+    )
+    p.add_argument("--check", action="store_true", help="compare with gres.conf and slurmctld")
+    p.add_argument(
+        "--gres-conf",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the installed gres.conf (default: the config's slurm.gres_conf)",
+    )
+    p.set_defaults(func=lambda args: cmd_gres_conf(args, patrol))
+
+
+def cmd_gres_conf(args: argparse.Namespace, patrol: Callable[[argparse.Namespace], Any]) -> int:
+    report, config = patrol(args)
+    node = config.slurm.slurm_node(args.node or config.node)
+    root: Path | None = args.root
+    if root is None and args.replay is None:
+        root = Path("/")
+    elif root is None and (Path(args.replay) / "root").is_dir():
+        root = Path(args.replay) / "root"
+    plan = build_plan(report.cards, config, node, root)
+    if not args.check:
+        text, code = render(plan)
+        sys.stdout.write(text)
+        return code
+    diffs: list[Difference] = []
+    unreadable: list[str] = []
+    path = args.gres_conf or config.slurm.gres_conf
+    if path is not None:
+        try:
+            diffs += check_gres_conf(plan, Path(path).read_text(encoding="utf-8"), str(path))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            unreadable.append(f"{path}: {getattr(exc, 'strerror', None) or exc}")
+    from hetpatrol.tool import run_tool
+
+    out, error = run_scontrol(config.slurm, ["show", "node", "-o", node], run_tool)
+    if error is not None or out is None:
+        unreadable.append(f"scontrol show node {node}: {error}")
+    else:
+        diffs += check_registration(plan, out.stdout)
+    text, code = render_check(diffs, unreadable)
+    sys.stdout.write(text)
+    return code

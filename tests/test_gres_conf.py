@@ -1,0 +1,546 @@
+"""``hetpatrol gres-conf``: the gres.conf lines per card class from the node's own patrol
+(recorded scenarios and vendor samples), placement from a test-made sysfs tree,
+``--check`` against an installed gres.conf and slurmctld's view, and the lines proven on
+the real slurmd (``slurmd -G``) with device nodes the test makes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import slurm_cluster as _cluster
+from conftest import samples_dir
+
+from hetpatrol.cli import main
+from hetpatrol.collectors.gaudi import HL_FIELDS
+from hetpatrol.config import load_config
+from hetpatrol.patrol import Patroller
+from hetpatrol.slurm.gres_conf import (
+    CardLine,
+    Plan,
+    build_plan,
+    check_gres_conf,
+    check_registration,
+    render,
+)
+from hetpatrol.sysfs_pci import parse_cpulist, read_place, slurm_cores
+from hetpatrol.tool import ToolOutput
+
+REPO = Path(__file__).resolve().parents[1]
+NODES = REPO / "fixtures" / "nodes"
+
+# healthy-mixed, as recorded: GPUs (nvidia-smi -q -x pci_bus_id) and NPUs (npu-smi Bus-Id)
+HM_GPUS = ["0000:19:00.0", "0000:3b:00.0", "0000:4c:00.0", "0000:5d:00.0",
+           "0000:9b:00.0", "0000:bb:00.0", "0000:cb:00.0", "0000:db:00.0"]  # fmt: skip
+HM_NPUS = ["0000:c1:00.0", "0000:c2:00.0", "0000:81:00.0", "0000:82:00.0",
+           "0000:01:00.0", "0000:02:00.0", "0000:41:00.0", "0000:42:00.0"]  # fmt: skip
+
+
+def sysfs(root: Path, places: dict[str, tuple[int, str, int | None]], cpus: dict) -> Path:
+    """A sysfs tree: per bus id (numa_node, local_cpulist, renderD minor or None), and
+    per CPU (physical_package_id, core_id)."""
+    for bus, (numa, cpulist, render_minor) in places.items():
+        d = root / "sys" / "bus" / "pci" / "devices" / bus
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "numa_node").write_text(f"{numa}\n")
+        (d / "local_cpulist").write_text(f"{cpulist}\n")
+        if render_minor is not None:
+            (d / "drm" / f"renderD{render_minor}").mkdir(parents=True)
+            (d / "drm" / f"card{render_minor - 128}").mkdir()
+    for cpu, (package, core) in cpus.items():
+        t = root / "sys" / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
+        t.mkdir(parents=True)
+        (t / "physical_package_id").write_text(f"{package}\n")
+        (t / "core_id").write_text(f"{core}\n")
+    return root
+
+
+def two_sockets() -> dict[int, tuple[int, int]]:
+    """2 sockets x 48 cores x 2 threads, Linux numbering: cpu n and n+96 are one core."""
+    return {n: ((n % 96) // 48, n % 48) for n in range(192)}
+
+
+NUMA = {0: "0-47,96-143", 1: "48-95,144-191"}
+
+
+def gres_conf(capsys, *argv: str) -> tuple[str, int]:
+    code = main(["gres-conf", *argv])
+    return capsys.readouterr().out, code
+
+
+def lines_of(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith(("NodeName=", "GresTypes="))]
+
+
+# ------------------------------------------------------------ the plugins' words
+@pytest.mark.parametrize(
+    "vendor",
+    ["nvidia", "ascend", "amd", "hygon", "cambricon", "enflame", "gaudi", "iluvatar", "kunlunxin"],
+)
+def test_each_plugins_gres_file_is_one_of_its_device_nodes(vendor):
+    """The File= family a plugin declares is a device node its reads open (or lies in a
+    directory it opens: /dev/dri), so the unit's sandbox and gres.conf name the same."""
+    from hetpatrol.collector import load_collector
+
+    info = load_collector(vendor).vendor_info
+    assert info.gres is not None
+    paths = {d.path for d in info.device_nodes}
+    assert info.gres.file in paths or any(info.gres.file.startswith(p + "/") for p in paths)
+    assert info.gres.number in ("index", "device_number", "drm_render")
+    # a vendor Slurm does not find itself says which variable a job needs, and where
+    # that is documented
+    if info.gres.autodetect is None:
+        assert info.gres.visible_env and info.gres.visible_doc
+
+
+# ------------------------------------------------------------------- placement
+def test_cpulist_and_slurm_core_indices():
+    assert parse_cpulist("0-3,8,10-11") == (0, 1, 2, 3, 8, 10, 11)
+    assert parse_cpulist("") == ()
+    for bad in ("0-", "a", "3-1", "0-99999999"):
+        with pytest.raises(ValueError, match="not a cpulist"):
+            parse_cpulist(bad)
+    topo = two_sockets()
+    # NUMA 1's 96 CPUs are the 48 cores of socket 1: Slurm's logical cores 48-95
+    assert slurm_cores(parse_cpulist(NUMA[1]), topo) == tuple(range(48, 96))
+    # core_id may have holes (0,1,2,8,9,10 on one socket): Slurm numbers cores in order
+    holes = {0: (0, 0), 1: (0, 1), 2: (0, 8), 3: (0, 9), 4: (1, 0), 5: (1, 8)}
+    assert slurm_cores((3, 5), holes) == (3, 5)
+    assert slurm_cores((2, 4), holes) == (2, 4)
+    with pytest.raises(ValueError, match="cpu7: no topology"):
+        slurm_cores((7,), holes)
+
+
+def test_placement_that_cannot_be_read_is_said(tmp_path):
+    root = sysfs(tmp_path, {"0000:19:00.0": (-1, "0-3", None)}, {})
+    place = read_place(root, "0000:19:00.0")
+    assert (place.numa_node, place.local_cpus) == (None, (0, 1, 2, 3))
+    assert "-1 (the firmware names no NUMA node)" in place.error
+    place = read_place(root, "0000:3b:00.0")
+    assert place.local_cpus is None and "no such PCI function" in place.error
+
+
+# -------------------------------------------------------------- generated lines
+def test_healthy_mixed_lines_per_card_class(tmp_path, capsys):
+    places = {bus: (i // 4, NUMA[i // 4], None) for i, bus in enumerate(HM_GPUS)}
+    # NPUs 0-3 (C1, C2, 81, 82) on NUMA 1, 4-7 (01, 02, 41, 42) on NUMA 0
+    places |= {bus: (1 - i // 4, NUMA[1 - i // 4], None) for i, bus in enumerate(HM_NPUS)}
+    root = sysfs(tmp_path / "root", places, two_sockets())
+    out, code = gres_conf(capsys, "--replay", str(NODES / "healthy-mixed"), "--root", str(root))
+    assert code == 0, out
+    n = "NodeName=mixed-ok-01"
+    assert lines_of(out) == [
+        f"{n} Name=ascend Type=910b File=/dev/davinci[0-3] Count=4 Cores=48-95",
+        f"{n} Name=ascend Type=910b File=/dev/davinci[4-7] Count=4 Cores=0-47",
+        f"{n} Name=gpu Type=h100 File=/dev/nvidia[0-3] Count=4 Cores=0-47",
+        f"{n} Name=gpu Type=h100 File=/dev/nvidia[4-7] Count=4 Cores=48-95",
+        "GresTypes=ascend,gpu",
+        f"{n} Gres=ascend:910b:8,gpu:h100:8 Features=910b,h100",
+    ]
+    assert "AutoDetect=nvml" in out  # Slurm could find the GPUs itself
+    # the TaskProlog maps Slurm's ascend index to ASCEND_RT_VISIBLE_DEVICES; nothing for
+    # gpu (Slurm's gpu plugin sets CUDA_VISIBLE_DEVICES)
+    assert 'echo "export ASCEND_RT_VISIBLE_DEVICES=$ids"' in out
+    assert "CUDA_VISIBLE_DEVICES" not in out
+
+
+def test_nvidia_file_is_the_minor_number_and_a_lost_gpu_has_no_line(capsys):
+    # sick-mixed: NVML indices 0-3 have minor numbers 3, 4, 5, 6; GPU 3 is lost
+    # (GpuIsLost: no identity read, so no minor number)
+    out, code = gres_conf(capsys, "--replay", str(NODES / "sick-mixed"))
+    assert code == 3, out
+    assert "NodeName=mixed-sick-01 Name=gpu Type=a100 File=/dev/nvidia[3-5] Count=3" in out
+    assert "# nvidia/3 (gpu): no line: the nvidia plugin read no device number" in out
+    assert "no Cores=: the replay has no root/ tree: placement not read" in out
+
+
+def test_ascend_a3_davinci_is_the_phy_id(capsys):
+    out, code = gres_conf(capsys, "--replay", str(NODES / "ascend-a3-only"))
+    assert code == 1, out  # placement not read (no root/): no Cores=, said
+    # 8 Atlas A3 cards x 2 chips: Phy-ID 0..15 (NPU 0 chips 0/1 = 0/1, NPU 7 = 14/15)
+    assert "NodeName=a3-01 Name=ascend Type=910_93 File=/dev/davinci[0-15] Count=16" in out
+    assert "NodeName=a3-01 Gres=ascend:910_93:16 Features=910_93" in out
+
+
+def test_ascend_chips_whose_phy_ids_are_not_in_order_get_a_line_each():
+    plan = Plan("n1")
+    for i, phy in enumerate((0, 1, 3, 2)):
+        plan.cards.append(
+            CardLine(f"ascend/{i}/0", "ascend", "ascend", "910b", f"/dev/davinci{phy}", phy,
+                     (0, 1), visible=(("ASCEND_RT_VISIBLE_DEVICES", phy),)))  # fmt: skip
+    assert [line for line, _ in plan.lines()] == [
+        "NodeName=n1 Name=ascend Type=910b File=/dev/davinci[0-1] Count=2 Cores=0-1",
+        "NodeName=n1 Name=ascend Type=910b File=/dev/davinci3 Count=1 Cores=0-1",
+        "NodeName=n1 Name=ascend Type=910b File=/dev/davinci2 Count=1 Cores=0-1",
+    ]
+    # Slurm index 2 is davinci3, index 3 davinci2 (gres.conf order)
+    assert "2) echo 3 ;; 3) echo 2 ;;" in plan.task_prolog()
+
+
+def test_hygon_without_a_bus_id_has_no_line_and_says_why(tmp_path, capsys):
+    scenario = NODES / "mixed-three-vendor"
+    root = sysfs(tmp_path / "root", {}, two_sockets())
+    out, code = gres_conf(
+        capsys, "--replay", str(scenario), "--config", str(scenario / "hetpatrol.yaml"),
+        "--root", str(root),
+    )  # fmt: skip
+    assert code == 3
+    # the recorded rocm-smi query has no --showbus: the DCU's render node is unknown
+    assert out.count("no line: no bus id read: its DRM render node is unknown") == 8
+
+
+# ---------------------------------------------------------------------- --check
+INSTALLED = """\
+# a site's gres.conf
+NodeName=mixed-ok-01 Name=gpu Type=a100 File=/dev/nvidia[0-3] Cores=0-47
+NodeName=mixed-ok-01 Name=gpu Type=h100 File=/dev/nvidia[4-8] Count=4 Cores=48-95
+NodeName=other[01-04] Name=gpu Type=h100 File=/dev/nvidia[0-7]
+NodeName=mixed-ok-01 Name=ascend Type=910b File=/dev/davinci[0-7] Cores=0-47
+"""
+
+
+def healthy_plan(tmp_path) -> Plan:
+    places = {bus: (i // 4, NUMA[i // 4], None) for i, bus in enumerate(HM_GPUS)}
+    places |= {bus: (1 - i // 4, NUMA[1 - i // 4], None) for i, bus in enumerate(HM_NPUS)}
+    root = sysfs(tmp_path / "root", places, two_sockets())
+    config = load_config(None)
+    patroller = Patroller(config, replay_dir=NODES / "healthy-mixed")
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    return build_plan(report.cards, config, "mixed-ok-01", root)
+
+
+def test_check_says_each_difference_with_its_fix(tmp_path):
+    plan = healthy_plan(tmp_path)
+    diffs = check_gres_conf(plan, INSTALLED, "gres.conf")
+    got = [(d.where, d.message, d.fix) for d in diffs]
+    fix_gpu0 = "NodeName=mixed-ok-01 Name=gpu Type=h100 File=/dev/nvidia[0-3] Count=4 Cores=0-47"
+    fix_npu0 = (
+        "NodeName=mixed-ok-01 Name=ascend Type=910b File=/dev/davinci[0-3] Count=4 Cores=48-95"  # noqa: E501
+    )
+    count = "Count=4 but 5 files (gres.conf(5): with File=, Count must be the number of files)"
+    assert ("gres.conf:3", count, "drop Count= or make it the number of files") in got
+    assert ("gres.conf:2", "/dev/nvidia0 is under gpu:a100; the card (nvidia/0) is gpu:h100",
+            fix_gpu0) in got  # fmt: skip
+    # NPUs 0-3 sit on NUMA 1 (cores 48-95), the file says 0-47
+    assert ("gres.conf:5", "/dev/davinci0: Cores=0-47, but the card's NUMA node has cores "
+            "48-95", fix_npu0) in got  # fmt: skip
+    assert ("gres.conf:3", "/dev/nvidia8: no card of this node has this device file",
+            "remove /dev/nvidia8 from line 3") in got  # fmt: skip
+    # the other nodes' line is not this node's business; nvidia4-7 and davinci4-7 agree
+    assert not [d for d in diffs if "other" in d.where or "nvidia5" in d.message]
+    assert not [d for d in diffs if "davinci5" in d.message]
+    # a file no line names
+    diffs = check_gres_conf(plan, INSTALLED.replace("davinci[0-7]", "davinci[0-6]"), "g")
+    assert [d.message for d in diffs if "davinci7" in d.message] == [
+        "ascend/7/0 (ascend:910b): /dev/davinci7 is in no line"
+    ]
+
+
+def test_check_of_slurmctlds_view(tmp_path):
+    plan = healthy_plan(tmp_path)
+    # scontrol show node -o (22.05 field layout, as in tests/test_slurm_gres.py recordings)
+    line = (
+        "NodeName=mixed-ok-01 Arch=x86_64 CoresPerSocket=48 CPUAlloc=0 CPUTot=192 "
+        "Gres=gpu:a100:8(S:0-1),ascend:910b:8,mps:800 NodeAddr=10.0.0.1 "
+        "State=IDLE+DRAIN Reason=gres/gpu count reported lower than configured (0 < 8) "
+        "[slurm@2026-11-30T10:00:00]"
+    )
+    fix = "NodeName=mixed-ok-01 Gres=ascend:910b:8,gpu:h100:8 Features=910b,h100"
+    diffs = check_registration(plan, line)
+    why = " (Reason: gres/gpu count reported lower than configured (0 < 8))"
+    assert [(d.message, d.fix) for d in diffs] == [
+        (f"gpu:a100: slurmctld has 8, the node's cards are 0{why}", fix),
+        (f"gpu:h100: slurmctld has 0, the node's cards are 8{why}", fix),
+    ]
+    good = line.replace("gpu:a100:8(S:0-1)", "gpu:H100:8(S:0-1)")
+    assert check_registration(plan, good) == []
+    assert [d.message for d in check_registration(plan, "NodeName=x State=IDLE")] == [
+        "no node named 'mixed-ok-01'"
+    ]
+
+
+def test_check_command_exit_codes(tmp_path, capsys):
+    conf = tmp_path / "gres.conf"
+    conf.write_text(INSTALLED)
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho 'slurm_load_node error: Unable to contact' >&2\nexit 1\n")
+    scontrol.chmod(0o755)
+    cfg = tmp_path / "hetpatrol.yaml"
+    cfg.write_text(f"slurm:\n  scontrol: [{scontrol}]\n")
+    out, code = gres_conf(
+        capsys, "--replay", str(NODES / "healthy-mixed"), "--config", str(cfg),
+        "--check", "--gres-conf", str(conf),
+    )  # fmt: skip
+    assert code == 3, out  # slurmctld could not be asked: a source unreadable
+    assert "unknown: scontrol show node mixed-ok-01: " in out
+    assert "Unable to contact" in out
+    assert "warning gres.conf" not in out and f"warning {conf}:2: /dev/nvidia0 is under" in out
+
+
+# ------------------------------------------------------------ the real slurmd -G
+def other_vendor_cards():
+    """One patrol of the six plugins without a node scenario, fed their recordings."""
+    other = samples_dir("other-vendors")
+    feeds = {
+        "amd": {
+            ("amd-smi", "static", "--json"): "amd-smi-static-MI300A-cpu-and-gpu0.txt",
+            ("amd-smi", "metric", "--json"): "amd-smi-metric-power-json.txt",
+        },
+        "cambricon": {("cnmon",): "cambricon-cnmon-v5.10.13-MLU370-X8-2cards.txt"},
+        "enflame": {("efsmi",): "enflame-efsmi-v1.2.0-S60-2cards.txt"},
+        "gaudi": {
+            ("hl-smi", "-Q", ",".join(HL_FIELDS), "--format", "csv,noheader"): (
+                "habana-hl-smi-csv-HL-325L.txt"
+            )
+        },
+        "iluvatar": {("ixsmi",): "iluvatar-ixsmi-IX-ML-3.1.1-BI-V100.txt"},
+        "kunlunxin": {("xpu_smi",): "kunlunxin-xpu_smi-R300-2cards.txt"},
+    }
+    names = ", ".join(f"{k}: {{}}" for k in feeds)
+    config = load_config(text=f"node: n1\nlisten: null\ncollectors: {{{names}}}\n")
+    patroller = Patroller(config)
+    for name, outs in feeds.items():
+
+        def run(argv, timeout, outs=outs):
+            if tuple(argv) not in outs:
+                raise FileNotFoundError(argv[0])
+            text = (other / outs[tuple(argv)]).read_text(encoding="utf-8")
+            return ToolOutput(tuple(argv), text, "", 0, False, 0.01)
+
+        patroller._collectors[name].collector.runner = run
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    return config, report.cards
+
+
+def scenario_cards(name: str, config_file: str | None = None):
+    config = load_config(NODES / name / config_file if config_file else None)
+    patroller = Patroller(config, replay_dir=NODES / name)
+    try:
+        return config, patroller.run().cards
+    finally:
+        patroller.close()
+
+
+def host_sysfs(root: Path, buses: list[str]) -> Path:
+    """This host's own CPU topology (slurmd checks Cores= against it), every card on
+    NUMA node 0 with all online CPUs, a DRM render node per card (renderD128...)."""
+    online = Path("/sys/devices/system/cpu/online").read_text().strip()
+    cpus = {}
+    for cpu in parse_cpulist(online):
+        t = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        cpus[cpu] = (
+            int((t / "physical_package_id").read_text()),
+            int((t / "core_id").read_text()),
+        )
+    places = {bus: (0, online, 128 + i) for i, bus in enumerate(dict.fromkeys(buses))}
+    return sysfs(root, places, cpus)
+
+
+def slurmd_g(tmp: Path, plan: Plan, node: str, break_one: bool = False):
+    """Write the plan's gres.conf (device paths under ``tmp/dev``, made as character
+    devices) and slurm.conf fragment, run ``slurmd -G``; (lines, its output)."""
+    dev = tmp / "dev"
+    gres_lines = [line.replace("File=/dev/", f"File={dev}/") for line, _ in plan.lines()]
+    for card in plan.placed:
+        path = dev / card.file.removeprefix("/dev/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            os.mknod(path, 0o600 | 0o020000, os.makedev(240, card.number))  # S_IFCHR
+    if break_one:  # a gpu device file that is a plain file: slurmd must refuse it
+        victim = next(c for c in plan.placed if c.name == "gpu")
+        path = dev / victim.file.removeprefix("/dev/")
+        path.unlink()
+        path.write_text("")
+    types, node_line = plan.slurm_conf()
+    (tmp / "gres.conf").write_text("\n".join(gres_lines) + "\n")
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    (tmp / "spool").mkdir(exist_ok=True)
+    (tmp / "slurm.conf").write_text(
+        f"ClusterName=gresconf\nSlurmctldHost={host}(127.0.0.1)\n{types}\n"
+        f"SlurmdSpoolDir={tmp}/spool\nSlurmdPidFile={tmp}/slurmd.pid\n"
+        f"SlurmdLogFile={tmp}/slurmd.log\nProctrackType=proctrack/linuxproc\n"
+        "TaskPlugin=task/none\nSelectType=select/cons_tres\n"
+        f"{node_line.replace(f'NodeName={node}', f'NodeName={node} NodeHostname={host}')} "
+        f"CPUs={os.cpu_count()}\nPartitionName=p Nodes={node}\n"
+    )
+    done = subprocess.run(
+        ["slurmd", "-G", "-N", node, "-f", str(tmp / "slurm.conf")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return gres_lines, done.stdout + done.stderr
+
+
+def registered(output: str) -> list[str]:
+    """slurmd -G's ``Gres Name=... Count=... File=... Cores=...`` lines, without Index,
+    ID and CoreCnt (the ID is a hash of the name; Index is not the device index)."""
+    out = []
+    for line in output.splitlines():
+        if "Gres Name=" not in line:
+            continue
+        keep = [t for t in line.split("Gres ", 1)[1].split() if t.split("=")[0] in
+                ("Name", "Type", "Count", "File", "Cores")]  # fmt: skip
+        out.append(" ".join(keep))
+    return out
+
+
+def _need_slurmd():
+    if shutil.which("slurmd") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("slurmd is not installed (Debian: slurmd)")
+        pytest.skip("slurmd is not installed (Debian: slurmd)")
+    if os.geteuid() != 0:  # mknod of the stand-in device nodes
+        if os.environ.get("CI") == "true":
+            pytest.fail("slurmd -G test needs root (mknod)")
+        pytest.skip("needs root (mknod of the stand-in device nodes)")
+
+
+CASES = {
+    "healthy-mixed": lambda: scenario_cards("healthy-mixed"),
+    "ascend-a3-only": lambda: scenario_cards("ascend-a3-only"),
+    "mixed-three-vendor": lambda: scenario_cards("mixed-three-vendor", "hetpatrol.yaml"),
+    "other-vendors": other_vendor_cards,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_real_slurmd_accepts_the_lines_for_every_vendor(case, tmp_path):
+    _need_slurmd()
+    config, cards = CASES[case]()
+    if case == "mixed-three-vendor":
+        # the recorded rocm-smi query has no --showbus; the DCUs get bus ids here so that
+        # their render nodes can be placed (the lines are what slurmd is asked about)
+        for i, card in enumerate(c for c in cards if c.vendor == "hygon"):
+            card.bus_id = f"0000:{0x30 + i:02x}:00.0"
+    root = host_sysfs(tmp_path / "root", [c.bus_id for c in cards if c.bus_id])
+    node = "hp-gres01"
+    plan = build_plan(cards, config, node, root)
+    vendors = {c.vendor for c in plan.placed}
+    assert vendors == {c.vendor for c in cards}, render(plan)[0]  # every vendor has lines
+    lines, output = slurmd_g(tmp_path, plan, node)
+    assert "error" not in output.lower(), f"{output}\n" + "\n".join(lines)
+    # slurmd registers each line as written: Name, Type, Count, File, Cores
+    want = []
+    for line, _cards in plan.lines():
+        fields = dict(t.split("=", 1) for t in line.split()[1:])
+        path = fields["File"].replace("/dev/", f"{tmp_path}/dev/")
+        cores = f" Cores={fields['Cores']}" if "Cores" in fields else ""
+        typ = f" Type={fields['Type']}" if "Type" in fields else ""
+        want.append(f"Name={fields['Name']}{typ} Count={fields['Count']} File={path}{cores}")
+    assert sorted(registered(output)) == sorted(want), output  # slurmd groups by name
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_real_slurmd_refuses_a_gpu_file_that_is_no_device(tmp_path):
+    """The break: a plain file where a gpu line's File= points (Slurm's stat() check)."""
+    _need_slurmd()
+    config, cards = scenario_cards("healthy-mixed")
+    root = host_sysfs(tmp_path / "root", [c.bus_id for c in cards if c.bus_id])
+    plan = build_plan(cards, config, "hp-gres01", root)
+    _lines, output = slurmd_g(tmp_path, plan, "hp-gres01", break_one=True)
+    assert "nvidia0 is not a valid character or block device, fix your gres.conf" in output
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ------------------------------------------------------- the TaskProlog, for real
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_task_prolog_sets_the_vendor_variable_from_the_jobs_gres_indices(tmp_path):
+    """A real cluster (tests/slurm_cluster.py: 8 ascend:910b devices on the node) runs the
+    generated TaskProlog: a job's ascend indices become ASCEND_RT_VISIBLE_DEVICES through
+    the plan's table (index i -> id 10+i here, so that the table, not the index, shows),
+    and Slurm itself sets no device variable for this GRES. (A job started while
+    another holds devices would get later indices; on this 2-CPU node a second job
+    waits for the first, so one job is shown.)"""
+    from slurm_cluster import BINARIES, NODE_NAME, start_cluster
+
+    missing = [b for b in (*BINARIES, "srun") if shutil.which(b) is None]
+    if missing or os.geteuid() != 0:
+        why = f"not installed: {missing}" if missing else "needs root (SlurmUser=root)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    plan = Plan(NODE_NAME)
+    for i in range(8):
+        plan.cards.append(
+            CardLine(
+                f"ascend/{i}/0",
+                "ascend",
+                "ascend",
+                "910b",
+                f"/dev/davinci{i}",
+                i,
+                None,
+                visible=(("ASCEND_RT_VISIBLE_DEVICES", 10 + i),),
+            )  # fmt: skip
+        )
+    cluster = start_cluster(overrides={"TaskProlog": "{root}/taskprolog"})
+    try:
+        with cluster.explain():
+            script = cluster.root / "taskprolog"
+            script.write_text(plan.task_prolog())
+            script.chmod(0o755)
+            out = cluster.root / "job.out"
+            cluster.run(
+                "sbatch", "-N1", "--gres=ascend:910b:3", "-o", str(out), "--wrap",
+                'echo "A=$ASCEND_RT_VISIBLE_DEVICES G=${SLURM_JOB_GPUS-unset}"',
+            )  # fmt: skip
+            deadline = time.monotonic() + 30
+            while not (out.exists() and out.read_text().strip()):
+                assert time.monotonic() < deadline, "the job never wrote its output"
+                time.sleep(0.2)
+            # IDX 0-2 -> the table's 10, 11, 12; Slurm sets no SLURM_JOB_GPUS for ascend
+            assert out.read_text().strip() == "A=10,11,12 G=unset"
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+# ----------------------------------------------- --check against the real slurmctld
+slurm_cluster = _cluster.slurm_cluster  # the session's real cluster (tests/slurm_cluster.py)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_check_against_the_real_slurmctld(slurm_cluster, tmp_path, capsys):
+    """tests/slurm_cluster.py registers hp-gpu01 as gpu:a100:8,ascend:910b:8. A replay of
+    8 A100s + 8 910B4s agrees with it; one of 6 A100s is told the difference and its fix.
+    The gres.conf checked is the one gres-conf writes (so only slurmctld differs)."""
+    cfg = tmp_path / "hetpatrol.yaml"
+    argv = ", ".join(f'"{a}"' for a in slurm_cluster.scontrol_argv)
+    cfg.write_text(f"slurm:\n  node_name: {slurm_cluster.node}\n  scontrol: [{argv}]\n")
+    for gpus, want_code in ((8, 0), (6, 1)):
+        replay = _cluster.make_replay(tmp_path / f"a100x{gpus}", gpus)
+        out, code = gres_conf(capsys, "--replay", str(replay), "--config", str(cfg))
+        conf = tmp_path / f"gres{gpus}.conf"
+        conf.write_text("\n".join(lines_of(out)[:-2]) + "\n")
+        out, code = gres_conf(
+            capsys, "--replay", str(replay), "--config", str(cfg), "--check",
+            "--gres-conf", str(conf),
+        )  # fmt: skip
+        with slurm_cluster.explain():
+            assert code == want_code, out
+        if gpus == 8:
+            assert out == "ok: gres.conf and slurmctld agree with the node's cards\n"
+        else:
+            assert out == (
+                "warning slurmctld: gpu:a100: slurmctld has 8, the node's cards are 6\n"
+                f"    fix: NodeName={slurm_cluster.node} Gres=ascend:910b:8,gpu:a100:6 "
+                "Features=910b,a100\n"
+            )
