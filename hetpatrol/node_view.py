@@ -216,6 +216,79 @@ class _Writer:
             )
         )
 
+    def add_painted(self, text: str, indent: int, paint: Painter, style: str, hang: int = 2):
+        """``text`` wrapped as :meth:`add` does, then each line painted in ``style``."""
+        w = _Writer(self.width)
+        w.add(text, indent, hang)
+        self.lines.extend(
+            line[: len(line) - len(line.lstrip())] + paint(line.lstrip(), style) for line in w.lines
+        )
+
+    def add_parts(self, parts: Sequence[tuple[str, str]], sep: str = "   "):
+        """One line of ``(plain text, painted text)`` parts joined by ``sep``; where it would
+        pass ``width``, the parts that do not fit go on the next line, indented by 2."""
+        line, plain = "", ""
+        for text, painted in parts:
+            if plain and self.width is not None and len(plain) + len(sep) + len(text) > self.width:
+                self.lines.append(line)
+                line, plain = "  " + painted, "  " + text
+                continue
+            line += (sep if plain else "") + painted
+            plain += (sep if plain else "") + text
+        self.lines.append(line)
+
+
+#: Vendor words in front of a model name (``NVIDIA A100-SXM4-80GB``): the table's group
+#: title already names the vendor, so a narrow view drops them first.
+_MODEL_PREFIX = re.compile(r"^(NVIDIA|AMD|Huawei|Hygon|Intel|Iluvatar|Kunlunxin|Enflame)\s+", re.I)
+
+
+def _fit_columns(
+    cols: list[str], rows: list[list[str]], width: int | None
+) -> tuple[list[str], list[list[str]], list[str]]:
+    """Columns and rows that fit ``width`` (None: all of them as they are), and what was
+    left out. The least useful go first, as nvitop drops its columns: MODEL loses the
+    vendor's word, then MODEL goes (its value is then said once above the table when every
+    card has the same), then the PCI domain 0000 leaves BUS ID, then POWER, BUS ID and
+    MEMORY go; IDX, HEALTH, ACTION, TEMP and UTIL always stay."""
+    cols, rows = list(cols), [list(r) for r in rows]
+    dropped: list[str] = []
+
+    def total() -> int:
+        return (
+            2
+            + sum(max(len(r[i]) for r in [cols, *rows]) for i in range(len(cols)))
+            + 2 * (len(cols) - 1)
+        )
+
+    def drop(name: str) -> None:
+        if name in cols:
+            i = cols.index(name)
+            del cols[i]
+            for r in rows:
+                del r[i]
+            dropped.append(name)
+
+    def shorten(name: str, how) -> None:
+        if name in cols:
+            i = cols.index(name)
+            for r in rows:
+                r[i] = how(r[i])
+
+    steps = (
+        lambda: shorten("MODEL", lambda v: _MODEL_PREFIX.sub("", v)),
+        lambda: drop("MODEL"),
+        lambda: shorten("BUS ID", lambda v: v[5:] if v.startswith("0000:") else v),
+        lambda: drop("POWER"),
+        lambda: drop("BUS ID"),
+        lambda: drop("MEMORY"),
+    )
+    for step in steps:
+        if width is None or total() <= width:
+            break
+        step()
+    return cols, rows, dropped
+
 
 def _finding_line(f: Mapping[str, Any], paint: Painter, width: int | None, indent: int) -> list:
     sev = str(f.get("severity"))
@@ -267,15 +340,24 @@ def render(
             when += "  " + paint("STALE: is the daemon running?", "critical")
     else:
         when = f"exit {doc.get('exit_code')}"
-    out.add(f"{head}   {when}", plain_len=0)
-    summary = card_count(cards) + (f": {_health_counts(cards, paint)}" if cards else "")
+    plain_head = f"node {doc.get('node')}  {health.upper()}"
+    parts = [(plain_head, head[: head.index("   action ")] if "   action " in head else head)]
+    if isinstance(node_action, str) and node_action not in ("none", ""):
+        parts.append((f"action {node_action}", f"action {paint(node_action, 'bold')}"))
+    plain_when = re.sub(r"\033\[[0-9;]*m", "", when)
+    parts.append((plain_when, when))
+    out.add_parts(parts)
     drivers = _drivers(cards)
-    out.add(
-        (summary if cards else "no card was read") + (f"   drivers: {drivers}" if drivers else ""),
-        plain_len=0,
-    )
+    if cards:
+        plain = card_count(cards) + ": " + _health_counts(cards, Painter(False))
+        parts = [(plain, card_count(cards) + f": {_health_counts(cards, paint)}")]
+    else:
+        parts = [("no card was read", "no card was read")]
+    if drivers:
+        parts.append((f"drivers: {drivers}", f"drivers: {drivers}"))
+    out.add_parts(parts)
     if source:
-        out.add(paint(f"state file: {source}", "dim"), plain_len=0)
+        out.add_painted(f"state file: {source}", 0, paint, "dim")
 
     hidden = 0
     for (vendor, card_type), group in _groups(cards).items():
@@ -310,6 +392,10 @@ def render(
                 str(c.get("model") or "-"),
             ]
             rows.append(row)
+        cols, rows, dropped = _fit_columns(cols, rows, width)
+        models = {str(c.get("model")) for c in group if c.get("model")}
+        if "MODEL" in dropped and len(models) == 1:
+            out.add_painted(f"model {models.pop()}", 2, paint, "dim")
         widths = [max(len(r[i]) for r in [cols, *rows]) for i in range(len(cols))]
         out.add("  " + "  ".join(h.ljust(w) for h, w in zip(cols, widths, strict=True)).rstrip())
         at = cols.index("HEALTH")
@@ -326,10 +412,10 @@ def render(
                 # a critical card left in service reads like an oversight without this
                 why = c.get("action_reason")
                 text = "action watch: kept in service and watched, no drain"
-                out.add(paint(text + (f" ({why})" if why else ""), "dim"), 6, plain_len=0)
+                out.add_painted(text + (f" ({why})" if why else ""), 6, paint, "dim")
             procs = [p for p in c.get("processes") or [] if isinstance(p, Mapping)]
             for p in procs[:MAX_PROCESSES]:
-                out.add(paint(_process_line(p), "dim"), 6, plain_len=0)
+                out.add_painted(_process_line(p), 6, paint, "dim")
             if len(procs) > MAX_PROCESSES:
                 out.add(paint(f"+{len(procs) - MAX_PROCESSES} more processes", "dim"), 6)
             # why a value is missing matters when the card is not ok (npu-smi shows power
@@ -340,7 +426,7 @@ def render(
                 if e.get("error") == "NotSupported" and not verbose:
                     continue
                 line = f"not read {e.get('source')}: {e.get('error')}"
-                out.add(paint(line, "dim"), 6, plain_len=0)
+                out.add_painted(line, 6, paint, "dim")
 
     out.add()
     node_findings = [f for f in doc.get("findings") or [] if isinstance(f, Mapping)]
@@ -373,10 +459,10 @@ def render(
         what = f"xid {e.get('xid')}" if e.get("xid") is not None else str(e.get("reason"))
         sev = str(e.get("severity"))
         where = f"{e.get('vendor')}/{e.get('index')} " if e.get("index") is not None else ""
-        out.add(
-            f"  {paint(sev, sev)} {what} on {where}{e.get('bus_id')} x{e.get('count')}",
-            plain_len=0,
-        )
+        w = _Writer(width)
+        w.add(f"{sev} {what} on {where}{e.get('bus_id')} x{e.get('count')}", 2, hang=2)
+        w.lines[0] = w.lines[0].replace(sev, paint(sev, sev), 1)
+        out.lines.extend(w.lines)
     if hidden:
         out.add(paint(f"{hidden} info finding{'s' if hidden != 1 else ''} hidden (-v)", "dim"), 0)
     return "\n".join(out.lines) + "\n"
@@ -384,16 +470,19 @@ def render(
 
 def terminal_width(stream: TextIO) -> int | None:
     """Columns of the terminal ``stream`` is (``COLUMNS`` wins); None when it is no
-    terminal: piped output is never wrapped (``grep`` sees whole findings)."""
+    terminal: piped output gets every column whole and is never wrapped (``grep`` sees
+    whole findings)."""
     try:
         if not stream.isatty():
             return None
     except (AttributeError, ValueError):
         return None
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
     try:
-        return os.get_terminal_size(stream.fileno()).columns
+        columns = os.get_terminal_size(stream.fileno()).columns
     except (OSError, ValueError):
         return 100
+    # a terminal that reports no size (0: a bare pty, a serial console) is not fitted
+    return columns if columns > 0 else None
