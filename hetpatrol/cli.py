@@ -14,7 +14,8 @@ Commands:
   fleet            the cluster per card class, partition and node batch (Slurm + Prometheus)
   audit-slurm      check slurm.conf / gres.conf / the nodes for a mixed cluster
 
-Usage errors exit 64 (EX_USAGE).
+Usage errors exit 64 (EX_USAGE); an output path hetpatrol refuses to write (a symlink,
+another user's file or directory: hetpatrol/safe_files.py) exits 73 (EX_CANTCREAT).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config, parse_
 from hetpatrol.output import plain_help, silence_stdout, write_stdout
 from hetpatrol.patrol import Patroller, PatrolReport
 from hetpatrol.replay import load_scenario
+from hetpatrol.safe_files import UnsafePath
 from hetpatrol.schema import jsonl_json_schema
 
 
@@ -461,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a replay scenario that cannot be read
         print(f"hetpatrol: {exc}", file=sys.stderr)
         return EX_CONFIG
+    except UnsafePath as exc:  # a symlink or another user's directory at an output path
+        print(f"hetpatrol: {exc}", file=sys.stderr)
+        return EX_CANTCREAT
     except OSError as exc:  # e.g. the metrics port is taken, another daemon's log
         # the message itself, not "[Errno 98] ..."; a bare errno keeps its system text
         text = exc.strerror if exc.strerror and exc.filename is None else str(exc)
