@@ -396,3 +396,53 @@ def test_ledger_textfile_is_written_safely(tmp_path):
     assert b"hetpatrol_ledger_unreadable_tres_items 0.0\n" in (d / "ledger.prom").read_bytes()
     assert stat.S_IMODE((d / "ledger.prom").stat().st_mode) == 0o644
     assert sorted(p.name for p in d.iterdir()) == ["ledger.prom"]
+
+
+def test_a_running_daemon_counts_and_logs_a_path_that_turned_unsafe(tmp_path, capsys):
+    """At run time (a directory handed to another user, a link put in place of the
+    state file): each write is refused, counted and logged once, the victim's file is
+    untouched, and writing resumes when the path is safe again."""
+    from hetpatrol.config import load_config
+    from hetpatrol.daemon import Daemon
+
+    out = tmp_path / "out"
+    out.mkdir()
+    config = tmp_path / "hetpatrol.yaml"
+    config.write_text(
+        f"node: n1\nlisten: null\njsonl: {{path: {out / 'patrol.jsonl'}}}\n"
+        f"state_path: {out / 'state.json'}\ntextfile_path: {out / 'hetpatrol.prom'}\n"
+    )
+    daemon = Daemon(load_config(config), config_path=config, replay_dir=NODES / "healthy-mixed")
+    target = victim(tmp_path)
+    try:
+        daemon.patrol_once()
+        assert daemon.stats.state_write_errors == 0 and daemon.sink.write_errors == 0
+        os.chown(out, NOBODY, NOBODY)  # the directory is someone else's now
+        daemon.patrol_once()
+        daemon.patrol_once()
+        assert daemon.stats.state_write_errors == 2
+        assert daemon.stats.textfile_write_errors == 2
+        # the JSONL log it holds open is its own file still; once nobody swaps it for
+        # a link, the sink sees another inode, reopens, and refuses
+        assert daemon.sink.write_errors == 0
+        (out / "patrol.jsonl").unlink()
+        plant(out / "patrol.jsonl", target)
+        daemon.patrol_once()
+        assert daemon.sink.write_errors > 0
+        err = capsys.readouterr().err
+        for sink in ("jsonl", "state", "textfile"):
+            assert err.count(f"{sink}_write_failed") == 1, err
+        assert f"EPERM: directory {out} is owned by uid 65534 (nobody)" in err
+        os.chown(out, 0, 0)
+        (out / "state.json").unlink()
+        (out / "state.json").symlink_to(target)  # a link in place of the state file
+        daemon.patrol_once()
+        assert daemon.stats.state_write_errors == 4
+        assert target.read_bytes() == VICTIM
+        (out / "state.json").unlink()
+        daemon.patrol_once()
+        assert daemon.stats.state_write_errors == 4  # safe again: written
+        assert "state_write_resumed" in capsys.readouterr().err
+        assert (out / "state.json").read_bytes().startswith(b'{"schema":"hetpatrol.state/1"')
+    finally:
+        daemon.shutdown()
