@@ -12,8 +12,10 @@ the kernel's ``fs.protected_symlinks`` (``Documentation/admin-guide/sysctl/fs.rs
 
 - every directory on the way to the file, along the path as given and along its
   resolved path, is owned by root or by this process's effective user, and is not
-  writable by group or others, unless it has the sticky bit (``/tmp``): there nobody
-  may rename or delete another user's entry (``unlink(2)``, EPERM);
+  writable by others, nor by a group with a login user in it (one of uid ``UID_MIN``
+  and up that is not this user: Ubuntu's ``root:syslog`` 0775 ``/var/log`` is fine),
+  unless it has the sticky bit (``/tmp``): there nobody may rename or delete another
+  user's entry (``unlink(2)``, EPERM);
 - a symbolic link on the way is owned by root or by this user (a link another user
   made in ``/tmp`` is refused, as ``protected_symlinks`` would);
 - the file itself is opened with ``O_NOFOLLOW`` (a symlink there fails with ELOOP) and
@@ -71,6 +73,60 @@ def _owner_name(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _uid_min() -> int:
+    """The first uid of login users: ``UID_MIN`` of ``/etc/login.defs`` (1000)."""
+    try:
+        with open("/etc/login.defs", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                words = line.split()
+                if len(words) >= 2 and words[0] == "UID_MIN" and words[1].isdigit():
+                    return int(words[1])
+    except OSError:
+        pass
+    return 1000
+
+
+def group_members(gid: int) -> set[int] | None:
+    """The uids in group ``gid``: its member list and every account whose primary group
+    it is (the local password and group databases, as NSS gives them). None when the
+    group or a member is unknown."""
+    import grp
+    import pwd
+
+    try:
+        group = grp.getgrgid(gid)
+        uids = {pwd.getpwnam(name).pw_uid for name in group.gr_mem}
+    except KeyError:
+        return None
+    uids.update(p.pw_uid for p in pwd.getpwall() if p.pw_gid == gid)
+    return uids
+
+
+#: gid -> (monotonic time the answer expires, trusted): the group databases are read
+#: once a minute at most, not at every write of every patrol
+_group_answers: dict[int, tuple[float, bool]] = {}
+GROUP_CACHE_SECONDS = 60.0
+
+
+def _group_trusted(gid: int) -> bool:
+    """True when every member of group ``gid`` is root, this user or a system account
+    (uid below ``UID_MIN``): Ubuntu's ``/var/log`` is ``root:syslog`` 0775, and the
+    syslog daemon's group is no other *user*. A group with a login user in it, or one
+    that cannot be looked up, is not. The answer is kept for
+    :data:`GROUP_CACHE_SECONDS`."""
+    import time
+
+    now = time.monotonic()
+    cached = _group_answers.get(gid)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    members = group_members(gid)
+    limit = _uid_min()
+    trusted = members is not None and all(_trusted_owner(u) or u < limit for u in members)
+    _group_answers[gid] = (now + GROUP_CACHE_SECONDS, trusted)
+    return trusted
+
+
 def _check_one_directory(target: Path, d: str, st: os.stat_result) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafePath(target, f"{d} is not a directory")
@@ -78,13 +134,24 @@ def _check_one_directory(target: Path, d: str, st: os.stat_result) -> None:
         raise UnsafePath(
             target, f"directory {d} is owned by {_owner_name(st.st_uid)}, not root or this user"
         )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+    if st.st_mode & stat.S_ISVTX:
+        return  # /tmp: nobody renames or deletes another user's entry there
+    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not _group_trusted(st.st_gid)):
+        who = "others" if st.st_mode & stat.S_IWOTH else f"its group {_group_name(st.st_gid)}"
         raise UnsafePath(
             target,
             f"directory {d} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}, "
             "no sticky bit): another user could replace the file with a link",
         )
+
+
+def _group_name(gid: int) -> str:
+    try:
+        import grp
+
+        return f"gid {gid} ({grp.getgrgid(gid).gr_name})"
+    except KeyError:
+        return f"gid {gid}"
 
 
 def _prefixes(path: Path) -> list[str]:
@@ -95,9 +162,9 @@ def _prefixes(path: Path) -> list[str]:
 def check_directory(directory: Path, target: Path | None = None) -> bool:
     """Check that nobody but root and this user can change what ``directory`` holds.
 
-    Returns True when the directory is shared (group- or world-writable with the sticky
-    bit: the file must then be this user's own, see :func:`check_opened`), False when
-    only root and this user may write there. Raises :class:`UnsafePath` (naming
+    Returns True when the directory is shared (writable by others with the sticky bit,
+    or by a group: the file must then be this user's own, see :func:`check_opened`),
+    False when only root and this user may write there. Raises :class:`UnsafePath` (naming
     ``target``, the file to be written, when given) or ``OSError`` (a missing
     directory: FileNotFoundError).
     """

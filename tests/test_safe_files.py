@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import HETPATROL, NODES
 
+from hetpatrol import safe_files
 from hetpatrol.daemon import claim_path
 from hetpatrol.exporters.jsonl import JsonlSink, repair_torn_tail
 from hetpatrol.exporters.state import write_atomic
@@ -62,7 +63,7 @@ def sticky_dir(tmp_path: Path) -> Path:
 # --------------------------------------------------------------------------- the rules
 
 
-def test_directories_owned_or_writable_by_others_are_refused_and_say_why(tmp_path):
+def test_directories_owned_or_writable_by_others_are_refused_and_say_why(tmp_path, monkeypatch):
     ours = tmp_path / "ours"
     ours.mkdir(mode=0o755)
     assert check_directory(ours) is False
@@ -77,8 +78,16 @@ def test_directories_owned_or_writable_by_others_are_refused_and_say_why(tmp_pat
     group = tmp_path / "group-writable"
     group.mkdir()
     os.chmod(group, 0o775)
-    with pytest.raises(UnsafePath, match="writable by its group .mode 0775, no sticky bit"):
+    os.chown(group, 0, 54329)  # a group nobody can look up
+    with pytest.raises(UnsafePath, match="writable by its group gid 54329 .mode 0775, no sti"):
         check_directory(group)
+    os.chown(group, 0, 0)  # root's group, no login user in it
+    assert check_directory(group) is True  # Ubuntu's /var/log (root:syslog 0775): fine
+    safe_files._group_answers.clear()
+    monkeypatch.setattr(safe_files, "group_members", lambda gid: {0, 104, 1001})
+    with pytest.raises(UnsafePath, match=r"writable by its group gid 0 \(root\) .mode 0775"):
+        check_directory(group)  # a login user (uid 1001) in the group
+    safe_files._group_answers.clear()
     world = tmp_path / "world-writable"
     world.mkdir()
     os.chmod(world, 0o777)
