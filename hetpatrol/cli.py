@@ -2,7 +2,9 @@
 
 Health, placement and accounting for Slurm clusters of several accelerator vendors: each
 command below has its own ``--help``. Verdicts exit as Nagios checks do (0 ok, 1 warning,
-2 critical, 3 unknown); usage errors exit 64 (EX_USAGE), a bad config 78 (EX_CONFIG).
+2 critical, 3 unknown); usage errors exit 64 (EX_USAGE), a bad config 78 (EX_CONFIG), an
+output path hetpatrol refuses to write (a symlink, another user's file or directory:
+hetpatrol/safe_files.py) 73 (EX_CANTCREAT).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hetpatrol.config import EX_CONFIG, Config, ConfigError, load_config, parse_
 from hetpatrol.output import plain_help, silence_stdout, write_stdout
 from hetpatrol.patrol import Patroller, PatrolReport
 from hetpatrol.replay import load_scenario
+from hetpatrol.safe_files import UnsafePath
 from hetpatrol.schema import jsonl_json_schema
 
 
@@ -480,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a replay scenario that cannot be read
         print(f"hetpatrol: {exc}", file=sys.stderr)
         return EX_CONFIG
+    except UnsafePath as exc:  # a symlink or another user's directory at an output path
+        print(f"hetpatrol: {exc}", file=sys.stderr)
+        return EX_CANTCREAT
     except OSError as exc:  # e.g. the metrics port is taken, another daemon's log
         # the message itself, not "[Errno 98] ..."; a bare errno keeps its system text
         text = exc.strerror if exc.strerror and exc.filename is None else str(exc)

@@ -34,6 +34,7 @@ from hetpatrol.exporters.prometheus import ExporterStats, Exposition
 from hetpatrol.exporters.state import read_state, write_atomic, write_state
 from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
+from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock
 from hetpatrol.slurm.drain import DrainPolicy
 
 log = get_logger("hetpatrol.daemon")
@@ -249,10 +250,20 @@ class Daemon:
         """Serve metrics and patrol until stopped. Returns the process exit code (0).
 
         Raises ``OSError`` when the metrics address cannot be bound, or when another
-        daemon already writes the same JSONL log or state file (see :func:`claim_path`).
+        daemon already writes the same JSONL log or state file (see :func:`claim_path`);
+        :class:`~hetpatrol.safe_files.UnsafePath` when the directory of the JSONL log,
+        state file or textfile is one another user owns or can write, or a symlink or
+        another user's file sits at one of them or at their lock files.
         """
         claims = (claim_path(p) for p in (self.config.jsonl_path, self.config.state_path) if p)
         self._claims = [fd for fd in claims if fd is not None]
+        if self.config.textfile_path is not None:  # refused at start, like the other two
+            try:
+                make_directories(self.config.textfile_path.parent, self.config.textfile_path)
+            except UnsafePath:
+                raise
+            except OSError:  # read-only, missing rights: counted where it is written
+                pass
         self.restore_escalation()
         if self.config.listen:
             host, port = parse_listen(self.config.listen)
@@ -410,14 +421,20 @@ def claim_path(path: Path) -> int | None:
 
     Two daemons writing one JSONL log or state file would interleave their patrols and
     flip the verdict ``check`` reads between them. Raises ``OSError`` (EBUSY) naming
-    the other daemon's pid when it holds the claim; None (logged) when the lock file
+    the other daemon's pid when it holds the claim;
+    :class:`~hetpatrol.safe_files.UnsafePath` when the directory or the lock file is not
+    safe to write (a symlink, another user's file or directory: see
+    :mod:`hetpatrol.safe_files`); None (logged) when the lock file
     cannot be made at all (a read-only directory: writing the file fails too, and that
     is counted where it happens).
     """
     lock = path.parent / f".{path.name}.lock"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # O_NOFOLLOW, in a directory only root and this user can change: a link planted
+        # there would have this daemon truncate someone else's file to its pid
+        fd = open_for_lock(lock, 0o644)
+    except UnsafePath as exc:
+        raise UnsafePath(path, f"its lock {lock}: {exc.strerror}") from None
     except OSError as exc:  # a read-only or full directory: the sink counts its errors
         log.warning("claim_failed", path=str(lock), error=exc.strerror or str(exc))
         return None

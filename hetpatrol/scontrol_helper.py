@@ -38,8 +38,14 @@ drain, or cleared by an undrain. ``UNDRAIN`` rather than
 REBOOT flags and bring a DOWN node up (``update_node()`` in Slurm's
 ``src/slurmctld/node_mgr.c``).
 
-Anything else is refused (exit code 2, nothing run). Requests are one JSON line
-``{"argv": [...]}``; answers one JSON line ``{"rc", "stdout", "stderr"}``.
+Anything else is refused (exit code 2, nothing run): also an argument with a control
+character (CR, ESC, DEL, C1, bidi controls: anything :meth:`str.isprintable` refuses) or
+longer than :data:`MAX_ARG_CHARS`, more than :data:`MAX_ARGS` arguments, and a request
+that is not one UTF-8 JSON object ``{"argv": [...]}`` of at most :data:`MAX_REQUEST`
+bytes (nested too deep, a key twice, other keys, wrong types). Requests are one JSON line
+``{"argv": [...]}``; answers one JSON line ``{"rc", "stdout", "stderr"}``. Every request,
+answered or refused, gets one audit line on stderr (the journal): peer credentials, the
+request's first 300 bytes escaped, the exit code and, when refused, why.
 """
 
 from __future__ import annotations
@@ -60,6 +66,11 @@ DEFAULT_SOCKET = "/run/hetpatrol-scontrol.sock"
 DEFAULT_CONFIG = "/etc/hetpatrol/hetpatrol.yaml"
 DEFAULT_SCONTROL = "/usr/bin/scontrol"
 MAX_REQUEST = 64 * 1024
+#: most arguments a request may have (``-o show node NAME`` and ``update NodeName=
+#: State= Reason=`` take four)
+MAX_ARGS = 8
+#: most characters one argument may have (the daemon's reasons are 200: REASON_MAX)
+MAX_ARG_CHARS = 1024
 EXIT_REFUSED = 2
 EXIT_UNREACHABLE = 1
 
@@ -72,13 +83,44 @@ class Refused(Exception):
     """A request the helper does not run; ``str()`` says why."""
 
 
+def printable(text: str) -> str:
+    """``text`` with every character :meth:`str.isprintable` refuses (C0 and C1 controls
+    such as CR and ESC, DEL, bidi and other format characters, line separators,
+    surrogates) written as a Python escape (``\\x1b``): safe in the journal and in an
+    answer shown on a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def check_argument(index: int, arg: str) -> None:
+    """Refuse an argument slurmctld would store or print as sent, but nobody should see
+    raw: any character :meth:`str.isprintable` refuses (a CR or ESC in a reason rewrites
+    the line ``scontrol show node`` and ``sinfo -R`` print on an admin's terminal; a
+    newline forges a second line; a lone surrogate cannot even be passed to ``exec``),
+    or one longer than :data:`MAX_ARG_CHARS`. Raises :class:`Refused` naming the
+    argument and the first such character."""
+    if len(arg) > MAX_ARG_CHARS:
+        raise Refused(f"argument {index + 1} has {len(arg)} characters: at most {MAX_ARG_CHARS}")
+    bad = next((c for c in arg if not c.isprintable()), None)
+    if bad is not None:
+        raise Refused(
+            f"argument {index + 1} holds the control character {repr(bad)[1:-1]} "
+            f"(U+{ord(bad):04X}): {printable(arg)!r}"
+        )
+
+
 def check_request(argv: Sequence[str], nodes: Sequence[str]) -> tuple[str, str | None]:
     """Classify ``argv`` (scontrol arguments). Returns (kind, node) with kind ``read``,
-    ``drain`` or ``resume``; raises :class:`Refused` for anything else."""
+    ``drain`` or ``resume``; raises :class:`Refused` for anything else: wrong types, more
+    than :data:`MAX_ARGS` arguments, control characters (:func:`check_argument`),
+    another command or node."""
     if not isinstance(argv, list | tuple) or not all(isinstance(a, str) for a in argv):
         raise Refused("argv must be a list of strings")
-    if any("\n" in a or "\0" in a for a in argv):
-        raise Refused("newline or NUL in an argument")
+    if len(argv) > MAX_ARGS:
+        raise Refused(f"{len(argv)} arguments: at most {MAX_ARGS}")
+    for i, arg in enumerate(argv):
+        check_argument(i, arg)
     words = [a for a in argv if a not in _READ_FLAGS]
     flags = [a for a in argv if a in _READ_FLAGS]
     if words in (["--version"], ["-V"], ["ping"]) and not flags:
@@ -96,7 +138,8 @@ def check_request(argv: Sequence[str], nodes: Sequence[str]) -> tuple[str, str |
         fields[key] = value
     node = fields.get("nodename")
     if not node or node not in nodes:
-        raise Refused(f"NodeName={node} is not this node ({', '.join(nodes) or 'none known'})")
+        known = ", ".join(printable(n) for n in nodes) or "none known"
+        raise Refused(f"NodeName={node} is not this node ({known})")
     state = fields.get("state", "").upper()
     if state in _DRAIN_STATES:
         from hetpatrol.slurm.states import REASON_PREFIX
@@ -165,27 +208,58 @@ def check_node(kind: str, info: NodeInfo) -> None:
         raise Refused(f"node {info.name}: {why}")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise Refused("a key appears twice in the request")
+    return dict(pairs)
+
+
+def parse_request(request: bytes) -> list[str]:
+    """The argv of one request: the bytes of one JSON line ``{"argv": [...]}``, at most
+    :data:`MAX_REQUEST` bytes, UTF-8, an object with that one key. Raises
+    :class:`Refused` saying what is wrong (also for JSON nested too deep, which makes
+    the decoder raise RecursionError)."""
+    if len(request) > MAX_REQUEST:
+        raise Refused(f"request longer than {MAX_REQUEST} bytes")
+    try:
+        text = request.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refused(f"request is not UTF-8 (byte {exc.start})") from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise Refused("request is nested too deep") from None
+    except ValueError as exc:
+        raise Refused(f"request is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or set(doc) != {"argv"}:
+        raise Refused('the request must be {"argv": [...]}, and nothing else')
+    argv = doc["argv"]
+    if not isinstance(argv, list):
+        raise Refused("argv must be a list of strings")
+    return argv
+
+
+def _refused(why: str) -> dict[str, Any]:
+    return {"rc": EXIT_REFUSED, "stdout": "", "stderr": f"hetpatrol-scontrol: refused: {why}\n"}
+
+
 def handle(
     request: bytes, *, nodes: Sequence[str], scontrol: str, timeout: float = 30.0
 ) -> dict[str, Any]:
-    """Answer one request (the bytes of one JSON line). Never raises."""
+    """Answer one request (the bytes of one JSON line, see :func:`parse_request`).
+    Never raises: a request that is refused, or that the helper fails on, is answered
+    with exit code :data:`EXIT_REFUSED` and nothing run."""
     try:
-        doc = json.loads(request.decode("utf-8"))
-        argv = doc.get("argv") if isinstance(doc, dict) else None
-        if argv is None:
-            raise Refused('the request must be {"argv": [...]}')
+        argv = parse_request(request)
         kind, node = check_request(argv, nodes)
         if kind in ("drain", "resume"):
             assert node is not None
             check_node(kind, _current(scontrol, node, timeout))
     except Refused as exc:
-        return {"rc": EXIT_REFUSED, "stdout": "", "stderr": f"hetpatrol-scontrol: refused: {exc}\n"}
-    except (ValueError, UnicodeDecodeError) as exc:
-        return {
-            "rc": EXIT_REFUSED,
-            "stdout": "",
-            "stderr": f"hetpatrol-scontrol: bad request: {exc}\n",
-        }
+        return _refused(printable(str(exc)))
+    except Exception as exc:  # noqa: BLE001 - a request must never crash the helper unheard
+        return _refused(f"internal error on this request: {type(exc).__name__}")
     return _run([scontrol, *argv], timeout)
 
 
@@ -209,31 +283,46 @@ def serve(args: Sequence[str]) -> int:
     p.add_argument("--timeout", type=float, default=30.0)
     opts = p.parse_args(args)
     conn = socket.socket(fileno=os.dup(0))
+    data = b""
+    answer = _refused("no request read")
     try:
-        data = b""
-        while b"\n" not in data and len(data) <= MAX_REQUEST:
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-        if len(data) > MAX_REQUEST:
-            answer = {"rc": EXIT_REFUSED, "stdout": "", "stderr": "request too long\n"}
+        try:
+            while b"\n" not in data and len(data) <= MAX_REQUEST:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError as exc:
+            answer = _refused(f"reading the request failed: {exc.strerror or exc}")
         else:
-            try:
-                nodes = opts.node or allowed_nodes(opts.config)
-            except Exception as exc:  # noqa: BLE001 - answer the caller, log the cause
-                nodes = []
-                print(f"hetpatrol-scontrol: cannot read {opts.config}: {exc}", file=sys.stderr)
-            answer = handle(
-                data.split(b"\n", 1)[0], nodes=nodes, scontrol=opts.scontrol, timeout=opts.timeout
-            )
+            line = data.split(b"\n", 1)[0]
+            if len(line) > MAX_REQUEST:  # read no further: refused without a decode
+                answer = _refused(f"request longer than {MAX_REQUEST} bytes")
+            else:
+                try:
+                    nodes = opts.node or allowed_nodes(opts.config)
+                except Exception as exc:  # noqa: BLE001 - answer the caller, log the cause
+                    nodes = []
+                    print(
+                        f"hetpatrol-scontrol: cannot read {opts.config}: {printable(str(exc))}",
+                        file=sys.stderr,
+                    )
+                answer = handle(line, nodes=nodes, scontrol=opts.scontrol, timeout=opts.timeout)
+    finally:
+        # the audit line, for every request, whatever became of it: the peer, the
+        # request's first bytes (repr: no raw control byte reaches the journal), the
+        # exit code, and why it was refused
         print(
             f"hetpatrol-scontrol: {_peer(conn)} request={data[:300]!r} rc={answer['rc']}"
             + (f" {answer['stderr'].strip()}" if answer["rc"] == EXIT_REFUSED else ""),
             file=sys.stderr,
+            flush=True,
         )
+    try:
         conn.sendall(json.dumps(answer).encode() + b"\n")
         conn.shutdown(socket.SHUT_WR)
+    except OSError:  # the caller has gone: the audit line is written already
+        pass
     finally:
         conn.close()
     return 0

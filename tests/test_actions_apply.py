@@ -104,6 +104,19 @@ def test_action_fields_and_drain_reason():
     assert "\n" not in apply.drain_reason("n", ActionVerdict(WATCH, "s", None, "a\nb"))
 
 
+def test_drain_reason_is_printable_so_the_root_helper_takes_it():
+    """A vendor's text with ESC, CR, DEL, C1 or bidi controls in a verdict's reason: the
+    root helper refuses such an argument (it would reach slurmctld raw), so the reason
+    must come without them or the drain never happens."""
+    from hetpatrol.scontrol_helper import check_request
+
+    hostile = "fan \x1b[31mfailed\r\x7f\x9b1m \u202eevil\u2028next\ttab"
+    reason = apply.drain_reason("ascend/0", ActionVerdict(RESET_CARD, "s", None, hostile))
+    assert reason == "hetpatrol: reset_card ascend/0 fan [31mfailed 1m evil next tab"
+    argv = ["update", "NodeName=n1", "State=DRAIN", f"Reason={reason}"]
+    assert check_request(argv, ["n1"]) == ("drain", "n1")
+
+
 # ------------------------------------------------------------------ settings
 def test_actions_section_defaults_and_parsing():
     assert settings.parse_actions_section(None) == settings.ActionSettings()

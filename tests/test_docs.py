@@ -127,7 +127,7 @@ def test_the_quick_start_runs_and_the_readmes_commands_say_their_exit_codes(tmp_
             time.sleep(0.2)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             assert b"hetpatrol_card_health" in r.read()
-        assert (tmp_path / "hetpatrol" / "patrol.jsonl").stat().st_size > 0
+        assert (state.parent / "patrol.jsonl").stat().st_size > 0
         for where, body in runnable_blocks():
             if where == "README.md":
                 run_block(where, body, tmp_path, env)

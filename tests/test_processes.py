@@ -39,7 +39,7 @@ def make_proc(root: Path, pid: int, cgroup: str, uid: int = 0, environ: dict | N
         )
 
 
-V1 = (
+V1 = (  # a task of uid 1000's job 1234 under task/cgroup on cgroup v1
     "12:pids:/slurm/uid_1000/job_1234/step_0/task_0\n"
     "11:memory:/slurm/uid_1000/job_1234/step_0/task_0\n"
     "10:devices:/slurm/uid_1000/job_1234/step_0\n"
@@ -47,41 +47,52 @@ V1 = (
 )
 
 
+def name_of(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 @pytest.mark.parametrize(
-    "cgroup, environ, job",
+    "cgroup, uid, environ, job",
     [
         # cgroup v2, Slurm up to 25.11
-        ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n", None, "4242"),
-        ("0::/system.slice/slurmstepd.scope/job_4243/step_batch/user/task_0\n", None, "4243"),
+        ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n", 0, None, "4242"),
+        ("0::/system.slice/slurmstepd.scope/job_4243/step_batch/user/task_0\n", 0, None, "4243"),
+        ("0::/system.slice/slurmstepd.scope/job_7/step_extern/user/task_special\n", 0, None, "7"),
         # v2 with several slurmd on one host (<node>_slurmstepd.scope)
-        ("0::/system.slice/gpu07_slurmstepd.scope/job_77/step_extern/user/task_0\n", None, "77"),
-        # cgroup v1
-        (V1, None, "1234"),
-        ("4:memory:/slurm_gpu07/uid_0/job_88/step_0/task_1\n", None, "88"),
-        # 26.05: the job directory is the SLUID; the environment gives the number
+        ("0::/system.slice/gpu07_slurmstepd.scope/job_77/step_extern/user/task_0\n", 0, None, "77"),
+        # cgroup v1: the uid in the path is the process's own
+        (V1, 1000, None, "1234"),
+        ("4:memory:/slurm_gpu07/uid_0/job_88/step_0/task_1\n", 0, None, "88"),
+        # 26.05: the job directory is the SLUID, reported as such: the environment's
+        # SLURM_JOB_ID is the process's own text, never read
         (
             "0::/system.slice/slurmstepd.scope/s5K1KKYAYG5D00/step_0/user/task_0\n",
-            None,
+            0,
+            {"SLURM_JOB_ID": "9001", "SLURM_JOB_SLUID": "s5K1KKYAYG5D00"},
             "s5K1KKYAYG5D00",
         ),
+        # slurmstepd itself (its own scope, a step's "slurm" part), processes outside jobs
+        ("0::/system.slice/slurmstepd.scope/system\n", 0, None, None),
+        ("0::/system.slice/slurmstepd.scope/job_5/step_0/slurm\n", 0, None, None),
+        ("0::/user.slice/user-1000.slice/session-3.scope\n", 0, None, None),
+        ("0::/user.slice/user-1000.slice/session-3.scope\n", 0, {"HOME": "/root"}, None),
+        # outside Slurm's cgroups: a SLURM_JOB_ID the process set itself credits no job
+        ("0::/system.slice/slurmd.service\n", 0, {"PATH": "/bin", "SLURM_JOB_ID": "555"}, None),
+        # the cgroup's job id, whatever the environment says
         (
-            "0::/system.slice/slurmstepd.scope/s5K1KKYAYG5D00/step_0/user/task_0\n",
-            {"SLURM_JOB_ID": "9001", "SLURM_JOB_SLUID": "s5K1KKYAYG5D00"},
-            "9001",
+            "0::/system.slice/slurmstepd.scope/job_12/step_0/user/task_0\n",
+            0,
+            {"SLURM_JOB_ID": "13"},
+            "12",
         ),
-        # slurmstepd itself, and processes outside any job
-        ("0::/system.slice/slurmstepd.scope/system\n", None, None),
-        ("0::/user.slice/user-1000.slice/session-3.scope\n", None, None),
-        ("0::/user.slice/user-1000.slice/session-3.scope\n", {"HOME": "/root"}, None),
-        # not in a job cgroup (e.g. proctrack/linuxproc): SLURM_JOB_ID from environ
-        ("0::/system.slice/slurmd.service\n", {"PATH": "/bin", "SLURM_JOB_ID": "555"}, "555"),
-        # a numeric job id in the cgroup wins over the environment
-        ("0::/system.slice/slurmstepd.scope/job_12/step_0\n", {"SLURM_JOB_ID": "13"}, "12"),
     ],
 )
-def test_job_from_each_cgroup_layout(tmp_path, cgroup, environ, job):
-    make_proc(tmp_path, 4711, cgroup, uid=0, environ=environ)
-    assert lookup(4711, tmp_path) == (ROOT_NAME, job)
+def test_job_from_each_cgroup_layout(tmp_path, cgroup, uid, environ, job):
+    make_proc(tmp_path, 4711, cgroup, uid=uid, environ=environ)
+    assert lookup(4711, tmp_path) == (name_of(uid), job)
 
 
 def test_user_from_status_uid(tmp_path):
@@ -91,7 +102,7 @@ def test_user_from_status_uid(tmp_path):
 
 
 def test_vanished_and_unreadable_pids_keep_their_pid(tmp_path):
-    make_proc(tmp_path, 20, V1)
+    make_proc(tmp_path, 20, V1, uid=1000)
     (tmp_path / "21").mkdir()  # exited between listing and reading: empty directory
     procs = [
         ProcessInfo(pid=20, memory_bytes=1 << 30),
@@ -101,7 +112,7 @@ def test_vanished_and_unreadable_pids_keep_their_pid(tmp_path):
     ]
     enrich(procs, proc_root=tmp_path)
     assert [(p.pid, p.user, p.job_id) for p in procs] == [
-        (20, ROOT_NAME, "1234"),
+        (20, name_of(1000), "1234"),
         (21, None, None),
         (99999, None, None),
         (30, "bob", "7"),
@@ -173,3 +184,68 @@ def test_init_and_kernel_threads_are_never_attributed(tmp_path):
     # the real /proc of this host: init and kthreadd are not attributed either
     assert lookup(1) == (None, None)
     assert lookup(2) == (None, None)
+
+
+# ---------------------------- cgroups a user made, named like Slurm's (issue 21, item 5)
+USER_MADE = "0::/user.slice/user-1000.slice/user@1000.service"  # systemd delegates it to uid 1000
+
+
+@pytest.mark.parametrize(
+    "cgroup, uid",
+    [
+        # uid 1000's own cgroups (systemd-run --user --scope, or mkdir in the delegated
+        # subtree), with Slurm's names in them: never someone else's job
+        (f"{USER_MADE}/app.slice/slurmstepd.scope/job_999/step_0/user/task_0\n", 1000),
+        (f"{USER_MADE}/system.slice/slurmstepd.scope/job_999/step_0/user/task_0\n", 1000),
+        (f"{USER_MADE}/app.slice/gpu07_slurmstepd.scope/job_999/step_0/user/task_0\n", 1000),
+        (f"{USER_MADE}/system.slice/slurmstepd.scope/s5K1KKYAYG5D00/step_0/user/task_0\n", 1000),
+        ("0::/user.slice/system.slice/slurmstepd.scope/job_999/step_0/user/task_0\n", 1000),
+        # cgroup v1: Slurm's tree only at the hierarchy's root, and for the owner's uid
+        ("4:memory:/user.slice/user-1000.slice/slurm/uid_1000/job_999/step_0/task_0\n", 1000),
+        ("4:memory:/slurm/uid_2000/job_999/step_0/task_0\n", 1000),  # someone else's uid
+        ("4:memory:/slurm/uid_1000/job_999\n", 1000),  # no step: not where tasks live
+        # a v1 path on the unified line, a v2 path on a v1 line
+        ("0::/slurm/uid_1000/job_999/step_0/task_0\n", 1000),
+        ("4:memory:/system.slice/slurmstepd.scope/job_999/step_0/user/task_0\n", 1000),
+        # not Slurm's names
+        ("0::/system.slice/slurmstepd.scope/job_999x/step_0/user/task_0\n", 1000),
+        ("0::/system.slice/xslurmstepd.scope/job_999/step_0/user/task_0\n", 1000),
+        ("0::/system.slice/slurmstepd.scope.d/job_999/step_0/user/task_0\n", 1000),
+        ("garbage:/system.slice/slurmstepd.scope/job_999/step_0/user/task_0\n", 1000),
+        ("/system.slice/slurmstepd.scope/job_999/step_0/user/task_0\n", 1000),
+    ],
+)
+def test_a_cgroup_named_like_slurms_elsewhere_credits_no_job(tmp_path, cgroup, uid):
+    make_proc(tmp_path, 4711, cgroup, uid=uid)
+    assert lookup(4711, tmp_path) == (name_of(uid), None)
+
+
+def test_the_v1_uid_must_be_the_processes_own(tmp_path):
+    make_proc(tmp_path, 30, V1, uid=1000)
+    make_proc(tmp_path, 31, V1, uid=1001)  # another user's process in uid 1000's tree
+    assert lookup(30, tmp_path)[1] == "1234"
+    assert lookup(31, tmp_path)[1] is None
+    assert job_from_cgroup(V1) is None  # owner unknown: no job
+
+
+def test_hybrid_hierarchy_v1_job_beside_a_user_unified_line(tmp_path):
+    text = "0::/user.slice/user-1000.slice/session-4.scope\n" + V1
+    make_proc(tmp_path, 40, text, uid=1000)
+    assert lookup(40, tmp_path)[1] == "1234"
+
+
+def test_the_stepd_scope_sits_under_pid_1s_cgroup_directory(tmp_path):
+    """Slurm (cgroup_v2.c, _get_init_cg_path) puts system.slice/slurmstepd.scope under
+    the directory of pid 1's cgroup: the root on a host, the container's own directory
+    when slurmd runs in one; the same names elsewhere are not Slurm's."""
+    container = "/docker.slice/docker-8f3c.scope"
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "cgroup").write_text(f"0::{container}/init.scope\n")
+    inside = f"0::{container}/system.slice/slurmstepd.scope/job_3/step_0/user/task_0\n"
+    make_proc(tmp_path, 50, inside, uid=1000)
+    assert lookup(50, tmp_path)[1] == "3"
+    make_proc(tmp_path, 51, "0::/system.slice/slurmstepd.scope/job_4/step_0/user/task_0\n")
+    assert lookup(51, tmp_path)[1] is None  # not under this Slurm's root
+    (tmp_path / "1" / "cgroup").write_text("0::/init.scope\n")  # a host: the root
+    assert lookup(51, tmp_path)[1] == "4"
+    assert lookup(50, tmp_path)[1] is None

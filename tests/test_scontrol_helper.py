@@ -308,3 +308,139 @@ def test_real_slurmctld_drain_without_reason_survives_the_helper(real_helper):
         assert res.returncode == 2
         assert slurm.node_state() == "IDLE+DRAIN"
         assert not slurm.reason().startswith("hetpatrol")
+
+
+@pytest.mark.slurm
+def test_real_slurmctld_keeps_control_characters_raw_so_the_helper_refuses_them(real_helper):
+    """slurmctld stores a reason as sent and ``scontrol show node`` prints it raw: an ESC
+    or CR in a drain reason reaches the admin's terminal (here set by root directly).
+    Through the helper such a reason is refused and the node keeps its state."""
+    path, slurm = real_helper
+    node = slurm.node
+    with slurm.explain():
+        slurm.admin_drain("admin: \x1b[31mred\rfake")
+        shown = slurm.scontrol("-o", "show", "node", node)  # text mode: the CR reads as \n
+        assert "Reason=admin: \x1b[31mred\nfake [root@" in shown
+        slurm.make_idle()
+        for reason in ("hetpatrol: ok\r\x1b[2Kadmin: DIMM swap", "hetpatrol: \u202etxt"):
+            res = call(path, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+            assert res.returncode == 2 and "control character" in res.stderr, res.stderr
+        assert slurm.state() == "idle" and slurm.reason() == "none"
+
+
+# ------------------------------------- hostile requests (issue 21, item 4): the whole class
+REASON = f"update NodeName={NODE} State=DRAIN".split()
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        ([*REASON, "Reason=hetpatrol: x\rNodeName=b"], "control character \\r (U+000D)"),
+        ([*REASON, "Reason=hetpatrol: \x1b[2Jok"], "control character \\x1b (U+001B)"),
+        ([*REASON, "Reason=hetpatrol: x\x7f"], "(U+007F)"),
+        ([*REASON, "Reason=hetpatrol: x\x9b31m"], "(U+009B)"),  # C1 CSI
+        ([*REASON, "Reason=hetpatrol: \u202egol"], "(U+202E)"),  # bidi override
+        ([*REASON, "Reason=hetpatrol: x\u2028y"], "(U+2028)"),  # line separator
+        ([*REASON, "Reason=hetpatrol: x\ud800"], "(U+D800)"),  # lone surrogate
+        ([*REASON, "Reason=hetpatrol: x\t"], "(U+0009)"),
+        (["update", f"NodeName={NODE}\x1b", "State=UNDRAIN"], "argument 2 holds"),
+        (["update", f"NodeName={NODE}", "State=UNDRAIN\r"], "argument 3 holds"),
+        (["show", "node", "a\x1b]0;pwned\x07"], "argument 3 holds"),
+        ([*REASON, "Reason=hetpatrol: " + "x" * 2000], "at most 1024"),
+        (["-o"] * 9 + ["ping"], "10 arguments: at most 8"),
+    ],
+)
+def test_control_characters_and_sizes_in_any_field_are_refused(argv, why):
+    with pytest.raises(Refused) as caught:
+        check_request(argv, [NODE])
+    assert why in str(caught.value)
+    assert str(caught.value).isprintable()  # said escaped, never raw
+
+
+def answer_of(raw: bytes) -> dict:
+    from hetpatrol.scontrol_helper import handle
+
+    return handle(raw, nodes=[NODE], scontrol="/nonexistent/scontrol-never-run")
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"[" * 60_000, "nested too deep"),
+        (b'{"argv": ' + b"[" * 30_000 + b"]" * 30_000 + b"}", "too deep"),
+        (b'{"argv": ["ping"], "argv": ["shutdown"]}', "a key appears twice"),
+        (b'{"argv": ["ping"], "run_as": "root"}', "and nothing else"),
+        (b'["ping"]', "and nothing else"),
+        (b'"ping"', "and nothing else"),
+        (b"null", "and nothing else"),
+        (b'{"argv": "ping"}', "argv must be a list of strings"),
+        (b'{"argv": [1, 2]}', "argv must be a list of strings"),
+        (b'{"argv": [["ping"]]}', "argv must be a list of strings"),
+        (b'{"argv": ["ping\xff"]}', "not UTF-8 (byte 15)"),
+        (b'{"argv": ["\\ud800"]}', "(U+D800)"),
+        (b'{"argv": ["ping"]', "not JSON"),
+        (b"", "not JSON"),
+        (b'{"argv": ["' + b"x" * 70_000 + b'"]}', "longer than 65536 bytes"),
+        (b'{"argv": [' + b'"ping",' * 5000 + b'"ping"]}', "5001 arguments"),
+    ],
+)
+def test_malformed_requests_get_an_error_answer_and_run_nothing(raw, why):
+    answer = answer_of(raw)
+    assert answer["rc"] == 2 and answer["stdout"] == ""
+    assert answer["stderr"].startswith("hetpatrol-scontrol: refused: ")
+    assert why in answer["stderr"], answer["stderr"]
+
+
+def test_an_unexpected_error_is_answered_not_raised(monkeypatch):
+    import hetpatrol.scontrol_helper as helper
+
+    def boom(argv, nodes):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(helper, "check_request", boom)
+    assert answer_of(b'{"argv": ["ping"]}') == {
+        "rc": 2,
+        "stdout": "",
+        "stderr": "hetpatrol-scontrol: refused: internal error on this request: KeyError\n",
+    }
+
+
+def raw_call(path: str, data: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(path)
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"[" * 60_000 + b"\n", "request is nested too deep"),  # crashed it, no audit line
+        (b'{"argv": ["update", "NodeName=gpu-a01", "State=DRAIN", '
+         b'"Reason=hetpatrol: ok\\r\\u001b[2Kadmin: DIMM swap"]}\n', "control character \\r"),
+        (b"\xff\xfe\n", "request is not UTF-8 (byte 0)"),
+        (b"x" * 70_000, "request longer than 65536 bytes"),
+        (b"", "request is not JSON"),
+    ],
+)  # fmt: skip
+def test_every_refused_request_is_answered_and_audited(helper_socket, fake_scontrol, raw, why):
+    import json
+
+    path, served = helper_socket
+    _, calls = fake_scontrol
+    answer = json.loads(raw_call(path, raw))
+    assert answer["rc"] == 2 and why in answer["stderr"], answer
+    deadline = 50
+    while not served and deadline:  # the helper's process is reaped by the accept loop
+        threading.Event().wait(0.1)
+        deadline -= 1
+    (audit,) = [line for line in served[-1].stderr.splitlines() if "request=" in line]
+    assert f"uid={os.getuid()}" in audit and " rc=2 " in audit and why in audit
+    assert audit.isprintable()  # no raw CR or ESC reaches the journal
+    assert served[-1].returncode == 0
+    assert not calls.exists()  # nothing run, not even the read of the node

@@ -91,14 +91,19 @@ def action_fields(verdict: ActionVerdict) -> dict[str, str | None]:
 
 def drain_reason(where: str, verdict: ActionVerdict, detail: str = "") -> str:
     """``hetpatrol: <action> <where> <code> <detail or reason>`` on one line, at most
-    :data:`REASON_MAX` characters: ``hetpatrol: reset_card nvidia/3 xid 79 ...``."""
+    :data:`REASON_MAX` characters: ``hetpatrol: reset_card nvidia/3 xid 79 ...``.
+    Whitespace runs and non-printable characters (control, format and bidi characters)
+    become one space."""
     code = verdict.code or ""
     # "xid:79" reads "xid 79"; a check's code is its name alone ("check:" says nothing)
     code = code.removeprefix("check:").replace(":", " ", 1)
     text = " ".join(
         p for p in ("hetpatrol:", verdict.action, where, code, detail or verdict.reason) if p
     )
-    text = " ".join(text.split())
+    # one line of printable text: the root drain helper refuses any argument with a
+    # character str.isprintable() refuses (ESC, DEL, C1, bidi controls; slurmctld would
+    # store and print it raw), so a vendor's text with one must not block the drain
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
 
 

@@ -12,6 +12,10 @@
 - Write failures (ENOSPC, EACCES, EROFS...) are counted per lost line, logged once per
   episode (:class:`~hetpatrol.exporters.failures.WriteFailures`), and writing resumes by
   itself when the cause is gone.
+- The file is opened with ``O_NOFOLLOW`` in a directory only root and the daemon's user
+  can change (or a sticky one, where the file must be the daemon's own): a symlink or
+  another user's file there is refused (:mod:`hetpatrol.safe_files`), counted and logged
+  like any write failure, never followed to someone else's file.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from hetpatrol.exporters import PRIVATE_FILE_MODE
 from hetpatrol.exporters.failures import WriteFailures
 from hetpatrol.logs import get_logger
+from hetpatrol.safe_files import open_for_append
 
 log = get_logger("hetpatrol.jsonl")
 
@@ -35,35 +40,40 @@ def repair_torn_tail(path: Path) -> int:
     """Cut a partial last line (no trailing newline) off ``path``.
 
     Returns the number of bytes removed (0 when the file ends cleanly, is empty or
-    missing). Lines before the torn one are untouched.
+    missing). Lines before the torn one are untouched. A symbolic link at ``path`` is
+    never followed (OSError ELOOP); a FIFO, device or socket is left alone (0).
     """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
     except FileNotFoundError:
         return 0
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return 0  # not a file: the sink's open refuses it
     try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return 0
-        if os.pread(fd, 1, size - 1) == b"\n":
-            return 0
-        pos = size
-        keep = 0
-        while pos > 0:
-            start = max(0, pos - _TAIL_CHUNK)
-            chunk = os.pread(fd, pos - start, start)
-            nl = chunk.rfind(b"\n")
-            if nl >= 0:
-                keep = start + nl + 1
-                break
-            pos = start
-        os.ftruncate(fd, keep)
-        return size - keep
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return 0  # not a file: the sink's open refuses it
+        return _repair_fd(fd)
     finally:
         os.close(fd)
+
+
+def _repair_fd(fd: int) -> int:
+    """:func:`repair_torn_tail` on an open regular file. Returns the bytes removed."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return 0
+    if os.pread(fd, 1, size - 1) == b"\n":
+        return 0
+    pos = size
+    keep = 0
+    while pos > 0:
+        start = max(0, pos - _TAIL_CHUNK)
+        chunk = os.pread(fd, pos - start, start)
+        nl = chunk.rfind(b"\n")
+        if nl >= 0:
+            keep = start + nl + 1
+            break
+        pos = start
+    os.ftruncate(fd, keep)
+    return size - keep
 
 
 class JsonlSink:
@@ -91,19 +101,21 @@ class JsonlSink:
 
     # ------------------------------------------------------------------ open/close
     def _open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        removed = repair_torn_tail(self.path)
-        if removed:
-            self.repaired_bytes += removed
-            log.warning("jsonl_torn_tail_repaired", path=str(self.path), bytes_removed=removed)
+        # one descriptor, checked before anything is cut or written: a symlink at the
+        # path (ELOOP) or in a directory another user owns or can write is refused
+        # (UnsafePath, see hetpatrol.safe_files), never followed to someone else's file;
         # O_NONBLOCK: a FIFO (or device) put at the path must not block the daemon
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
-        fd = os.open(self.path, flags, PRIVATE_FILE_MODE)
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        fd = open_for_append(self.path, PRIVATE_FILE_MODE)
+        try:
+            removed = _repair_fd(fd)
+            if removed:
+                self.repaired_bytes += removed
+                log.warning("jsonl_torn_tail_repaired", path=str(self.path), bytes_removed=removed)
+            os.set_blocking(fd, True)
+            st = os.fstat(fd)
+        except BaseException:
             os.close(fd)
-            raise OSError(errno.EINVAL, f"{self.path} is not a regular file")
-        os.set_blocking(fd, True)
+            raise
         self._fd, self._ino, self._size = fd, (st.st_dev, st.st_ino), st.st_size
 
     def close(self) -> None:
@@ -119,17 +131,19 @@ class JsonlSink:
 
     def _moved(self) -> bool:
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)  # a link put there is another inode: reopened, refused
         except FileNotFoundError:
             return True
         return (st.st_dev, st.st_ino) != self._ino
 
     # ---------------------------------------------------------------------- rotate
     def _rotate(self) -> None:
-        self.close()
         if self.backups <= 0:
-            os.truncate(self.path, 0)
+            assert self._fd is not None
+            os.ftruncate(self._fd, 0)  # the file open and checked, never the path again
+            self.close()
             return
+        self.close()
         for i in range(self.backups - 1, 0, -1):
             src = self.path.with_name(f"{self.path.name}.{i}")
             if src.exists():
@@ -137,6 +151,21 @@ class JsonlSink:
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
 
     # ----------------------------------------------------------------------- write
+    def _cut_short_write(self, written: int) -> None:
+        """A write that took ``written`` bytes of a line (disk full mid-line): cut those
+        bytes off again and raise ENOSPC, so the line is absent, never torn.
+
+        The line began ``written`` bytes before the file's end as the kernel has it now
+        (``O_APPEND`` wrote it there), not at the size this sink last saw: a
+        ``copytruncate`` rotation since then shrank the file, and truncating to the old
+        size would pad it with NUL bytes around the torn line. When even the cut fails,
+        the descriptor is closed by the caller and the next open cuts the torn tail."""
+        assert self._fd is not None
+        end = os.fstat(self._fd).st_size
+        os.ftruncate(self._fd, max(0, end - written))
+        self._size = max(0, end - written)
+        raise OSError(errno.ENOSPC, "short write (no space left on device)")
+
     def write_lines(self, lines: Sequence[str]) -> int:
         """Append ``lines`` (each ending in a newline), one ``write()`` each.
 
@@ -158,8 +187,7 @@ class JsonlSink:
             for data in datas:
                 n = os.write(self._fd, data)
                 if n != len(data):
-                    os.ftruncate(self._fd, self._size)
-                    raise OSError(errno.ENOSPC, "short write (no space left on device)")
+                    self._cut_short_write(n)
                 self._size += n
                 done += 1
         except OSError as exc:

@@ -83,19 +83,21 @@ def write_atomic(path: Path, data: bytes, *, make_parents: bool = False, mode: i
     the state file.
 
     Only a regular file (or nothing) at ``path`` is replaced: a device, FIFO, socket or
-    directory there (also behind a symlink) raises ``OSError`` (EEXIST) and is left
-    alone. A missing parent directory raises ``FileNotFoundError`` unless
-    ``make_parents`` (the daemon's own state and textfile directories) creates it.
+    directory there raises ``OSError`` (EEXIST) and is left alone. A symbolic link
+    there, another user's file, or a directory on the way that another user owns or can
+    write (without the sticky bit) raises :class:`~hetpatrol.safe_files.UnsafePath`
+    (EPERM, saying why; see :mod:`hetpatrol.safe_files`). A missing parent directory
+    raises ``FileNotFoundError`` unless ``make_parents`` (the daemon's own state and
+    textfile directories) creates it. The temporary file is made by ``mkstemp``
+    (``O_CREAT | O_EXCL | O_NOFOLLOW``, a random name) in the same directory.
     """
+    from hetpatrol.safe_files import check_directory, check_replaceable, make_directories
+
     if make_parents:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        existing = os.stat(path).st_mode
-    except FileNotFoundError:
-        pass  # nothing there yet (or a dangling symlink, which the rename replaces)
+        shared = make_directories(path.parent, path)
     else:
-        if not stat.S_ISREG(existing):
-            raise OSError(errno.EEXIST, "not a regular file: refusing to replace it", str(path))
+        shared = check_directory(path.parent, path)
+    check_replaceable(path, shared)
     _sweep_stale_temps(path)
     import tempfile  # here: 5 ms of imports `hetpatrol check` (a reader) never needs
 
@@ -104,8 +106,8 @@ def write_atomic(path: Path, data: bytes, *, make_parents: bool = False, mode: i
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
+            os.fchmod(fh.fileno(), mode)  # the descriptor: never a path looked up again
             os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:

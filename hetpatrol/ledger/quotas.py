@@ -288,8 +288,10 @@ def write_textfile(rows: list[QuotaRow], ledger: Ledger, path: Path) -> None:
     unit (label ``unit``: card_minutes, card_hours, cards), and
     ``hetpatrol_ledger_card_seconds{account,user,gres}`` (usage in the window).
     """
-    from prometheus_client import CollectorRegistry, write_to_textfile
+    from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import GaugeMetricFamily
+
+    from hetpatrol.exporters.state import write_atomic
 
     class _Collector:
         def collect(self):
@@ -332,4 +334,7 @@ def write_textfile(rows: list[QuotaRow], ledger: Ledger, path: Path) -> None:
 
     registry = CollectorRegistry()
     registry.register(_Collector())
-    write_to_textfile(str(path), registry)
+    # not prometheus_client's write_to_textfile: it opens a temporary file of a
+    # guessable name (path.<pid>.<thread>) following symlinks; write_atomic refuses
+    # links and other users' directories (hetpatrol/safe_files.py)
+    write_atomic(Path(path), generate_latest(registry))
