@@ -332,6 +332,8 @@ class Patroller:
         settings = self.config.actions
         levels = action_findings.bundled_levels()
         esc = self.escalation
+        # a step of the wall clock moves the stored times with it: spans stay monotonic
+        esc.note_clock(now, time.monotonic())
         for event in events:  # a fault read once counts once (not read again on reload)
             if event.get("in_window") is False or not (event.get("uuid") or event.get("bus_id")):
                 continue
