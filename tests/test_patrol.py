@@ -187,10 +187,97 @@ def test_an_npu_gone_from_npu_smi_is_a_card_missing_finding(tmp_path):
         ]
         assert report.health == "unknown"
         table.write_text(text)
+        # listed again: held as it was until listed recovery_patrols (3) times in a row
+        for n in (1, 2):
+            report = patroller.run()
+            assert [(f.check, f.severity, f.message) for f in report.node_findings] == [
+                (
+                    "card_missing",
+                    "unknown",
+                    "ascend: 1 card(s) listed again, held until listed 3 patrols in a row: "
+                    f"ascend/5/0 (0000:02:00.0) {n} of 3",
+                )
+            ]
         report = patroller.run()
         assert (report.node_findings, len(report.cards)) == ((), 8)
     finally:
         patroller.close()
+
+
+def test_a_card_that_drops_out_now_and_then_is_held_by_identity(base_config):
+    """A GPU that vanishes one patrol in five (a flaky riser) made the node critical,
+    then ok, drained and resumed each time. Listed again it is held critical until
+    ``recovery_patrols`` (3) patrols in a row list it, so with ``resume_after_patrols``
+    (3) the node is drained once and never resumed in 40 patrols. The hold follows the
+    UUID: the GPUs after it move down one index while it is gone and no other card is
+    held."""
+    c = _ByUuid()
+    p = make_patroller(base_config, {"nvidia": c}, recovery=3)
+    every = list(c.cards)
+    verdicts = []
+    for n in range(1, 41):
+        c.cards = [x for x in every if x[0] != "GPU-a"] if n % 5 == 0 else list(every)
+        report = p.run()
+        verdicts.append(report.health)
+        if n == 6:  # back for one patrol: held, by its UUID, and named as held
+            (f,) = report.node_findings
+            assert (f.check, f.severity, f.action) == ("card_missing", "critical", "reboot_node")
+            assert f.message == (
+                "nvidia: 1 card(s) listed again, held until listed 3 patrols in a row: "
+                "nvidia/0 1 of 3"
+            )
+            assert [(r.uuid, r.health) for r in report.cards] == [
+                ("GPU-a", "ok"),
+                ("GPU-b", "ok"),
+                ("GPU-c", "ok"),
+            ]
+    drains = resumes = healthy = 0
+    drained = False
+    for v in verdicts:  # the drain policy's rule: critical drains, 3 healthy resume
+        if v == "critical":
+            healthy = 0
+            drains += not drained
+            drained = True
+        else:
+            healthy += 1
+            if drained and healthy >= 3:
+                resumes, drained = resumes + 1, False
+    assert verdicts[:4] == ["ok"] * 4 and verdicts[4:7] == ["critical"] * 3
+    assert (drains, resumes) == (1, 0)
+
+
+def test_a_critical_node_finding_is_held_after_it_goes(base_config):
+    """``nvml_driver`` (critical: reboot_node) raised once is held, said so, for
+    ``recovery_patrols`` - 1 patrols after it goes, as a bad card is."""
+    from hetpatrol.schema import Finding
+
+    p = make_patroller(base_config, {"nvidia": _ByUuid()}, recovery=3)
+    raised = [Finding("nvml_driver", "critical", "driver/library mismatch")]
+    assert p._hold_node_findings(list(raised)) == raised
+    for n in (1, 2):
+        (held,) = p._hold_node_findings([])
+        assert (held.check, held.severity, held.message) == (
+            "nvml_driver",
+            "critical",
+            f"driver/library mismatch (not raised for {n} of 3 patrols: held)",
+        )
+    assert p._hold_node_findings([]) == []
+    # in a patrol: the collector says it once, the node stays critical for two more
+    from hetpatrol.collector import STATE_OK, CollectResult
+
+    class Once(_ByUuid):
+        def collect(self):
+            res = super().collect()
+            self.calls += 1
+            found = list(raised) if self.calls == 1 else []
+            return CollectResult(self.name, res.records, STATE_OK, node_findings=found)
+
+    q = make_patroller(base_config, {"nvidia": Once()}, recovery=3)
+    assert [q.run().health for _ in range(4)] == ["critical", "critical", "critical", "ok"]
+    # raised as a warning: no longer critical, not held
+    p._hold_node_findings(list(raised))
+    warn = [Finding("nvml_driver", "warning", "x")]
+    assert p._hold_node_findings(list(warn)) == warn
 
 
 class _ByUuid(Scripted):
