@@ -126,9 +126,8 @@ def test_exported_ld_library_path_in_the_shapes_profile_scripts_use(tmp_path):
     """``export LD_LIBRARY_PATH=...`` as NVIDIA's CUDA Installation Guide for Linux
     ("Environment Setup") writes it and /etc/profile.d/cuda.sh files copy it, inside an
     ``if`` block, on one line with ``then``, or with other names on one ``export``."""
-    guide = (
-        "export LD_LIBRARY_PATH=/usr/local/cuda-12.4/lib64${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
-    )
+    tail = "${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+    guide = "export LD_LIBRARY_PATH=/usr/local/cuda-12.4/lib64" + tail
     root = make_root(
         tmp_path,
         {
@@ -136,10 +135,11 @@ def test_exported_ld_library_path_in_the_shapes_profile_scripts_use(tmp_path):
             + guide
             + "\n",
             "etc/profile.d/cuda-if.sh": 'if [ -d "/usr/local/cuda-10.1/bin/" ]; then\n'
-            "    export LD_LIBRARY_PATH=/usr/local/cuda-10.1/lib64${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}\n"
-            "fi\n",
-            "etc/profile.d/one-line.sh": '[ -d /usr/local/Ascend ] && export LD_LIBRARY_PATH="/usr/local/Ascend/driver/lib64:$LD_LIBRARY_PATH"\n',
-            "etc/profile.d/many.sh": "export PATH=/opt/x/bin LD_LIBRARY_PATH=/usr/local/cuda/lib64\n",
+            f"    export LD_LIBRARY_PATH=/usr/local/cuda-10.1/lib64{tail}\nfi\n",
+            "etc/profile.d/one-line.sh": "[ -d /usr/local/Ascend ] && export "
+            'LD_LIBRARY_PATH="/usr/local/Ascend/driver/lib64:$LD_LIBRARY_PATH"\n',
+            "etc/profile.d/many.sh": "export PATH=/opt/x/bin "
+            "LD_LIBRARY_PATH=/usr/local/cuda/lib64\n",
             "etc/profile.d/quiet.sh": "export PATH=/opt/x/bin\necho $LD_LIBRARY_PATH\n",
         },
     )

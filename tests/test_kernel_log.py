@@ -664,3 +664,52 @@ def test_a_device_swapped_in_after_the_check_is_closed_unread(monkeypatch):
         "/dev/null is not the kernel log device (character device 1:11, /dev/kmsg): not read",
     )
     assert reads == [] and reader._fd is None
+
+
+XID79_EVENT = parse_text(
+    "NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+)[0]
+
+
+def _one_event_snapshot(ev):
+    class Reader:
+        path = "x"
+
+        def read(self):
+            from hetpatrol.kernel_log import ReadResult
+
+            return ReadResult(events=[(ev, None)])
+
+        def close(self):
+            pass
+
+    return KernelLog(Reader(), window_seconds=3600, clock=_Clock()).poll()
+
+
+def _blind(index, uuid=None):
+    return CardRecord(vendor="nvidia", index=index, bus_id=None, uuid=uuid, health="ok")
+
+
+@pytest.mark.parametrize(
+    ("cards", "matched"),
+    [
+        ([_blind(4)], 4),  # the one GPU without a bus id: by elimination
+        ([_blind(4), _blind(5)], None),  # two: either could be it
+        ([_blind(4), _blind(5, uuid="GPU-e")], None),  # one has a UUID, still no bus id
+        ([_blind(4, uuid="GPU-e")], None),  # another UUID than the event's
+    ],
+)
+def test_an_xid_is_matched_by_elimination_only_to_the_one_gpu_it_can_be(cards, matched):
+    """XID 79 on 0000:9b:00.0 (its UUID named by the log) while NVML reads some GPUs
+    without a bus id: a card without one gets it only when it is the only such card of
+    the vendor (and names no other UUID); else it is a node finding by bus id."""
+    ev = replace(
+        XID79_EVENT, bus_id="0000:9b:00.0", uuid="GPU-f93d72bb-6655-1c83-50ef-7a089581ec38"
+    )
+    cards = [*cards, CardRecord(vendor="nvidia", index=0, bus_id="0000:07:00.0", health="ok")]
+    snap = _one_event_snapshot(ev)
+    lines, node = apply_kernel_log(snap, cards, KernelLogRules(), node="n", seq=1, ts_format=rfc)
+    assert lines[0]["index"] == matched
+    bad = [c.index for c in cards if c.health == "critical"]
+    assert bad == ([] if matched is None else [matched])
+    assert [f.check for f in node] == ([] if matched is not None else ["xid"])

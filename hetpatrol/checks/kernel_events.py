@@ -225,8 +225,11 @@ def _match(
     """The card a kernel event is about: by bus id, else by UUID, else by elimination.
 
     Elimination: a GPU that fell off the bus before its first read has no bus id in
-    NVML (``nvmlDeviceGetHandleByIndex`` fails); when exactly one NVIDIA card is such
-    and no card has the event's bus id, the event is that card's.
+    NVML (``nvmlDeviceGetHandleByIndex`` fails); when exactly one card of the event's
+    vendor has no bus id (and no other UUID than the event's) and no card has the
+    event's bus id, the event is that card's. Two cards without a bus id (one with a
+    UUID, one without, or neither) leave the event unmatched: it is a node finding by
+    its bus id, never another card's.
     """
     for card in cards:
         if bus_id and card.bus_id == bus_id:
@@ -236,8 +239,10 @@ def _match(
             return card
     if not bus_id:
         return None
-    blind = [c for c in cards if c.vendor in vendors and c.bus_id is None and c.uuid is None]
-    return blind[0] if len(blind) == 1 else None
+    blind = [c for c in cards if c.vendor in vendors and c.bus_id is None]
+    if len(blind) != 1 or (uuid and blind[0].uuid and blind[0].uuid != uuid):
+        return None
+    return blind[0]
 
 
 def _findings(
