@@ -134,7 +134,11 @@ class KernelEvent:
     - ``bus_id``: normalised ``0000:9b:00.0`` (the Xid line omits the function: ``.0``);
     - ``message``: the text after the XID number and the ``pid=``/``name=`` fields;
     - ``pid``/``process``: from ``pid=``/``name=`` (``None`` when ``<unknown>`` or absent);
-    - ``nvlink_unit``/``fatal``/``link``: NVLink5 XIDs 144-150 (``NETIR``, True, 13);
+    - ``nvlink_unit``/``fatal``/``link``: NVLink5 XIDs 144-150 (``NETIR``, True, 13;
+      ``fatal`` is the printed word, None when the line prints none); ``intr_info`` /
+      ``error_status``: its first two hex words; ``nvlink_action``: what NVIDIA's XID
+      catalog decodes from them (``RESET_GPU``, ``XID_154_EVAL``, ``IGNORE``; None when
+      it cannot be decoded), the vendor plugin's decode;
     - ``recovery_action``: XID 154's new action (``None``, ``GPU Reset Required``...);
     - ``log_time``: the time stamp as the line wrote it; ``clock``: that stamp as
       (``"boot"`` seconds since boot | ``"wall"`` seconds, value), for burst folding;
@@ -154,6 +158,9 @@ class KernelEvent:
     nvlink_unit: str | None = None
     fatal: bool | None = None
     link: int | None = None
+    intr_info: int | None = None
+    error_status: int | None = None
+    nvlink_action: str | None = None
     recovery_action: str | None = None
     log_time: str | None = None
     clock: tuple[str, float] | None = None
