@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 
@@ -356,3 +357,32 @@ def test_a_card_read_in_part_gets_the_rest_of_its_identity_by_uuid(base_config):
         "NVIDIA A100-SXM4-80GB",
         "a100",
     )
+
+
+def test_nvlink5_xids_the_catalog_ignores_do_not_escalate(base_config):
+    """XID 149 twice a day isolates the card (catalog: NETIR_LINK_DOWN "REPORT_ISSUE (if
+    seen >1 per day)"), but not when the decode of the line is IGNORE (NETIR_BER_EVENT,
+    NETIR_LINK_EVT sub-code 38): those need no action, their repeats none either."""
+    from hetpatrol.schema import CardRecord
+
+    p = make_patroller(base_config, {"nvidia": _ByUuid()}, recovery=3)
+    now = 1_800_000_000.0
+    clock = {"wall": now}
+    p.monotonic = lambda: clock["wall"] - now  # no step: it follows the wall times below
+    card = CardRecord(vendor="nvidia", index=0, uuid="GPU-a", bus_id="0000:00:00.0")
+
+    def event(t, action):
+        ts = datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat()
+        return {"xid": 149, "reason": None, "uuid": "GPU-a", "bus_id": "0000:00:00.0",
+                "ts": ts, "in_window": True, "nvlink_action": action}  # fmt: skip
+
+    def patrol(t, action):
+        clock["wall"] = t
+        p._assign_actions([card], [], [event(t, action)], t)
+
+    patrol(now - 7200, "IGNORE")
+    patrol(now, "IGNORE")
+    assert card.action == "none"
+    patrol(now + 10, "RESET_GPU")
+    patrol(now + 20, "RESET_GPU")
+    assert (card.action, card.action_code) == ("isolate_card", "xid149_repeat")
