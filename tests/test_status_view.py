@@ -179,7 +179,7 @@ def test_findings_wrap_to_the_terminal_width(tmp_path):
     xid = next(i for i, x in enumerate(lines) if x.startswith("      critical xid: kernel log"))
     # the continuation lines hang under the text, not under the severity word
     assert lines[xid + 1].startswith("               ") and "XID 149" in " ".join(
-        lines[xid : xid + 4]
+        x.strip() for x in lines[xid : xid + 6]
     )
 
 
