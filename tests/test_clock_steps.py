@@ -267,3 +267,27 @@ def test_an_old_verdict_is_stale_on_the_boot_clock_whatever_the_wall_says():
     assert 595 < age < 610 and stale
     future = {**doc, "finished_boot": boot[1] + 100}  # after now on this boot: forged
     assert verdict_age(future, time.time(), boot=boot_clock())[1] is True
+
+
+def test_the_prolog_reads_the_state_file_on_the_boot_clock(tmp_path):
+    """The prolog as slurmd runs it (its own clock, the state file on disk): a verdict
+    written a second ago, whose wall time is three hours ahead of the stepped-back
+    clock, is fresh; the same file without this boot's stamp is stale."""
+    import time
+
+    from hetpatrol.slurm.jobguard import guard
+
+    boot = boot_clock()
+    assert boot is not None
+    doc = state_document(_Report(time.time()), 10.0)
+    doc["finished"] += 3 * HOUR  # written before the clock was stepped back 3 h
+    doc["health"], doc["exit_code"], doc["action"] = "ok", 0, "none"
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(doc))
+    env = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"}
+    got = guard(env, path)
+    assert got.ok and "stale" not in got.reason, got
+    del doc["boot_id"], doc["finished_boot"]
+    path.write_text(json.dumps(doc))
+    got = guard(env, path)
+    assert not got.ok and "stale verdict" in got.reason, got
