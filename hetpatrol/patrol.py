@@ -26,7 +26,7 @@ from typing import Any
 from hetpatrol import processes
 from hetpatrol.actions import findings as action_findings
 from hetpatrol.actions.apply import judge_card, kernel_event_key, state_keys
-from hetpatrol.actions.escalation import Escalation, card_identity
+from hetpatrol.actions.escalation import CARD_MISSING_KEY, Escalation, card_identity
 from hetpatrol.actions.vocabulary import highest
 from hetpatrol.bounded import HANG_MARGIN_SECONDS, BoundedCollector
 from hetpatrol.checks import kernel_events
@@ -126,6 +126,8 @@ class Patroller:
         #: critical node findings of the last patrols, held after they go: check ->
         #: (finding, patrols since it was last seen)
         self._held_node: dict[str, tuple[Finding, int]] = {}
+        #: the cards gone from their collector's list in this patrol (for escalation)
+        self._gone_now: list[CardRecord] = []
         #: published verdict and recovery streak of every card, by identity (UUID,
         #: serial, bus id; the position only for a card never read with any of them)
         self._tracked: list[_Tracked] = []
@@ -197,6 +199,7 @@ class Patroller:
         self.seq += 1
         started = time.time()
         t0 = time.monotonic()
+        self._gone_now = []
         started_now = {name: bc.start() for name, bc in self._collectors.items()}
         results: list[CollectResult] = []
         for name, bc in self._collectors.items():
@@ -358,6 +361,8 @@ class Patroller:
             esc.observe_event(card_identity(event), key, _epoch(event.get("ts"), now), now)
         for rec in cards:
             esc.observe_present(card_identity(rec), state_keys(rec.findings, levels), now)
+        for gone in self._gone_now:  # a card gone from its list holds card:missing
+            esc.observe_present(card_identity(gone), {CARD_MISSING_KEY}, now)
         esc.observe_present(NODE_IDENTITY, state_keys(node_findings, levels), now)
         esc.decay(now)
         verdicts = []
@@ -433,6 +438,8 @@ class Patroller:
             _identities(r)[0]: r.identity() for r in result.records
         } | {_identities(c)[0]: c for c in gone}
         severity = HEALTH_UNKNOWN if result.error else HEALTH_CRITICAL
+        if severity == HEALTH_CRITICAL:  # a damaged read is no proof the card went
+            self._gone_now.extend(gone)
         need = self.config.recovery_patrols
         before = self._missing.get(result.collector, {})
         gone_ids = {_identities(c)[0] for c in gone}

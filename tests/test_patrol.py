@@ -7,6 +7,7 @@ import json
 import time
 
 import jsonschema
+import pytest
 from fakes import Scripted, make_patroller
 
 from hetpatrol.schema import jsonl_json_schema
@@ -205,46 +206,68 @@ def test_an_npu_gone_from_npu_smi_is_a_card_missing_finding(tmp_path):
         patroller.close()
 
 
-def test_a_card_that_drops_out_now_and_then_is_held_by_identity(base_config):
-    """A GPU that vanishes one patrol in five (a flaky riser) made the node critical,
-    then ok, drained and resumed each time. Listed again it is held critical until
-    ``recovery_patrols`` (3) patrols in a row list it, so with ``resume_after_patrols``
-    (3) the node is drained once and never resumed in 40 patrols. The hold follows the
-    UUID: the GPUs after it move down one index while it is gone and no other card is
-    held."""
+def _drains_and_resumes(reports, resume_after=3):
+    """Drains and resumes the drain policy would make of these patrols: a patrol with a
+    drain action drains (hetpatrol.slurm.drain.drain_needs), ``resume_after`` healthy
+    (ok or warning) patrols in a row resume (DrainPolicy._decide's rule)."""
+    from hetpatrol.slurm.drain import drain_needs
+
+    drains = resumes = healthy = 0
+    drained = False
+    for report in reports:
+        if drain_needs(report):
+            healthy = 0
+            drains += not drained
+            drained = True
+        elif report.health in ("ok", "warning"):
+            healthy += 1
+            if drained and healthy >= resume_after:
+                resumes, drained = resumes + 1, False
+        else:
+            healthy = 0
+    return drains, resumes
+
+
+@pytest.mark.parametrize(("period", "expected"), [(5, (1, 0)), (7, (2, 1))])
+def test_a_card_that_drops_out_now_and_then_is_held_by_identity(base_config, period, expected):
+    """A GPU that vanishes one patrol in seven (the hostile trial: 5 drains and 5 resumes
+    in 40 patrols) or in five. Listed again it keeps its ``card_missing`` finding until
+    ``recovery_patrols`` (3) patrols in a row list it, and gone twice in a day it is
+    isolated by its UUID (rule ``card_missing_repeat``) until an operator clears it: one
+    drain for a drop every five patrols, two drains and one resume for one every seven.
+    The hold follows the UUID: the GPUs after it move down one index while it is gone and
+    no other card is held."""
     c = _ByUuid()
     p = make_patroller(base_config, {"nvidia": c}, recovery=3)
     every = list(c.cards)
-    verdicts = []
+    reports = []
     for n in range(1, 41):
-        c.cards = [x for x in every if x[0] != "GPU-a"] if n % 5 == 0 else list(every)
+        c.cards = [x for x in every if x[0] != "GPU-a"] if n % period == 0 else list(every)
         report = p.run()
-        verdicts.append(report.health)
-        if n == 6:  # back for one patrol: held, by its UUID, and named as held
+        reports.append(report)
+        if n == period + 1:  # back for one patrol: held, by its UUID, and named as held
             (f,) = report.node_findings
             assert (f.check, f.severity, f.action) == ("card_missing", "critical", "reboot_node")
             assert f.message == (
                 "nvidia: 1 card(s) listed again, held until listed 3 patrols in a row: "
                 "nvidia/0 1 of 3"
             )
-            assert [(r.uuid, r.health) for r in report.cards] == [
-                ("GPU-a", "ok"),
-                ("GPU-b", "ok"),
-                ("GPU-c", "ok"),
+            assert [(r.uuid, r.health, r.action) for r in report.cards] == [
+                ("GPU-a", "ok", "none"),
+                ("GPU-b", "ok", "none"),
+                ("GPU-c", "ok", "none"),
             ]
-    drains = resumes = healthy = 0
-    drained = False
-    for v in verdicts:  # the drain policy's rule: critical drains, 3 healthy resume
-        if v == "critical":
-            healthy = 0
-            drains += not drained
-            drained = True
-        else:
-            healthy += 1
-            if drained and healthy >= 3:
-                resumes, drained = resumes + 1, False
-    assert verdicts[:4] == ["ok"] * 4 and verdicts[4:7] == ["critical"] * 3
-    assert (drains, resumes) == (1, 0)
+        if n == 2 * period + 1:  # gone twice: GPU-a alone is isolated
+            assert [(r.uuid, r.action) for r in report.cards] == [
+                ("GPU-a", "isolate_card"),
+                ("GPU-b", "none"),
+                ("GPU-c", "none"),
+            ]
+            assert report.cards[0].action_code == "card_missing_repeat"
+    verdicts = [r.health for r in reports]
+    assert verdicts[: period - 1] == ["ok"] * (period - 1)
+    assert verdicts[period - 1 : period + 2] == ["critical"] * 3
+    assert _drains_and_resumes(reports) == expected
 
 
 def test_a_critical_node_finding_is_held_after_it_goes(base_config):

@@ -30,7 +30,8 @@ Two kinds of rules:
   recovered).
 
 Keys name a code or a class: ``xid:48``, ``ascend:81078603``,
-``ascend_level:RestartRequest``, ``check:collector_hung``.
+``ascend_level:RestartRequest``, ``check:collector_hung``, ``card:missing`` (held by a
+card's own identity while it is gone from its vendor's list).
 
 Defaults (:data:`DEFAULT_FREQUENCY_RULES`, :data:`DEFAULT_DURATION_RULES`) and their
 sources are given rule by rule below. Standard library only.
@@ -54,6 +55,9 @@ from hetpatrol.actions.vocabulary import (
 
 STATE_SCHEMA = "hetpatrol.escalation/1"
 DAY = 86400.0
+
+#: the key a card holds while it is gone from its vendor's list (``card_missing``)
+CARD_MISSING_KEY = "card:missing"
 
 #: most occurrences kept per card and key (a storm must not grow the state file)
 MAX_EVENTS_PER_KEY = 256
@@ -130,6 +134,16 @@ DEFAULT_FREQUENCY_RULES: tuple[FrequencyRule, ...] = (
         ISOLATE_CARD,
         source="NVIDIA XID catalog, step 3: 'If the issue reoccurs ... the Investigatory "
         "Action column provides guidance' (CONTACT_SUPPORT / INVESTIGATE_SW for these)",
+    ),
+    FrequencyRule(
+        "card_missing_repeat",
+        frozenset({CARD_MISSING_KEY}),
+        2,
+        DAY,
+        ISOLATE_CARD,
+        source="a card gone from its vendor's list is a GPU off the bus (XID 79, in "
+        "xid_reset_repeat above): gone twice in 24 h, by its identity, it is isolated "
+        "until an operator clears it, not drained and resumed at each drop",
     ),
     FrequencyRule(
         "xid94_repeat",
@@ -324,12 +338,17 @@ class Escalation:
         return step
 
     # ------------------------------------------------------------------ input
-    def observe_event(self, identity: str, key: str, ts: float, now: float) -> bool:
+    def observe_event(
+        self, identity: str, key: str, ts: float, now: float, *, reread: bool = True
+    ) -> bool:
         """Count one occurrence of ``key`` that happened at ``ts`` on card ``identity``.
 
         Returns False (not counted) when no frequency rule names the key, when ``ts`` is
         older than every window of the key's rules (a stale record read at start), in
-        the future beyond :data:`FUTURE_SLACK_SECONDS`, or already counted."""
+        the future beyond :data:`FUTURE_SLACK_SECONDS`, or already counted (``reread``:
+        an occurrence within a second of a counted one is the same kernel record read
+        again; False for a state seen coming back, which is a new occurrence however
+        soon)."""
         rules = [r for r in self.rules.frequency if key in r.keys]
         if not rules or _finite(ts) is None:
             return False
@@ -340,7 +359,7 @@ class Escalation:
         times = card.events.setdefault(key, [])
         # the same record read again (a restarted daemon reads the kernel's ring buffer
         # from its start; its wall time is derived anew, within a second of the first)
-        if any(abs(ts - t) < 1.0 for t in times):
+        if reread and any(abs(ts - t) < 1.0 for t in times):
             return False
         times.append(ts)
         times.sort()
@@ -410,7 +429,7 @@ class Escalation:
         before = set(card.present) if card is not None else set()
         counted = []
         for key in sorted((keys & freq) - before):
-            if self.observe_event(identity, key, now, now):
+            if self.observe_event(identity, key, now, now, reread=False):
                 counted.append(key)
         now_present = sorted(keys & freq)
         card = self._cards.get(identity)
