@@ -21,7 +21,7 @@ import stat
 import time
 from collections.abc import Mapping
 
-from hetpatrol.exporters.state import STATE_SCHEMA, read_state
+from hetpatrol.exporters.state import STATE_SCHEMA, boot_clock, read_state
 from hetpatrol.output import silence_stdout, write_stdout
 from hetpatrol.verdict import EXIT_CODES
 
@@ -132,14 +132,47 @@ def stale_limit(doc: Mapping[str, Any], max_age: float | None = None) -> float:
     return limit if math.isfinite(limit) else DEFAULT_MAX_AGE_SECONDS
 
 
+def boot_age(doc: Mapping[str, Any], boot: tuple[str, float] | None) -> float | None:
+    """Seconds since the patrol on this boot's clock (``finished_boot`` of a document
+    written in the boot ``boot`` names: (boot id, ``CLOCK_BOOTTIME`` seconds now)), or
+    None when the document was written in another boot, has no such time, or one after
+    ``boot``'s (not to be trusted)."""
+    if boot is None or doc.get("boot_id") != boot[0]:
+        return None
+    finished = doc.get("finished")
+    if isinstance(finished, bool) or not isinstance(finished, (int, float)):
+        return None
+    if not math.isfinite(finished):
+        return None  # no patrol time at all: a damaged file, whatever else it says
+    value = doc.get("finished_boot")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or value > boot[1] + 1.0:
+        return None
+    return max(0.0, boot[1] - float(value))
+
+
 def verdict_age(
-    doc: Mapping[str, Any], now: float | None = None, max_age: float | None = None
+    doc: Mapping[str, Any],
+    now: float | None = None,
+    max_age: float | None = None,
+    *,
+    boot: tuple[str, float] | None = None,
 ) -> tuple[float, bool]:
     """(age in seconds, stale?) of a state document, for ``check`` and ``status`` alike.
 
-    A missing, non-finite or future (see :func:`patrol_time`) patrol time gives
-    ``(nan, True)``: stale, whatever the interval says.
+    The age is read on this boot's clock when the document was written in this boot
+    (:func:`boot_age`; ``boot``: (boot id, ``CLOCK_BOOTTIME`` seconds), read here when
+    ``now`` is not given): a step of the wall clock (+2 h, -3 h) neither makes a fresh
+    verdict stale nor a stale one fresh. Else the wall clock: a missing, non-finite or
+    future (see :func:`patrol_time`) patrol time gives ``(nan, True)``: stale,
+    whatever the interval says.
     """
+    if now is None and boot is None:
+        boot = boot_clock()
+    on_boot = boot_age(doc, boot)
+    if on_boot is not None:
+        return on_boot, on_boot > stale_limit(doc, max_age)
     now = time.time() if now is None else now
     finished = patrol_time(doc, now)
     if finished is None:
@@ -256,6 +289,7 @@ def check(
 def _check(
     state_path: str | Path, max_age: float | None = None, now: float | None = None
 ) -> tuple[int, str]:
+    boot = boot_clock() if now is None else None  # a given `now` is a test's clock
     now = time.time() if now is None else now
     try:
         doc = read_trusted_state(state_path)
@@ -275,7 +309,7 @@ def _check(
     code = verdict_code(doc)  # the verdict itself, not a copied number
     if code is None:
         return EXIT_UNKNOWN, f"HETPATROL UNKNOWN - state file {state_path} has no verdict"
-    age, stale = verdict_age(doc, now, max_age)
+    age, stale = verdict_age(doc, now, max_age, boot=boot)
     if not math.isfinite(age):
         return EXIT_UNKNOWN, (
             f"HETPATROL UNKNOWN - state file {state_path} has an impossible patrol time "

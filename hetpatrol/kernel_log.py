@@ -134,7 +134,11 @@ class KernelEvent:
     - ``bus_id``: normalised ``0000:9b:00.0`` (the Xid line omits the function: ``.0``);
     - ``message``: the text after the XID number and the ``pid=``/``name=`` fields;
     - ``pid``/``process``: from ``pid=``/``name=`` (``None`` when ``<unknown>`` or absent);
-    - ``nvlink_unit``/``fatal``/``link``: NVLink5 XIDs 144-150 (``NETIR``, True, 13);
+    - ``nvlink_unit``/``fatal``/``link``: NVLink5 XIDs 144-150 (``NETIR``, True, 13;
+      ``fatal`` is the printed word, None when the line prints none); ``intr_info`` /
+      ``error_status``: its first two hex words; ``nvlink_action``: what NVIDIA's XID
+      catalog decodes from them (``RESET_GPU``, ``XID_154_EVAL``, ``IGNORE``; None when
+      it cannot be decoded), the vendor plugin's decode;
     - ``recovery_action``: XID 154's new action (``None``, ``GPU Reset Required``...);
     - ``log_time``: the time stamp as the line wrote it; ``clock``: that stamp as
       (``"boot"`` seconds since boot | ``"wall"`` seconds, value), for burst folding;
@@ -154,6 +158,9 @@ class KernelEvent:
     nvlink_unit: str | None = None
     fatal: bool | None = None
     link: int | None = None
+    intr_info: int | None = None
+    error_status: int | None = None
+    nvlink_action: str | None = None
     recovery_action: str | None = None
     log_time: str | None = None
     clock: tuple[str, float] | None = None
@@ -436,6 +443,11 @@ class ReadResult:
     tell (``/dev/kmsg``: boot time + the record's microseconds), else ``None`` (the time
     of this read is used). ``state`` is ``ok``, ``absent`` (no log here, or no right to
     read it: said once, never an error per patrol) or ``failed``.
+
+    ``boot_clock``: the events' ``("boot", seconds)`` stamps are this boot's monotonic
+    clock (``/dev/kmsg`` records: the kernel's ``local_clock()`` microseconds), so the
+    window can be timed on them whatever the wall clock does; False for a recorded log
+    (its ``[secs]`` stamps are another boot's).
     """
 
     events: list[tuple[KernelEvent, float | None]] = field(default_factory=list)
@@ -443,6 +455,7 @@ class ReadResult:
     state: str = "ok"
     error: str | None = None
     lost: int = 0
+    boot_clock: bool = False
 
 
 class KmsgReader:
@@ -503,7 +516,7 @@ class KmsgReader:
             if why is not None:
                 self.close()
                 return ReadResult(state="failed", error=why)
-        result = ReadResult()
+        result = ReadResult(boot_clock=True)
         raw_records: list[str] = []
         for _ in range(MAX_RECORDS_PER_POLL):
             try:
@@ -614,8 +627,9 @@ class TextLogReader:
 class KernelOccurrence:
     """One episode of a fault: the first event and the repeats folded into it.
 
-    ``first_ts``/``last_ts`` are wall times; ``count`` counts the records folded in
-    (1 for a single line). ``id`` numbers episodes in the order they were first read.
+    ``first_ts``/``last_ts`` are wall times (for the event lines, as the wall clock
+    said when the record was read); ``count`` counts the records folded in (1 for a
+    single line). ``id`` numbers episodes in the order they were first read.
     """
 
     id: int
@@ -659,6 +673,8 @@ class _Episode:
     last_ts: float
     count: int
     last_clock: tuple[str, float] | None
+    #: the monotonic time of the last record: what the window is timed on
+    last_mono: float = 0.0
 
     def frozen(self) -> KernelOccurrence:
         return KernelOccurrence(self.id, self.event, self.first_ts, self.last_ts, self.count)
@@ -674,6 +690,13 @@ class KernelLog:
 
     ``replay``: the source is the ``kmsg.txt`` of a replay directory (a recording, not
     this host's kernel log: a recording without one is no fault of the node).
+
+    Time: ``clock`` is the wall clock (seconds since the epoch, for the event lines'
+    ``ts``); ``monotonic`` times the window and the folding (default
+    ``time.monotonic`` when ``clock`` is the wall clock, else ``clock`` itself). A step
+    of the wall clock (NTP, an operator's ``date -s``) neither ages a fault out of the
+    window (+2 h) nor brings one back into it (-3 h). A ``/dev/kmsg`` record is timed
+    by its own stamp (the kernel's monotonic microseconds since boot).
     """
 
     def __init__(
@@ -683,6 +706,7 @@ class KernelLog:
         window_seconds: float = 3600.0,
         burst_seconds: float = 5.0,
         clock=time.time,
+        monotonic=None,
         replay: bool = False,
     ):
         self.reader = reader
@@ -690,6 +714,9 @@ class KernelLog:
         self.window_seconds = float(window_seconds)
         self.burst_seconds = float(burst_seconds)
         self._clock = clock
+        if monotonic is None:
+            monotonic = time.monotonic if clock is time.time else clock
+        self._monotonic = monotonic
         self._episodes: dict[tuple[str, str, str], list[_Episode]] = {}
         self._totals: dict[tuple[str, str, str], int] = {}
         self._uuids: dict[str, str] = {}
@@ -708,41 +735,47 @@ class KernelLog:
     def close(self) -> None:
         self.reader.close()
 
-    def _folds(self, ep: _Episode, ev: KernelEvent, ts: float) -> bool:
+    def _folds(self, ep: _Episode, ev: KernelEvent, mono: float) -> bool:
         a, b = ep.last_clock, ev.clock
         if a is not None and b is not None and a[0] == b[0]:
             return abs(b[1] - a[1]) <= self.burst_seconds
-        return abs(ts - ep.last_ts) <= self.burst_seconds
+        return abs(mono - ep.last_mono) <= self.burst_seconds
 
     def poll(self) -> KernelLogSnapshot:
         """Read what is new and return this patrol's view."""
         now = self._clock()
+        mono_now = self._monotonic()
         result = self.reader.read()
         self._uuids.update(result.uuids)
         self._lost += result.lost
         new: list[_Episode] = []
         for ev, when in result.events:
             ts = now if when is None else when
+            if result.boot_clock and ev.clock is not None and ev.clock[0] == "boot":
+                mono = min(ev.clock[1], mono_now)  # the record's own monotonic stamp
+            else:  # a recorded log: as old as the reader says, on this read's clock
+                mono = mono_now - max(0.0, now - ts)
             key = ev.key
             self._totals[key] = self._totals.get(key, 0) + 1
             episodes = self._episodes.setdefault(key, [])
             last = episodes[-1] if episodes else None
-            if last is not None and self._folds(last, ev, ts):
+            if last is not None and self._folds(last, ev, mono):
                 last.count += 1
                 last.last_ts = max(last.last_ts, ts)
+                last.last_mono = max(last.last_mono, mono)
                 last.last_clock = ev.clock or last.last_clock
                 continue
-            ep = _Episode(self._next_id, ev, ts, ts, 1, ev.clock)
+            ep = _Episode(self._next_id, ev, ts, ts, 1, ev.clock, mono)
             self._next_id += 1
             episodes.append(ep)
             del episodes[:-MAX_OCCURRENCES_PER_KEY]
             new.append(ep)
-        since = now - self.window_seconds
+        since = mono_now - self.window_seconds
         window: list[_Episode] = []
         counts: dict[tuple[str, str, str], int] = {}
         for key, episodes in self._episodes.items():
             for ep in episodes:
-                if ep.last_ts >= since:
+                if ep.last_mono >= since:
                     window.append(ep)
                     counts[key] = counts.get(key, 0) + ep.count
         window.sort(key=lambda e: e.id)

@@ -26,7 +26,7 @@ from typing import Any
 from hetpatrol import processes
 from hetpatrol.actions import findings as action_findings
 from hetpatrol.actions.apply import judge_card, kernel_event_key, state_keys
-from hetpatrol.actions.escalation import Escalation, card_identity
+from hetpatrol.actions.escalation import CARD_MISSING_KEY, Escalation, card_identity
 from hetpatrol.actions.vocabulary import highest
 from hetpatrol.bounded import HANG_MARGIN_SECONDS, BoundedCollector
 from hetpatrol.checks import kernel_events
@@ -66,6 +66,9 @@ def default_node_checks() -> list[NodeCheck]:
     return [GresCheck()]
 
 
+#: node findings held by their own rule, not by ``_hold_node_findings``: per card
+#: (``card_missing``), by the kernel log's window (``xid``, ``kernel_fault``)
+_OWN_HOLD = frozenset({"card_missing", "xid", "kernel_fault"})
 #: the escalation identity of node findings (a hung collector, a missing card)
 NODE_IDENTITY = "node"
 
@@ -117,6 +120,14 @@ class Patroller:
         self._last_cards: dict[str, list[CardRecord]] = {}
         #: every card each collector listed since start, by identity (see _missing_finding)
         self._seen_cards: dict[str, dict[tuple, CardRecord]] = {}
+        #: per collector, the cards missing at the last patrol or listed again since and
+        #: still held: identity -> (card, severity of its finding, good patrols since back)
+        self._missing: dict[str, dict[tuple, tuple[CardRecord, str, int]]] = {}
+        #: critical node findings of the last patrols, held after they go: check ->
+        #: (finding, patrols since it was last seen)
+        self._held_node: dict[str, tuple[Finding, int]] = {}
+        #: the cards gone from their collector's list in this patrol (for escalation)
+        self._gone_now: list[CardRecord] = []
         #: published verdict and recovery streak of every card, by identity (UUID,
         #: serial, bus id; the position only for a card never read with any of them)
         self._tracked: list[_Tracked] = []
@@ -126,6 +137,9 @@ class Patroller:
         #: escalation counts by card identity (restored from the state file by the daemon)
         self.escalation = Escalation(config.actions.escalation)
         self._lock = threading.Lock()
+        #: the monotonic clock escalation spans are checked against (a test's may follow
+        #: the wall times it passes)
+        self.monotonic = time.monotonic
         if collectors is not None:
             timeouts = {c.name: c.timeout_seconds for c in config.collectors}
             for name, collector in collectors.items():
@@ -159,6 +173,8 @@ class Patroller:
         self._tracked = previous._tracked
         self._last_cards = previous._last_cards
         self._seen_cards = previous._seen_cards
+        self._missing = previous._missing
+        self._held_node = previous._held_node
         self._last_collector_state = previous._last_collector_state
         self.run_id = previous.run_id
         self.escalation = previous.escalation
@@ -183,6 +199,7 @@ class Patroller:
         self.seq += 1
         started = time.time()
         t0 = time.monotonic()
+        self._gone_now = []
         started_now = {name: bc.start() for name, bc in self._collectors.items()}
         results: list[CollectResult] = []
         for name, bc in self._collectors.items():
@@ -270,6 +287,7 @@ class Patroller:
                     f"no card was found on this node ({states}): nothing was patrolled",
                 )
             )
+        node_findings = self._hold_node_findings(node_findings)
         health = worst(*(c.health for c in cards), *(f.severity for f in node_findings))
         node_action = self._assign_actions(cards, node_findings, kernel.events, time.time())
         finished = time.time()
@@ -332,13 +350,19 @@ class Patroller:
         settings = self.config.actions
         levels = action_findings.bundled_levels()
         esc = self.escalation
+        # a step of the wall clock moves the stored times with it: spans stay monotonic
+        esc.note_clock(now, self.monotonic())
         for event in events:  # a fault read once counts once (not read again on reload)
             if event.get("in_window") is False or not (event.get("uuid") or event.get("bus_id")):
                 continue
+            if event.get("nvlink_action") in ("IGNORE", "XID_154_EVAL"):
+                continue  # the catalog's decode needs no action: no repeat to escalate
             key = kernel_event_key(event.get("xid"), event.get("reason"))
             esc.observe_event(card_identity(event), key, _epoch(event.get("ts"), now), now)
         for rec in cards:
             esc.observe_present(card_identity(rec), state_keys(rec.findings, levels), now)
+        for gone in self._gone_now:  # a card gone from its list holds card:missing
+            esc.observe_present(card_identity(gone), {CARD_MISSING_KEY}, now)
         esc.observe_present(NODE_IDENTITY, state_keys(node_findings, levels), now)
         esc.decay(now)
         verdicts = []
@@ -387,7 +411,13 @@ class Patroller:
         or ``unknown`` when this patrol's output was itself damaged (``result.error`` on
         an ok collector: a dropped row is no proof the card is gone). Cards are matched
         by UUID, serial or bus id (indexes may shift when one goes); it stays until the
-        card is listed again or the daemon restarts."""
+        card is listed again or the daemon restarts.
+
+        A card listed again is held as it was (the same finding, the same severity, so
+        the same action and drain) until ``recovery_patrols`` patrols in a row have
+        listed it, as a bad card's verdict is held (``_apply_recovery``): a card that
+        drops out now and then does not drain and resume the node each time. The hold
+        follows the card's identity, never its position."""
         if result.state != STATE_OK:
             return None
         seen = self._seen_cards.get(result.collector, {})
@@ -396,7 +426,72 @@ class Patroller:
         self._seen_cards[result.collector] = {
             card_identities(r)[0]: r.identity() for r in result.records
         } | {card_identities(c)[0]: c for c in gone}
-        return card_missing_finding(result.collector, gone, result.error)
+        present = {i for r in result.records for i in card_identities(r)}
+        severity = HEALTH_UNKNOWN if result.error else HEALTH_CRITICAL
+        if severity == HEALTH_CRITICAL:  # a damaged read is no proof the card went
+            self._gone_now.extend(gone)
+        need = self.config.recovery_patrols
+        before = self._missing.get(result.collector, {})
+        gone_ids = {card_identities(c)[0] for c in gone}
+        back: list[tuple[CardRecord, str, int]] = []  # listed again, still held
+        for ident, (card, was, streak) in before.items():
+            if ident in gone_ids or not present.intersection(card_identities(card)):
+                continue
+            if streak + 1 < need:
+                back.append((card, was, streak + 1))
+        self._missing[result.collector] = {
+            card_identities(c)[0]: (c, severity, 0) for c in gone
+        } | {card_identities(c)[0]: (c, was, streak) for c, was, streak in back}
+        if not gone and not back:
+            return None
+        parts = []
+        if gone:
+            names = ", ".join(_missing_name(c) for c in gone)
+            parts.append(f"{len(gone)} card(s) listed before no longer listed: {names}")
+        if back:
+            names = ", ".join(f"{_missing_name(c)} {n} of {need}" for c, _w, n in back)
+            parts.append(
+                f"{len(back)} card(s) listed again, held until listed {need} patrols "
+                f"in a row: {names}"
+            )
+        return Finding(
+            "card_missing",
+            worst(*([severity] if gone else []), *(w for _c, w, _n in back)),
+            f"{result.collector}: " + "; ".join(parts),
+            value=len(gone) + len(back),
+        )
+
+    def _hold_node_findings(self, findings: list[Finding]) -> list[Finding]:
+        """``findings`` with each critical node finding of an earlier patrol that is no
+        longer raised kept (same check, severity and message, "held" said) until
+        ``recovery_patrols`` patrols in a row have gone without it: the hysteresis a
+        bad card's verdict has (``_apply_recovery``), for the node findings that drain.
+        Not for ``card_missing`` (held per card, by identity: ``_missing_finding``) nor
+        the kernel log's (held by their window)."""
+        need = self.config.recovery_patrols
+        raised = {f.check for f in findings}
+        out = list(findings)
+        held: dict[str, tuple[Finding, int]] = {}
+        for check, (finding, streak) in self._held_node.items():
+            if check in raised:
+                continue  # raised again (critical: held anew below), or no longer critical
+            streak += 1
+            if streak < need:
+                out.append(
+                    Finding(
+                        check,
+                        finding.severity,
+                        f"{finding.message} (not raised for {streak} of {need} patrols: held)",
+                        value=finding.value,
+                        threshold=finding.threshold,
+                    )
+                )
+                held[check] = (finding, streak)
+        for f in findings:
+            if f.severity == HEALTH_CRITICAL and f.check not in _OWN_HOLD:
+                held[f.check] = (f, 0)
+        self._held_node = held
+        return out
 
     def _apply_recovery(self, cards: Iterable[CardRecord]) -> list[dict[str, Any]]:
         """Hold a card at its bad verdict until ``recovery_patrols`` good patrols in a row.
@@ -462,6 +557,15 @@ class _Tracked:
             "from": before,
             "to": after,
         }
+
+
+def _missing_name(c: CardRecord) -> str:
+    """``vendor/index[/chip] (bus id)`` of a card in a ``card_missing`` message."""
+    return (
+        f"{c.vendor}/{c.index}"
+        + (f"/{c.chip}" if c.chip is not None else "")
+        + (f" ({c.bus_id})" if c.bus_id else "")
+    )
 
 
 def _card_name(rec: CardRecord) -> str:

@@ -549,6 +549,7 @@ def kernel_event_properties() -> dict[str, Any]:
         "nvlink_unit": string,
         "fatal": {"type": ["boolean", "null"]},
         "link": integer,
+        "nvlink_action": {"enum": ["RESET_GPU", "XID_154_EVAL", "IGNORE", None]},
         "recovery_action": string,
         "count": {"type": "integer", "minimum": 1},
         "window_count": {"type": "integer", "minimum": 0},

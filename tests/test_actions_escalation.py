@@ -223,3 +223,58 @@ def test_every_default_rule_cites_its_source():
     rules = EscalationRules()
     for rule in rules.frequency + rules.duration:
         assert rule.source, rule.name
+
+
+NPU = "serial:033SDH10N2000021"
+CODE = "ascend:81078603"
+
+
+def test_ascend_release_time_window_is_timed_from_the_recovery_not_the_escalation():
+    """MindCluster (Ascend/mind-cluster component/ascend-device-plugin/pkg/common/
+    fault_code.go, handleFrequencyFault): an upgraded fault is released once
+    ``lastRecoverTime >= lastFaultTime`` and ``now - lastRecoverTime >
+    ReleaseTimeWindow`` (172800 s for 81078603): a fault still present is never
+    released, however long ago it was escalated or last occurred."""
+    esc = Escalation()
+    t = T0
+    for _ in range(5):  # five occurrences in the day: isolate_card
+        esc.observe_present(NPU, {CODE}, t)
+        esc.observe_present(NPU, set(), t + 10)
+        t += 600
+    esc.observe_present(NPU, {CODE}, t)  # a sixth, and it stays up
+    assert ("isolate_card", "ascend_81078603") in actions(esc, NPU, t)
+    for day in range(1, 4):  # three days present: two days after escalation and last
+        esc.observe_present(NPU, {CODE}, t + day * DAY)  # occurrence, still held
+        assert ("isolate_card", "ascend_81078603") in actions(esc, NPU, t + day * DAY)
+    cleared = t + 3 * DAY + 60
+    esc.observe_present(NPU, set(), cleared)  # recovered: the window starts here
+    assert ("isolate_card", "ascend_81078603") in actions(esc, NPU, cleared + 2 * DAY - 60)
+    assert ("isolate_card", "ascend_81078603") not in actions(esc, NPU, cleared + 2 * DAY)
+    # the recovery survives a restart
+    again = Escalation()
+    for i in range(5):
+        again.observe_present(NPU, {CODE}, T0 + 600 * i)
+        again.observe_present(NPU, set(), T0 + 600 * i + 10)
+    doc = json.loads(json.dumps(again.to_dict()))
+    back = Escalation.from_dict(doc, T0 + 3000)
+    assert ("isolate_card", "ascend_81078603") in actions(back, NPU, T0 + 3000)
+    assert actions(back, NPU, T0 + 2410 + 2 * DAY) == []
+
+
+def test_ascend_recover_timeout_is_timed_from_the_fault_going_away():
+    """MindCluster FaultDuration (fault_code.go, GetFaultTypeFromFaultDuration): the
+    upgrade is removed once ``FaultRecoverDurationTime > RecoverTimeout``: the time the
+    fault has been recovered, not since it started. 81078603 lasting: FaultTimeout 20,
+    RecoverTimeout 60."""
+    esc = Escalation()
+    esc.observe_present(NPU, {CODE}, T0)
+    esc.observe_present(NPU, {CODE}, T0 + 1000)  # up for 1000 s: lasting, isolate
+    assert ("isolate_card", "ascend_81078603_lasting") in actions(esc, NPU, T0 + 1000)
+    esc.observe_present(NPU, set(), T0 + 1010)  # gone: the 60 s start now
+    esc.observe_present(NPU, set(), T0 + 1040)  # 30 s gone (1040 s after the start)
+    esc.observe_present(NPU, {CODE}, T0 + 1050)  # back within 60 s: the same fault
+    assert ("isolate_card", "ascend_81078603_lasting") in actions(esc, NPU, T0 + 1050)
+    esc.observe_present(NPU, set(), T0 + 1060)
+    esc.observe_present(NPU, set(), T0 + 1120)  # 60 s gone: over
+    esc.observe_present(NPU, {CODE}, T0 + 1130)  # a new fault: 0 s, not lasting
+    assert ("isolate_card", "ascend_81078603_lasting") not in actions(esc, NPU, T0 + 1130)

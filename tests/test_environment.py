@@ -120,3 +120,43 @@ def test_a_fifo_in_the_scanned_root_is_noted_not_waited_on(tmp_path):
     facts = scan(root)
     assert facts.unreadable == {"/etc/environment": "not a regular file"}
     assert facts.ld_paths == {"/etc/ld.so.conf.d/cuda.conf": [CUDA.strip()]}
+
+
+def test_exported_ld_library_path_in_the_shapes_profile_scripts_use(tmp_path):
+    """``export LD_LIBRARY_PATH=...`` as NVIDIA's CUDA Installation Guide for Linux
+    ("Environment Setup") writes it and /etc/profile.d/cuda.sh files copy it, inside an
+    ``if`` block, on one line with ``then``, or with other names on one ``export``."""
+    tail = "${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+    guide = "export LD_LIBRARY_PATH=/usr/local/cuda-12.4/lib64" + tail
+    root = make_root(
+        tmp_path,
+        {
+            "etc/profile.d/cuda.sh": "export PATH=/usr/local/cuda/bin${PATH:+:${PATH}}\n"
+            + guide
+            + "\n",
+            "etc/profile.d/cuda-if.sh": 'if [ -d "/usr/local/cuda-10.1/bin/" ]; then\n'
+            f"    export LD_LIBRARY_PATH=/usr/local/cuda-10.1/lib64{tail}\nfi\n",
+            "etc/profile.d/one-line.sh": "[ -d /usr/local/Ascend ] && export "
+            'LD_LIBRARY_PATH="/usr/local/Ascend/driver/lib64:$LD_LIBRARY_PATH"\n',
+            "etc/profile.d/many.sh": "export PATH=/opt/x/bin "
+            "LD_LIBRARY_PATH=/usr/local/cuda/lib64\n",
+            "etc/profile.d/quiet.sh": "export PATH=/opt/x/bin\necho $LD_LIBRARY_PATH\n",
+        },
+    )
+    f = findings(root)["global_ld_library_path"]
+    assert f.value == [
+        "/etc/profile.d/cuda-if.sh",
+        "/etc/profile.d/cuda.sh",
+        "/etc/profile.d/many.sh",
+        "/etc/profile.d/one-line.sh",
+    ]
+    from hetpatrol.checks.environment import scan
+
+    facts = scan(root)
+    assert facts.ld_library_path["/etc/profile.d/cuda.sh"] == [
+        "/usr/local/cuda-12.4/lib64${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+    ]
+    assert facts.ld_library_path["/etc/profile.d/one-line.sh"] == [
+        "/usr/local/Ascend/driver/lib64:$LD_LIBRARY_PATH"
+    ]
+    assert "/etc/profile.d/quiet.sh" not in facts.ld_library_path

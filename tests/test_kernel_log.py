@@ -664,3 +664,218 @@ def test_a_device_swapped_in_after_the_check_is_closed_unread(monkeypatch):
         "/dev/null is not the kernel log device (character device 1:11, /dev/kmsg): not read",
     )
     assert reads == [] and reader._fd is None
+
+
+XID79_EVENT = parse_text(
+    "NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+)[0]
+
+
+def _one_event_snapshot(ev):
+    class Reader:
+        path = "x"
+
+        def read(self):
+            from hetpatrol.kernel_log import ReadResult
+
+            return ReadResult(events=[(ev, None)])
+
+        def close(self):
+            pass
+
+    return KernelLog(Reader(), window_seconds=3600, clock=_Clock()).poll()
+
+
+def _blind(index, uuid=None):
+    return CardRecord(vendor="nvidia", index=index, bus_id=None, uuid=uuid, health="ok")
+
+
+@pytest.mark.parametrize(
+    ("cards", "matched"),
+    [
+        ([_blind(4)], 4),  # the one GPU without a bus id: by elimination
+        ([_blind(4), _blind(5)], None),  # two: either could be it
+        ([_blind(4), _blind(5, uuid="GPU-e")], None),  # one has a UUID, still no bus id
+        ([_blind(4, uuid="GPU-e")], None),  # another UUID than the event's
+    ],
+)
+def test_an_xid_is_matched_by_elimination_only_to_the_one_gpu_it_can_be(cards, matched):
+    """XID 79 on 0000:9b:00.0 (its UUID named by the log) while NVML reads some GPUs
+    without a bus id: a card without one gets it only when it is the only such card of
+    the vendor (and names no other UUID); else it is a node finding by bus id."""
+    ev = replace(
+        XID79_EVENT, bus_id="0000:9b:00.0", uuid="GPU-f93d72bb-6655-1c83-50ef-7a089581ec38"
+    )
+    cards = [*cards, CardRecord(vendor="nvidia", index=0, bus_id="0000:07:00.0", health="ok")]
+    snap = _one_event_snapshot(ev)
+    lines, node = apply_kernel_log(snap, cards, KernelLogRules(), node="n", seq=1, ts_format=rfc)
+    assert lines[0]["index"] == matched
+    bad = [c.index for c in cards if c.health == "critical"]
+    assert bad == ([] if matched is None else [matched])
+    assert [f.check for f in node] == ([] if matched is not None else ["xid"])
+
+
+# ------------------------------------------------------------------ NVLink5 144-150 decode
+# Expected buckets read by hand off NVIDIA's catalog sheet "XID 144-150 Decode"
+# (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html): the unit from
+# IntrInfo (V1: bits 9:5 with bits 4:0 = XID - 143; V2: bits 6:0), then the row by Error
+# Status, for NETIR_LINK_EVT by the sub-code in IntrInfo[25:20].
+GPUD_PR_1160 = "https://github.com/leptonai/gpud/pull/1160 (description, 2025-12-01)"
+GPUD_TEST = (
+    "leptonai/gpud components/accelerator/nvidia/xid/health_state_test.go "
+    "@4a8de33a3f02e207f39e9023d67125592d599731"
+)
+GPUD_KMSG = (
+    "leptonai/gpud components/accelerator/nvidia/xid/kmsg.go (comment) "
+    "@4a8de33a3f02e207f39e9023d67125592d599731"
+)
+WORDS = "0x00000000 0x00000000 0x00000000 0x00000000"
+NVLINK5_LINES = [
+    # (line, source, catalog bucket, severity)
+    (
+        "NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 "
+        f"(0x00000001 0x00000008 {WORDS})",
+        GPUD_PR_1160,  # V2 unit 1 SAW_MVB, status 0x8: IGNORE
+        "IGNORE",
+        "warning",
+    ),
+    (
+        "NVRM: Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 "
+        f"(0x026001c6 0x00000000 {WORDS})",
+        GPUD_PR_1160,  # V1 unit 14, sub-code 38 (100110): IGNORE, whatever it prints
+        "IGNORE",
+        "warning",
+    ),
+    (
+        "NVRM: Xid (PCI:0008:06:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 0 "
+        f"(0x00000004 0x00000001 {WORDS})",
+        GPUD_TEST,  # V2 unit 4 RLW_REMAP, status 0x1: XID_154_EVAL
+        "XID_154_EVAL",
+        "warning",
+    ),
+    (
+        "NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 "
+        f"(0x004505c6 0x00000000 {WORDS})",
+        GPUD_KMSG,  # V1 unit 14, sub-code 4 (000100): RESET_GPU, INVESTIGATE_LINK_SI
+        "RESET_GPU",
+        "critical",
+    ),
+    (
+        "NVRM: Xid (PCI:0000:04:00): 145, RLW_CTRL Nonfatal XC0 i0 Link 00 "
+        "(0x00000003 0x80000000 0x00000000 0x00000000)",
+        GPUD_TEST,  # V2 unit 3 RLW_CTRL, status 0x80000000: IGNORE
+        "IGNORE",
+        "warning",
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "source", "bucket", "severity"), NVLINK5_LINES)
+def test_nvlink5_xids_are_decoded_as_the_catalog_decodes_them(line, source, bucket, severity):
+    (ev,) = parse_text(line + "\n")
+    assert ev.nvlink_action == bucket, source
+    assert classify(_occ(ev), 1, KernelLogRules())[0] == severity
+
+
+def test_the_recorded_nvlink5_sample_is_decoded_by_intrinfo():
+    """kmsg_xid-149-145-94_nvlink5-format.txt (gpud PR #1174): NETIR V1 unit 0 with
+    sub-code 0 (0x000fe406), NETIR_LINK_EVT sub-code 37 (0x025001c6): RESET_GPU;
+    RLW_RXPIPE (0x0409a0c2, bit 10 clear) with status 0x8: IGNORE."""
+    events = parse_text(sample("kmsg_xid-149-145-94_nvlink5-format.txt"))
+    got = [(e.xid, e.nvlink_unit, e.intr_info, e.error_status, e.nvlink_action) for e in events]
+    assert got == [
+        (149, "NETIR", 0x000FE406, 0, "RESET_GPU"),
+        (149, "NETIR_LINK_EVT", 0x025001C6, 0, "RESET_GPU"),
+        (145, "RLW_RXPIPE", 0x0409A0C2, 0x8, "IGNORE"),
+        (94, None, None, None, None),
+    ]
+
+
+def test_nvlink5_decode_rules_beyond_the_recorded_lines():
+    """Lines made from the recorded ones to reach the other rules of the sheet."""
+    from hetpatrol.collectors.nvidia_kmsg import nvlink5_decode
+
+    # RLW_RXPIPE 0x1 is IGNORE, RESET_GPU ("Action 2") with IntrInfo bit 10 (V1) / 7 (V2)
+    assert nvlink5_decode(145, 0x0409A0C2, 0x1) == "IGNORE"
+    assert nvlink5_decode(145, 0x0409A4C2, 0x1) == "RESET_GPU"
+    assert nvlink5_decode(145, 0x00000086, 0x2) == "RESET_GPU"
+    # a bitmask status: the worst of its bits; a bit the sheet does not list: undecoded
+    assert nvlink5_decode(144, 0x1, 0x1 | 0x10) == "RESET_GPU"
+    assert nvlink5_decode(144, 0x1, 0x40) is None
+    # NETIR_LINK_EVT sub-code 40 (101000) is IGNORE, 42 RESET_GPU, 50 not in the sheet
+    assert nvlink5_decode(149, (40 << 20) | 0x1C6, 0) == "IGNORE"
+    assert nvlink5_decode(149, (42 << 20) | 0x11, 0) == "RESET_GPU"
+    assert nvlink5_decode(149, (50 << 20) | 0x1C6, 0) is None
+    # NETIR_MFDE_EVENT: a value, not a bitmask (0x3 IGNORE, 0x5 RESET_GPU)
+    assert nvlink5_decode(149, 0x246, 0x3) == "IGNORE"
+    assert nvlink5_decode(149, 0x14, 0x5) == "RESET_GPU"
+    assert nvlink5_decode(149, 0x14, 0x2) is None
+    assert nvlink5_decode(150, None, None) == "RESET_GPU"
+    assert nvlink5_decode(146, None, None) is None
+
+
+def test_nvlink5_lines_without_a_decode_go_by_the_printed_word():
+    """No hex words (or a sub-code the sheet does not list): ``Nonfatal`` is a warning,
+    ``Fatal`` and a line printing neither word are critical (never one ambiguous
+    signal made ok)."""
+    rules = KernelLogRules()
+    cases = [
+        ("146, TLW_CTRL Nonfatal XC0 i0 Link 3", False, 3, "warning"),
+        ("146, TLW_CTRL Fatal XC0 i0 Link 3", True, 3, "critical"),
+        ("146, TLW_CTRL XC0 i0 Link 3", None, 3, "critical"),
+        ("149, NETIR_LINK_EVT XC 1 i 2 Link 01 [0x032001c6]", None, 1, "critical"),
+        ("149, NETIR_LINK_EVT Nonfatal XC0 i0 Link 01 (0x032001c6 0x0)", False, 1, "warning"),
+    ]
+    for text, fatal, link, severity in cases:
+        (ev,) = parse_text(f"NVRM: Xid (PCI:0000:04:00): {text}\n")
+        assert (ev.nvlink_action, ev.fatal, ev.link) == (None, fatal, link), text
+        assert classify(_occ(ev), 1, rules)[0] == severity, text
+
+
+def test_a_unit_with_a_slash_and_a_bus_id_without_domain():
+    """The sheet names units V1/V2 (``TLW_RX/TLW_RX_PIPE0``): a name with ``/`` is read
+    whole; ``Xid (PCI:5f:00)`` has no PCI domain: domain 0000."""
+    (ev,) = parse_text(
+        "NVRM: Xid (PCI:5f:00): 146, TLW_RX/TLW_RX_PIPE0 Nonfatal XC0 i0 Link 03 "
+        "(0x0000000a 0x00000004)\n"
+    )
+    assert (ev.bus_id, ev.nvlink_unit, ev.link, ev.nvlink_action) == (
+        "0000:5f:00.0",
+        "TLW_RX/TLW_RX_PIPE0",
+        3,
+        "RESET_GPU",
+    )
+    (ev,) = parse_text("NVRM: Xid (5f:00): 79, pid=1, name=x, GPU has fallen off the bus.\n")
+    assert ev.bus_id == "0000:5f:00.0"
+
+
+def test_a_fatal_word_the_catalog_ignores_makes_no_drain_action():
+    """The XID finding of NETIR_LINK_EVT "Fatal" sub-code 38 is a warning with action
+    watch; sub-code 37 is critical with reset_card."""
+    from hetpatrol.actions.findings import finding_action
+    from hetpatrol.actions.nvidia_xid import xid_action
+
+    for word, (line, *_rest) in (("38", NVLINK5_LINES[1]), ("4", NVLINK5_LINES[3])):
+        log_cards = [CardRecord(vendor="nvidia", index=0, bus_id="0000:00:00.0", health="ok")]
+        ev = parse_text(line.replace("PCI:0018:01:00", "PCI:0000:00:00") + "\n")[0]
+        snap = _one_event_snapshot(ev)
+        apply_kernel_log(snap, log_cards, KernelLogRules(), node="n", seq=1, ts_format=rfc)
+        (f,) = log_cards[0].findings
+        action = finding_action(f)
+        want = ("warning", "watch") if word == "38" else ("critical", "reset_card")
+        assert (f.severity, action.action) == want, word
+    assert xid_action(149, fatal=False).action == "watch"
+
+
+def test_no_intrinfo_fits_both_layouts_of_the_sheet():
+    """V1 (bits 9:5, bits 4:0 = XID - 143) and V2 (bits 6:0) never both fit one IntrInfo
+    with the sheet's unit codes, so IntrInfo alone names the unit."""
+    from hetpatrol.collectors import nvidia_kmsg as k
+
+    rows = [*k._NVLINK5_ROWS, (149, k._LINK_EVT[0], k._LINK_EVT[1], k._LINK_EVT[2], {}, None)]
+    for xid in range(144, 150):
+        mine = [r for r in rows if r[0] == xid]
+        for intr in range(1 << 11):
+            v1 = any(intr & 0x1F == xid - 143 and (intr >> 5) & 0x1F == r[2] for r in mine)
+            v2 = any(intr & 0x7F == r[3] for r in mine)
+            assert not (v1 and v2), (xid, hex(intr))

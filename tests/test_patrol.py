@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 
 import jsonschema
+import pytest
 from fakes import Scripted, make_patroller
 
 from hetpatrol.schema import jsonl_json_schema
@@ -187,10 +189,119 @@ def test_an_npu_gone_from_npu_smi_is_a_card_missing_finding(tmp_path):
         ]
         assert report.health == "unknown"
         table.write_text(text)
+        # listed again: held as it was until listed recovery_patrols (3) times in a row
+        for n in (1, 2):
+            report = patroller.run()
+            assert [(f.check, f.severity, f.message) for f in report.node_findings] == [
+                (
+                    "card_missing",
+                    "unknown",
+                    "ascend: 1 card(s) listed again, held until listed 3 patrols in a row: "
+                    f"ascend/5/0 (0000:02:00.0) {n} of 3",
+                )
+            ]
         report = patroller.run()
         assert (report.node_findings, len(report.cards)) == ((), 8)
     finally:
         patroller.close()
+
+
+def _drains_and_resumes(reports, resume_after=3):
+    """Drains and resumes the drain policy would make of these patrols: a patrol with a
+    drain action drains (hetpatrol.slurm.drain.drain_needs), ``resume_after`` healthy
+    (ok or warning) patrols in a row resume (DrainPolicy._decide's rule)."""
+    from hetpatrol.slurm.drain import drain_needs
+
+    drains = resumes = healthy = 0
+    drained = False
+    for report in reports:
+        if drain_needs(report):
+            healthy = 0
+            drains += not drained
+            drained = True
+        elif report.health in ("ok", "warning"):
+            healthy += 1
+            if drained and healthy >= resume_after:
+                resumes, drained = resumes + 1, False
+        else:
+            healthy = 0
+    return drains, resumes
+
+
+@pytest.mark.parametrize(("period", "expected"), [(5, (1, 0)), (7, (2, 1))])
+def test_a_card_that_drops_out_now_and_then_is_held_by_identity(base_config, period, expected):
+    """A GPU that vanishes one patrol in seven (the hostile trial: 5 drains and 5 resumes
+    in 40 patrols) or in five. Listed again it keeps its ``card_missing`` finding until
+    ``recovery_patrols`` (3) patrols in a row list it, and gone twice in a day it is
+    isolated by its UUID (rule ``card_missing_repeat``) until an operator clears it: one
+    drain for a drop every five patrols, two drains and one resume for one every seven.
+    The hold follows the UUID: the GPUs after it move down one index while it is gone and
+    no other card is held."""
+    c = _ByUuid()
+    p = make_patroller(base_config, {"nvidia": c}, recovery=3)
+    every = list(c.cards)
+    reports = []
+    for n in range(1, 41):
+        c.cards = [x for x in every if x[0] != "GPU-a"] if n % period == 0 else list(every)
+        report = p.run()
+        reports.append(report)
+        if n == period + 1:  # back for one patrol: held, by its UUID, and named as held
+            (f,) = report.node_findings
+            assert (f.check, f.severity, f.action) == ("card_missing", "critical", "reboot_node")
+            assert f.message == (
+                "nvidia: 1 card(s) listed again, held until listed 3 patrols in a row: "
+                "nvidia/0 1 of 3"
+            )
+            assert [(r.uuid, r.health, r.action) for r in report.cards] == [
+                ("GPU-a", "ok", "none"),
+                ("GPU-b", "ok", "none"),
+                ("GPU-c", "ok", "none"),
+            ]
+        if n == 2 * period + 1:  # gone twice: GPU-a alone is isolated
+            assert [(r.uuid, r.action) for r in report.cards] == [
+                ("GPU-a", "isolate_card"),
+                ("GPU-b", "none"),
+                ("GPU-c", "none"),
+            ]
+            assert report.cards[0].action_code == "card_missing_repeat"
+    verdicts = [r.health for r in reports]
+    assert verdicts[: period - 1] == ["ok"] * (period - 1)
+    assert verdicts[period - 1 : period + 2] == ["critical"] * 3
+    assert _drains_and_resumes(reports) == expected
+
+
+def test_a_critical_node_finding_is_held_after_it_goes(base_config):
+    """``nvml_driver`` (critical: reboot_node) raised once is held, said so, for
+    ``recovery_patrols`` - 1 patrols after it goes, as a bad card is."""
+    from hetpatrol.schema import Finding
+
+    p = make_patroller(base_config, {"nvidia": _ByUuid()}, recovery=3)
+    raised = [Finding("nvml_driver", "critical", "driver/library mismatch")]
+    assert p._hold_node_findings(list(raised)) == raised
+    for n in (1, 2):
+        (held,) = p._hold_node_findings([])
+        assert (held.check, held.severity, held.message) == (
+            "nvml_driver",
+            "critical",
+            f"driver/library mismatch (not raised for {n} of 3 patrols: held)",
+        )
+    assert p._hold_node_findings([]) == []
+    # in a patrol: the collector says it once, the node stays critical for two more
+    from hetpatrol.collector import STATE_OK, CollectResult
+
+    class Once(_ByUuid):
+        def collect(self):
+            res = super().collect()
+            self.calls += 1
+            found = list(raised) if self.calls == 1 else []
+            return CollectResult(self.name, res.records, STATE_OK, node_findings=found)
+
+    q = make_patroller(base_config, {"nvidia": Once()}, recovery=3)
+    assert [q.run().health for _ in range(4)] == ["critical", "critical", "critical", "ok"]
+    # raised as a warning: no longer critical, not held
+    p._hold_node_findings(list(raised))
+    warn = [Finding("nvml_driver", "warning", "x")]
+    assert p._hold_node_findings(list(warn)) == warn
 
 
 class _ByUuid(Scripted):
@@ -269,3 +380,32 @@ def test_a_card_read_in_part_gets_the_rest_of_its_identity_by_uuid(base_config):
         "NVIDIA A100-SXM4-80GB",
         "a100",
     )
+
+
+def test_nvlink5_xids_the_catalog_ignores_do_not_escalate(base_config):
+    """XID 149 twice a day isolates the card (catalog: NETIR_LINK_DOWN "REPORT_ISSUE (if
+    seen >1 per day)"), but not when the decode of the line is IGNORE (NETIR_BER_EVENT,
+    NETIR_LINK_EVT sub-code 38): those need no action, their repeats none either."""
+    from hetpatrol.schema import CardRecord
+
+    p = make_patroller(base_config, {"nvidia": _ByUuid()}, recovery=3)
+    now = 1_800_000_000.0
+    clock = {"wall": now}
+    p.monotonic = lambda: clock["wall"] - now  # no step: it follows the wall times below
+    card = CardRecord(vendor="nvidia", index=0, uuid="GPU-a", bus_id="0000:00:00.0")
+
+    def event(t, action):
+        ts = datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat()
+        return {"xid": 149, "reason": None, "uuid": "GPU-a", "bus_id": "0000:00:00.0",
+                "ts": ts, "in_window": True, "nvlink_action": action}  # fmt: skip
+
+    def patrol(t, action):
+        clock["wall"] = t
+        p._assign_actions([card], [], [event(t, action)], t)
+
+    patrol(now - 7200, "IGNORE")
+    patrol(now, "IGNORE")
+    assert card.action == "none"
+    patrol(now + 10, "RESET_GPU")
+    patrol(now + 20, "RESET_GPU")
+    assert (card.action, card.action_code) == ("isolate_card", "xid149_repeat")

@@ -10,17 +10,28 @@ again at start.
 Two kinds of rules:
 
 - :class:`FrequencyRule`: ``times`` occurrences of one of ``keys`` within
-  ``window_seconds`` raise the action to ``action``. The escalation then holds: for
-  ``release_seconds`` after the last occurrence when that is set (MindCluster's
-  ``ReleaseTimeWindow``), else until an operator clears it (:meth:`Escalation.clear`),
-  as MindCluster's ``ManuallySeparateNPU`` does. Occurrences decay: one older than the
+  ``window_seconds`` raise the action to ``action``. The escalation then holds: when
+  ``release_seconds`` is set (MindCluster's ``ReleaseTimeWindow``), until the fault
+  has been recovered (none of the rule's keys present) for ``release_seconds``, timed
+  from that recovery after the last occurrence (a fault read once from the kernel log
+  recovers as it happens); else until an operator clears it
+  (:meth:`Escalation.clear`), as MindCluster's ``ManuallySeparateNPU`` does. Source:
+  Ascend/mind-cluster ``component/ascend-device-plugin/pkg/common/fault_code.go``
+  (commit 22bb3d98), ``handleFrequencyFault``: the upgrade is removed when
+  ``lastRecoverTime >= lastFaultTime`` and ``now - lastRecoverTime >
+  ReleaseTimeWindow``. Occurrences decay: one older than the
   window no longer counts.
 - :class:`DurationRule`: a condition (one of ``keys``) present without a gap for more
   than ``fault_seconds`` raises the action; it is over once the condition has been
-  absent for ``recover_seconds`` (MindCluster ``FaultTimeout`` / ``RecoverTimeout``).
+  absent for ``recover_seconds`` (MindCluster ``FaultTimeout`` / ``RecoverTimeout``),
+  timed from the patrol that first saw it gone, never from the fault's start (the same
+  file, ``GetFaultTypeFromFaultDuration``: the upgrade is removed once
+  ``FaultRecoverDurationTime > RecoverTimeout``, the time the fault has been
+  recovered).
 
 Keys name a code or a class: ``xid:48``, ``ascend:81078603``,
-``ascend_level:RestartRequest``, ``check:collector_hung``.
+``ascend_level:RestartRequest``, ``check:collector_hung``, ``card:missing`` (held by a
+card's own identity while it is gone from its vendor's list).
 
 Defaults (:data:`DEFAULT_FREQUENCY_RULES`, :data:`DEFAULT_DURATION_RULES`) and their
 sources are given rule by rule below. Standard library only.
@@ -45,8 +56,17 @@ from hetpatrol.actions.vocabulary import (
 STATE_SCHEMA = "hetpatrol.escalation/1"
 DAY = 86400.0
 
+#: the key a card holds while it is gone from its vendor's list (``card_missing``)
+CARD_MISSING_KEY = "card:missing"
+
 #: most occurrences kept per card and key (a storm must not grow the state file)
 MAX_EVENTS_PER_KEY = 256
+#: an occurrence stamped at most this far after ``now`` is still "now" (the wall time of
+#: a kernel record is derived anew at each read); one further ahead is never recent
+FUTURE_SLACK_SECONDS = 5.0
+#: the wall clock and the monotonic clock disagreeing by more than this between two
+#: patrols is a step of the wall clock (NTP, ``date -s``), not drift
+CLOCK_STEP_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +134,16 @@ DEFAULT_FREQUENCY_RULES: tuple[FrequencyRule, ...] = (
         ISOLATE_CARD,
         source="NVIDIA XID catalog, step 3: 'If the issue reoccurs ... the Investigatory "
         "Action column provides guidance' (CONTACT_SUPPORT / INVESTIGATE_SW for these)",
+    ),
+    FrequencyRule(
+        "card_missing_repeat",
+        frozenset({CARD_MISSING_KEY}),
+        2,
+        DAY,
+        ISOLATE_CARD,
+        source="a card gone from its vendor's list is a GPU off the bus (XID 79, in "
+        "xid_reset_repeat above): gone twice in 24 h, by its identity, it is isolated "
+        "until an operator clears it, not drained and resumed at each drop",
     ),
     FrequencyRule(
         "xid94_repeat",
@@ -242,6 +272,22 @@ class _Card:
     present: list[str] = field(default_factory=list)
 
 
+def _released(card: _Card, rule: FrequencyRule, held: Mapping[str, Any], now: float) -> bool:
+    """Whether ``rule``'s escalation ``held`` on ``card`` is over at ``now``: the rule
+    has a ``release_seconds`` and the fault was recovered that long ago, after its last
+    occurrence (see the module docstring)."""
+    if rule.release_seconds is None:
+        return False
+    recovered = held.get("recovered")
+    if recovered is None:
+        if rule.keys & set(card.present):
+            return False  # still present: not recovered
+        recovered = held["last"]  # an event without duration recovers as it happens
+    if recovered < held["last"]:
+        return False
+    return now - recovered >= rule.release_seconds
+
+
 def _finite(x: Any) -> float | None:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
@@ -251,31 +297,69 @@ def _finite(x: Any) -> float | None:
 class Escalation:
     """Counts and timers per card identity; see the module docstring.
 
-    Times are wall-clock seconds since the epoch (they must survive a restart).
+    Times are wall-clock seconds since the epoch (they must survive a restart). Within
+    one run the daemon gives :meth:`note_clock` the wall and monotonic clocks each
+    patrol: a step of the wall clock moves every stored time by the step, so a span
+    (a condition lasting, an escalation's release, an occurrence's age) is measured on
+    the monotonic clock. Across a restart (:meth:`from_dict`) no such link exists: a
+    stored time after ``now`` is never taken as recent (an occurrence is dropped, a
+    timer restarts at ``now``).
     """
 
     def __init__(self, rules: EscalationRules | None = None) -> None:
         self.rules = rules or EscalationRules()
         self._cards: dict[str, _Card] = {}
+        #: (wall, monotonic) at the last :meth:`note_clock`
+        self._clock: tuple[float, float] | None = None
+
+    # ------------------------------------------------------------------ clock
+    def note_clock(self, now: float, monotonic: float) -> float:
+        """The wall clock ``now`` and the monotonic clock ``monotonic`` of this patrol
+        (seconds). When the wall clock moved more than :data:`CLOCK_STEP_SECONDS` more
+        (or less) than the monotonic one since the last call, every stored time is
+        moved by that step. Returns the step (0.0: none)."""
+        last, self._clock = self._clock, (now, monotonic)
+        if last is None or _finite(now) is None or _finite(monotonic) is None:
+            return 0.0
+        step = (now - last[0]) - (monotonic - last[1])
+        if abs(step) <= CLOCK_STEP_SECONDS:
+            return 0.0
+        for card in self._cards.values():
+            for key, times in card.events.items():
+                card.events[key] = [t + step for t in times]
+            for held in card.escalated.values():
+                for name in ("since", "last", "recovered"):
+                    if held.get(name) is not None:
+                        held[name] += step
+            for cond in card.conditions.values():
+                cond["since"] += step
+                if cond["absent_since"] is not None:
+                    cond["absent_since"] += step
+        return step
 
     # ------------------------------------------------------------------ input
-    def observe_event(self, identity: str, key: str, ts: float, now: float) -> bool:
+    def observe_event(
+        self, identity: str, key: str, ts: float, now: float, *, reread: bool = True
+    ) -> bool:
         """Count one occurrence of ``key`` that happened at ``ts`` on card ``identity``.
 
         Returns False (not counted) when no frequency rule names the key, when ``ts`` is
         older than every window of the key's rules (a stale record read at start), in
-        the future beyond 300 s, or already counted."""
+        the future beyond :data:`FUTURE_SLACK_SECONDS`, or already counted (``reread``:
+        an occurrence within a second of a counted one is the same kernel record read
+        again; False for a state seen coming back, which is a new occurrence however
+        soon)."""
         rules = [r for r in self.rules.frequency if key in r.keys]
         if not rules or _finite(ts) is None:
             return False
         window = max(r.window_seconds for r in rules)
-        if ts < now - window or ts > now + 300:
+        if ts < now - window or ts > now + FUTURE_SLACK_SECONDS:
             return False
         card = self._cards.setdefault(identity, _Card())
         times = card.events.setdefault(key, [])
         # the same record read again (a restarted daemon reads the kernel's ring buffer
         # from its start; its wall time is derived anew, within a second of the first)
-        if any(abs(ts - t) < 1.0 for t in times):
+        if reread and any(abs(ts - t) < 1.0 for t in times):
             return False
         times.append(ts)
         times.sort()
@@ -291,11 +375,14 @@ class Escalation:
                 held = card.escalated.get(rule.name)
                 card.escalated[rule.name] = {
                     "since": held["since"] if held else ts,
-                    "last": ts,
+                    "last": max(ts, held["last"]) if held else ts,
                     "action": rule.action,
+                    "recovered": None,
                 }
             elif rule.name in card.escalated:
-                card.escalated[rule.name]["last"] = max(card.escalated[rule.name]["last"], ts)
+                held = card.escalated[rule.name]
+                held["last"] = max(held["last"], ts)
+                held["recovered"] = None
         return True
 
     def observe_conditions(self, identity: str, present: Iterable[str], now: float) -> None:
@@ -342,7 +429,7 @@ class Escalation:
         before = set(card.present) if card is not None else set()
         counted = []
         for key in sorted((keys & freq) - before):
-            if self.observe_event(identity, key, now, now):
+            if self.observe_event(identity, key, now, now, reread=False):
                 counted.append(key)
         now_present = sorted(keys & freq)
         card = self._cards.get(identity)
@@ -350,6 +437,13 @@ class Escalation:
             card = self._cards.setdefault(identity, _Card())
         if card is not None:
             card.present = now_present
+            # the fault recovered: none of a rule's keys is present any more
+            for rule in self.rules.frequency:
+                held = card.escalated.get(rule.name)
+                if held is None or held.get("recovered") is not None:
+                    continue
+                if rule.keys & before and not rule.keys & keys:
+                    held["recovered"] = now
         return counted
 
     def clear(self, identity: str, rule_name: str | None = None) -> None:
@@ -379,10 +473,7 @@ class Escalation:
                     del card.events[key]
             for name in list(card.escalated):
                 rule = next((r for r in self.rules.frequency if r.name == name), None)
-                if rule is None or (
-                    rule.release_seconds is not None
-                    and now - card.escalated[name]["last"] >= rule.release_seconds
-                ):
+                if rule is None or _released(card, rule, card.escalated[name], now):
                     del card.escalated[name]
             if not (card.events or card.escalated or card.conditions or card.present):
                 del self._cards[identity]
@@ -396,9 +487,7 @@ class Escalation:
         out = []
         for rule in self.rules.frequency:
             held = card.escalated.get(rule.name)
-            if held is None:
-                continue
-            if rule.release_seconds is not None and now - held["last"] >= rule.release_seconds:
+            if held is None or _released(card, rule, held, now):
                 continue
             what = "/".join(sorted(rule.keys)) if len(rule.keys) <= 3 else "listed codes"
             out.append(
@@ -433,7 +522,7 @@ class Escalation:
     # ------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready state: ``{"schema", "cards": {identity: {"events": {key: [t]},
-        "escalated": {rule: {since, last, action}}, "conditions": {key: {since,
+        "escalated": {rule: {since, last, action, recovered}}, "conditions": {key: {since,
         absent_since}}, "present": [key]}}}``."""
         return {
             "schema": STATE_SCHEMA,
@@ -454,7 +543,13 @@ class Escalation:
         windows, rules that no longer exist and malformed entries are dropped (a damaged
         or foreign document gives an empty state, never an exception). A condition's
         timer is kept: the time the daemon was down counts as the condition going on
-        only if the next patrol still sees it."""
+        only if the next patrol still sees it.
+
+        The wall clock may have been stepped while the daemon was down: an occurrence
+        stamped after ``now`` (beyond :data:`FUTURE_SLACK_SECONDS`) is dropped, and an
+        escalation's or a condition's time after ``now`` becomes ``now`` (the hold goes
+        on, timed afresh: a clock step neither releases a card nor makes a condition
+        look as if it had lasted)."""
         esc = cls(rules)
         if not isinstance(doc, Mapping) or doc.get("schema") != STATE_SCHEMA:
             return esc
@@ -469,18 +564,24 @@ class Escalation:
             for key, times in (raw.get("events") or {}).items():
                 if isinstance(key, str) and isinstance(times, list):
                     kept = sorted(
-                        {t for t in (_finite(x) for x in times) if t is not None and t <= now + 300}
+                        {
+                            t
+                            for t in (_finite(x) for x in times)
+                            if t is not None and t <= now + FUTURE_SLACK_SECONDS
+                        }
                     )
                     if kept:
                         card.events[key] = kept[-MAX_EVENTS_PER_KEY:]
             for name, held in (raw.get("escalated") or {}).items():
                 if name in names and isinstance(held, Mapping):
                     since, last = _finite(held.get("since")), _finite(held.get("last"))
+                    recovered = _finite(held.get("recovered"))
                     if since is not None and last is not None:
                         card.escalated[name] = {
-                            "since": since,
-                            "last": last,
+                            "since": min(since, now),
+                            "last": min(last, now),
                             "action": names[name].action,
+                            "recovered": None if recovered is None else min(recovered, now),
                         }
             for key, cond in (raw.get("conditions") or {}).items():
                 if isinstance(key, str) and isinstance(cond, Mapping):
@@ -488,7 +589,10 @@ class Escalation:
                     absent = cond.get("absent_since")
                     absent = _finite(absent) if absent is not None else None
                     if since is not None:
-                        card.conditions[key] = {"since": since, "absent_since": absent}
+                        card.conditions[key] = {
+                            "since": min(since, now),
+                            "absent_since": None if absent is None else min(absent, now),
+                        }
             present = raw.get("present")
             if isinstance(present, list):
                 card.present = sorted({k for k in present if isinstance(k, str)})

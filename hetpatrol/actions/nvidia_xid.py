@@ -28,9 +28,10 @@ WORKFLOW_XID_48              reset_card      "Solo: RESET_GPU, w/ 63 or 64:
                                              escalated (see escalation.py)
 WORKFLOW_NVLINK_ERR          reset_card      XID 74 trigger text: "A GPU reset or node
                                              reboot is needed to clear this error"
-WORKFLOW_NVLINK5_ERR         reset_card if   the "XID 144-150 Decode" sheet: every Fatal /
-                             Fatal, else     Link Fatal row is RESET_GPU, the Non-fatal
-                             watch           rows are IGNORE or XID_154_EVAL
+WORKFLOW_NVLINK5_ERR         reset_card if   the "XID 144-150 Decode" sheet, by IntrInfo and
+                             the decode is   Error Status (the kernel log's judge decodes
+                             RESET_GPU,      the line: its XID finding is critical for
+                             else watch      RESET_GPU); IGNORE / XID_154_EVAL rows watch
 CHECK_UVM                    reset_card      "If UVM/vGPU is being utilized, RESET_GPU":
                                              nvidia-uvm is loaded on every CUDA node
 RESTART_BM                   reboot_node     "Restart bare metal, system should be
@@ -314,9 +315,11 @@ def xid_action(
 ) -> ActionVerdict:
     """The action for one XID.
 
-    ``xid``: the XID number (int or decimal text); ``fatal``: the NVLink5 (144-150)
-    ``Fatal``/``Nonfatal`` word when the line had one (None = not said: counted as
-    fatal, as :func:`hetpatrol.checks.kernel_events.classify` does); ``recovery_action``:
+    ``xid``: the XID number (int or decimal text); ``fatal``: for NVLink5 (144-150),
+    whether the catalog's decode of the line is RESET_GPU (the XID finding is critical:
+    :func:`hetpatrol.checks.kernel_events.classify` decodes IntrInfo and Error Status,
+    the printed word only when the line cannot be decoded); None = not known: counted
+    as fatal; ``recovery_action``:
     for XID 154, the text after "to" (``0x2 (Node Reboot Required)``) or just the name;
     ``overrides``: per-code action words from the config, keyed ``"xid:<n>"``.
     Never raises: text that is no number gives ``watch`` with the raw text.

@@ -79,7 +79,16 @@ def build_top(data: Mapping[str, Any]) -> EnvironmentSettings:
 
 
 REPLAY_ROOT = "root"
-_LDLP_RE = re.compile(r"^\s*(?:export\s+)?LD_LIBRARY_PATH\s*\+?=\s*(?P<value>.*)$")
+# An assignment of LD_LIBRARY_PATH anywhere in a shell command line: at its start, after
+# ``export``/``declare -x``/``typeset -x`` (with other names before it), or after ``;``,
+# ``&&``, ``||``, ``then``, ``do``: ``export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_...}``
+# (NVIDIA's CUDA Installation Guide for Linux, "Environment Setup", as /etc/profile.d/
+# cuda.sh files copy it), ``if [ -d ... ]; then export LD_LIBRARY_PATH=...; fi``,
+# ``export PATH=... LD_LIBRARY_PATH=...``. pam_env's /etc/environment is ``KEY=value``.
+_LDLP_RE = re.compile(
+    r"(?:^|[;&|(]|\bthen\b|\bdo\b|\s)\s*LD_LIBRARY_PATH\+?="
+    r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s;&|]*)"
+)
 _SOURCE_RE = re.compile(r"^\s*(?:source|\.)\s+(?P<file>\S*(?:set_env\.sh|setenv\.bash))")
 _MAX_FILE_BYTES = 256 * 1024
 
@@ -145,9 +154,9 @@ def scan(root: str | Path) -> EnvironmentFacts:
     for path in login:
         values = []
         for line in _read(path, facts, shown(path)):
-            m = _LDLP_RE.match(line)
-            if m:
-                values.append(m.group("value").strip().strip("'\""))
+            found = [m.group("value").strip("'\"") for m in _LDLP_RE.finditer(line)]
+            if found:
+                values.extend(found)
                 continue
             m = _SOURCE_RE.match(line)
             if m:

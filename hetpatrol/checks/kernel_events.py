@@ -5,14 +5,19 @@ log source read and the cards the collectors read, and decides severities (DESIG
 section 4):
 
 - drain class (48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143, 155, 156, 158; the
-  NVLink5 XIDs 144-150 when ``Fatal``) -> ``critical``: drain the node, reset the GPU;
+  NVLink5 XIDs 144-150 that NVIDIA's catalog decodes to ``RESET_GPU``) -> ``critical``:
+  drain the node, reset the GPU;
 - application class (13, 31, 43, 45) -> ``warning`` attributed to the process (and its
   Slurm job): the job's fault, the card stays in service;
 - informational (63, 92) -> ``info``;
 - 94 (contained ECC error: the application was stopped) -> ``warning``, ``critical`` once
   it repeats ``repeat_critical[94]`` times in the window;
 - 154 (recovery action changed) -> ``critical`` unless the new action is ``None``;
-- NVLink5 144-150 ``Nonfatal`` -> ``warning``;
+- NVLink5 144-150 decoded to ``IGNORE`` or ``XID_154_EVAL`` -> ``warning``. The decode
+  is the catalog's (unit and Error Status from IntrInfo, the NETIR_LINK_EVT sub-code;
+  :func:`hetpatrol.collectors.nvidia_kmsg.nvlink5_decode`), not the printed
+  ``Fatal``/``Nonfatal`` word; only a line the catalog cannot decode goes by that word:
+  ``Nonfatal`` -> ``warning``, ``Fatal`` or no word -> ``critical``;
 - failures that print no Xid (``fallen off the bus``, ``NV_ERR_RESET_REQUIRED``,
   ``RmInitAdapter failed``) -> ``critical``;
 - any other XID -> ``unknown_xid_severity`` (``warning``).
@@ -183,7 +188,10 @@ def classify(occ: KernelOccurrence, window_count: int, rules: KernelLogRules) ->
     if xid in DRAIN_XIDS:
         severity, cls = HEALTH_CRITICAL, CLASS_DRAIN
     elif xid in NVLINK5_XIDS:
-        fatal = ev.fatal is not False  # no Fatal/Nonfatal word: count it as fatal
+        if ev.nvlink_action is not None:  # the catalog's decode of IntrInfo/Error Status
+            fatal = ev.nvlink_action == "RESET_GPU"
+        else:  # not decodable: the printed word; none printed counts as fatal
+            fatal = ev.fatal is not False
         severity = HEALTH_CRITICAL if fatal else HEALTH_WARNING
         cls = CLASS_DRAIN if fatal else CLASS_OTHER
     elif xid in APPLICATION_XIDS or xid == 94:
@@ -212,7 +220,10 @@ def _what(occ: KernelOccurrence) -> str:
         name = XID_NAMES.get(ev.xid or -1)
         head = f"XID {ev.xid}" + (f" ({name})" if name else "")
         if ev.nvlink_unit:
-            head += f" {ev.nvlink_unit} {'Fatal' if ev.fatal else 'Nonfatal'} link {ev.link}"
+            word = {True: " Fatal", False: " Nonfatal", None: ""}[ev.fatal]
+            head += f" {ev.nvlink_unit}{word} link {ev.link}"
+            if ev.nvlink_action:
+                head += f" (catalog: {ev.nvlink_action})"
         if ev.xid == 154 and ev.recovery_action:
             head += f" -> {ev.recovery_action}"
         return head
@@ -225,8 +236,11 @@ def _match(
     """The card a kernel event is about: by bus id, else by UUID, else by elimination.
 
     Elimination: a GPU that fell off the bus before its first read has no bus id in
-    NVML (``nvmlDeviceGetHandleByIndex`` fails); when exactly one NVIDIA card is such
-    and no card has the event's bus id, the event is that card's.
+    NVML (``nvmlDeviceGetHandleByIndex`` fails); when exactly one card of the event's
+    vendor has no bus id (and no other UUID than the event's) and no card has the
+    event's bus id, the event is that card's. Two cards without a bus id (one with a
+    UUID, one without, or neither) leave the event unmatched: it is a node finding by
+    its bus id, never another card's.
     """
     for card in cards:
         if bus_id and card.bus_id == bus_id:
@@ -236,8 +250,10 @@ def _match(
             return card
     if not bus_id:
         return None
-    blind = [c for c in cards if c.vendor in vendors and c.bus_id is None and c.uuid is None]
-    return blind[0] if len(blind) == 1 else None
+    blind = [c for c in cards if c.vendor in vendors and c.bus_id is None]
+    if len(blind) != 1 or (uuid and blind[0].uuid and blind[0].uuid != uuid):
+        return None
+    return blind[0]
 
 
 def _findings(
@@ -365,6 +381,7 @@ def apply_kernel_log(
                 "nvlink_unit": ev.nvlink_unit,
                 "fatal": ev.fatal,
                 "link": ev.link,
+                "nvlink_action": ev.nvlink_action,
                 "recovery_action": ev.recovery_action,
                 "count": occ.count,
                 "window_count": counts.get(ev.key, 0),

@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import stat
+import time
 
 from hetpatrol.exporters import PRIVATE_FILE_MODE
 
@@ -27,6 +28,22 @@ if TYPE_CHECKING:
 STATE_SCHEMA = "hetpatrol.state/1"
 #: what every version of the state file's schema starts with
 STATE_SCHEMA_PREFIX = "hetpatrol.state/"
+#: this boot's random id (proc(5): ``/proc/sys/kernel/random/boot_id``)
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_clock(boot_id_path: str = BOOT_ID_PATH) -> tuple[str, float] | None:
+    """(this boot's id, seconds since boot on ``CLOCK_BOOTTIME``), or None where either
+    cannot be read. ``CLOCK_BOOTTIME`` is one clock for every process of the boot and
+    is never stepped (clock_gettime(2)): the age of a verdict read on it does not jump
+    with the wall clock."""
+    try:
+        with open(boot_id_path, encoding="ascii") as f:
+            boot_id = f.read(64).strip()
+        seconds = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return (boot_id, seconds) if boot_id else None
 
 
 def state_document(
@@ -48,6 +65,11 @@ def state_document(
         # escalation counts by card identity: a restarted daemon goes on from them
         "escalation": report.escalation,
     }
+    boot = boot_clock()
+    if boot is not None:
+        # the patrol's end on this boot's clock: staleness survives a wall clock step
+        doc["boot_id"] = boot[0]
+        doc["finished_boot"] = round(boot[1] - max(0.0, time.time() - report.finished), 3)
     if cards:
         doc["cards"] = [json.loads(line) for line in report.card_lines]
     return doc

@@ -27,6 +27,9 @@ from hetpatrol.slurm.states import ours
 
 #: sinfo's --format for the breaker's count
 SINFO_FORMAT = "%N|%T|%H|%E"
+#: a reason time at most this far after ``now`` still counts (the controller's clock and
+#: this node's may differ a little); one further ahead is a clock step, never recent
+CLOCK_SKEW_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -58,14 +61,16 @@ def parse_sinfo(text: str) -> list[NodeRow]:
 
 def recent_drains_of_ours(rows: Iterable[NodeRow], now: float, window: float) -> list[str]:
     """Nodes drained (``drained``/``draining``) with hetpatrol's reason set within
-    ``window`` seconds of ``now``."""
+    ``window`` seconds before ``now``. A reason time more than
+    :data:`CLOCK_SKEW_SECONDS` after ``now`` (slurmctld's clock or this node's was
+    stepped) is not recent: counted, it would hold every drain until that time came."""
     return [
         r.name
         for r in rows
         if "drain" in r.state
         and ours(r.reason)
         and r.reason_time is not None
-        and now - r.reason_time <= window
+        and -CLOCK_SKEW_SECONDS <= now - r.reason_time <= window
     ]
 
 

@@ -64,7 +64,7 @@ from hetpatrol.actions.vocabulary import (
     ActionVerdict,
     is_action,
 )
-from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX
+from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX, boot_clock
 from hetpatrol.healthcheck import (
     UntrustedStateFile,
     read_trusted_state,
@@ -420,16 +420,19 @@ def decide(
     max_age: float | None = None,
     block_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS,
     read_error: str | None = None,
+    boot: tuple[str, float] | None = None,
 ) -> GuardDecision:
     """Pass or fail one job (see the module docstring). ``doc``: the state document, or
-    None when it could not be read (``read_error`` says why). Never raises."""
+    None when it could not be read (``read_error`` says why); ``boot``: this boot's id
+    and clock, the verdict's age is read on it (see ``healthcheck.verdict_age``).
+    Never raises."""
     # any hetpatrol.state/N: adding fields (the actions) may bump N; a state file from
     # before that has no "action" fields and is judged by its findings
     schema = doc.get("schema") if isinstance(doc, Mapping) else None
     if not isinstance(schema, str) or not schema.startswith(STATE_SCHEMA_PREFIX):
         why = read_error or "no hetpatrol verdict"
         return GuardDecision(EXIT_FAIL, f"hetpatrol: no verdict: {why}")
-    age, stale = verdict_age(doc, now, max_age)
+    age, stale = verdict_age(doc, now, max_age, boot=boot)
     if not math.isfinite(age):
         return GuardDecision(
             EXIT_FAIL, f"hetpatrol: stale verdict: impossible patrol time {doc.get('finished')!r}"
@@ -546,7 +549,16 @@ def guard(
                     alloc = alloc.merged(
                         Allocation(errors=(f"squeue --json: {type(exc).__name__}: {exc}",))
                     )
-        return decide(doc, alloc, now=clock(), max_age=max_age, block_on=block_on, read_error=error)
+        boot = boot_clock() if clock is time.time else None  # a given clock is a test's
+        return decide(
+            doc,
+            alloc,
+            now=clock(),
+            max_age=max_age,
+            block_on=block_on,
+            read_error=error,
+            boot=boot,
+        )
     except Exception as exc:  # noqa: BLE001 - a guard bug must not drain the cluster
         return GuardDecision(
             EXIT_PASS, f"guard error, job let through: {type(exc).__name__}: {exc}"
