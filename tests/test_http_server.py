@@ -399,3 +399,53 @@ def test_a_closing_answer_is_not_cut_off_by_what_the_client_sent_after():
             assert s.recv(100) == b""  # then EOF, not a reset
     finally:
         srv.stop()
+
+
+def test_a_full_server_of_busy_clients_retires_one_and_lets_the_next_in():
+    """Every slot held by a client scraping flat out on keep-alive (none ever idle): one
+    more connection waits in the kernel's queue while the busiest address's oldest
+    connection is told Connection: close in its next answer; the busy clients see no
+    error (http.client reconnects after a close it was told of) and the new one is
+    served."""
+    import threading
+
+    srv = MetricsServer("127.0.0.1", 0, _Exposition(b"hetpatrol_up 1.0\n" * 1000))
+    srv.max_connections = 4
+    srv.start()
+    stop = threading.Event()
+    failed: list[str] = []
+    served = [0] * srv.max_connections
+
+    def hammer(i: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        while not stop.is_set():
+            try:
+                conn.request("GET", "/metrics")
+                resp = conn.getresponse()
+                if resp.status != 200 or not resp.read().endswith(b"1.0\n"):
+                    failed.append(f"status {resp.status}")
+                served[i] += 1
+            except (OSError, http.client.HTTPException) as exc:
+                failed.append(repr(exc))
+                conn.close()
+        conn.close()
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(srv.max_connections)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 5
+        while min(served) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        start = time.monotonic()
+        late = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        late.request("GET", "/")
+        assert late.getresponse().status == 200
+        assert time.monotonic() - start < 3
+        late.close()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        srv.stop()
+    assert failed == [], failed[:3]

@@ -116,6 +116,7 @@ class _Connection:
         "closing",
         "lingering",
         "refuse",
+        "retire",
         "events",
     )
 
@@ -127,9 +128,10 @@ class _Connection:
         self.outpos = 0  # bytes of it sent
         self.deadline = deadline
         self.quiet_since = now  # monotonic time of its accept or last answer sent
-        self.closing = False  # the next answer says Connection: close; close after it
+        self.closing = False  # the answer being sent says Connection: close; close after it
         self.lingering = False  # our side is shut: read and discard until the peer closes
         self.refuse = False  # its source is over its limit: answer 503 and close
+        self.retire = False  # to give its slot back: its next answer says Connection: close
         self.events = selectors.EVENT_READ  # what the selector waits for
 
 
@@ -330,9 +332,13 @@ class MetricsServer:
         """Tell the oldest connection of the busiest source ``Connection: close`` in its
         next answer (it is answered, then closed, and its client reconnects)."""
         source = max(self._per_source, key=self._per_source.__getitem__, default="")
-        live = [c for c in self._conns.values() if c.source == source and not c.closing]
+        live = [
+            c for c in self._conns.values() if c.source == source and not c.closing and not c.retire
+        ]
         if live:
-            min(live, key=lambda c: c.quiet_since).closing = True
+            # not ``closing``: an answer already being sent without the header must not
+            # be followed by a close its client does not expect
+            min(live, key=lambda c: c.quiet_since).retire = True
 
     def _event(self, conn: _Connection, mask: int) -> None:
         try:
@@ -561,7 +567,7 @@ class MetricsServer:
             head.append("Allow: GET, HEAD")
         if status == 503:
             head.append("Retry-After: 1")
-        if close or conn.closing:
+        if close or conn.retire:
             head.append("Connection: close")
             conn.closing = True
         elif keep_alive:
