@@ -10,6 +10,7 @@ in :class:`VendorInfo`.
 from __future__ import annotations
 
 import abc
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -132,9 +133,43 @@ class VendorInfo:
     gres: GresDevice | None = None
 
 
+#: Characters of a tool's raw output kept in a patrol line and the state file: the first
+#: :data:`RAW_HEAD_CHARS` and the last :data:`RAW_TAIL_CHARS` (a tool says what went wrong
+#: at the start or at the end), the rest left out with a marker; its full size and SHA-256
+#: are kept beside it. A tool may print 16 MiB (``hetpatrol.tool.STDOUT_CAP``): kept whole
+#: that was 15 MB per patrol line.
+RAW_HEAD_CHARS = 3072
+RAW_TAIL_CHARS = 1024
+
+
+def bound_raw(raw: str | None) -> tuple[str | None, int | None, str | None]:
+    """``(excerpt, bytes, sha256)`` of a tool's raw output: the excerpt is ``raw`` itself
+    when it is at most :data:`RAW_HEAD_CHARS` + :data:`RAW_TAIL_CHARS` characters, else
+    its head and tail around ``[... N bytes left out ...]``; ``bytes`` is the UTF-8 size
+    of the whole output and ``sha256`` its hex digest. ``(None, None, None)`` for None."""
+    if raw is None:
+        return None, None, None
+    data = raw.encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(data).hexdigest()
+    if len(raw) <= RAW_HEAD_CHARS + RAW_TAIL_CHARS:
+        return raw, len(data), digest
+    head, tail = raw[:RAW_HEAD_CHARS], raw[-RAW_TAIL_CHARS:]
+    left_out = (
+        len(data)
+        - len(head.encode("utf-8", "surrogatepass"))
+        - len(tail.encode("utf-8", "surrogatepass"))
+    )
+    return f"{head}\n[... {left_out} bytes left out ...]\n{tail}", len(data), digest
+
+
 @dataclass(frozen=True)
 class CollectorStatus:
-    """How one collector fared in one patrol (exported per collector)."""
+    """How one collector fared in one patrol (exported per collector).
+
+    ``raw`` is bounded (:func:`bound_raw`): an excerpt of the tool's output, with
+    ``raw_bytes`` (its whole size, UTF-8 bytes) and ``raw_sha256``; :meth:`bounded`
+    makes one from the whole output.
+    """
 
     name: str
     state: str
@@ -142,6 +177,22 @@ class CollectorStatus:
     duration_seconds: float
     error: str | None = None
     raw: str | None = None
+    raw_bytes: int | None = None
+    raw_sha256: str | None = None
+
+    @classmethod
+    def bounded(
+        cls,
+        name: str,
+        state: str,
+        cards: int,
+        duration_seconds: float,
+        error: str | None = None,
+        raw: str | None = None,
+    ) -> CollectorStatus:
+        """A status keeping only :func:`bound_raw` of ``raw``."""
+        excerpt, size, digest = bound_raw(raw)
+        return cls(name, state, cards, duration_seconds, error, excerpt, size, digest)
 
     @property
     def up(self) -> bool:
@@ -156,6 +207,8 @@ class CollectorStatus:
             "duration_seconds": round(self.duration_seconds, 6),
             "error": self.error,
             "raw": self.raw,
+            "raw_bytes": self.raw_bytes,
+            "raw_sha256": self.raw_sha256,
         }
 
 

@@ -71,6 +71,14 @@ MAX_RECORDS_PER_POLL = 20000
 KMSG_DEVICE = (1, 11)
 #: Episodes kept per (bus, XID or reason) for the window.
 MAX_OCCURRENCES_PER_KEY = 64
+#: Distinct (bus, XID or reason) keys kept (window episodes, totals, bus -> UUID): a node
+#: has at most a few dozen GPUs and a dozen XIDs or reasons in one window. A log naming
+#: 10,000 bus ids (a flood, a forged log) held 60,000 keys and 280 MB that were never
+#: given back; past the bound a new key's records are counted in ``untracked``, not kept.
+MAX_KEYS = 1024
+#: Characters of one logical record (text and raw) kept: printk records are at most
+#: about 1 KiB; continuation lines past this are dropped.
+MAX_RECORD_CHARS = 4096
 
 # Who may open /dev/kmsg for reading. The node is root:root 0644, but devkmsg_open()
 # also calls check_syslog_permissions(SYSLOG_ACTION_READ_ALL): while the sysctl
@@ -284,8 +292,11 @@ def _logical_lines(lines: Iterable[str]) -> Iterator[LogLine]:
             else:
                 if current.kmsg and _DICT_LINE_RE.match(line):
                     continue  # /dev/kmsg dictionary: SUBSYSTEM=pci, DEVICE=+pci:...
-                current.text = f"{current.text} {line.strip()}"
-                current.raw = f"{current.raw}\n{line.rstrip(chr(13) + chr(10))}"
+                if len(current.raw) < MAX_RECORD_CHARS:  # a flood of continuations: dropped
+                    current.text = f"{current.text} {line.strip()}"[:MAX_RECORD_CHARS]
+                    current.raw = f"{current.raw}\n{line.rstrip(chr(13) + chr(10))}"[
+                        :MAX_RECORD_CHARS
+                    ]
                 continue
         if current is not None:
             yield current
@@ -663,6 +674,8 @@ class KernelLogSnapshot:
     lost: int = 0
     #: vendor -> what its cards are called, for every vendor whose lines are read
     vendors: dict[str, str] = field(default_factory=dict)
+    #: records of keys past :data:`MAX_KEYS`, counted and not kept
+    untracked: int = 0
 
 
 @dataclass
@@ -722,6 +735,7 @@ class KernelLog:
         self._uuids: dict[str, str] = {}
         self._next_id = 1
         self._lost = 0
+        self._untracked = 0
 
     @property
     def vendors(self) -> dict[str, str]:
@@ -746,7 +760,11 @@ class KernelLog:
         now = self._clock()
         mono_now = self._monotonic()
         result = self.reader.read()
-        self._uuids.update(result.uuids)
+        for bus, uuid in result.uuids.items():
+            self._uuids.pop(bus, None)
+            if len(self._uuids) >= MAX_KEYS:  # the oldest named goes
+                del self._uuids[next(iter(self._uuids))]
+            self._uuids[bus] = uuid
         self._lost += result.lost
         new: list[_Episode] = []
         for ev, when in result.events:
@@ -756,6 +774,16 @@ class KernelLog:
             else:  # a recorded log: as old as the reader says, on this read's clock
                 mono = mono_now - max(0.0, now - ts)
             key = ev.key
+            if key not in self._episodes and len(self._episodes) >= MAX_KEYS:
+                self._untracked += 1  # the window's table is full: counted, not kept
+                continue
+            if key not in self._totals and len(self._totals) >= MAX_KEYS:
+                # the totals are full: the total of a key out of the window is forgotten
+                stale = next((k for k in self._totals if k not in self._episodes), None)
+                if stale is None:
+                    self._untracked += 1
+                    continue
+                del self._totals[stale]
             self._totals[key] = self._totals.get(key, 0) + 1
             episodes = self._episodes.setdefault(key, [])
             last = episodes[-1] if episodes else None
@@ -773,11 +801,16 @@ class KernelLog:
         since = mono_now - self.window_seconds
         window: list[_Episode] = []
         counts: dict[tuple[str, str, str], int] = {}
-        for key, episodes in self._episodes.items():
+        for key, episodes in list(self._episodes.items()):
+            # episodes past the window count nowhere (nor fold: the window is longer
+            # than a burst): dropped, so the table holds the window only
+            episodes[:] = [ep for ep in episodes if ep.last_mono >= since]
+            if not episodes:
+                del self._episodes[key]
+                continue
             for ep in episodes:
-                if ep.last_mono >= since:
-                    window.append(ep)
-                    counts[key] = counts.get(key, 0) + ep.count
+                window.append(ep)
+                counts[key] = counts.get(key, 0) + ep.count
         window.sort(key=lambda e: e.id)
         return KernelLogSnapshot(
             state=result.state,
@@ -791,6 +824,7 @@ class KernelLog:
             uuids=dict(self._uuids),
             lost=self._lost,
             vendors=self.vendors,
+            untracked=self._untracked,
         )
 
 

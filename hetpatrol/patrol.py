@@ -234,7 +234,7 @@ class Patroller:
                     Finding(check, HEALTH_UNKNOWN, f"{result.collector}: {result.error}")
                 )
             statuses.append(
-                CollectorStatus(
+                CollectorStatus.bounded(  # the raw output cut to an excerpt, size and hash
                     result.collector,
                     result.state,
                     len(records),

@@ -424,7 +424,23 @@ def patrol_json_schema() -> dict[str, Any]:
             "cards": {"type": "integer", "minimum": 0},
             "duration_seconds": {"type": "number", "minimum": 0},
             "error": {"type": ["string", "null"]},
-            "raw": {"type": ["string", "null"]},
+            "raw": {
+                "description": "an excerpt of the tool's output when it was not understood: "
+                "at most the first 3072 and the last 1024 characters, the rest replaced by "
+                "'[... N bytes left out ...]' (hetpatrol.collector.bound_raw)",
+                "type": ["string", "null"],
+                "maxLength": 3072 + 1024 + 64,
+            },
+            "raw_bytes": {
+                "description": "size of the whole output, UTF-8 bytes",
+                "type": ["integer", "null"],
+                "minimum": 0,
+            },
+            "raw_sha256": {
+                "description": "SHA-256 of the whole output (hex)",
+                "type": ["string", "null"],
+                "pattern": "^[0-9a-f]{64}$",
+            },
         },
     }
     return {

@@ -110,13 +110,17 @@ class Watchdog:
 
     Inactive (``start`` does nothing) when the notifier has no watchdog. The patrol
     loop calls :meth:`alive_until` with the monotonic time by which it will call again;
-    pings stop once that time has passed.
+    pings stop once that time has passed. Time this thread itself did not run (the
+    process stopped by SIGSTOP and resumed by SIGCONT, or frozen by a debugger or the
+    cgroup freezer: ``time.monotonic`` goes on meanwhile) is not held against the loop:
+    its deadline moves by as much, until it calls :meth:`alive_until` again.
     """
 
     def __init__(self, notifier: Notifier):
         self.notifier = notifier
         self.period = notifier.watchdog_seconds / 2 if notifier.watchdog_seconds else None
         self._deadline = 0.0
+        self._grace = 0.0  # seconds the process was stopped since the last alive_until
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.pings = 0
@@ -128,6 +132,7 @@ class Watchdog:
     def alive_until(self, deadline: float) -> None:
         """The loop promises to report again before ``deadline`` (time.monotonic)."""
         self._deadline = deadline
+        self._grace = 0.0
 
     def alive_for(self, seconds: float) -> None:
         self.alive_until(time.monotonic() + seconds)
@@ -141,8 +146,17 @@ class Watchdog:
     def _run(self) -> None:
         assert self.period is not None
         late = False
+        last = time.monotonic()
         while not self._stop.is_set():
-            if time.monotonic() <= self._deadline:
+            now = time.monotonic()
+            # a wait of one period that took a second or more longer: this process was
+            # not run (stopped, frozen); nor was the loop, so the gap is not its lateness
+            stopped = now - last - self.period
+            last = now
+            if stopped > max(self.period, 1.0):
+                self._grace += stopped
+                log.info("watchdog_process_was_stopped", seconds=round(stopped, 3))
+            if now <= self._deadline + self._grace:
                 if self.notifier.notify("WATCHDOG=1"):
                     self.pings += 1
                 late = False

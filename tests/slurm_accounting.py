@@ -143,7 +143,9 @@ def sql(cluster: base.SlurmCluster, statement: str) -> str:
 
 def add_users(cluster: base.SlurmCluster) -> list[str]:
     """The local users of :data:`USERS`, with an association each in its own account;
-    returns the users it had to create (:func:`remove_users` deletes them)."""
+    returns the users it had to create (:func:`remove_users` deletes them). Returns once
+    slurmctld holds every association (slurmdbd sends them to it on its own time: a job
+    submitted before is refused, "Invalid account or account/partition combination")."""
     created = []
     for user, account in USERS.items():
         try:
@@ -153,7 +155,45 @@ def add_users(cluster: base.SlurmCluster) -> list[str]:
             created.append(user)
         cluster.run("sacctmgr", "-i", "add", "account", account, "Cluster=hetpatroltest")
         cluster.run("sacctmgr", "-i", "add", "user", user, f"Account={account}")
+    for user, account in USERS.items():
+        wait_association(cluster, user, account)
     return created
+
+
+def wait_association(cluster: base.SlurmCluster, user: str, account: str) -> None:
+    """Wait until slurmctld's association cache (``scontrol show assoc_mgr``, scontrol(1);
+    lines ``ClusterName=c Account=a UserName=u(uid) ...`` as src/scontrol/info_assoc_mgr.c
+    prints them) holds ``user`` in ``account``; ``RuntimeError`` with the logs if not."""
+
+    def known() -> bool:
+        out = cluster.run(
+            "scontrol", "show", "assoc_mgr", f"users={user}", f"accounts={account}",
+            "flags=assoc", check=False,
+        ).stdout  # fmt: skip
+        return f"UserName={user}(" in out and f"Account={account} " in out
+
+    try:
+        _wait(known, START_TIMEOUT, f"slurmctld to hold the association {user}/{account}")
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}\n{cluster.logs(2000)}") from None
+
+
+def wait_registered(cluster: base.SlurmCluster) -> None:
+    """Wait until slurmctld has registered with slurmdbd: the cluster's ``ControlPort``
+    in ``sacctmgr show cluster`` is set (``control_port=0`` until slurmctld registers:
+    src/plugins/accounting_storage/mysql/as_mysql_cluster.c)."""
+
+    def registered() -> bool:
+        out = cluster.run(
+            "sacctmgr", "-n", "-P", "show", "cluster", "hetpatroltest", "format=ControlPort",
+            check=False,
+        ).stdout.strip()  # fmt: skip
+        return out.isdigit() and int(out) > 0
+
+    try:
+        _wait(registered, START_TIMEOUT, "slurmctld to register with slurmdbd")
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}\n{cluster.logs(2000)}") from None
 
 
 def remove_users(users: list[str]) -> None:
@@ -181,7 +221,14 @@ def start_accounting_cluster() -> base.SlurmCluster:
     def hook(cluster: base.SlurmCluster) -> None:
         start_database(cluster, dbd_port)
 
-    return base.start_cluster(overrides, hook)
+    cluster = base.start_cluster(overrides, hook)
+    try:
+        wait_registered(cluster)
+    except RuntimeError:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+        raise
+    return cluster
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,7 @@ NODES = REPO / "fixtures" / "nodes"
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "scancel")
 NODE_NAME = "hp-gpu01"  # deliberately not the host name: slurm.node_name maps it
 GPUS, NPUS = 8, 8
-START_TIMEOUT = 30.0
+START_TIMEOUT = 60.0  # a ceiling: readiness is polled, never slept
 
 
 def _fail_or_skip(message: str) -> None:
@@ -52,6 +52,36 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class CommandFailed(subprocess.CalledProcessError):
+    """A Slurm command of a test failed: its message holds the command, its exit code,
+    its own stderr and stdout, and the end of every daemon's log (a bare "returned
+    non-zero exit status 1" told nothing of why sbatch refused a job under load)."""
+
+    def __init__(self, proc: subprocess.CompletedProcess, logs: str):
+        super().__init__(proc.returncode, proc.args, proc.stdout, proc.stderr)
+        self.logs = logs
+
+    def __str__(self) -> str:
+        cmd = " ".join(map(str, self.cmd))
+        return (
+            f"{cmd} exited with {self.returncode}\n"
+            f"stderr: {(self.stderr or '').strip()[-2000:] or '(none)'}\n"
+            f"stdout: {(self.stdout or '').strip()[-1000:] or '(none)'}\n"
+            f"{self.logs}"
+        )
+
+
+class CommandTimedOut(subprocess.TimeoutExpired):
+    """A Slurm command of a test did not answer in time; the daemons' logs with it."""
+
+    def __init__(self, exc: subprocess.TimeoutExpired, logs: str):
+        super().__init__(exc.cmd, exc.timeout, exc.output, exc.stderr)
+        self.logs = logs
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{self.logs}"
 
 
 @dataclass
@@ -71,10 +101,21 @@ class SlurmCluster:
         """The ``slurm.scontrol`` argv prefix that reaches this cluster."""
         return ["env", f"SLURM_CONF={self.conf}", shutil.which("scontrol") or "scontrol"]
 
-    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            list(argv), env=self.env, capture_output=True, text=True, timeout=20, check=check
-        )
+    def run(
+        self, *argv: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
+        """Run a command against this cluster. With ``check``, a failure raises
+        :class:`CommandFailed` (its stderr and the daemons' logs in the message); a
+        command not done in ``timeout`` seconds raises :class:`CommandTimedOut`."""
+        try:
+            proc = subprocess.run(
+                list(argv), env=self.env, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise CommandTimedOut(exc, self.logs(1500)) from None
+        if check and proc.returncode != 0:
+            raise CommandFailed(proc, self.logs(1500))
+        return proc
 
     @contextlib.contextmanager
     def install_hook(self, name: str, text: str):
@@ -175,11 +216,12 @@ class SlurmCluster:
             print(self.logs())
             raise
 
-    def logs(self) -> str:
+    def logs(self, tail: int = 4000) -> str:
+        """The last ``tail`` characters of every daemon's log."""
         out = []
         for path in sorted((self.root / "log").glob("*")):
             text = path.read_text(errors="replace")
-            out.append(f"----- {path.name} (last 4000 chars)\n{text[-4000:]}")
+            out.append(f"----- {path.name} (last {tail} chars)\n{text[-tail:]}")
         return "\n".join(out)
 
     def stop(self) -> None:
@@ -250,6 +292,10 @@ SelectType=select/cons_tres
 SchedulerType=sched/backfill
 # backfill every second: it sets the PLANNED flag (tests of the drain state table)
 SchedulerParameters=bf_interval=1
+# a loaded 2-core machine (two suite runs at once) may keep slurmctld from answering an
+# RPC within the default 10 s: the client (sbatch, scontrol) then fails with "Socket
+# timed out on send/recv operation" (slurm.conf(5), MessageTimeout)
+MessageTimeout=30
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none

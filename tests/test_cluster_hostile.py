@@ -357,3 +357,93 @@ def test_cards_seen_but_not_registered_is_not_ok(prom, tmp_path, capsys):
     assert _fleet(prom, "--slurm-nodes", str(path)) == 1
     out = capsys.readouterr().out
     assert "cards seen but not registered in Slurm Gres=: 1 node: gn001" in out
+
+
+# ------------------------------------------------- issue 21 item 10: bounded answers, one deadline
+def test_fleet_timeout_is_one_deadline_for_every_query(tmp_path, capsys):
+    """`fleet --timeout 1` against a Prometheus that takes 0.4 s per answer: four queries
+    took 1.6 s and more (each had its own 1 s; a 200 MB answer took 85 s under
+    `--timeout 10`). The whole command now stops at its --timeout."""
+    import time
+
+    slow = fleet_answer()
+
+    def respond(query: str) -> tuple[int, bytes]:
+        time.sleep(0.4)
+        return slow(query)
+
+    nodes = tmp_path / "nodes"
+    nodes.write_text(NODE_LINE)
+    with StubPrometheus() as stub:
+        stub.respond = respond
+        start = time.monotonic()
+        rc = main(["fleet", "--prometheus", stub.url, "--slurm-nodes", str(nodes),
+                   "--timeout", "1", "--color", "never"])  # fmt: skip
+        took = time.monotonic() - start
+    assert rc == 3
+    assert "--timeout" in capsys.readouterr().err or took < 1.5
+    assert took < 1.5, took
+
+
+def test_prometheus_answer_bound_fits_a_fleet_not_a_flood():
+    """A 20 MB answer (the hostile trial sent 200 MB: 7.4 GB of memory once parsed) is
+    refused unread; the bound is 16 MiB, some three times a 10,000-node fleet's answer."""
+    from hetpatrol.cluster.prom_query import ANSWER_MAX
+
+    assert ANSWER_MAX == 16 * 1024 * 1024
+    with StubPrometheus() as stub:
+        big = vector(*[({"node": f"n{i:07d}", "instance": f"n{i:07d}:9477"}, "1")
+                       for i in range(250_000)])  # fmt: skip
+        assert len(big) > 20_000_000
+        stub.respond = lambda q: (200, big)
+        with pytest.raises(PrometheusError, match=r"larger than 16777216 bytes"):
+            PrometheusClient(stub.url, timeout=10).query("up")
+
+
+def _script(tmp_path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_scontrol_answer_over_the_bound_is_refused_not_parsed(tmp_path, monkeypatch):
+    """scontrol's answer was read whole, however large. Past the bound scontrol is killed
+    and the answer refused (the bound made small here: 1 MB, a 3 MB answer)."""
+    from hetpatrol.cluster import slurm_nodes
+    from hetpatrol.cluster.slurm_nodes import SlurmReadError, read_nodes
+
+    monkeypatch.setattr(slurm_nodes, "SCONTROL_OUTPUT_MAX", 1024 * 1024)
+    line = NODE_LINE.strip()
+    flood = _script(
+        tmp_path, "scontrol", f'[ "$1" = --json ] && exit 1\nyes "{line}" | head -c 3000000\n'
+    )
+    with pytest.raises(SlurmReadError, match=r"printed more than 1048576 bytes: killed"):
+        read_nodes([flood], timeout=10)
+
+
+def test_scontrol_timeout_covers_both_of_its_calls(tmp_path):
+    """read_nodes runs `scontrol --json show node`, then the text form: each had the whole
+    timeout, so a slow scontrol took twice --timeout."""
+    import time
+
+    from hetpatrol.cluster.slurm_nodes import SlurmReadError, read_nodes
+
+    slow = _script(tmp_path, "scontrol", '[ "$1" = --json ] && { sleep 0.7; exit 1; }\nsleep 5\n')
+    start = time.monotonic()
+    with pytest.raises(SlurmReadError, match="no answer within"):
+        read_nodes([slow], timeout=1.0)
+    assert time.monotonic() - start < 1.6
+
+
+def test_ledger_scontrol_answer_is_bounded(tmp_path, monkeypatch):
+    """The ledger's scontrol reads (audit, node types) read the whole answer: capped now."""
+    from hetpatrol.ledger import slurm_state
+
+    monkeypatch.setattr(slurm_state, "OUTPUT_MAX", 1024 * 1024)
+    flood = _script(tmp_path, "scontrol", "yes NodeName=x | head -c 3000000\n")
+    with pytest.raises(slurm_state.SlurmQueryError, match="printed more than 1048576 bytes"):
+        slurm_state.run([flood, "show", "node", "-o"])
+    hang = _script(tmp_path, "hang", "sleep 30\n")
+    with pytest.raises(slurm_state.SlurmQueryError, match="no answer within 0.5 s: killed"):
+        slurm_state.run([hang], timeout=0.5)

@@ -204,3 +204,35 @@ def test_bad_nvlink_fault_is_refused():
 
     with pytest.raises(ReplayFormatError, match="nvlink"):
         load_replay_nvml(HEALTHY / "nvidia-smi-q.xml", {"nvlink": {"links": 40}})
+
+
+def test_exported_pcie_width_is_the_current_one_not_the_max(tmp_path):
+    """Every scenario had width = max, so exporting the max as the current width went
+    unseen. GPU 3 replayed at x8 of x16 (as the recorded A10G dump,
+    nvidia-smi-q-x_A10G_v11.xml: current_link_width 8x, max_link_width 16x)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hetpatrol.exporters.prometheus import Exposition
+
+    overrides = {"pci/pci_gpu_link_info/link_widths/current_link_width": "8x"}
+    report = nvidia_report(tmp_path, {"gpus": {3: {"xml_overrides": overrides}}})
+    body = Exposition(["nvidia", "ascend"]).update(report, 1).decode()
+    got: dict[str, dict[str, float]] = {}
+    for fam in text_string_to_metric_families(body):
+        for s in fam.samples:
+            if (
+                s.name.startswith("hetpatrol_card_pcie_link_width")
+                and s.labels["vendor"] == "nvidia"
+            ):
+                got.setdefault(s.name, {})[s.labels["index"]] = s.value
+    assert got["hetpatrol_card_pcie_link_width"]["3"] == 8
+    assert got["hetpatrol_card_pcie_link_width_max"]["3"] == 16
+    assert got["hetpatrol_card_pcie_link_width"]["2"] == 16
+
+
+def test_recorded_downtrained_dump_reads_current_and_max_apart():
+    """The recorded A10G (x8 of x16) and T4 (x8 of x16) dumps, read by the collector."""
+    for name in ("nvidia-smi-q-x_A10G_v11.xml", "nvidia-smi-q-x_Tesla-T4_v11.xml"):
+        nvml = load_replay_nvml(samples_dir("nvidia") / name)
+        (rec,) = NvidiaCollector({}, nvml=nvml).collect().records
+        assert (rec.pcie_link_width, rec.pcie_link_width_max) == (8, 16)

@@ -879,3 +879,54 @@ def test_no_intrinfo_fits_both_layouts_of_the_sheet():
             v1 = any(intr & 0x1F == xid - 143 and (intr >> 5) & 0x1F == r[2] for r in mine)
             v2 = any(intr & 0x7F == r[3] for r in mine)
             assert not (v1 and v2), (xid, hex(intr))
+
+
+def test_ten_thousand_bus_ids_keep_bounded_tables_and_few_findings(tmp_path):
+    """A log naming 10,000 distinct bus ids with 6 XIDs each gave 60,000 node findings
+    (15.6 MB per patrol line) and kernel-log tables that grew for good (280 MB). The
+    window's table holds MAX_KEYS keys (the rest are counted as untracked), unread bus ids
+    past MAX_UNREAD_BUSES are one finding, and expired episodes leave the table."""
+    from hetpatrol import kernel_log as kl
+    from hetpatrol.checks.kernel_events import MAX_UNREAD_BUSES
+
+    log = tmp_path / "kmsg.txt"
+    with log.open("w") as f:
+        for n in range(10_000):
+            bus = f"{n // 256:02x}:{n % 256:02x}"
+            for xid in (13, 31, 43, 45, 48, 79):
+                f.write(
+                    f"[Sun Feb 23 16:24:18 2025] NVRM: Xid (PCI:0000:{bus}:00): {xid}, "
+                    "pid=1, name=x, flood\n"
+                )
+    clock = _Clock()
+    src = KernelLog(TextLogReader(log), window_seconds=600, burst_seconds=10, clock=clock)
+    snap = src.poll()
+    assert len(snap.window_counts) == kl.MAX_KEYS == len(snap.totals)
+    assert snap.untracked == 60_000 - kl.MAX_KEYS
+    assert len(snap.uuids) <= kl.MAX_KEYS
+    lines, node = apply_kernel_log(snap, _cards(), KernelLogRules(), node="n", seq=1,
+                                   ts_format=rfc)  # fmt: skip
+    assert len(lines) == kl.MAX_KEYS
+    buses = len({key[0] for key in snap.window_counts})
+    assert buses == kl.MAX_KEYS // 6 + 1  # 170 whole buses and 4 XIDs of the next
+    per_bus = [f for f in node if f.check != "kernel_fault_buses"]
+    (rest,) = [f for f in node if f.check == "kernel_fault_buses"]
+    assert len(per_bus) <= 2 * MAX_UNREAD_BUSES
+    assert rest.value == {"buses": buses - MAX_UNREAD_BUSES, "records": kl.MAX_KEYS - sum(
+        len(f.value) for f in per_bus)}  # fmt: skip
+    assert rest.severity == "critical"  # XID 79 among them
+    # the window passes: the tables empty, the memory is given back
+    clock.t += 601
+    later = src.poll()
+    assert later.window == () and later.window_counts == {}
+    assert src._episodes == {}
+
+
+def test_a_flood_of_continuation_lines_is_cut_at_the_record_bound():
+    from hetpatrol.kernel_log import MAX_RECORD_CHARS, parse_text
+
+    text = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+    text += "  continued\n" * 100_000
+    (ev,) = parse_text(text)
+    assert len(ev.raw) <= MAX_RECORD_CHARS
+    assert ev.xid == 79

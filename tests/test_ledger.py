@@ -78,6 +78,47 @@ def test_unreadable_tres_count_is_reported_raw():
     assert gres_tres("gres/gpu=two,gres/npu:910b=1") == ({("npu", "910b"): 1}, ["gres/gpu=two"])
 
 
+def test_tres_names_differing_only_in_case_are_one_tres():
+    """Slurm matches TRES type and name with xstrcasecmp (assoc_mgr_find_tres_pos(),
+    src/common/assoc_mgr.c): gres/gpu:A100 and gres/gpu:a100 are the same 8 cards, which
+    were added up to 16 (16 card-hours for an 8-card hour)."""
+    tres = "gres/gpu:A100=8,gres/gpu:a100=8,gres/gpu=8"
+    assert card_counts(tres) == {("gpu", "a100"): 8}
+    assert gres_tres(tres) == ({("gpu", "a100"): 8, ("gpu", None): 8}, [])
+    led = aggregate([run_(tres=tres)], W, W[1], by=("account",))
+    assert [(r["gres"], r["card_hours"]) for r in report.rows(led)] == [
+        ("gpu:a100", 8 * 0.5)
+    ]  # 10:30-11:00 in the window
+
+
+def test_shares_of_a_card_are_not_cards():
+    """gres/mps (a share of a card's compute, in percent per card) and gres/shard (a slice
+    count) are not whole cards: a job holding 100 MPS and 40 shards holds no card. The
+    AllocTRES shape is that of a shard job on a GB10 (as recorded in the gtop project's
+    tests: billing=10,cpu=10,gres/shard:nvidia_gb10=40,gres/shard=40,...)."""
+    shard = "billing=10,cpu=10,gres/shard:nvidia_gb10=40,gres/shard=40,mem=50G,node=1"
+    assert gres_tres(shard) == ({}, [])
+    mps = "cpu=2,gres/gpu:a100=1,gres/gpu=1,gres/mps:a100=100,gres/mps=100,gres/Shard=4"
+    assert card_counts(mps) == {("gpu", "a100"): 1}
+    led = aggregate([run_(tres=shard), run_(job="2", tres="gres/mps=100")], W, W[1], by=("user",))
+    assert report.rows(led) == []
+
+
+def test_usage_table_and_csv_print_no_control_characters():
+    """Account and user names are chosen by people: an escape sequence in one drove the
+    terminal of whoever ran `ledger usage`. Printed escaped (\\x1b), JSON as always."""
+    led = aggregate(
+        [run_(account="evil\x1b]0;pwned\x07\x1b[2J", user="u\u202eexe.sh")],
+        W,
+        W[1],
+        by=("account", "user"),
+    )
+    for text in (report.to_table(led), report.to_csv(led)):
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+        assert "evil\\x1b]0;pwned\\x07\\x1b[2J" in text and "u\\u202eexe.sh" in text
+    assert json.loads(report.to_json(led))["rows"][0]["account"].startswith("evil\x1b]0;")
+
+
 # --------------------------------------------------------------------- sacct lines
 def line(job="1", user="u", account="a", start="2026-01-01T10:00:00",
          end="2026-01-01T11:00:00", state="COMPLETED", tres="gres/gpu:a100=2,gres/gpu=2",

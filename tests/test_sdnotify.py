@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -222,3 +223,65 @@ def test_a_stuck_loop_stops_the_pings(tmp_path, notify_path, monkeypatch):
     assert not runner.is_alive()
     sock.drain(0.2)
     assert sock.messages[-1][1] == ["STOPPING=1"]
+
+
+_STOPPED_DAEMON = """
+import sys
+from pathlib import Path
+from conftest import NODES
+from hetpatrol.config import load_config
+from hetpatrol.daemon import Daemon
+
+tmp = Path(sys.argv[1])
+text = Path(load_config().source).read_text().replace("timeout_seconds: 10", "timeout_seconds: 0.3")
+(tmp / "c.yaml").write_text(text)
+daemon = Daemon(
+    load_config(tmp / "c.yaml"),
+    config_path=tmp / "c.yaml",
+    replay_dir=NODES / "healthy-mixed",
+    overrides={
+        "listen": "127.0.0.1:0",
+        "jsonl_path": tmp / "patrol.jsonl",
+        "state_path": tmp / "state.json",
+        "interval_seconds": 0.5,
+    },
+)
+daemon.watchdog_slack_seconds = 0.2  # budget: 0.3 + 1.0 (hang margin) + 0.2 = 1.5 s
+daemon.install_signals()
+sys.exit(daemon.run())
+"""
+
+
+def test_sigstop_then_sigcont_is_no_watchdog_error(tmp_path, notify_path):
+    """A daemon stopped (SIGSTOP) longer than its patrol budget and resumed (SIGCONT):
+    the watchdog thread woke first, saw the loop's deadline long past and logged
+    watchdog_withheld, though the loop was only sleeping and patrolled at once. The
+    stopped time is not the loop's lateness: pings go on, no error."""
+    sock, path = notify_path
+    env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="400000", PYTHONUNBUFFERED="1")
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env.pop("WATCHDOG_PID", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STOPPED_DAEMON, str(tmp_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        sock.wait_for("READY=1")
+        sock.drain(0.5)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)  # twice the budget
+        t_cont = time.monotonic()
+        proc.send_signal(signal.SIGCONT)
+        sock.drain(1.5)
+        assert len(sock.times("WATCHDOG=1", since=t_cont)) >= 3
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert "watchdog_withheld" not in err, err[-2000:]
+    assert "watchdog_process_was_stopped" in err

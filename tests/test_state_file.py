@@ -283,3 +283,46 @@ def test_a_world_readable_state_file_from_before_becomes_private(tmp_path):
     finally:
         patroller.close()
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_a_huge_raw_output_is_kept_as_a_bounded_excerpt_size_and_hash(base_config, tmp_path):
+    """A tool that printed 14 MB of garbage had all of it copied into every patrol line and
+    the state file (15 MB per patrol). Kept now: its first 3072 and last 1024 characters,
+    its size and its SHA-256 (docs/record.md)."""
+    import hashlib
+
+    import jsonschema
+
+    from hetpatrol.collector import CollectorError
+    from hetpatrol.schema import patrol_json_schema
+
+    garbage = "dcmi module initialize failed. ret is -8005\n" + "x" * 14_000_000 + "\nEND"
+    sick = Scripted()
+    sick.mode = "fail"
+    real = sick.collect
+
+    def collect():
+        try:
+            return real()
+        except CollectorError as exc:
+            raise CollectorError(str(exc), raw=garbage) from None
+
+    sick.collect = collect
+    p = make_patroller(base_config, {"scripted": sick}, timeout=5)
+    try:
+        report = p.run()
+    finally:
+        p.close()
+    line = json.loads(report.patrol_line)
+    status = line["collectors"]["scripted"]
+    assert len(report.patrol_line) < 10_000
+    assert status["raw"].startswith("dcmi module initialize failed. ret is -8005\nxxx")
+    assert status["raw"].endswith("xxx\nEND")
+    assert f"[... {len(garbage) - 4096} bytes left out ...]" in status["raw"]
+    assert status["raw_bytes"] == len(garbage)
+    assert status["raw_sha256"] == hashlib.sha256(garbage.encode()).hexdigest()
+    jsonschema.validate(line, patrol_json_schema())
+    path = tmp_path / "state.json"
+    write_state(path, report, 10.0)
+    assert path.stat().st_size < 20_000
+    assert read_state(path)["collectors"]["scripted"]["raw_bytes"] == len(garbage)

@@ -256,6 +256,11 @@ def _match(
     return blind[0]
 
 
+#: GPU bus ids no card has that get findings of their own; past them one finding says
+#: how many more there are.
+MAX_UNREAD_BUSES = 16
+
+
 def _findings(
     episodes: Iterable[tuple[KernelOccurrence, str]],
     counts: Mapping[tuple[str, str, str], int],
@@ -339,9 +344,31 @@ def apply_kernel_log(
         card.findings.extend(found)
         card.health = worst(card.health, *(f.severity for f in found))
     node_findings: list[Finding] = []
-    for bus, items in sorted(per_bus.items()):
+    buses = sorted(per_bus)
+    for bus in buses[:MAX_UNREAD_BUSES]:
         node_findings.extend(
-            _findings(items, counts, snapshot.window_seconds, f"GPU {bus} (no card read there)")
+            _findings(
+                per_bus[bus], counts, snapshot.window_seconds, f"GPU {bus} (no card read there)"
+            )
+        )
+    if len(buses) > MAX_UNREAD_BUSES:
+        # a flood of bus ids no card has (a node has a few dozen GPUs at most; a forged or
+        # garbled log named 10,000, which made 60,000 findings, 15.6 MB per line): the
+        # rest are one finding, worst severity, with the count and the first few ids
+        rest = buses[MAX_UNREAD_BUSES:]
+        rest_items = [item for bus in rest for item in per_bus[bus]]
+        severity = worst(*(sev for _occ, sev in rest_items))
+        records = sum(counts.get(occ.event.key, occ.count) for occ, _sev in rest_items)
+        node_findings.append(
+            Finding(
+                "kernel_fault_buses",
+                severity,
+                f"kernel log: faults on {len(rest)} more GPU bus ids no card has "
+                f"({', '.join(rest[:5])}, ...), {records} records in the last "
+                f"{snapshot.window_seconds:g} s: {_ACTION[severity]}",
+                value={"buses": len(rest), "records": records},
+                threshold=None,
+            )
         )
 
     in_window = {occ.id for occ in snapshot.window}
@@ -508,5 +535,6 @@ def patrol_kernel_log(
         "source": snapshot.source,
         "new_events": len(events),
         "window_events": sum(snapshot.window_counts.values()),
+        "untracked_events": snapshot.untracked,
     }
     return KernelLogResult(tuple(events), tuple(findings), snapshot, summary)

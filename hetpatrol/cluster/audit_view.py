@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from hetpatrol.cluster.slurm_conf import (
     parse_show_partitions,
     parse_slurm_conf,
 )
-from hetpatrol.cluster.slurm_nodes import SlurmReadError, read_nodes
+from hetpatrol.cluster.slurm_nodes import SlurmReadError, read_nodes, run_scontrol
 from hetpatrol.cluster.sources import read_regular, timeout_seconds
 from hetpatrol.config import load_config
 from hetpatrol.node_view import Painter, printable, use_color
@@ -70,14 +70,8 @@ def render(doc: dict[str, Any], *, color: bool = False) -> str:
 
 
 def _scontrol(argv: list[str], args: list[str], timeout: float) -> str:
-    try:
-        proc = subprocess.run(
-            [*argv, *args], capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except FileNotFoundError:
-        raise SlurmReadError(f"{argv[0]}: not found") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmReadError(f"{' '.join([*argv, *args])}: no answer in {timeout:.0f} s") from None
+    # bounded as the fleet's node read: killed at the timeout, its answer size capped
+    proc = run_scontrol([*argv, *args], timeout)
     if proc.returncode != 0:
         detail = (proc.stderr.strip() or "no output").splitlines()[-1]
         raise SlurmReadError(f"{' '.join([*argv, *args])}: {detail}")
@@ -88,20 +82,25 @@ def gather(args: argparse.Namespace) -> AuditInput:
     """Read every source the options name; ``SlurmReadError``/``PrometheusError``/
     ``OSError`` when one cannot be read."""
     live = None
+    deadline = time.monotonic() + args.timeout  # --timeout: the whole gathering
+
+    def left() -> float:
+        return deadline - time.monotonic()
+
     if args.slurm_conf is not None:
         conf: SlurmConf = parse_slurm_conf(args.slurm_conf)
         base = args.slurm_conf.parent
     else:
-        conf = parse_show_config(_scontrol(args.scontrol, ["show", "config"], args.timeout))
+        conf = parse_show_config(_scontrol(args.scontrol, ["show", "config"], left()))
         conf.partitions = parse_show_partitions(
-            _scontrol(args.scontrol, ["show", "partition", "-o"], args.timeout)
+            _scontrol(args.scontrol, ["show", "partition", "-o"], left())
         )
         base = None
         s = conf.get("SLURM_CONF")
         if s is not None and s.value:
             base = Path(s.value).parent
     if args.live or args.slurm_conf is None:
-        live, _source = read_nodes(args.scontrol, args.timeout)
+        live, _source = read_nodes(args.scontrol, left())
     gres_path = args.gres_conf or (base / "gres.conf" if base else None)
     gres_lines = None
     if gres_path is not None and (args.gres_conf is not None or gres_path.is_file()):
@@ -113,7 +112,7 @@ def gather(args: argparse.Namespace) -> AuditInput:
     daemons = None
     notes: list[str] = []
     if args.prometheus:
-        client = PrometheusClient(args.prometheus, args.timeout)
+        client = PrometheusClient(args.prometheus, args.timeout, deadline=deadline)
         daemons = read_daemons(client, args.node_label, args.job, notes)
         runtime = client.query(runtime_query(args.node_label, args.job))
         add_node_findings(daemons, runtime, args.node_label)

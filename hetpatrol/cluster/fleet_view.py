@@ -17,6 +17,7 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,7 @@ def render(doc: dict[str, Any], *, color: bool = False) -> str:
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     notes: list[str] = []
+    deadline = time.monotonic() + args.timeout
     try:
         if args.slurm_nodes is not None:
             source = f"file {args.slurm_nodes}"
@@ -179,7 +181,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             require_nodes(nodes, source)
         else:
             nodes, source = read_nodes(args.scontrol, args.timeout)
-        client = PrometheusClient(args.prometheus, args.timeout)
+        # --timeout is for the whole command: scontrol and every query together
+        client = PrometheusClient(args.prometheus, args.timeout, deadline=deadline)
         daemons = read_daemons(client, args.node_label, args.job, notes)
     except (SlurmReadError, PrometheusError, OSError, ValueError) as exc:
         print(printable(f"hetpatrol fleet: {exc}"), file=sys.stderr)

@@ -8,8 +8,11 @@ Errors (no answer, HTTP error, ``"status": "error"``, an answer of another shape
 
 Bounds: each query has an overall deadline of ``timeout`` seconds (connect, headers and
 body together: a server that drips its answer byte by byte is cut off at the deadline,
-not at ``timeout`` per read), and an answer larger than :data:`ANSWER_MAX` bytes is
-refused unread.
+not at ``timeout`` per read), and no query runs past the client's ``deadline`` (one
+``--timeout`` for a whole command, however many queries it makes); an answer larger
+than :data:`ANSWER_MAX` bytes is refused (by its Content-Length unread, else once that
+many bytes came): parsed, a JSON answer takes some 40 times its size in memory (a 200 MB
+answer took 7.4 GB).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import math
 import socket
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,9 +31,10 @@ if TYPE_CHECKING:
 
 #: Seconds one query may take, all of it.
 QUERY_TIMEOUT = 30.0
-#: Most bytes of one answer (the fleet's queries aggregate on the server: a 10,000-node
-#: answer is a few MB).
-ANSWER_MAX = 256 * 1024 * 1024
+#: Most bytes of one answer: 16 MiB. The fleet's queries aggregate on the server: the
+#: largest, ``count by (node, instance, vendor, card_type, ...)``, is ~250 bytes per node
+#: and card type, some 5 MB for 10,000 nodes of two types.
+ANSWER_MAX = 16 * 1024 * 1024
 #: Most bytes of an error answer read for its message.
 _ERROR_MAX = 64 * 1024
 _CHUNK = 1 << 16
@@ -82,12 +87,31 @@ class _Deadline:
 class PrometheusClient:
     """Instant queries against ``base_url`` (``http://prometheus:9090``, a path prefix
     such as ``/prometheus`` kept); ``timeout``: seconds per query, all of it;
-    ``max_bytes``: the largest answer read."""
+    ``deadline``: ``time.monotonic()`` after which no query runs or goes on (a command's
+    ``--timeout`` as a whole); ``max_bytes``: the largest answer read."""
 
-    def __init__(self, base_url: str, timeout: float = QUERY_TIMEOUT, max_bytes: int = ANSWER_MAX):
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = QUERY_TIMEOUT,
+        max_bytes: int = ANSWER_MAX,
+        *,
+        deadline: float | None = None,
+    ):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.max_bytes = max_bytes
+        self.deadline = deadline
+
+    def _seconds_left(self, url: str) -> float:
+        """Seconds this query may take: ``timeout``, or less when the deadline is nearer;
+        ``PrometheusError`` when the deadline has passed."""
+        if self.deadline is None:
+            return self.timeout
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise PrometheusError(f"{url}: no time left of the --timeout for this query")
+        return min(self.timeout, left)
 
     def _post(self, url: str, body: bytes) -> tuple[int, bytes]:
         """(HTTP status, body) within the deadline and the size bound."""
@@ -100,9 +124,10 @@ class PrometheusClient:
             raise PrometheusError(f"{url}: not an http:// or https:// URL")
         host = parts.netloc.rpartition("@")[2]
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        conn = cls(host, timeout=self.timeout)
+        seconds = self._seconds_left(url)
+        conn = cls(host, timeout=seconds)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
-        with _Deadline(conn, self.timeout) as deadline:
+        with _Deadline(conn, seconds) as deadline:
             try:
                 conn.connect()  # within ``timeout``, which the deadline is
                 deadline.sock = conn.sock
@@ -137,10 +162,10 @@ class PrometheusClient:
             except (http.client.HTTPException, OSError) as exc:
                 if deadline.expired.is_set():
                     raise PrometheusError(
-                        f"{url}: no complete answer within {self.timeout:g} s"
+                        f"{url}: no complete answer within {seconds:g} s"
                     ) from None
                 if isinstance(exc, socket.timeout):
-                    raise PrometheusError(f"{url}: no answer within {self.timeout:g} s") from None
+                    raise PrometheusError(f"{url}: no answer within {seconds:g} s") from None
                 raise PrometheusError(
                     f"{url}: {exc.strerror or exc}"
                     if isinstance(exc, OSError)

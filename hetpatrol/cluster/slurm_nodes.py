@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -27,12 +27,17 @@ from typing import Any
 
 from hetpatrol.slurm.drain import ours
 from hetpatrol.slurm.gres import GresEntry, parse_gres, parse_scontrol_nodes
+from hetpatrol.tool import ToolOutput, run_tool
 
 #: The GRES strings of a cluster repeat (one per node batch): each is parsed once.
 _parse_gres = lru_cache(maxsize=8192)(parse_gres)
 
 #: Seconds one scontrol call may take (a 10,000-node JSON document takes about one).
 SCONTROL_TIMEOUT = 60.0
+#: Most bytes of one scontrol answer kept: 64 MiB (``scontrol --json show node`` is
+#: ~5 KB a node, 50 MB for 10,000; the text form a tenth of it). scontrol printing more
+#: is killed and its answer refused, never parsed.
+SCONTROL_OUTPUT_MAX = 64 * 1024 * 1024
 
 
 class SlurmReadError(RuntimeError):
@@ -259,20 +264,30 @@ def require_nodes(nodes: NodeList, source: str) -> NodeList:
     return nodes
 
 
-def _run(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess:
+def run_scontrol(argv: Sequence[str], timeout: float) -> ToolOutput:
+    """Run a Slurm command with :func:`hetpatrol.tool.run_tool`: its own process group
+    killed at ``timeout`` seconds, at most :data:`SCONTROL_OUTPUT_MAX` bytes of stdout
+    (more: killed). ``SlurmReadError`` when it cannot be run, has not answered in time
+    (or ``timeout`` is spent already) or printed more than the bound."""
+    cmd = " ".join(argv)
+    if timeout <= 0:
+        raise SlurmReadError(f"{cmd}: no time left of the --timeout to run it")
     try:
-        return subprocess.run(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        out = run_tool(argv, timeout, stdout_cap=SCONTROL_OUTPUT_MAX)
     except FileNotFoundError:
         raise SlurmReadError(f"{argv[0]}: not found (is slurm-client installed?)") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmReadError(f"{' '.join(argv)}: no answer within {timeout:.0f} s") from None
+    except OSError as exc:
+        raise SlurmReadError(f"{cmd}: {exc.strerror or exc}") from None
+    if out.truncated:
+        raise SlurmReadError(
+            f"{cmd}: printed more than {SCONTROL_OUTPUT_MAX} bytes: killed, not read"
+        )
+    if out.hung:
+        raise SlurmReadError(f"{cmd}: no answer within {timeout:.3g} s")
+    return out
+
+
+_run = run_scontrol
 
 
 def read_nodes(
@@ -281,8 +296,9 @@ def read_nodes(
     """Every node: ``(nodes, source)`` with source ``json`` or ``text``.
 
     ``SlurmReadError`` (with scontrol's own message) when neither form can be read, or
-    when they hold no node.
+    when they hold no node. ``timeout`` is for both calls together.
     """
+    deadline = time.monotonic() + timeout
     js = _run([*scontrol, "--json", "show", "node"], timeout)
     if js.returncode == 0 and js.stdout.lstrip().startswith("{"):
         try:
@@ -291,7 +307,7 @@ def read_nodes(
                 return nodes, "json"
         except ValueError:
             pass
-    txt = _run([*scontrol, "-d", "-o", "show", "node"], timeout)
+    txt = _run([*scontrol, "-d", "-o", "show", "node"], deadline - time.monotonic())
     if txt.returncode != 0:
         detail = (txt.stderr.strip() or txt.stdout.strip() or "no output").splitlines()[-1]
         raise SlurmReadError(f"{' '.join([*scontrol, '-d', '-o', 'show', 'node'])}: {detail}")

@@ -320,10 +320,10 @@ def cmd_audit(args) -> int:
     elif not findings:
         print("ok: every card type on the nodes is tracked and priced apart")
     else:
-        for f in findings:
-            print(f"{f.severity}: {f.message}")
+        for f in findings:  # node names and GRES text come from scontrol: no controls
+            print(printable(f"{f.severity}: {f.message}"))
             if f.fix:
-                print(f"  fix: {f.fix}")
+                print(printable(f"  fix: {f.fix}"))
     return audit_mod.exit_code(findings)
 
 

@@ -14,6 +14,7 @@ import json
 from datetime import datetime, timezone
 
 from hetpatrol.ledger.usage import Ledger, Totals
+from hetpatrol.node_view import printable
 
 COLUMNS = ("gres", "card_hours", "jobs", "runs", "mean_wait_hours", "max_cards")
 
@@ -76,8 +77,8 @@ def to_csv(ledger: Ledger) -> str:
     fields = [*ledger.by, *COLUMNS, "card_seconds"]
     w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
     w.writeheader()
-    for row in rows(ledger):
-        w.writerow({k: "" if v is None else v for k, v in row.items()})
+    for row in rows(ledger):  # account and user names are chosen by people: no controls
+        w.writerow({k: "" if v is None else printable(v) for k, v in row.items()})
     return buf.getvalue()
 
 
@@ -92,8 +93,8 @@ def to_table(ledger: Ledger) -> str:
                 cells.append("-")
             elif col in ("card_hours", "mean_wait_hours"):
                 cells.append(f"{v:.3f}")
-            else:
-                cells.append(str(v))
+            else:  # account and user names are chosen by people: no control characters
+                cells.append(printable(str(v)))
         body.append(cells)
     widths = [
         max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)
@@ -112,7 +113,7 @@ def to_table(ledger: Ledger) -> str:
         )
     if not body:
         lines.append("(no card time in the window)")
-    lines.extend(f"note: {n}" for n in notes(ledger))
+    lines.extend(f"note: {printable(n)}" for n in notes(ledger))
     return "\n".join(lines) + "\n"
 
 

@@ -5,10 +5,14 @@ partitions (``scontrol``), all through an argv prefix (``["scontrol"]`` or
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 
 from hetpatrol.slurm.gres import parse_scontrol_nodes
+from hetpatrol.tool import run_tool
+
+#: Most bytes of one answer kept: 64 MiB (``scontrol show node -o`` is ~500 bytes a
+#: node); a command printing more is killed and its answer refused, never parsed.
+OUTPUT_MAX = 64 * 1024 * 1024
 
 
 class SlurmQueryError(RuntimeError):
@@ -16,13 +20,18 @@ class SlurmQueryError(RuntimeError):
 
 
 def run(argv: Sequence[str], timeout: float = 60.0) -> str:
-    """stdout of ``argv``; :class:`SlurmQueryError` with stderr when it fails."""
+    """stdout of ``argv`` (run by :func:`hetpatrol.tool.run_tool`: its process group killed
+    at ``timeout`` seconds or past :data:`OUTPUT_MAX` bytes); :class:`SlurmQueryError`
+    with stderr when it fails, hangs or prints more than the bound."""
+    cmd = " ".join(argv)
     try:
-        out = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SlurmQueryError(f"{' '.join(argv)}: {exc}") from None
+        out = run_tool(argv, timeout, stdout_cap=OUTPUT_MAX)
+    except OSError as exc:
+        raise SlurmQueryError(f"{cmd}: {exc.strerror or exc}") from None
+    if out.truncated:
+        raise SlurmQueryError(f"{cmd}: printed more than {OUTPUT_MAX} bytes: killed, not read")
+    if out.hung:
+        raise SlurmQueryError(f"{cmd}: no answer within {timeout:g} s: killed")
     if out.returncode != 0:
         raise SlurmQueryError(
             f"{' '.join(argv)} exited with {out.returncode}: {out.stderr.strip()[-1000:]}"

@@ -35,17 +35,24 @@ CardKey = tuple[str, "str | None"]  # (gres name, type or None), lower case
 
 
 def parse_tres(text: str) -> dict[str, str]:
-    """``cpu=1,gres/gpu:a100=2`` -> ``{"cpu": "1", "gres/gpu:a100": "2"}`` (raw values).
+    """``cpu=1,gres/gpu:A100=2`` -> ``{"cpu": "1", "gres/gpu:a100": "2"}`` (raw values,
+    names lower case).
 
-    Empty, ``(null)`` and items without ``=`` give nothing; a repeated key keeps the last.
+    Empty, ``(null)`` and items without ``=`` give nothing; a repeated name keeps the
+    last. Names are compared without case, as Slurm does: ``assoc_mgr_find_tres_pos()``
+    (src/common/assoc_mgr.c, SchedMD/slurm 284c3b95) and the slurmdbd TRES list lookup
+    ``_list_find_tres()`` match type and name with ``xstrcasecmp``, so ``gres/gpu:A100``
+    and ``gres/gpu:a100`` are one TRES: counting both would count its cards twice.
     """
     out: dict[str, str] = {}
     if not text or text == "(null)":
         return out
     for item in text.split(","):
         key, sep, value = item.partition("=")
+        key = key.strip().lower()
         if sep and key:
-            out[key.strip()] = value.strip()
+            out.pop(key, None)  # the last one, in its place
+            out[key] = value.strip()
     return out
 
 
@@ -59,15 +66,13 @@ def gres_tres(text: str) -> tuple[dict[CardKey, int], list[str]]:
         if not key.startswith("gres/"):
             continue
         name, _, gtype = key[5:].partition(":")
-        name = name.lower()
         if name in NOT_CARDS:
             continue
         count = parse_count(value)
         if count is None or count > MAX_CARDS_PER_JOB:
             bad.append(f"{key}={value}")
             continue
-        k = (name, gtype.lower() or None)
-        cards[k] = cards.get(k, 0) + count
+        cards[(name, gtype or None)] = count  # one per name: parse_tres kept the last
     return cards, bad
 
 
