@@ -390,8 +390,12 @@ class GresConfLine:
 
     ``nodes`` is None for a line without ``NodeName=`` (it applies to every node), else
     the ``NodeName=`` host list (``node in line.nodes`` tests it without expanding it);
-    ``count`` is ``Count=``, else the number of ``File=``/``MultipleFiles=`` devices,
-    else 1. ``autodetect`` is set on ``AutoDetect=`` lines.
+    ``count`` is ``Count=``, else the number of ``File=`` devices, else 1 (a
+    ``MultipleFiles=`` line is one GRES however many files it names, gres.conf(5)
+    MultipleFiles: "all of the files are associated with a single GRES"; slurmd 22.05
+    ``slurmd -G`` prints ``Count=1`` for it). ``autodetect`` is set on ``AutoDetect=``
+    lines; ``cores`` is ``Cores=`` as written; ``multiple_files`` whether the files came
+    from ``MultipleFiles=``.
     """
 
     line: int
@@ -401,6 +405,8 @@ class GresConfLine:
     count: int
     files: tuple[str, ...] = ()
     autodetect: str | None = None
+    cores: str | None = None
+    multiple_files: bool = False
 
 
 @dataclass(frozen=True)
@@ -445,8 +451,9 @@ def parse_gres_conf(text: str) -> list[GresConfLine]:
         count = parse_count(kv["count"]) if "count" in kv else None
         if "count" in kv and count is None:
             raise ValueError(f"line {lineno}: Count={kv['count']} is not a count")
+        multiple = "multiplefiles" in kv
         if count is None:
-            count = len(files) if files else 1
+            count = len(files) if files and not multiple else 1
         gtype = kv.get("type")
         out.append(
             GresConfLine(
@@ -457,6 +464,8 @@ def parse_gres_conf(text: str) -> list[GresConfLine]:
                 count=count,
                 files=files,
                 autodetect=kv["autodetect"].lower() if "autodetect" in kv else None,
+                cores=kv.get("cores") or kv.get("cpus"),
+                multiple_files=multiple,
             )
         )
     return out

@@ -1,0 +1,78 @@
+"""``gres_conf_cores`` (error): a gres.conf ``Cores=`` naming a core the node does not
+have. gres.conf(5) Cores: "Specify the first thread CPU index numbers for the specific
+cores which can use this resource" (0 .. cores-1, the node's Sockets x CoresPerSocket
+of slurm.conf, or CPUs / ThreadsPerCore). slurmd 22.05 logs "Invalid GRES data for gpu,
+Cores=0-511" and slurmctld refuses the node's GRES: "_node_config_validate: gres/gpu:
+invalid GRES core specification (0-511) on node ..." (src/common/gres.c; run on the real
+daemons in tests/test_audit_rules_daemons.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from hetpatrol.cluster.audit_rules.context import AuditFinding, Context
+from hetpatrol.cluster.hostlist import compress_hostlist
+from hetpatrol.cluster.slurm_conf import NodeDecl
+
+NAME = "gres_conf_cores"
+SOURCE = "gres.conf(5) Cores; src/common/gres.c _node_config_validate"
+
+
+def _int(fields: dict[str, str], key: str) -> int | None:
+    v = fields.get(key.lower())
+    return int(v) if v is not None and v.isdigit() else None
+
+
+def node_cores(decl: NodeDecl) -> int | None:
+    """Cores of a NodeName line (slurm.conf(5): Boards x SocketsPerBoard (or Sockets) x
+    CoresPerSocket; else CPUs / ThreadsPerCore); None when the line does not say."""
+    f = decl.fields
+    cps = _int(f, "CoresPerSocket")
+    sockets = _int(f, "Sockets")
+    if sockets is None and _int(f, "SocketsPerBoard") is not None:
+        sockets = _int(f, "SocketsPerBoard") * (_int(f, "Boards") or 1)
+    if cps is not None:
+        return cps * (sockets or 1)
+    cpus = _int(f, "CPUs") or _int(f, "Procs")
+    if cpus is not None:
+        return cpus // (_int(f, "ThreadsPerCore") or 1)
+    return None
+
+
+def highest_core(text: str) -> int | None:
+    """The highest index of a ``Cores=`` list (``0-15,32-47`` -> 47); None unreadable."""
+    nums = [int(n) for n in re.findall(r"[0-9]+", text)]
+    if not nums or not re.fullmatch(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*", text.strip()):
+        return None
+    return max(nums)
+
+
+def check(ctx: Context) -> Iterator[AuditFinding]:
+    inp = ctx.inp
+    for ln in inp.gres_conf or ():
+        if not ln.cores:
+            continue
+        top = highest_core(ln.cores)
+        if top is None:
+            continue
+        bad: list[str] = []
+        have = 0
+        for v in ctx.nodes:
+            if v.decl is None or not (ln.nodes is None or v.name in ln.nodes):
+                continue
+            cores = node_cores(v.decl)
+            if cores is not None and top >= cores:
+                bad.append(v.name)
+                have = cores
+        if bad:
+            yield AuditFinding(
+                NAME,
+                "error",
+                f"{inp.gres_conf_path}:{ln.line}",
+                f"Cores={ln.cores} names core {top}, but {compress_hostlist(bad)} "
+                f"{'has' if len(bad) == 1 else 'have'} {have} cores (0-{have - 1}): slurmctld "
+                f"refuses the node's GRES (invalid GRES core specification)",
+                f"Cores= within 0-{have - 1} (or fix the node's Sockets/CoresPerSocket)",
+            )
