@@ -1,7 +1,8 @@
 """``billing``: a partition holding several card classes weighs each type in
 ``TRESBillingWeights`` (slurm.conf(5) PartitionName TRESBillingWeights: "Billing
 weights ... for each TRES type"; an unlisted TRES weighs 0): warning where a type is
-missing; info when accounting is on and no partition sets weights (billing counts CPUs
+missing; info when accounting is on, the cluster has several card types and no
+partition sets weights (billing counts CPUs
 only, the default CPU=1.0).
 """
 
@@ -44,7 +45,7 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
                 + ",".join(f"{x.upper()[:4]}{x[4:]}=<weight>" for x in lacking),
             )
     kind = ctx.setting("AccountingStorageType").lower()
-    if not any_weights and kind not in ("", "accounting_storage/none", "none"):
+    if not any_weights and len(typed) >= 2 and kind not in ("", "accounting_storage/none", "none"):
         yield AuditFinding(
             NAME,
             "info",
