@@ -280,7 +280,7 @@ def test_gres_conf_cores_beyond_the_node(tmp_path):
         cgroup=CGROUP,
     )
     (f,) = _of(report, "gres_conf_cores")
-    assert (f.severity, f.where) == ("error", "gres.conf:2")
+    assert (f.severity, f.where) == ("warning", "gres.conf:2")
     assert f.message.startswith("Cores=16-63 names core 63, but gn01 has 32 cores (0-31)")
 
 
@@ -333,3 +333,20 @@ def test_accounting_on_with_the_typed_tres(tmp_path):
         assert f.message.startswith(
             f"AccountingStorageType={value or '(not set)'}: accounting is off"
         )
+
+
+def test_untyped_gres_conf_lines_one_finding_per_name(tmp_path):
+    report = _audit(
+        tmp_path,
+        [*QUIET, "NodeName=gn01 Gres=gpu:2", "PartitionName=p Nodes=gn01"],
+        ["NodeName=gn01 Name=gpu File=/dev/nvidia0", "NodeName=gn01 Name=gpu File=/dev/nvidia1"],
+        cgroup=CGROUP,
+    )
+    assert [(f.severity, f.where, f.message) for f in _of(report, "untyped_gres")] == [
+        (
+            "warning",
+            f"{tmp_path}/slurm.conf:8",
+            "gn01: GRES gpu has no type: a job cannot ask for this card class by name",
+        ),
+        ("warning", "gres.conf:1", "gres.conf Name=gpu without Type= (lines 1, 2)"),
+    ]

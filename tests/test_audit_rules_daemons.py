@@ -170,14 +170,16 @@ def test_multiple_files_is_one_card():
         _stop(c)
 
 
-def test_cores_beyond_the_node_are_refused():
-    """The test node is declared with 1 CPU (slurm.conf sets no CPUs: 1 core)."""
+def test_cores_beyond_the_node_lose_their_binding():
+    """The test node is declared with 1 CPU (slurm.conf sets no CPUs: 1 core). Both
+    daemons log the bad Cores=, and the node still registers idle with its 8 GPUs."""
     c = _with(
         "gpu:a100:8", "NodeName={node} Name=gpu Type=a100 File={dev}/nvidia[0-7] Cores=0-511\n"
     )
     try:
         with c.explain():
-            _wait_state(c)
+            assert _wait_state(c) == "IDLE"
+            assert " Gres=gpu:a100:8 " in c.scontrol("show", "node", "-o", NODE_NAME)
             assert "Invalid GRES data for gpu, Cores=0-511" in _log(c, "slurmd")
             assert "invalid GRES core specification (0-511)" in _log(c, "slurmctld")
     finally:
@@ -197,5 +199,37 @@ def test_gres_conf_line_for_undefined_nodes_does_nothing():
             (f,) = _audit(c, "gres_conf_nodes")
             assert (f.severity, f.where) == ("warning", f"{c.gres_conf}:2")
             assert f.message.startswith("NodeName=ghost[1-2] (2 nodes) is defined by no NodeName")
+    finally:
+        _stop(c)
+
+
+def test_gres_conf_lines_for_a_node_without_gres_are_ignored():
+    c = _with("", "NodeName={node} Name=gpu Type=a100 File={dev}/nvidia[0-7]\n")
+    try:
+        with c.explain():
+            assert _wait_state(c) == "IDLE"
+            assert " Gres=(null) " in c.scontrol("show", "node", "-o", NODE_NAME)
+            assert "Ignoring extra GRES" in _log(c, "slurmd")
+            (f,) = _audit(c, "gres_conf_count")
+            assert f.severity == "warning"
+            assert "gres.conf gives 8 gpu more than the 0 slurm.conf configures" in f.message
+    finally:
+        _stop(c)
+
+
+def test_autodetect_flag_unknown_to_22_05():
+    """AutoDetect=nvidia (24.11): slurmd 22.05 says it does not know it and counts the
+    lines alone."""
+    c = _with(
+        "gpu:a100:8",
+        "AutoDetect=nvidia\nNodeName={node} Name=gpu Type=a100 File={dev}/nvidia[0-7]\n",
+    )
+    try:
+        with c.explain():
+            assert _wait_state(c) == "IDLE"
+            assert "error: unknown autodetect flag 'nvidia'" in _log(c, "slurmd")
+            (f,) = _audit(c, "gres_conf_autodetect")
+            assert (f.severity, f.where) == ("warning", f"{c.gres_conf}:1")
+            assert "nvidia is Slurm 24.11 and later" in f.message
     finally:
         _stop(c)

@@ -34,6 +34,19 @@ from hetpatrol.slurm.gres import (
 SEVERITIES = ("error", "warning", "info")
 GresKey = tuple[str, str | None]  # (name, type) lower-case; None = untyped
 CardClass = tuple[str, str]  # (vendor, type) lower-case; "" = unknown
+#: AutoDetect= values slurmd 22.05 detects with (src/common/gres.c
+#: ``_handle_autodetect_flags``: nvml, rsmi, oneapi; "off"; anything else is "error:
+#: unknown autodetect flag" and nothing is detected). Later releases add nrt (23.11),
+#: nvidia (24.11), full (26.05).
+AUTODETECT_22_05 = frozenset({"nvml", "rsmi", "oneapi"})
+AUTODETECT_LATER = {"nrt": "23.11", "nvidia": "24.11", "full": "26.05"}
+
+
+def detects(flag: str | None) -> bool:
+    """Whether slurmd 22.05 detects cards with this ``AutoDetect=`` value."""
+    return bool(flag) and any(f in AUTODETECT_22_05 for f in flag.lower().split(","))
+
+
 #: GRES that share one card's device files (gres.conf(5) "Sharding", MPS): never a card
 SHARING_GRES = frozenset({"mps", "shard"})
 

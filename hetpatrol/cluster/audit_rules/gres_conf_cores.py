@@ -1,10 +1,14 @@
-"""``gres_conf_cores`` (error): a gres.conf ``Cores=`` naming a core the node does not
-have. gres.conf(5) Cores: "Specify the first thread CPU index numbers for the specific
+"""``gres_conf_cores`` (warning): a gres.conf ``Cores=`` (or its old name ``CPUs=``, read
+the same way: ``_parse_gres_config`` in src/common/gres.c 22.05) naming a core the node
+does not have. gres.conf(5) Cores: "Specify the first thread CPU index numbers for the specific
 cores which can use this resource" (0 .. cores-1, the node's Sockets x CoresPerSocket
 of slurm.conf, or CPUs / ThreadsPerCore). slurmd 22.05 logs "Invalid GRES data for gpu,
-Cores=0-511" and slurmctld refuses the node's GRES: "_node_config_validate: gres/gpu:
-invalid GRES core specification (0-511) on node ..." (src/common/gres.c; run on the real
-daemons in tests/test_audit_rules_daemons.py).
+Cores=0-511" and slurmctld "_node_config_validate: gres/gpu: invalid GRES core
+specification (0-511) on node ...", and drops the line's core binding: the node still
+registers (idle) and the cards are handed out with no core affinity (src/common/gres.c
+22.05 ``_node_config_validate``; run on the real daemons in
+tests/test_audit_rules_daemons.py). slurmd is fatal ("only N CPUs are available") only
+where the cores exist in the node's layout but not in its CPU count.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
         for v in ctx.nodes:
             if v.decl is None or not (ln.nodes is None or v.name in ln.nodes):
                 continue
+            if not any(e.name.lower() == (ln.name or "").lower() for e in v.gres):
+                continue  # a GRES the node does not configure: slurmd drops the line
             cores = node_cores(v.decl)
             if cores is not None and top >= cores:
                 bad.append(v.name)
@@ -69,10 +75,10 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
         if bad:
             yield AuditFinding(
                 NAME,
-                "error",
+                "warning",
                 f"{inp.gres_conf_path}:{ln.line}",
                 f"Cores={ln.cores} names core {top}, but {compress_hostlist(bad)} "
                 f"{'has' if len(bad) == 1 else 'have'} {have} cores (0-{have - 1}): slurmctld "
-                f"refuses the node's GRES (invalid GRES core specification)",
+                "drops the line's core binding (invalid GRES core specification)",
                 f"Cores= within 0-{have - 1} (or fix the node's Sockets/CoresPerSocket)",
             )

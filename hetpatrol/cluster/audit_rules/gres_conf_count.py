@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from hetpatrol.cluster.audit_rules.context import AuditFinding, Context, where_of
+from hetpatrol.cluster.audit_rules.context import AuditFinding, Context, detects, where_of
 from hetpatrol.cluster.hostlist import compress_hostlist
 from hetpatrol.slurm.gres import sum_gres
 
@@ -52,7 +52,7 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
     high: dict[tuple, list[str]] = defaultdict(list)
     for v in ctx.nodes:
         gc = ctx.gres_conf_of(v.name)
-        if gc.autodetect not in (None, "off"):
+        if detects(gc.autodetect):
             continue
         want = {e.key: e.count for e in sum_gres(v.gres) if ctx.is_card(e.name)}
         have = {e.key: e.count for e in gc.entries if ctx.is_card(e.name)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from hetpatrol.cluster.audit_rules.context import AuditFinding, Context
+from hetpatrol.cluster.audit_rules.context import AuditFinding, Context, detects
 from hetpatrol.cluster.hostlist import compress_hostlist
 
 NAME = "gres_conf_files"
@@ -25,7 +25,7 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
     without: dict[str, list[str]] = {}
     first_without: dict[str, str] = {}
     for v in ctx.nodes:
-        auto = ctx.gres_conf_of(v.name).autodetect not in (None, "off")
+        auto = detects(ctx.gres_conf_of(v.name).autodetect)
         for ln in ctx.gres_conf_lines_of(v.name):
             name = (ln.name or "").lower()
             if not ctx.is_card(name):

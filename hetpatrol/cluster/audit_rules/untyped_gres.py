@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from hetpatrol.cluster.audit_rules.context import (
     AuditFinding,
     Context,
+    detects,
     group,
     vendor_of_gres,
     where_of,
@@ -82,19 +83,30 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
             f"Gres={name}:{fix_type}:<count> on this line"
             + ("" if conf_types else ", and Type=<card type> in gres.conf"),
         )
+    # untyped gres.conf lines, one finding per GRES name; a line read only on nodes
+    # under AutoDetect gets its type from the plugin (gres.conf(5) AutoDetect)
+    auto_nodes = {v.name for v in ctx.nodes if detects(ctx.gres_conf_of(v.name).autodetect)}
+    by_name: dict[str, list[int]] = {}
     for ln in inp.gres_conf or ():
-        if ln.name and ctx.is_card(ln.name) and not ln.type:
-            several = len(_vendors(ctx, ln.name.lower())) >= 2
-            yield AuditFinding(
-                NAME,
-                "error" if several else "warning",
-                f"{inp.gres_conf_path}:{ln.line}",
-                f"gres.conf Name={ln.name} without Type="
-                + (
-                    f": {ln.name} holds the cards of two vendors, --gres={ln.name}:1 can "
-                    "land on either"
-                    if several
-                    else ""
-                ),
-                f"add Type=<card type> (the type in slurm.conf Gres={ln.name}:<type>:N)",
-            )
+        if not (ln.name and ctx.is_card(ln.name) and not ln.type):
+            continue
+        covered = [v.name for v in ctx.nodes if ln.nodes is None or v.name in ln.nodes]
+        if covered and all(n in auto_nodes for n in covered):
+            continue
+        by_name.setdefault(ln.name, []).append(ln.line)
+    for name, lines in by_name.items():
+        several = len(_vendors(ctx, name.lower())) >= 2
+        where = f"{inp.gres_conf_path}:{lines[0]}"
+        more = f" (lines {', '.join(map(str, lines))})" if len(lines) > 1 else ""
+        yield AuditFinding(
+            NAME,
+            "error" if several else "warning",
+            where,
+            f"gres.conf Name={name} without Type={more}"
+            + (
+                f": {name} holds the cards of two vendors, --gres={name}:1 can land on either"
+                if several
+                else ""
+            ),
+            f"add Type=<card type> (the type in slurm.conf Gres={name}:<type>:N)",
+        )
