@@ -37,9 +37,9 @@ CardClass = tuple[str, str]  # (vendor, type) lower-case; "" = unknown
 #: AutoDetect= values slurmd 22.05 detects with (src/common/gres.c
 #: ``_handle_autodetect_flags``: nvml, rsmi, oneapi; "off"; anything else is "error:
 #: unknown autodetect flag" and nothing is detected). Later releases add nrt (23.11),
-#: nvidia (24.11), full (26.05).
+#: nvidia (24.11), full (the development branch after 25.11).
 AUTODETECT_22_05 = frozenset({"nvml", "rsmi", "oneapi"})
-AUTODETECT_LATER = {"nrt": "23.11", "nvidia": "24.11", "full": "26.05"}
+AUTODETECT_LATER = {"nrt": "23.11", "nvidia": "24.11", "full": "after 25.11"}
 
 
 def detects(flag: str | None) -> bool:

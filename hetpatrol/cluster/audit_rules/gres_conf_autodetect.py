@@ -3,7 +3,7 @@ know. gres.conf(5) AutoDetect (22.05): nvml, rsmi, oneapi, off; slurmd logs "err
 unknown autodetect flag 'nvidia'" and detects nothing (src/common/gres.c
 ``_handle_autodetect_flags``; run on the real slurmd in
 tests/test_audit_rules_daemons.py), so the counts come from the lines alone. Later
-releases add ``nrt`` (23.11), ``nvidia`` (24.11) and ``full`` (26.05).
+releases add ``nrt`` (23.11), ``nvidia`` (24.11) and ``full`` (after 25.11).
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
                 f"{inp.gres_conf_path}:{ln.line}",
                 f"AutoDetect={flag}: slurmd 22.05 does not know it (error: unknown "
                 f"autodetect flag '{flag}') and detects nothing"
-                + (f"; {flag} is Slurm {later} and later" if later else ""),
+                + (
+                    f"; {flag} is Slurm {later}" + (" and later" if later[0].isdigit() else "")
+                    if later
+                    else ""
+                ),
                 "AutoDetect=nvml (NVIDIA), rsmi (AMD), oneapi (Intel) or off on 22.05",
             )
