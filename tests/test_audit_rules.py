@@ -350,3 +350,27 @@ def test_untyped_gres_conf_lines_one_finding_per_name(tmp_path):
         ),
         ("warning", "gres.conf:1", "gres.conf Name=gpu without Type= (lines 1, 2)"),
     ]
+
+
+def test_default_lines_continuations_frontends_and_down_nodes(tmp_path):
+    """NodeName=DEFAULT values reach the lines after it, a backslash continues a line,
+    FrontendName is no node line, and DownNodes of defined nodes is no finding."""
+    report = _audit(
+        tmp_path,
+        [
+            *QUIET,
+            "FrontendName=fe01",
+            "NodeName=DEFAULT Gres=gpu:a100:8 \\",
+            "   Features=a100",
+            "NodeName=gn[01-02]-ib",
+            "DownNodes=gn01-ib State=DOWN Reason=bad",
+            "DownNodes=gn09-ib State=DOWN Reason=gone",
+            "PartitionName=p Nodes=gn[01-02]-ib",
+        ],
+        cgroup=CGROUP,
+    )
+    assert report.nodes == 2
+    assert [(f.check, f.where) for f in report.findings] == [
+        ("down_nodes", f"{tmp_path}/slurm.conf:13")
+    ]
+    assert report.layouts == {"p": "one card class"}

@@ -233,3 +233,20 @@ def test_autodetect_flag_unknown_to_22_05():
             assert "nvidia is Slurm 24.11 and later" in f.message
     finally:
         _stop(c)
+
+
+def test_down_nodes_not_defined_are_ignored():
+    c = start_cluster(extra_conf="DownNodes=ghost[1-2] State=DOWN Reason=gone\n")
+    try:
+        with c.explain():
+            assert 'error: DownNode "ghost1" does not exist!' in _log(c, "slurmctld")
+            (f,) = _audit(c, "down_nodes")
+            assert (f.severity, f.where) == ("warning", f"{c.conf}:{_line_of(c, 'DownNodes=')}")
+            assert f.message.startswith("DownNodes=ghost[1-2] (2 nodes) defined by no NodeName")
+    finally:
+        _stop(c)
+
+
+def _line_of(c: SlurmCluster, start: str) -> int:
+    lines = c.conf.read_text().splitlines()
+    return next(i for i, ln in enumerate(lines, start=1) if ln.startswith(start))
