@@ -171,17 +171,23 @@ def test_multiple_files_is_one_card():
 
 
 def test_cores_beyond_the_node_lose_their_binding():
-    """The test node is declared with 1 CPU (slurm.conf sets no CPUs: 1 core). Both
-    daemons log the bad Cores=, and the node still registers idle with its 8 GPUs."""
+    """Cores= are logical cores, not CPUs: a node of 2 CPUs on 1 core (ThreadsPerCore=2)
+    has core 0 only. Both daemons refuse Cores=1 (and the old name CPUs=), and the node
+    still registers idle with its 8 GPUs."""
     c = _with(
-        "gpu:a100:8", "NodeName={node} Name=gpu Type=a100 File={dev}/nvidia[0-7] Cores=0-511\n"
+        "gpu:a100:8 CPUs=2 Sockets=1 CoresPerSocket=1 ThreadsPerCore=2",
+        "NodeName={node} Name=gpu Type=a100 File={dev}/nvidia[0-3] Cores=0\n"
+        "NodeName={node} Name=gpu Type=a100 File={dev}/nvidia[4-7] CPUs=1\n",
     )
     try:
         with c.explain():
             assert _wait_state(c) == "IDLE"
-            assert " Gres=gpu:a100:8 " in c.scontrol("show", "node", "-o", NODE_NAME)
-            assert "Invalid GRES data for gpu, Cores=0-511" in _log(c, "slurmd")
-            assert "invalid GRES core specification (0-511)" in _log(c, "slurmctld")
+            assert " Gres=gpu:a100:8" in c.scontrol("show", "node", "-o", NODE_NAME)
+            assert "Invalid GRES data for gpu, CPUs=1" in _log(c, "slurmd")
+            assert "invalid GRES core specification (1)" in _log(c, "slurmctld")
+            (f,) = _audit(c, "gres_conf_cores")
+            assert (f.severity, f.where) == ("warning", f"{c.gres_conf}:2")
+            assert f.message.startswith(f"Cores=1 names core 1, but {NODE_NAME} has 1 core (0-0)")
     finally:
         _stop(c)
 

@@ -138,6 +138,54 @@ EXPECTED = {
         ("untyped_gres", "warning", "gres.conf:2"),
     ),
     # the dev overlay's slac.conf defines fewer nodes than its gres.conf names
+    # Slurm's own testsuite (test7.17): lower-case Nodename=/gres= keys, DEFAULT lines,
+    # Cores=[a-b]. 4 logical cores (2 x 2): Cores=[4-7] names cores slurmctld does not
+    # have (gres.c _node_config_validate: "NOTE: gres_slurmd_conf->cpus is cores",
+    # bit_alloc(core_cnt)); test7.17's own program accepts it, for it checks against 8
+    # CPUs without slurmd's abstract-to-machine conversion
+    "schedmd-test7.17.1": (
+        ("confinement", "error", "slurm.conf"),
+        ("untyped_gres", "warning", "slurm.conf:12"),
+        ("untyped_gres", "warning", "gres.conf:4"),
+        ("gres_conf_cores", "warning", "gres.conf:5"),
+        ("accounting", "warning", "slurm.conf"),
+    ),
+    "schedmd-test7.17.2": (  # 8 cores (2 x 4): Cores=8-15 are the threads
+        ("confinement", "error", "slurm.conf"),
+        ("untyped_gres", "warning", "slurm.conf:11"),
+        ("untyped_gres", "warning", "gres.conf:4"),
+        ("gres_conf_cores", "warning", "gres.conf:5"),
+        ("accounting", "warning", "slurm.conf"),
+    ),
+    "schedmd-test7.17.3": (
+        ("confinement", "error", "slurm.conf"),
+        ("untyped_gres", "warning", "slurm.conf:11"),
+        ("untyped_gres", "warning", "gres.conf:4"),
+        *(("gres_conf_cores", "warning", f"gres.conf:{n}") for n in (8, 9, 10, 11)),
+        ("accounting", "warning", "slurm.conf"),
+    ),
+    "schedmd-test7.17.4": (
+        ("confinement", "error", "slurm.conf"),
+        ("untyped_gres", "warning", "slurm.conf:11"),
+        ("untyped_gres", "warning", "gres.conf:4"),
+        ("accounting", "warning", "slurm.conf"),
+    ),
+    # no GresTypes, no Gres= (test7.17 expects this one to fail)
+    "schedmd-test7.17.6": (
+        ("gres_types", "error", "slurm.conf"),
+        ("untyped_gres", "warning", "gres.conf:4"),
+        ("gres_conf_count", "warning", "slurm.conf:11"),
+        ("accounting", "warning", "slurm.conf"),
+    ),
+    # Cores=[0-10000] (test7.17 expects this one to fail)
+    "schedmd-test7.17.7": (
+        ("confinement", "error", "slurm.conf"),
+        ("untyped_gres", "warning", "slurm.conf:11"),
+        ("untyped_gres", "warning", "gres.conf:4"),
+        ("gres_conf_cores", "warning", "gres.conf:4"),
+        ("gres_conf_cores", "warning", "gres.conf:5"),
+        ("accounting", "warning", "slurm.conf"),
+    ),
     "slaclab-dev": (
         *(("gres_conf_nodes", "warning", f"gres.conf:{n}") for n in (10, 11, 12, 17, 18, 19, 24)),
         ("accounting", "warning", "slurm.conf:125"),

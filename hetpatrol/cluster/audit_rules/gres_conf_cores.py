@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from hetpatrol.cluster.audit_rules.context import AuditFinding, Context
+from hetpatrol.cluster.audit_rules.context import AuditFinding, Context, plural
 from hetpatrol.cluster.hostlist import compress_hostlist
 from hetpatrol.cluster.slurm_conf import NodeDecl
 
@@ -46,9 +46,13 @@ def node_cores(decl: NodeDecl) -> int | None:
 
 
 def highest_core(text: str) -> int | None:
-    """The highest index of a ``Cores=`` list (``0-15,32-47`` -> 47); None unreadable."""
+    """The highest index of a ``Cores=`` list (``0-15,32-47`` -> 47, ``[0-3]`` -> 3);
+    None when it cannot be read."""
+    text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]  # Cores=[0-3]: bit_unfmt takes the bracketed form too
     nums = [int(n) for n in re.findall(r"[0-9]+", text)]
-    if not nums or not re.fullmatch(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*", text.strip()):
+    if not nums or not re.fullmatch(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*", text):
         return None
     return max(nums)
 
@@ -78,7 +82,8 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
                 "warning",
                 f"{inp.gres_conf_path}:{ln.line}",
                 f"Cores={ln.cores} names core {top}, but {compress_hostlist(bad)} "
-                f"{'has' if len(bad) == 1 else 'have'} {have} cores (0-{have - 1}): slurmctld "
+                f"{'has' if len(bad) == 1 else 'have'} {plural(have, 'core')} (0-{have - 1}): "
+                "slurmctld "
                 "drops the line's core binding (invalid GRES core specification)",
                 f"Cores= within 0-{have - 1} (or fix the node's Sockets/CoresPerSocket)",
             )
