@@ -256,3 +256,20 @@ def test_down_nodes_not_defined_are_ignored():
 def _line_of(c: SlurmCluster, start: str) -> int:
     lines = c.conf.read_text().splitlines()
     return next(i for i, ln in enumerate(lines, start=1) if ln.startswith(start))
+
+
+def test_accounting_off_records_nothing():
+    """The test cluster runs AccountingStorageType=accounting_storage/none: sacct has
+    nothing to read, and the audit says accounting is off."""
+    c = start_cluster()
+    try:
+        with c.explain():
+            out = c.run("sacct", "-n", "-X", check=False)
+            assert out.returncode != 0
+            assert "Slurm accounting storage is disabled" in out.stderr
+            (f,) = _audit(c, "accounting")
+            assert f.message.startswith(
+                "AccountingStorageType=accounting_storage/none: accounting is off"
+            )
+    finally:
+        _stop(c)

@@ -154,6 +154,7 @@ def device_patterns() -> tuple[tuple[str, re.Pattern[str]], ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=65536)
 def vendor_of_file(path: str) -> str:
     """The one vendor whose plugin declares ``path`` as a card's device file, else ""."""
     vendors = {v for v, rx in device_patterns() if rx.match(path)}
@@ -191,7 +192,20 @@ class Context:
         self.nodes = self._read_nodes()
         self.views = {v.name: v for v in self.nodes}
         self.daemons = _by_node_name(inp.daemons, inp.live_nodes) if inp.daemons else inp.daemons
-        self.gres_conf_of = _gres_conf_index(inp.gres_conf or [])
+        self.gres_conf_of = lru_cache(maxsize=None)(_gres_conf_index(inp.gres_conf or []))
+        # each gres.conf line's NodeName= expanded once (None: every node; a list too
+        # long to expand is asked name by name)
+        self._line_names: dict[int, frozenset[str] | None] = {}
+        for ln in inp.gres_conf or ():
+            names: frozenset[str] | None = None
+            if ln.nodes is not None:
+                try:
+                    names = frozenset(expand_hostlist(ln.nodes.text))
+                except ValueError:
+                    names = frozenset()
+            self._line_names[id(ln)] = names
+        self._lines_of: dict[str, list[GresConfLine]] = {}
+        self._class_cache: dict[tuple, set[CardClass]] = {}
         self.card_names = {(p.gres or "").lower() for p in self.profiles if p.gres}
         self.daemon_classes: dict[str, set[CardClass]] = defaultdict(set)
         for d in (self.daemons or {}).values():
@@ -225,13 +239,22 @@ class Context:
     def is_card(self, name: str) -> bool:
         return name.lower() in self.card_names
 
+    def covers(self, ln: GresConfLine, node: str) -> bool:
+        """Whether gres.conf line ``ln`` applies to ``node`` (gres.conf(5) NodeName)."""
+        if ln.nodes is None:
+            return True
+        names = self._line_names.get(id(ln))
+        if names:
+            return node in names
+        return node in ln.nodes
+
     def gres_conf_lines_of(self, node: str) -> list[GresConfLine]:
         """The gres.conf lines slurmd on ``node`` reads (global ones and those naming it)."""
-        return [
-            ln
-            for ln in self.inp.gres_conf or ()
-            if ln.name and (ln.nodes is None or node in ln.nodes)
-        ]
+        got = self._lines_of.get(node)
+        if got is None:
+            got = [ln for ln in self.inp.gres_conf or () if ln.name and self.covers(ln, node)]
+            self._lines_of[node] = got
+        return got
 
     def setting(self, key: str) -> str:
         s = self.conf.get(key)
@@ -245,8 +268,16 @@ class Context:
         d = (self.daemons or {}).get(v.name)
         if d is not None and d.cards:
             return {(vendor, ctype.lower()) for vendor, ctype, _g in d.cards}
-        out: set[CardClass] = set()
         lines = self.gres_conf_lines_of(v.name)
+        # nodes of one NodeName line read by the same gres.conf lines: one answer
+        key = (v.gres, tuple(id(ln) for ln in lines))
+        got = self._class_cache.get(key)
+        if got is None:
+            got = self._class_cache[key] = self._classes_from(v, lines)
+        return set(got)
+
+    def _classes_from(self, v: NodeView, lines: list[GresConfLine]) -> set[CardClass]:
+        out: set[CardClass] = set()
         for e in v.gres:
             if not self.is_card(e.name):
                 continue

@@ -68,7 +68,7 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
         bad: list[str] = []
         have = 0
         for v in ctx.nodes:
-            if v.decl is None or not (ln.nodes is None or v.name in ln.nodes):
+            if v.decl is None or not ctx.covers(ln, v.name):
                 continue
             if not any(e.name.lower() == (ln.name or "").lower() for e in v.gres):
                 continue  # a GRES the node does not configure: slurmd drops the line

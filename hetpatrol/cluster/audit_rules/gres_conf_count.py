@@ -50,14 +50,20 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
         return
     low: dict[tuple, list[str]] = defaultdict(list)
     high: dict[tuple, list[str]] = defaultdict(list)
+    seen: dict[tuple, list[tuple[str, int, int, int]]] = {}
     for v in ctx.nodes:
         gc = ctx.gres_conf_of(v.name)
         if detects(gc.autodetect):
             continue
-        want = {e.key: e.count for e in sum_gres(v.gres) if ctx.is_card(e.name)}
-        have = {e.key: e.count for e in gc.entries if ctx.is_card(e.name)}
-        for name in sorted({k[0] for k in want} | {k[0] for k in have}):
-            configured, taken, extra = _taken(want, have, name)
+        key = (v.gres, gc.entries)  # nodes of one line with the same gres.conf: one answer
+        if key not in seen:
+            want = {e.key: e.count for e in sum_gres(v.gres) if ctx.is_card(e.name)}
+            have = {e.key: e.count for e in gc.entries if ctx.is_card(e.name)}
+            seen[key] = [
+                (name, *_taken(want, have, name))
+                for name in sorted({k[0] for k in want} | {k[0] for k in have})
+            ]
+        for name, configured, taken, extra in seen[key]:
             if taken < configured:
                 low[(v.where, name, configured, taken)].append(v.name)
             elif extra > 0:

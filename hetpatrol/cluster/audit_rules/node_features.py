@@ -14,6 +14,7 @@ cannot reach the wrong card through a missing feature.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import lru_cache
 
 from hetpatrol.cluster.audit_rules.context import (
     AuditFinding,
@@ -28,8 +29,9 @@ NAME = "node_features"
 SOURCE = "slurm.conf(5) NodeName Features; sbatch(1) --constraint"
 
 
-def _tokens(features: tuple[str, ...]) -> set[str]:
-    return set().union(*(feature_tokens(f) for f in features)) if features else set()
+@lru_cache(maxsize=4096)
+def _tokens(features: tuple[str, ...]) -> frozenset[str]:
+    return frozenset().union(*(feature_tokens(f) for f in features))
 
 
 def check(ctx: Context) -> Iterator[AuditFinding]:
@@ -56,7 +58,7 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
         for key in keys:
             own = [v for v in single if key_of[v.name] == key]
             others = [v for v in single if key_of[v.name] != key]
-            common = set.intersection(*(_tokens(v.features) for v in own))
+            common = frozenset.intersection(*(_tokens(v.features) for v in own))
             elsewhere = set().union(*(_tokens(v.features) for v in others))
             if common - elsewhere:
                 continue

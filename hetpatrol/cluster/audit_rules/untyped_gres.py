@@ -90,7 +90,7 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
     for ln in inp.gres_conf or ():
         if not (ln.name and ctx.is_card(ln.name) and not ln.type):
             continue
-        covered = [v.name for v in ctx.nodes if ln.nodes is None or v.name in ln.nodes]
+        covered = [v.name for v in ctx.nodes if ctx.covers(ln, v.name)]
         if covered and all(n in auto_nodes for n in covered):
             continue
         by_name.setdefault(ln.name, []).append(ln.line)
