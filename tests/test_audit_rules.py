@@ -74,6 +74,10 @@ CGROUP = {"constraindevices": "yes"}
 def test_every_rule_names_its_source():
     names = [r.NAME for r in RULES]
     assert len(names) == len(set(names))
+    package = Path(RULES[0].__file__).parent
+    helpers = {"__init__", "context", "advice", "registry", "layout"}
+    modules = {p.stem for p in package.glob("*.py")} - helpers
+    assert modules == {r.__name__.rsplit(".", 1)[1] for r in RULES}  # each one registered
     for rule in RULES:
         assert rule.SOURCE and rule.__doc__, rule.__name__
 
@@ -128,6 +132,16 @@ def test_the_example_config_says_exactly_this(tmp_path):
     assert "`hetpatrol check`" in fixes["healthcheck"]
     assert "`hetpatrol prolog`" in fixes["prolog"]
     assert "hetpatrol check" not in fixes["prolog"]
+    text = subprocess.run(
+        [*HETPATROL, "audit-slurm", "--slurm-conf", str(conf), "--color", "never"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert text.endswith(
+        "partitions:\n        hetero: several vendors (features)\n\n"
+        "audit: 30 nodes, 2 errors, 5 warnings, 1 notes (exit 2)\n"
+    )
 
 
 # ------------------------------------------------------------------ partition_nodes
