@@ -273,3 +273,17 @@ def test_accounting_off_records_nothing():
             )
     finally:
         _stop(c)
+
+
+def test_gres_conf_line_continuation():
+    """slurmd reads a gres.conf line continued with a backslash as one line; so does
+    the audit (no count finding, the type is taken)."""
+    c = _with("gpu:a100:8", "NodeName={node} Name=gpu \\\n    Type=a100 File={dev}/nvidia[0-7]\n")
+    try:
+        with c.explain():
+            assert _wait_state(c) == "IDLE"
+            assert " Gres=gpu:a100:8 " in c.scontrol("show", "node", "-o", NODE_NAME)
+            assert not _audit(c, "gres_conf_count")
+            assert not _audit(c, "untyped_gres")
+    finally:
+        _stop(c)

@@ -425,12 +425,29 @@ class GresConf:
 def parse_gres_conf(text: str) -> list[GresConfLine]:
     """Every ``Name=`` or ``AutoDetect=`` line of a ``gres.conf`` (keys case-insensitive).
 
+    A line ending in ``\\`` continues on the next (``_get_next_line`` in SchedMD/slurm
+    ``src/common/parse_config.c``, which reads gres.conf too); the entry keeps the
+    number of its first line.
+
     ``ValueError`` (naming the line) when a ``File=`` list expands past ``HOSTLIST_MAX``
     or ``Count=`` is not a count.
     """
     out = []
+    logical: list[tuple[int, str]] = []
+    pending, start = "", 0
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
+        part = raw.split("#", 1)[0].rstrip()
+        if not pending:
+            start = lineno
+        if part.endswith("\\"):
+            pending += part[:-1] + " "
+            continue
+        logical.append((start, pending + part))
+        pending = ""
+    if pending:
+        logical.append((start, pending))
+    for lineno, raw in logical:
+        line = raw.strip()
         if not line:
             continue
         kv: dict[str, str] = {}
