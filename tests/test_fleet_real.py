@@ -355,8 +355,8 @@ def test_audit_slurm_live_with_prometheus(env):
         ("info", "node gn002", "1 node without daemon metrics: runtime isolation not checked"),
     ]
     checks = {(f["check"], f["severity"]) for f in doc["findings"]}
-    # the test cluster runs TaskPlugin=task/none: mixed nodes are not isolated
-    assert ("mixed_node", "error") in checks
+    # the test cluster runs TaskPlugin=task/none: jobs are not confined to their cards
+    assert ("confinement", "error") in checks
     # no HealthCheckProgram in the test slurm.conf
     assert ("healthcheck", "warning") in checks
 

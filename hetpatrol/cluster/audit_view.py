@@ -61,6 +61,11 @@ def render(doc: dict[str, Any], *, color: bool = False) -> str:
         if f["fix"]:
             out.append(paint(f"        fix: {f['fix']}", "dim"))
     counts = {s: sum(1 for f in doc["findings"] if f["severity"] == s) for s in SEVERITIES}
+    if doc.get("layouts"):
+        out.append("")
+        out.append("partitions:")
+        for name, layout in doc["layouts"].items():
+            out.append(f"        {name}: {layout}")
     out.append("")
     out.append(
         f"audit: {doc['nodes']} nodes, {counts['error']} errors, {counts['warning']} warnings, "

@@ -89,6 +89,8 @@ class SlurmConf:
     #: ``NodeSet=name Nodes=...`` / ``Feature=...``: name -> its keys (lower-case)
     nodesets: dict[str, dict[str, str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: ``DownNodes=<host list> ...`` lines: (host list, where)
+    downnodes: list[tuple[str, str]] = field(default_factory=list)
     #: Include lines followed so far (bounded by :data:`INCLUDE_MAX`)
     includes: int = 0
 
@@ -208,7 +210,9 @@ def parse_slurm_conf(
             )
         elif head_key.lower() == "nodeset":
             conf.nodesets[head_value] = {k.lower(): v for k, v in pairs[1:]}
-        elif head_key.lower() in ("frontendname", "downnodes", "switchname"):
+        elif head_key.lower() == "downnodes":
+            conf.downnodes.append((head_value, where))
+        elif head_key.lower() in ("frontendname", "switchname"):
             continue
         else:
             for key, value in pairs:

@@ -422,8 +422,12 @@ class GresConfLine:
 
     ``nodes`` is None for a line without ``NodeName=`` (it applies to every node), else
     the ``NodeName=`` host list (``node in line.nodes`` tests it without expanding it);
-    ``count`` is ``Count=``, else the number of ``File=``/``MultipleFiles=`` devices,
-    else 1. ``autodetect`` is set on ``AutoDetect=`` lines.
+    ``count`` is ``Count=``, else the number of ``File=`` devices, else 1 (a
+    ``MultipleFiles=`` line is one GRES however many files it names, gres.conf(5)
+    MultipleFiles: "all of the files are associated with a single GRES"; slurmd 22.05
+    ``slurmd -G`` prints ``Count=1`` for it). ``autodetect`` is set on ``AutoDetect=``
+    lines; ``cores`` is ``Cores=`` as written; ``multiple_files`` whether the files came
+    from ``MultipleFiles=``.
     """
 
     line: int
@@ -433,6 +437,8 @@ class GresConfLine:
     count: int
     files: tuple[str, ...] = ()
     autodetect: str | None = None
+    cores: str | None = None
+    multiple_files: bool = False
 
 
 @dataclass(frozen=True)
@@ -451,12 +457,29 @@ class GresConf:
 def parse_gres_conf(text: str) -> list[GresConfLine]:
     """Every ``Name=`` or ``AutoDetect=`` line of a ``gres.conf`` (keys case-insensitive).
 
+    A line ending in ``\\`` continues on the next (``_get_next_line`` in SchedMD/slurm
+    ``src/common/parse_config.c``, which reads gres.conf too); the entry keeps the
+    number of its first line.
+
     ``ValueError`` (naming the line) when a ``File=`` list expands past ``HOSTLIST_MAX``
     or ``Count=`` is not a count.
     """
     out = []
+    logical: list[tuple[int, str]] = []
+    pending, start = "", 0
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
+        part = raw.split("#", 1)[0].rstrip()
+        if not pending:
+            start = lineno
+        if part.endswith("\\"):
+            pending += part[:-1] + " "
+            continue
+        logical.append((start, pending + part))
+        pending = ""
+    if pending:
+        logical.append((start, pending))
+    for lineno, raw in logical:
+        line = raw.strip()
         if not line:
             continue
         kv: dict[str, str] = {}
@@ -477,8 +500,9 @@ def parse_gres_conf(text: str) -> list[GresConfLine]:
         count = parse_count(kv["count"]) if "count" in kv else None
         if "count" in kv and count is None:
             raise ValueError(f"line {lineno}: Count={kv['count']} is not a count")
+        multiple = "multiplefiles" in kv
         if count is None:
-            count = len(files) if files else 1
+            count = len(files) if files and not multiple else 1
         gtype = kv.get("type")
         out.append(
             GresConfLine(
@@ -489,6 +513,8 @@ def parse_gres_conf(text: str) -> list[GresConfLine]:
                 count=count,
                 files=files,
                 autodetect=kv["autodetect"].lower() if "autodetect" in kv else None,
+                cores=kv.get("cores") or kv.get("cpus"),
+                multiple_files=multiple,
             )
         )
     return out
