@@ -7,11 +7,12 @@ out by hand from the files and the man pages cited in each rule module.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import HETPATROL
+from conftest import HETPATROL, REPO
 
 from hetpatrol.cluster.audit import AuditInput, audit
 from hetpatrol.cluster.audit_rules import advice
@@ -128,8 +129,16 @@ def test_the_example_config_says_exactly_this(tmp_path):
         "TaskPlugin=(not set) has no task/cgroup; no cgroup.conf read"
     )
     fixes = {f["check"]: f["fix"] for f in doc["findings"]}
-    assert f"`{advice.HEALTHCHECK_PROGRAM}`" in fixes["healthcheck"]
-    assert "`hetpatrol check`" in fixes["healthcheck"]
+    # the entry points the packages install (packaging/slurm/), and what each runs
+    assert fixes["healthcheck"] == (
+        "HealthCheckProgram=/usr/libexec/hetpatrol/healthcheck (runs `hetpatrol check`), "
+        "HealthCheckInterval=60, HealthCheckNodeState=ANY"
+    )
+    assert advice.HEALTHCHECK_PROGRAM in (REPO / "packaging/slurm/slurm.conf").read_text()
+    assert fixes["prolog"] == (
+        "Prolog=/usr/libexec/hetpatrol/prolog and Epilog=/usr/libexec/hetpatrol/epilog "
+        "(run `hetpatrol prolog` / `hetpatrol epilog`)"
+    )
     assert "`hetpatrol prolog`" in fixes["prolog"]
     assert "hetpatrol check" not in fixes["prolog"]
     text = subprocess.run(
@@ -388,3 +397,33 @@ def test_default_lines_continuations_frontends_and_down_nodes(tmp_path):
         ("down_nodes", f"{tmp_path}/slurm.conf:13")
     ]
     assert report.layouts == {"p": "one card class"}
+
+
+def test_the_example_fits_an_80_column_terminal_and_a_pipe_keeps_lines_whole(tmp_path):
+    from test_status_view import run_on_pty
+
+    _write(tmp_path, "gres.conf", EXAMPLE_GRES)
+    conf = _write(tmp_path, "slurm.conf", EXAMPLE_SLURM)
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    rc, out = run_on_pty(
+        ["audit-slurm", "--slurm-conf", str(conf), "--color", "never"], {**env, "COLUMNS": "80"}
+    )
+    assert rc == 2
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, out
+    # the fatal partition error, wrapped under its own indent
+    at = lines.index("ERROR   partition_nodes")  # the temp dir's path is long: below it
+    assert "".join(x.strip() for x in lines[at + 1 : at + 4]).startswith(f"{conf}:4partition")
+    assert "        partition hetero: node[31-40] (10 nodes) defined by no NodeName line:" in lines
+    piped = subprocess.run(
+        [*HETPATROL, "audit-slurm", "--slurm-conf", str(conf), "--color", "never"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    ).stdout.splitlines()
+    at = piped.index(f"ERROR   partition_nodes   {conf}:4")
+    assert piped[at + 1] == (
+        "        partition hetero: node[31-40] (10 nodes) defined by no NodeName line: slurmctld "
+        "does not start (fatal: Invalid node names in partition hetero)"
+    )

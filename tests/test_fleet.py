@@ -305,3 +305,28 @@ def test_an_unreadable_gres_keeps_the_node_and_says_why(monkeypatch):
     assert doc["gres_unreadable"] == [{"node": "gn002", "error": nodes[1].gres_error}]
     assert report.exit_code == 3
     assert "Slurm GRES of gn002 unreadable: GRES item" in render(doc)
+
+
+def test_a_narrow_terminal_gets_each_label_on_its_own_line(tmp_path):
+    """At 80 columns the wide table (111 here) does not fit: each label gets a line, its
+    numbers the next under short headers; a pipe (no width) keeps the wide table."""
+    nodes = parse_nodes_text(SLURM_TEXT.replace("\\\n", ""))
+    answers = _answers(
+        up=[({"node": "gn001", "instance": "gn001:9477"}, 1)],
+        cards=[_card("gn001", "nvidia", "a100", "gpu", 8, "550.54.15", "92.00.9E.00.02")],
+        health=[_health("gn001", "nvidia", "a100", "ok", 8)],
+    )
+    doc = build_fleet(nodes, daemon_nodes(answers, "node"), card_gres={"gpu", "npu"}).to_json()
+    wide = render(doc).splitlines()
+    assert max(len(line) for line in wide) > 80
+    assert wide[0].split()[-3:] == ["drain-hp", "drain-other", "silent"]
+    narrow = render(doc, width=80).splitlines()
+    assert max(len(line) for line in narrow) <= 80, "\n".join(narrow)
+    assert narrow[:2] == [
+        "class / partition / nodes",
+        "    nodes slurm seen ok warn crit unkn alloc idle dr-hp dr-oth silent",
+    ]
+    at = narrow.index("nvidia a100  gres gpu")
+    # 3 nodes, 24 cards in Slurm, 8 seen (gn001's daemon) and ok; 3 allocated (gn001's
+    # GresUsed), gn002's 8 drained by hetpatrol, 13 idle; gn002 and gn003 silent
+    assert narrow[at + 1].split() == ["3", "24", "8", "8", "0", "0", "0", "3", "13", "1", "0", "2"]

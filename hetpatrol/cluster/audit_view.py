@@ -30,7 +30,7 @@ from hetpatrol.cluster.slurm_conf import (
 from hetpatrol.cluster.slurm_nodes import SlurmReadError, read_nodes, run_scontrol
 from hetpatrol.cluster.sources import read_regular, timeout_seconds
 from hetpatrol.config import load_config
-from hetpatrol.node_view import Painter, printable, use_color
+from hetpatrol.node_view import Painter, printable, terminal_width, use_color
 from hetpatrol.output import write_stdout
 from hetpatrol.slurm.gres import parse_gres_conf
 
@@ -49,23 +49,47 @@ def parse_cgroup_conf(text: str) -> dict[str, str]:
     return out
 
 
-def render(doc: dict[str, Any], *, color: bool = False) -> str:
-    """The human list of findings, errors first, each with where and the fix."""
+def _wrapped(text: str, width: int | None, indent: str = "        ") -> list[str]:
+    """``text`` at ``indent``, wrapped at ``width`` (None: one line, as in a pipe)."""
+    if width is None or len(indent) + len(text) <= width:
+        return [indent + text]
+    import textwrap
+
+    return textwrap.wrap(
+        text,
+        max(width, len(indent) + 20),
+        initial_indent=indent,
+        subsequent_indent=indent + "  ",
+        break_on_hyphens=False,
+        break_long_words=True,
+    )
+
+
+def render(doc: dict[str, Any], *, color: bool = False, width: int | None = None) -> str:
+    """The human list of findings, errors first, each with where and the fix; ``width``:
+    the terminal's columns, messages and fixes wrapped to it (None: a pipe, one line
+    each)."""
     doc = printable(doc)
     paint = Painter(color)
     out = []
     for f in doc["findings"]:
         sev = f["severity"]
-        out.append(f"{paint(sev.upper().ljust(7), _STYLE[sev])} {f['check']:<17} {f['where']}")
-        out.append(f"        {f['message']}")
+        head = f"{sev.upper().ljust(7)} {f['check']:<17} {f['where']}"
+        if width is None or len(head) <= width:
+            lines = [head]
+        else:  # a long path: under the check, on lines of its own
+            lines = [f"{sev.upper().ljust(7)} {f['check']}", *_wrapped(f["where"], width)]
+        lines[0] = lines[0].replace(sev.upper(), paint(sev.upper(), _STYLE[sev]), 1)
+        out.extend(lines)
+        out.extend(_wrapped(f["message"], width))
         if f["fix"]:
-            out.append(paint(f"        fix: {f['fix']}", "dim"))
+            out.extend(paint(x, "dim") for x in _wrapped(f"fix: {f['fix']}", width))
     counts = {s: sum(1 for f in doc["findings"] if f["severity"] == s) for s in SEVERITIES}
     if doc.get("layouts"):
         out.append("")
         out.append("partitions:")
         for name, layout in doc["layouts"].items():
-            out.append(f"        {name}: {layout}")
+            out.extend(_wrapped(f"{name}: {layout}", width))
     out.append("")
     out.append(
         f"audit: {doc['nodes']} nodes, {counts['error']} errors, {counts['warning']} warnings, "
@@ -164,7 +188,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         write_stdout(json.dumps(doc, indent=1) + "\n")
     else:
-        write_stdout(render(doc, color=use_color(sys.stdout, args.color)))
+        width = terminal_width(sys.stdout)
+        write_stdout(render(doc, color=use_color(sys.stdout, args.color), width=width))
     return report.exit_code
 
 

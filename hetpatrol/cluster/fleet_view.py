@@ -32,7 +32,7 @@ from hetpatrol.cluster.slurm_nodes import (
 )
 from hetpatrol.cluster.sources import read_regular, timeout_seconds
 from hetpatrol.config import load_config
-from hetpatrol.node_view import Painter, printable, use_color
+from hetpatrol.node_view import Painter, printable, terminal_width, use_color
 from hetpatrol.output import write_stdout
 
 EXIT_UNKNOWN = 3
@@ -84,8 +84,28 @@ def _styles(c: dict[str, Any], base: str = "") -> list[str]:
     return styles
 
 
-def render(doc: dict[str, Any], *, color: bool = False) -> str:
-    """The human table of :meth:`FleetReport.to_json`'s document."""
+#: the numbers' headers in the narrow layout (the label on a line of its own)
+SHORT_HEADERS = (
+    "nodes", "slurm", "seen", "ok", "warn", "crit", "unkn", "alloc", "idle", "dr-hp",
+    "dr-oth", "silent",
+)  # fmt: skip
+
+
+def _wrap(text: str, width: int | None, indent: int = 2) -> list[str]:
+    if width is None or len(text) <= width:
+        return [text]
+    import textwrap
+
+    return textwrap.wrap(text, width, subsequent_indent=" " * indent, break_on_hyphens=False)
+
+
+def render(doc: dict[str, Any], *, color: bool = False, width: int | None = None) -> str:
+    """The human table of :meth:`FleetReport.to_json`'s document.
+
+    ``width``: the terminal's columns (None: a pipe, the wide table whole). Where the wide
+    table (label and numbers on one line) does not fit, each label gets a line of its own
+    and its numbers go on the next, under short headers (``dr-hp`` drained by hetpatrol,
+    ``dr-oth`` by others); the lines below the table wrap."""
     doc = printable(doc)
     paint = Painter(color)
     rows: list[tuple[list[str], list[str]] | str] = [(list(HEADERS), ["bold"] * len(HEADERS))]
@@ -118,16 +138,38 @@ def render(doc: dict[str, Any], *, color: bool = False) -> str:
             for i, cell in enumerate(r[0]):
                 widths[i] = max(widths[i], len(cell))
     out = []
-    for r in rows:
-        if isinstance(r, str):
-            out.append(r)
-            continue
-        cells, styles = r
-        parts = []
-        for i, cell in enumerate(cells):
-            text = cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
-            parts.append(paint(text, styles[i]) if styles[i] else text)
-        out.append("  ".join(parts).rstrip())
+    wide = sum(widths) + 2 * (len(widths) - 1)
+    if width is not None and wide > width:
+        # narrow: the label alone, its numbers below it under the short headers
+        tables = [r[0] for r in rows if isinstance(r, tuple) and r[0][0] != HEADERS[0]]
+        num_w = [max(len(h), *(len(c[i + 1]) for c in tables)) for i, h in enumerate(SHORT_HEADERS)]
+        for r in rows:
+            if isinstance(r, str):
+                out.extend(_wrap(r, width, 4) if r and "\033" not in r else [r])
+                continue
+            cells, styles = r
+            if cells[0] == HEADERS[0]:  # the header row
+                out.append(paint(HEADERS[0], "bold"))
+                numbers = [h.rjust(w) for h, w in zip(SHORT_HEADERS, num_w, strict=True)]
+                out.append("    " + paint(" ".join(numbers), "bold"))
+                continue
+            out.append(paint(cells[0], styles[0]) if styles[0] else cells[0])
+            numbers = []
+            for i, cell in enumerate(cells[1:], start=1):
+                text = cell.rjust(num_w[i - 1])
+                numbers.append(paint(text, styles[i]) if styles[i] else text)
+            out.append("    " + " ".join(numbers))
+    else:
+        for r in rows:
+            if isinstance(r, str):
+                out.append(r)
+                continue
+            cells, styles = r
+            parts = []
+            for i, cell in enumerate(cells):
+                text = cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
+                parts.append(paint(text, styles[i]) if styles[i] else text)
+            out.append("  ".join(parts).rstrip())
     out.append("")
     for key, title in (
         ("slurm_only", "in Slurm, not in Prometheus"),
@@ -140,24 +182,25 @@ def render(doc: dict[str, Any], *, color: bool = False) -> str:
             line += part["hosts"]
             if part.get("with_card_gres"):
                 line += f"  (with card GRES: {part['with_card_gres']})"
-            out.append(paint(line, "unknown"))
+            out.extend(paint(x, "unknown") for x in _wrap(line, width))
     for bad in doc.get("gres_unreadable", ()):
-        out.append(paint(f"Slurm GRES of {bad['node']} unreadable: {bad['error']}", "unknown"))
+        line = f"Slurm GRES of {bad['node']} unreadable: {bad['error']}"
+        out.extend(paint(x, "unknown") for x in _wrap(line, width))
     for bad in doc.get("slurm_unreadable", ()):
-        out.append(paint(f"Slurm node {bad['node']} unreadable: {bad['error']}", "unknown"))
+        line = f"Slurm node {bad['node']} unreadable: {bad['error']}"
+        out.extend(paint(x, "unknown") for x in _wrap(line, width))
     if doc.get("duplicates"):
-        out.append(paint(f"listed twice by Slurm (counted once): {doc['duplicates']}", "warning"))
+        line = f"listed twice by Slurm (counted once): {doc['duplicates']}"
+        out.extend(paint(x, "warning") for x in _wrap(line, width))
     unreg = doc.get("unregistered") or {}
     if unreg.get("nodes"):
-        out.append(
-            paint(
-                f"cards seen but not registered in Slurm Gres=: {unreg['nodes']} "
-                f"node{'s' if unreg['nodes'] != 1 else ''}: {unreg['hosts']}",
-                "warning",
-            )
+        line = (
+            f"cards seen but not registered in Slurm Gres=: {unreg['nodes']} "
+            f"node{'s' if unreg['nodes'] != 1 else ''}: {unreg['hosts']}"
         )
+        out.extend(paint(x, "warning") for x in _wrap(line, width))
     for note in doc.get("notes", ()):
-        out.append(paint(f"note: {note}", "dim"))
+        out.extend(paint(x, "dim") for x in _wrap(f"note: {note}", width))
     health = doc["health"]
     out.append(
         paint(
@@ -206,7 +249,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     if args.json:
         write_stdout(json.dumps(doc, indent=1) + "\n")
     else:
-        write_stdout(render(doc, color=use_color(sys.stdout, args.color)))
+        width = terminal_width(sys.stdout)
+        write_stdout(render(doc, color=use_color(sys.stdout, args.color), width=width))
     return report.exit_code
 
 

@@ -3,8 +3,8 @@
 a script to execute as user root periodically on all compute nodes";
 HealthCheckInterval: "The interval in seconds between executions of
 HealthCheckProgram. The default value is zero, which disables execution"). Without it
-a card that failed keeps getting jobs until someone drains the node. The advice text is
-:mod:`hetpatrol.cluster.audit_rules.advice`.
+slurmd's periodic check says nothing of the cards (the daemon's drain and the Prolog
+still act). The advice text is :mod:`hetpatrol.cluster.audit_rules.advice`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
             NAME,
             "warning",
             ctx.setting_where("HealthCheckProgram"),
-            f"HealthCheckProgram={hc or '(not set)'} does not run hetpatrol: a node whose "
-            "cards failed is not drained by Slurm's health check",
+            f"HealthCheckProgram={hc or '(not set)'} does not run hetpatrol: slurmd's health "
+            "check (at its start and every HealthCheckInterval) does not see the cards' verdict",
             advice.healthcheck_fix(),
         )
         return
