@@ -46,6 +46,7 @@ from hetpatrol.collector import (
 )
 from hetpatrol.collectors.smi_table import PAIR, parse_blocks
 from hetpatrol.collectors.smi_tool import SmiToolCollector, problem_result
+from hetpatrol.pci_census import ACCELERATOR_CLASSES, PciCards
 from hetpatrol.schema import CardRecord, ProcessInfo, normalize_bus_id
 
 MIB = 1 << 20
@@ -233,6 +234,12 @@ class CambriconCollector(SmiToolCollector):
             DeviceNode("/dev/cambricon_dev{n}", "rw", "cnmon", None, 16),
         ),
         tool_dirs={"cnmon": ("/usr/bin",)},
+        # PCI: vendor cabc (pci.ids: MLU270-S4 0270, MLU370-S4 0370); an accelerator-only
+        # vendor, any display or processing-accelerator class is a card.
+        pci=PciCards(
+            vendor_ids=(0xCABC,),
+            classes=ACCELERATOR_CLASSES,
+        ),
     )
 
     def result(self, text: str) -> CollectResult:

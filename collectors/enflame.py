@@ -34,6 +34,7 @@ from typing import ClassVar
 
 from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
 from hetpatrol.collectors.smi_tool import SmiToolCollector
+from hetpatrol.pci_census import ACCELERATOR_CLASSES, PciCards
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 _TITLE = re.compile(r"EFSMI\s+V(\S+)")
@@ -202,6 +203,11 @@ class EnflameCollector(SmiToolCollector):
             DeviceNode("/dev/gcu{n}", "rw", "efsmi", None, 8),
         ),
         tool_dirs={"efsmi": ("/usr/sbin",)},
+        # PCI: vendor 1e36 (pci.ids: Shanghai Enflame, T10..L600); accelerators only.
+        pci=PciCards(
+            vendor_ids=(0x1E36,),
+            classes=ACCELERATOR_CLASSES,
+        ),
     )
 
     def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 
 from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
 from hetpatrol.collectors.smi_tool import SmiToolCollector
+from hetpatrol.pci_census import ACCELERATOR_CLASSES, PciCards
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 MIB = 1 << 20
@@ -158,6 +159,11 @@ class GaudiCollector(SmiToolCollector):
             DeviceNode("/dev/accel/accel_controlD{n}", "rw", "hl-smi", "accel", 8),
         ),
         tool_dirs={"hl-smi": ("/usr/bin",)},
+        # PCI: vendor 1da3 (pci.ids: Habana Labs; Gaudi 1000, Gaudi2 1020, Gaudi3 1060).
+        pci=PciCards(
+            vendor_ids=(0x1DA3,),
+            classes=ACCELERATOR_CLASSES,
+        ),
     )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):

@@ -34,6 +34,7 @@ from typing import ClassVar
 from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
 from hetpatrol.collectors.smi_table import PAIR, Block, SmiTable, parse_blocks
 from hetpatrol.collectors.smi_tool import SmiToolCollector
+from hetpatrol.pci_census import ACCELERATOR_CLASSES, PciCards
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 MIB = 1 << 20
@@ -135,6 +136,11 @@ class IluvatarCollector(SmiToolCollector):
             DeviceNode("/dev/iluvatar{n}", "rw", "ixsmi", None, 16),
         ),
         tool_dirs={"ixsmi": ("/usr/local/corex/bin",)},
+        # PCI: vendor 1e3e (pci.ids: Shanghai Iluvatar CoreX); accelerators only.
+        pci=PciCards(
+            vendor_ids=(0x1E3E,),
+            classes=ACCELERATOR_CLASSES,
+        ),
     )
 
     def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:

@@ -32,6 +32,7 @@ from typing import ClassVar
 
 from hetpatrol.collector import CollectorError, DeviceNode, VendorInfo
 from hetpatrol.collectors.smi_tool import SmiToolCollector
+from hetpatrol.pci_census import ACCELERATOR_CLASSES, PciCards
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 MIB = 1 << 20
@@ -169,6 +170,14 @@ class KunlunxinCollector(SmiToolCollector):
             DeviceNode("/dev/xpu{n}", "rw", "xpu_smi", None, 8),
         ),
         tool_dirs={"xpu_smi": ("/usr/local/xpu/bin", "/usr/bin")},
+        # PCI: vendor 1d22 (pci.ids: Baidu; Kunlun AI Accelerator 3684, Kunlun2 VF 3685,
+        # and a Cloud Storage Device 1380 that is not a card): the listed ids only.
+        pci=PciCards(
+            vendor_ids=(0x1D22,),
+            classes=ACCELERATOR_CLASSES,
+            device_types={0x3684: "kunlun", 0x3685: "kunlun2"},
+            listed_only=True,
+        ),
     )
 
     def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:

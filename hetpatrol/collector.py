@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hetpatrol.pci_census import PciCards
 from hetpatrol.schema import CardRecord, Finding
 
 #: Collector states, as exported in ``hetpatrol_collector_up`` and the patrol line.
@@ -90,7 +91,10 @@ class VendorInfo:
       kernel log);
     - ``device_nodes``: the :class:`DeviceNode` rows its reads open (a sandbox must keep
       them open: :mod:`hetpatrol.host_access`); ``tool_dirs``: program -> the
-      directories the vendor installs it in.
+      directories the vendor installs it in;
+    - ``pci``: which PCI functions are this vendor's cards, a
+      :class:`hetpatrol.pci_census.PciCards` (vendor ids, classes, device id -> card
+      type); None: the census does not know this vendor's cards.
     """
 
     health_words: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
@@ -99,6 +103,7 @@ class VendorInfo:
     kernel_log: Any = None
     device_nodes: tuple[DeviceNode, ...] = ()
     tool_dirs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    pci: PciCards | None = None
 
 
 @dataclass(frozen=True)

@@ -416,6 +416,8 @@ class GresCheck:
 
     def __init__(self, runner: Runner = run_tool, clock: Callable[[], float] = time.monotonic):
         self.cache = RegistrationCache(runner, clock)
+        #: this patrol's PCI census (set by the patrol; None: no census)
+        self.census: Callable[[], Any] | None = None
 
     def run(
         self,
