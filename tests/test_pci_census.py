@@ -156,7 +156,8 @@ def test_bundled_config_shows_all_24_cards_of_the_three_vendor_node(capsys):
     assert kinds == [("ascend", "910b"), ("hygon", "k100_ai"), ("nvidia", "h100")]
     assert not [f for f in report.node_findings if f.check.startswith("pci")]
     data = report.node_checks["pci_census"]
-    assert len(data["cards"]) == 24 and data["unwatched"] == 0
+    assert (data["cards"], data["unwatched"]) == (24, [])
+    assert {"vendor": "hygon", "card_type": "k100_ai", "cards": 8, "unwatched": 0} in data["types"]
     assert main(["once", "--replay", str(NODES / "mixed-three-vendor")]) == 0
     assert "hygon k100_ai (gres dcu)  8 cards: 8 ok" in capsys.readouterr().out
 

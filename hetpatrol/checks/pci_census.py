@@ -160,6 +160,27 @@ def judge(
     return findings, entries
 
 
+def summary(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The patrol line's ``pci_census`` key, bounded by the card types and the unwatched
+    cards (not every card every patrol): ``cards`` (count), ``types`` (per plugin and
+    card type: cards, unwatched) and ``unwatched`` (bus id, plugin, card type, PCI id,
+    driver, reason of each)."""
+    types: dict[tuple[str, str | None], list[int]] = {}
+    for e in entries:
+        t = types.setdefault((e["plugin"], e["card_type"]), [0, 0])
+        t[0] += 1
+        t[1] += not e["watched"]
+    keep = ("bus_id", "plugin", "card_type", "pci_id", "driver", "reason")
+    return {
+        "cards": len(entries),
+        "types": [
+            {"vendor": v, "card_type": k, "cards": n, "unwatched": u}
+            for (v, k), (n, u) in sorted(types.items(), key=lambda i: (i[0][0], i[0][1] or ""))
+        ],
+        "unwatched": [{k: e[k] for k in keep} for e in entries if not e["watched"]],
+    }
+
+
 class PciCensusCheck:
     """The node check: the census of this patrol (``provider()``, None when the census
     is switched off) against the collectors' cards."""
@@ -177,7 +198,7 @@ class PciCensusCheck:
         if pc is None:
             return None
         census = pc.census
-        data: dict[str, Any] = {"source": census.source, "error": census.error, "cards": []}
+        data: dict[str, Any] = {"source": census.source, "error": census.error}
         if not census.known:
             finding = Finding(
                 "pci_census",
@@ -187,9 +208,7 @@ class PciCensusCheck:
             )
             return NodeCheckResult((finding,), data)
         findings, entries = judge(pc, cards, collectors)
-        data["cards"] = entries
-        data["unwatched"] = sum(1 for e in entries if not e["watched"])
-        return NodeCheckResult(tuple(findings), data)
+        return NodeCheckResult(tuple(findings), {**data, **summary(entries)})
 
 
 __all__ = ["NAME", "TOP_SCHEMA", "CensusSettings", "PatrolCensus", "PciCensusCheck", "judge"]

@@ -463,14 +463,10 @@ def _census_metrics(census: dict | None) -> Iterable[Family]:
         "Cards on the PCI bus that no collector lists (finding pci_unwatched), per vendor.",
         labels=["vendor"],
     )
-    counts: dict[tuple[str, str], int] = {}
     missing: dict[str, int] = {}
-    for entry in census.get("cards", []):
-        key = (entry["plugin"], entry["card_type"] or "")
-        counts[key] = counts.get(key, 0) + 1
-        missing[entry["plugin"]] = missing.get(entry["plugin"], 0) + (not entry["watched"])
-    for key, n in sorted(counts.items()):
-        cards.add_metric(list(key), n)
+    for entry in census.get("types", []):
+        cards.add_metric([entry["vendor"], entry["card_type"] or ""], entry["cards"])
+        missing[entry["vendor"]] = missing.get(entry["vendor"], 0) + entry["unwatched"]
     for vendor, n in sorted(missing.items()):
         unwatched.add_metric([vendor], n)
     yield cards
