@@ -15,6 +15,7 @@ three different verdicts.
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 import time
 import uuid
@@ -70,13 +71,17 @@ def default_node_checks() -> list[NodeCheck]:
     return [GresCheck()]
 
 
+@functools.cache
 def plugin_pci_rules() -> dict[str, PciCards | None]:
     """``{plugin name: its VendorInfo.pci}`` of every installed collector plugin (one
-    that fails to import is left out: it is reported when configured)."""
+    that fails to import is left out: it is reported when configured). Read once per
+    process (the installed plugins do not change under a running daemon; a reload
+    storm must not scan the entry points again). Do not modify the returned dict."""
     rules: dict[str, PciCards | None] = {}
-    for name in sorted(discover()):
+    for name, ep in sorted(discover().items()):
         try:
-            rules[name] = load_collector(name).vendor_info.pci
+            cls = ep.load()  # type: ignore[attr-defined]
+            rules[name] = cls.vendor_info.pci
         except Exception:  # noqa: BLE001, S112 - a broken plugin stops only itself
             continue
     return rules
@@ -201,6 +206,12 @@ class Patroller:
         self._seen_cards = previous._seen_cards
         self._last_collector_state = previous._last_collector_state
         self._absent = previous._absent
+        if (
+            self.census_reader is not None
+            and previous.census_reader is not None
+            and previous.config.top[census_check.NAME] == self.config.top[census_check.NAME]
+        ):
+            self.census_reader = previous.census_reader  # no re-read of the bus on reload
         self.run_id = previous.run_id
         self.escalation = previous.escalation
         self.escalation.rules = self.config.actions.escalation
