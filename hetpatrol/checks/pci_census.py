@@ -99,8 +99,8 @@ def judge(
     pc: PatrolCensus, cards: Sequence[CardRecord], collectors: Sequence[CollectorStatus]
 ) -> tuple[list[Finding], list[dict[str, Any]]]:
     """``(findings, entries)``: a ``pci_unwatched`` finding per census card no collector
-    listed, and every census card as a dict (:meth:`CensusCard.to_dict` with
-    ``watched`` and ``reason``)."""
+    listed, and every census card as a dict with ``plugin``, ``card_type``, ``watched``
+    and ``reason`` (an unwatched one: all of :meth:`CensusCard.to_dict` as well)."""
     states = {c.name: c for c in collectors}
     listed: dict[str, set[str]] = {}
     slots: dict[str, set[str]] = {}
@@ -116,7 +116,6 @@ def judge(
     entries: list[dict[str, Any]] = []
     for cc in pc.cards:
         fn = cc.function
-        entry = cc.to_dict()
         plugin = cc.plugin
         watched = fn.bus_id in listed.get(plugin, ()) or _slot(fn.bus_id) in slots.get(plugin, ())
         reason = None
@@ -154,6 +153,8 @@ def judge(
                         value=fn.bus_id,
                     )
                 )
+        # a watched card is only counted (the patrol line keeps the unwatched ones)
+        entry = {"plugin": plugin, "card_type": cc.card_type} if watched else cc.to_dict()
         entry["watched"] = watched
         entry["reason"] = reason
         entries.append(entry)
