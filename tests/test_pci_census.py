@@ -168,6 +168,7 @@ def test_card_on_the_bus_no_tool_lists_is_named_by_bus_id():
     assert [(f.severity, f.value) for f in found] == [("critical", "0000:e8:00.0")]
     assert "nvidia h100 [10de:2330] at 0000:e8:00.0" in found[0].message
     assert "does not list it" in found[0].message
+    assert found[0].action == "reset_card"  # actions/findings.py: a GPU the driver lost
     assert main(["once", "--replay", str(NODES / "gpu-unlisted")]) == 2
 
 
