@@ -5,9 +5,10 @@ A vendor tool lists the cards its driver still manages; a GPU the driver lost, a
 whose driver never loaded, or a vendor nobody enabled is not in its answer. The census
 reads the bus itself: for every function in ``/sys/bus/pci/devices/*`` the ``vendor``,
 ``device`` and ``class`` files, and for the accelerators among them ``numa_node``,
-``current_link_speed``/``max_link_speed``, ``current_link_width``/``max_link_width``
-and the ``driver`` link (Linux ``Documentation/ABI/testing/sysfs-bus-pci``). Which
-functions are accelerators each vendor plugin declares in its
+``current_link_speed``/``max_link_speed``, ``current_link_width``/``max_link_width``,
+the ``driver`` link and ``local_cpulist`` (Linux
+``Documentation/ABI/testing/sysfs-bus-pci``). Which functions are accelerators each
+vendor plugin declares in its
 :class:`hetpatrol.collector.VendorInfo` (``pci``: a :class:`PciCards`): a vendor id alone
 is not a card (NVIDIA's NVSwitch bridges and HDMI audio functions, Huawei's Hi1822 NICs,
 Hygon's and AMD's CPU host functions share their vendor's id), so a function is a card
@@ -89,7 +90,9 @@ class PciFunction:
     ``bus_id`` is ``dddd:bb:dd.f`` lower case; ``vendor_id``/``device_id`` 16-bit ids;
     ``class_code`` the upper 16 bits of the class; ``numa_node`` None when the kernel
     says -1 or it was not read; link speeds as sysfs writes them (``"16.0 GT/s PCIe"``),
-    widths in lanes; ``driver`` the bound driver's name, None when none is bound.
+    widths in lanes; ``driver`` the bound driver's name, None when none is bound;
+    ``local_cpulist`` the CPUs near the device as sysfs writes them (``"0-31,64-95"``;
+    sysfs only, None from lspci).
     """
 
     bus_id: str
@@ -102,6 +105,7 @@ class PciFunction:
     max_link_speed: str | None = None
     current_link_width: int | None = None
     max_link_width: int | None = None
+    local_cpulist: str | None = None
 
     @property
     def pci_id(self) -> str:
@@ -236,6 +240,7 @@ def read_sysfs(root: Path | str = "/", vendor_ids: Iterable[int] = ()) -> Census
                 max_link_speed=_speed(_read(d / "max_link_speed")),
                 current_link_width=_int(_read(d / "current_link_width")) or None,
                 max_link_width=_int(_read(d / "max_link_width")) or None,
+                local_cpulist=_read(d / "local_cpulist") or None,
             )
         )
     return Census(str(base), tuple(out), read_at=time.time())

@@ -100,6 +100,7 @@ def test_sysfs_tree_reader(tmp_path):
         max_link_speed="32.0 GT/s PCIe",
         current_link_width="16",
         max_link_width="16",
+        local_cpulist="0-31,64-95",
     )
     drivers = tmp_path / "sys/bus/pci/drivers/nvidia"
     drivers.mkdir(parents=True)
@@ -117,6 +118,7 @@ def test_sysfs_tree_reader(tmp_path):
         "32.0 GT/s PCIe",
     )
     assert (g.current_link_width, g.max_link_width) == (16, 16)
+    assert g.local_cpulist == "0-31,64-95"
     assert fns["0000:07:00.0"].numa_node is None  # -1: no NUMA affinity
     assert [c.function.bus_id for c in census.cards(RULES)] == ["0000:3b:00.0"]
 
