@@ -241,3 +241,20 @@ def test_census_metrics(name):
         assert 'hetpatrol_pci_cards_unwatched{vendor="hygon"} 0.0' in text
     else:
         assert 'hetpatrol_pci_cards_unwatched{vendor="nvidia"} 1.0' in text
+
+
+def test_replay_census_from_a_sysfs_tree_or_the_argv_named_lspci_file(tmp_path):
+    make_device(tmp_path / "root", "0000:c1:00.0", "0x19e5", "0xd802", "0x120000")
+    make_device(tmp_path / "root", "0000:83:00.0", "0x19e5", "0x1822", "0x020000")
+    census = read_census(replay_dir=tmp_path)
+    assert census.source.endswith("root/sys/bus/pci/devices")
+    assert [(c.function.bus_id, c.card_type) for c in census.cards(RULES)] == [
+        ("0000:c1:00.0", "910b")
+    ]
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(NODES / "gpu-unlisted" / "lspci-Dnn-vmm.txt", other / "lspci_-Dnn_-vmm.txt")
+    assert len(read_census(replay_dir=other).cards(RULES)) == 17
+    (other / "lspci_-Dnn_-vmm.txt").write_text("Slot:\t0000:01:00.0\nClass:\tnonsense\n")
+    broken = read_census(replay_dir=other)
+    assert not broken.known and "no Class/Vendor/Device id" in broken.error
