@@ -60,6 +60,7 @@ from hetpatrol.collectors.smi_tool import (
     problem_result,
     run_once,
 )
+from hetpatrol.pci_census import ACCELERATOR_CLASSES, PciCards
 
 STATIC_COMMAND = ("amd-smi", "static", "--json")
 METRIC_COMMAND = ("amd-smi", "metric", "--json")
@@ -102,6 +103,13 @@ class AmdCollector(Collector):
             "amd-smi": ("/opt/rocm/bin",),
             "rocm-smi": ("/opt/rocm/bin", "/opt/dtk/bin", "/opt/hyhal/bin"),
         },
+        # PCI: vendor 1002 (AMD/ATI; AMD's CPU and chipset functions are 1022). A card is
+        # a VGA [0300], 3D [0302], Display [0380] or Processing accelerator [1200]
+        # function; the HDMI audio functions [0403] are not.
+        pci=PciCards(
+            vendor_ids=(0x1002,),
+            classes=ACCELERATOR_CLASSES,
+        ),
     )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):

@@ -80,6 +80,7 @@ from hetpatrol.collector import (
     VendorInfo,
 )
 from hetpatrol.collectors.ascend_detail import DetailReader
+from hetpatrol.pci_census import CLASS_PROCESSING_ACCELERATOR, PciCards
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
     HEALTH_OK,
@@ -935,6 +936,23 @@ class AscendCollector(Collector):
             visible_id="device_number",
             visible_doc="https://www.hiascend.com/document/detail/en/canncommercial/850/maintenref/envvar/envref_07_0028.html",
             note="ids in ascending order only (CANN); not for DCMI/hccn_tool in the job",
+        ),
+        # PCI: vendor 19e5 (Huawei), NPUs are Processing accelerators [1200]. pci.ids has
+        # no Ascend entry; the ids are Huawei's own log-collection script's
+        # (PCIE_BDF_310="19e5:d100", 310P d500, 910 d801, 910B d802, 910_93 d803) and real
+        # `lspci -nn` (tests/fixtures/lspci/). Only these ids: Huawei's Kunpeng ZIP/SEC/
+        # HPRE engines are processing accelerators too, Hi1822 NICs Ethernet [0200].
+        pci=PciCards(
+            vendor_ids=(0x19E5,),
+            classes=(CLASS_PROCESSING_ACCELERATOR,),
+            device_types={
+                0xD100: "310",
+                0xD500: "310p",
+                0xD801: "910",
+                0xD802: "910b",
+                0xD803: "910_93",
+            },
+            listed_only=True,
         ),
     )
 

@@ -47,6 +47,7 @@ from hetpatrol.collector import (
 )
 from hetpatrol.collectors.smi_table import describe, is_na, number_unit, parse_blocks, read_pair
 from hetpatrol.collectors.smi_tool import SmiToolCollector, problem_result
+from hetpatrol.pci_census import ACCELERATOR_CLASSES, PciCards
 from hetpatrol.schema import CardRecord, ProcessInfo, normalize_bus_id
 
 MIB = 1 << 20
@@ -247,6 +248,12 @@ class CambriconCollector(SmiToolCollector):
             visible_doc="https://www.cambricon.com/docs/sdk_1.15.0/cntoolkit_3.7.2/cntoolkit_install_3.7.2/index.html",
         ),
         tool_dirs={"cnmon": ("/usr/bin",)},
+        # PCI: vendor cabc (pci.ids: MLU270-S4 0270, MLU370-S4 0370); an accelerator-only
+        # vendor, any display or processing-accelerator class is a card.
+        pci=PciCards(
+            vendor_ids=(0xCABC,),
+            classes=ACCELERATOR_CLASSES,
+        ),
     )
 
     def result(self, text: str) -> CollectResult:

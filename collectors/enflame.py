@@ -38,6 +38,7 @@ from typing import ClassVar
 from hetpatrol.collector import CollectorError, DeviceNode, GresDevice, VendorInfo
 from hetpatrol.collectors.smi_table import describe, is_na, number_unit, read_pair
 from hetpatrol.collectors.smi_tool import SmiToolCollector
+from hetpatrol.pci_census import ACCELERATOR_CLASSES, PciCards
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 #: the title row: ``EFSMI V1.2.0.301`` (1.2), ``EFSMI    1.4.0.3`` (1.4), ``EFSMI: 1.6.3.12``
@@ -243,6 +244,11 @@ class EnflameCollector(SmiToolCollector):
             visible_doc="https://github.com/Project-HAMi/HAMi (docs: Enflame GCU sharing)",
         ),
         tool_dirs={"efsmi": ("/usr/sbin",)},
+        # PCI: vendor 1e36 (pci.ids: Shanghai Enflame, T10..L600); accelerators only.
+        pci=PciCards(
+            vendor_ids=(0x1E36,),
+            classes=ACCELERATOR_CLASSES,
+        ),
     )
 
     def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:

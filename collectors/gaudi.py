@@ -47,6 +47,7 @@ from hetpatrol.collectors.smi_table import (
     read_side,
 )
 from hetpatrol.collectors.smi_tool import SmiToolCollector
+from hetpatrol.pci_census import ACCELERATOR_CLASSES, PciCards
 from hetpatrol.schema import CardRecord, ProcessInfo, normalize_bus_id
 
 MIB = 1 << 20
@@ -363,6 +364,11 @@ class GaudiCollector(SmiToolCollector):
             "hl-smi -Q index,module_id -f csv)",
         ),
         tool_dirs={"hl-smi": ("/usr/bin",)},
+        # PCI: vendor 1da3 (pci.ids: Habana Labs; Gaudi 1000, Gaudi2 1020, Gaudi3 1060).
+        pci=PciCards(
+            vendor_ids=(0x1DA3,),
+            classes=ACCELERATOR_CLASSES,
+        ),
     )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):

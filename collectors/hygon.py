@@ -43,6 +43,7 @@ from hetpatrol.collector import (
 )
 from hetpatrol.collectors.rocm_family import HYGON, ROCM_SMI_COMMAND, parse_rocm_smi, to_record
 from hetpatrol.collectors.smi_tool import SmiToolCollector, problem_result
+from hetpatrol.pci_census import CLASS_DISPLAY_OTHER, PciCards
 
 #: the recorded DTK 24.04.3 fixture was read with this (gpustack tests/detectors/rocm_smi)
 DEFAULT_COMMAND = ROCM_SMI_COMMAND
@@ -102,6 +103,16 @@ class HygonCollector(SmiToolCollector):
             "rocm-smi": ("/opt/rocm/bin", "/opt/dtk/bin", "/opt/hyhal/bin"),
             "hy-smi": ("/opt/hyhal/bin",),
         },
+        # PCI: vendor 1d94 (Chengdu Haiguang), which the Hygon CPU's own host functions
+        # share (Root Complex 1450, bridges 1452/1453, PSP/CCP [1080]); a DCU is a
+        # Display controller [0380] (real `lspci -nn`, tests/fixtures/lspci/). Device ids:
+        # Z100L 55b7, K100 62b7, K100_AI 6210 (Sugon DCU docs, same fixture); pci.ids
+        # (c1c12547) names 6211 K100_AI.
+        pci=PciCards(
+            vendor_ids=(0x1D94,),
+            classes=(CLASS_DISPLAY_OTHER,),
+            device_types={0x55B7: "z100l", 0x62B7: "k100", 0x6210: "k100_ai", 0x6211: "k100_ai"},
+        ),
     )
 
     def result(self, text: str) -> CollectResult:

@@ -43,6 +43,7 @@ from hetpatrol.collectors.smi_table import (
     read_pair,
 )
 from hetpatrol.collectors.smi_tool import SmiToolCollector
+from hetpatrol.pci_census import ACCELERATOR_CLASSES, PciCards
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 MIB = 1 << 20
@@ -169,6 +170,11 @@ class IluvatarCollector(SmiToolCollector):
             note="a GRES named gpu gets CUDA_VISIBLE_DEVICES from Slurm itself",
         ),
         tool_dirs={"ixsmi": ("/usr/local/corex/bin",)},
+        # PCI: vendor 1e3e (pci.ids: Shanghai Iluvatar CoreX); accelerators only.
+        pci=PciCards(
+            vendor_ids=(0x1E3E,),
+            classes=ACCELERATOR_CLASSES,
+        ),
     )
 
     def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:

@@ -44,6 +44,7 @@ from typing import ClassVar
 from hetpatrol.collector import CollectorError, DeviceNode, GresDevice, VendorInfo
 from hetpatrol.collectors.smi_table import describe, is_na
 from hetpatrol.collectors.smi_tool import SmiToolCollector
+from hetpatrol.pci_census import ACCELERATOR_CLASSES, PciCards
 from hetpatrol.schema import CardRecord, normalize_bus_id
 
 MIB = 1 << 20
@@ -210,6 +211,14 @@ class KunlunxinCollector(SmiToolCollector):
             visible_doc="https://paddlepaddle.github.io/FastDeploy/zh/get_started/installation/kunlunxin_xpu",
         ),
         tool_dirs={"xpu_smi": ("/usr/local/xpu/bin", "/usr/bin")},
+        # PCI: vendor 1d22 (pci.ids: Baidu; Kunlun AI Accelerator 3684, Kunlun2 VF 3685,
+        # and a Cloud Storage Device 1380 that is not a card): the listed ids only.
+        pci=PciCards(
+            vendor_ids=(0x1D22,),
+            classes=ACCELERATOR_CLASSES,
+            device_types={0x3684: "kunlun", 0x3685: "kunlun2"},
+            listed_only=True,
+        ),
     )
 
     def parse(self, text: str) -> tuple[list[CardRecord], list[str]]:

@@ -129,6 +129,7 @@ from hetpatrol.collector import (
 )
 from hetpatrol.collectors.nvidia_kmsg import NVRM
 from hetpatrol.logs import get_logger
+from hetpatrol.pci_census import CLASS_3D, CLASS_VGA, PciCards
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
@@ -533,6 +534,28 @@ class NvidiaCollector(Collector):
         # Slurm's gpu plugin sets CUDA_VISIBLE_DEVICES itself (gres_common.c,
         # gres_common_gpu_set_env) and finds the cards with AutoDetect=nvml (gres.conf(5))
         gres=GresDevice("/dev/nvidia{n}", number="device_number", autodetect="nvml"),
+        # PCI (pci.ids, pciutils/pciids c1c12547, 2026-08-22): vendor 10de; a GPU is a
+        # VGA [0300] or 3D controller [0302]. NVSwitch (1af1 A100, 22a3 H100: Bridge
+        # [0680]) and the HDMI audio functions (Audio device [0403]) share the vendor id
+        # and are not cards (see tests/fixtures/lspci/).
+        pci=PciCards(
+            vendor_ids=(0x10DE,),
+            classes=(CLASS_VGA, CLASS_3D),
+            device_types={
+                **dict.fromkeys((0x20B0, 0x20B1, 0x20B2, 0x20B3, 0x20B5, 0x20F1), "a100"),
+                **dict.fromkeys((0x20BD, 0x20F3, 0x20F5, 0x20F6), "a800"),
+                **dict.fromkeys((0x2330, 0x2331, 0x2336, 0x2337, 0x2338, 0x2339, 0x233D), "h100"),
+                **dict.fromkeys((0x2335, 0x233B), "h200"),
+                **dict.fromkeys((0x2322, 0x2324), "h800"),
+                **dict.fromkeys((0x2329, 0x232C, 0x230C, 0x230E), "h20"),
+                0x26B9: "l40s",
+                0x26B5: "l40",
+                0x27B8: "l4",
+                0x1EB8: "t4",
+                0x2236: "a10",
+                0x2237: "a10g",
+            },
+        ),
     )
 
     def __init__(

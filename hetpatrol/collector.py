@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hetpatrol.pci_census import PciCards
 from hetpatrol.schema import CardRecord, Finding
 
 #: Collector states, as exported in ``hetpatrol_collector_up`` and the patrol line.
@@ -122,6 +123,9 @@ class VendorInfo:
       directories the vendor installs it in;
     - ``gres``: how ``gres.conf`` names its cards and which variables a job needs
       (:class:`GresDevice`; None: ``hetpatrol gres-conf`` cannot write its lines).
+    - ``pci``: which PCI functions are this vendor's cards, a
+      :class:`hetpatrol.pci_census.PciCards` (vendor ids, classes, device id -> card
+      type); None: the census does not know this vendor's cards.
     """
 
     health_words: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
@@ -131,6 +135,7 @@ class VendorInfo:
     device_nodes: tuple[DeviceNode, ...] = ()
     tool_dirs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gres: GresDevice | None = None
+    pci: PciCards | None = None
 
 
 #: Characters of a tool's raw output kept in a patrol line and the state file: the first

@@ -520,6 +520,26 @@ def plugin_profiles_path(name: str) -> Path | None:
     return origin.with_name(origin.stem + PLUGIN_PROFILES_SUFFIX)
 
 
+#: parsed plugin profile files by (path, mtime, size): every shipped plugin is enabled in
+#: the bundled config, and a SIGHUP storm must not parse seven YAML files per reload
+_plugin_documents: dict[tuple[str, int, int], tuple[Any, dict]] = {}
+
+
+def _plugin_document(path: Path) -> tuple[Any, dict]:
+    """``(data, lines)`` of a plugin's profile file, parsed once while it is unchanged;
+    ``ConfigError`` naming the file when it cannot be read."""
+    src = str(path)
+    try:
+        st = path.stat()
+        key = (src, st.st_mtime_ns, st.st_size)
+        if key not in _plugin_documents:
+            data, node = parse_document(read_document(path))
+            _plugin_documents[key] = (data, line_map(node, src=src) if node is not None else {})
+    except (OSError, DocumentError) as exc:
+        raise ConfigError(f"cannot read the plugin's profiles: {exc}", path=src) from None
+    return _plugin_documents[key]
+
+
 def _plugin_profiles(name: str, defaults: dict, taken: set[str]) -> list[Profile]:
     """The default profiles the plugin ``name`` ships (none when it ships no file),
     checked like the config's own; ``ConfigError`` naming that file."""
@@ -527,11 +547,7 @@ def _plugin_profiles(name: str, defaults: dict, taken: set[str]) -> list[Profile
     if path is None or not path.is_file():
         return []
     src = str(path)
-    try:
-        data, node = parse_document(read_document(path))
-    except (OSError, DocumentError) as exc:
-        raise ConfigError(f"cannot read the plugin's profiles: {exc}", path=src) from None
-    lines = line_map(node, src=src) if node is not None else {}
+    data, lines = _plugin_document(path)
     schema = {
         "type": "object",
         "additionalProperties": False,

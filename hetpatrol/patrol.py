@@ -15,6 +15,7 @@ three different verdicts.
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 import time
 import uuid
@@ -30,9 +31,11 @@ from hetpatrol.actions.escalation import CARD_MISSING_KEY, Escalation, card_iden
 from hetpatrol.actions.vocabulary import highest
 from hetpatrol.bounded import HANG_MARGIN_SECONDS, BoundedCollector
 from hetpatrol.checks import kernel_events
+from hetpatrol.checks import pci_census as census_check
 from hetpatrol.checks.environment import EnvironmentCheck
 from hetpatrol.checks.facts import NodeCheck
 from hetpatrol.collector import (
+    STATE_ABSENT,
     STATE_DISABLED,
     STATE_FAILED,
     STATE_HUNG,
@@ -40,12 +43,14 @@ from hetpatrol.collector import (
     Collector,
     CollectorStatus,
     CollectResult,
+    discover,
     load_collector,
 )
 from hetpatrol.config import Config
 from hetpatrol.judge import judge, run_node_check
 from hetpatrol.kernel_log import open_kernel_log
 from hetpatrol.logs import get_logger
+from hetpatrol.pci_census import Census, CensusCard, CensusReader, PciCards
 from hetpatrol.report import PatrolReport, encode_line, patrol_summary
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
@@ -69,6 +74,24 @@ def default_node_checks() -> list[NodeCheck]:
 #: node findings held by their own rule, not by ``_hold_node_findings``: per card
 #: (``card_missing``), by the kernel log's window (``xid``, ``kernel_fault``)
 _OWN_HOLD = frozenset({"card_missing", "xid", "kernel_fault"})
+
+
+@functools.cache
+def plugin_pci_rules() -> dict[str, PciCards | None]:
+    """``{plugin name: its VendorInfo.pci}`` of every installed collector plugin (one
+    that fails to import is left out: it is reported when configured). Read once per
+    process (the installed plugins do not change under a running daemon; a reload
+    storm must not scan the entry points again). Do not modify the returned dict."""
+    rules: dict[str, PciCards | None] = {}
+    for name, ep in sorted(discover().items()):
+        try:
+            cls = ep.load()  # type: ignore[attr-defined]
+            rules[name] = cls.vendor_info.pci
+        except Exception:  # noqa: BLE001, S112 - a broken plugin stops only itself
+            continue
+    return rules
+
+
 #: the escalation identity of node findings (a hung collector, a missing card)
 NODE_IDENTITY = "node"
 
@@ -112,6 +135,30 @@ class Patroller:
         )
         if node_checks is None and collectors is None:
             self.node_checks.append(EnvironmentCheck(replay_dir))
+        # PCI census (hetpatrol.pci_census): this host's bus, or the replay's recording;
+        # not for the scripted collectors of tests and embedders
+        cs = config.top[census_check.NAME]
+        self.census_reader: CensusReader | None = None
+        self.pci_rules: dict[str, PciCards | None] = {}
+        self._census_cards: tuple[Census | None, tuple[CensusCard, ...]] = (None, ())
+        self._patrol_census: census_check.PatrolCensus | None = None
+        #: plugins that answered absent with no card of theirs on the bus: monotonic
+        #: time of that answer, and the answer (they are not asked again for a while)
+        self._absent: dict[str, tuple[float, CollectResult]] = {}
+        if cs.enabled and collectors is None:
+            self.pci_rules = plugin_pci_rules()
+            vendor_ids = {v for r in self.pci_rules.values() if r for v in r.vendor_ids}
+            self.census_reader = CensusReader(
+                cs.root,
+                replay_dir=replay_dir,
+                interval_seconds=cs.interval_seconds,
+                vendor_ids=vendor_ids,
+            )
+            if node_checks is None:
+                self.node_checks.insert(0, census_check.PciCensusCheck(lambda: self._patrol_census))
+                for check in self.node_checks:
+                    if isinstance(check, GresCheck):
+                        check.census = lambda: self._patrol_census
         self.replay_dir = replay_dir
         self.enrich_processes = replay_dir is None if enrich_processes is None else enrich_processes
         self.seq = 0
@@ -176,6 +223,13 @@ class Patroller:
         self._missing = previous._missing
         self._held_node = previous._held_node
         self._last_collector_state = previous._last_collector_state
+        self._absent = previous._absent
+        if (
+            self.census_reader is not None
+            and previous.census_reader is not None
+            and previous.config.top[census_check.NAME] == self.config.top[census_check.NAME]
+        ):
+            self.census_reader = previous.census_reader  # no re-read of the bus on reload
         self.run_id = previous.run_id
         self.escalation = previous.escalation
         self.escalation.rules = self.config.actions.escalation
@@ -200,11 +254,22 @@ class Patroller:
         started = time.time()
         t0 = time.monotonic()
         self._gone_now = []
-        started_now = {name: bc.start() for name, bc in self._collectors.items()}
+        skipped = self._read_census(t0)
+        started_now = {
+            name: bc.start() for name, bc in self._collectors.items() if name not in skipped
+        }
         results: list[CollectResult] = []
         for name, bc in self._collectors.items():
+            if name in skipped:
+                results.append(skipped[name])
+                continue
             deadline = t0 + bc.timeout_seconds + HANG_MARGIN_SECONDS
-            results.append(bc.wait(deadline, started_now[name]))
+            result = bc.wait(deadline, started_now[name])
+            results.append(result)
+            if result.state == STATE_ABSENT:
+                self._absent[name] = (t0, result)
+            else:
+                self._absent.pop(name, None)
         for name, error in self._load_errors.items():
             results.append(CollectResult(name, state=STATE_FAILED, error=error))
         disabled = [c.name for c in self.config.collectors if not c.enabled]
@@ -323,6 +388,41 @@ class Patroller:
             action=node_action,
             escalation=self.escalation.to_dict(),
         )
+
+    def _read_census(self, now: float) -> dict[str, CollectResult]:
+        """This patrol's census (re-read by the reader at its own interval), kept for the
+        census and GRES checks; and the collectors not to ask this patrol: each whose
+        last answer was ``absent`` and of whose vendor the bus holds no card, until
+        ``pci_census.absent_recheck_seconds`` have passed since that answer. (A missing
+        library or tool is then no dlopen and no spawn per patrol; a card of its vendor
+        appearing on the bus, or the recheck, asks it again.) Without a readable census
+        every collector is asked every patrol."""
+        if self.census_reader is None:
+            return {}
+        census = self.census_reader.get()
+        if self._census_cards[0] is not census:
+            self._census_cards = (census, census.cards(self.pci_rules))
+        cards = self._census_cards[1]
+        enabled = frozenset(c.name for c in self.config.collectors if c.enabled)
+        self._patrol_census = census_check.PatrolCensus(
+            census, cards, enabled, frozenset(self.pci_rules)
+        )
+        if not census.known:
+            return {}
+        recheck = self.config.top[census_check.NAME].absent_recheck_seconds
+        on_bus = {c.plugin for c in cards}
+        skipped: dict[str, CollectResult] = {}
+        for name, (since, result) in self._absent.items():
+            if name in on_bus or self.pci_rules.get(name) is None or now - since >= recheck:
+                continue
+            why = f"{result.error}; " if result.error else ""
+            skipped[name] = CollectResult(
+                name,
+                state=STATE_ABSENT,
+                error=f"{why}no {name} card on the PCI bus: asked again in "
+                f"{max(0.0, recheck - (now - since)):.0f} s or when one appears",
+            )
+        return skipped
 
     def _stamped(self, line: dict[str, Any]) -> dict[str, Any]:
         """``line`` with this run's id after its ``schema`` key (every JSONL line carries

@@ -489,6 +489,19 @@ def patrol_json_schema() -> dict[str, Any]:
                     "window_events": {"type": "integer", "minimum": 0},
                 },
             },
+            "pci_census": {
+                "description": "the PCI census (hetpatrol.checks.pci_census): where the bus "
+                "was read (error: why not), its cards per vendor and card type, and each "
+                "card no collector lists; null while it is switched off",
+                "type": ["object", "null"],
+                "properties": {
+                    "source": {"type": "string"},
+                    "error": {"type": ["string", "null"]},
+                    "cards": {"type": "integer", "minimum": 0},
+                    "types": {"type": "array", "items": {"type": "object"}},
+                    "unwatched": {"type": "array", "items": {"type": "object"}},
+                },
+            },
             "environment": {
                 "description": "the library-path crosstalk check (ok, absent, ...); null "
                 "while it is switched off",
@@ -516,6 +529,11 @@ def gres_json_schema() -> dict[str, Any]:
             "configured": count,
             "found": count,
             "healthy": count,
+            "on_bus": {
+                "type": ["integer", "null"],
+                "description": "cards of this name and type on the PCI bus (the census); "
+                "null when the registered type is none the census names",
+            },
         },
     }
     return {

@@ -64,6 +64,8 @@ def test_every_check_in_the_code_has_a_row():
         ("temperature", "warning", WATCH),
         ("temperature", "info", NONE),
         ("card_missing", "critical", REBOOT_NODE),  # left the bus: as XID 79 RESTART_BM
+        ("pci_unwatched", "critical", RESET_CARD),  # on the bus, driver bound, not listed
+        ("pci_unwatched", "warning", WATCH),  # a plugin off, no driver bound
         ("card_missing", "unknown", WATCH),  # its collector failed: can't tell
         ("collector_hung", "unknown", WATCH),  # one hang is no proof (escalates)
         ("collector_failed", "unknown", WATCH),

@@ -32,6 +32,8 @@ def test_once_table_escapes_a_tools_control_and_bidi_characters(tmp_path):
     assert res.returncode == 3, res.stderr
     shown = "\\x1b]0;PWNED\\x07\\x1b[2J\\u202ex"
     lines = [re.sub(r"\d+\.\d{3} s", "T s", line) for line in res.stdout.splitlines()]
+    # the other shipped plugins (enabled in the bundled config) are absent on this host
+    lines = [line for line in lines if " absent (0 cards" not in line]
     assert lines == [
         "node n1  UNKNOWN   action watch   exit 3",
         "no card was read",

@@ -224,7 +224,7 @@ def test_validate_config_cli_exit_codes(tmp_path):
         text=True,
     )
     assert good.returncode == 0, good.stderr
-    assert "ok (11 profiles" in good.stdout
+    assert "ok (25 profiles" in good.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("interval_seconds: 10\njsonl:\n  max_bytes: -5\n")
     res = subprocess.run(

@@ -219,9 +219,9 @@ def test_damaged_npu_smi_output_the_daemon_calls_unknown_drains_nothing(tmp_path
     _, text, _ = _npu_tables(tmp_path / "t")
     garbled = text.replace("| 5     910B4", "| X     910B4")
     report, code, line, calls, prolog = _npu_epilog(tmp_path, garbled)
-    assert [(f.check, f.severity, f.action) for f in report.node_findings] == [
-        ("card_missing", "unknown", "watch")
-    ]
+    assert [
+        (f.check, f.severity, f.action) for f in report.node_findings if f.check != "pci_census"
+    ] == [("card_missing", "unknown", "watch")]
     assert (code, line, calls) == (0, "hetpatrol epilog: ascend/5/0 fine after the job", [])
     assert prolog.ok and prolog.reason.startswith("job cards ok: ascend/0/0"), prolog
 
@@ -232,9 +232,9 @@ def test_an_npu_really_gone_after_the_job_drains_as_the_daemon_would(tmp_path):
     _, _, lines = _npu_tables(tmp_path / "t")
     gone = "".join(lines[:21] + lines[24:43] + lines[45:])
     report, code, line, calls, prolog = _npu_epilog(tmp_path, gone)
-    assert [(f.check, f.severity, f.action) for f in report.node_findings] == [
-        ("card_missing", "critical", "reboot_node")
-    ]
+    assert [
+        (f.check, f.severity, f.action) for f in report.node_findings if f.check != "pci_census"
+    ] == [("card_missing", "critical", "reboot_node")]
     assert code == 0 and line.startswith("hetpatrol: reboot_node ascend/5/0 "), line
     assert calls == [["sc", "update", "NodeName=n1", "State=DRAIN", f"Reason={line}"]]
     # and the Prolog refuses the next job on the node, from the daemon's same finding

@@ -686,3 +686,35 @@ def test_unparseable_registration_is_unknown_never_critical(base_config):
 def test_gres_conf_count_that_is_not_a_count_is_refused():
     with pytest.raises(ValueError, match=r"line 2: Count=lots is not a count"):
         parse_gres_conf("# x\nNodeName=n1 Name=gpu Type=a100 Count=lots\n")
+
+
+# ------------------------------------------------ the GRES check and the PCI census (#23)
+def test_gres_shortfall_says_how_many_cards_are_on_the_pci_bus(base_config):
+    """fixtures/nodes/gpu-unlisted: NVML lists 8 H100, the bus holds 9 (0000:e8:00.0 lost
+    by the driver); Slurm registered gpu:h100:9. The shortfall is critical as before and
+    says 9 are on the bus; the entry carries on_bus."""
+    from conftest import REPO
+
+    from hetpatrol.patrol import Patroller as P
+
+    line = ONE_LINE.replace("gpu:a100:8(S:0-1)", "gpu:h100:9(S:0-1)")
+    patroller = P(slurm_on(base_config), replay_dir=REPO / "fixtures" / "nodes" / "gpu-unlisted")
+    for check in patroller.node_checks:
+        if isinstance(check, GresCheck):
+            check.cache = GresCheck(FakeScontrol(line)).cache
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    gres = [f for f in report.node_findings if f.check == "gres_mismatch"]
+    assert [(f.severity, f.value, f.threshold) for f in gres] == [("critical", 8, 9)]
+    assert gres[0].message.endswith("; 9 on the PCI bus")
+    assert report.node_checks["gres"]["entries"][0] == {
+        "name": "gpu",
+        "type": "h100",
+        "configured": 9,
+        "found": 8,
+        "healthy": 8,
+        "on_bus": 9,
+    }
+    assert report.node_checks["gres"]["entries"][1]["on_bus"] == 8  # ascend:910b:8

@@ -105,6 +105,11 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     "gres_registration": {"*": WATCH},
     "library_path_mix": {"*": WATCH},
     "global_ld_library_path": {"*": WATCH},
+    # checks/pci_census.py: critical is a card on the bus with its driver bound that
+    # its tool no longer lists (NVIDIA: a GPU the driver lost, recovered by a GPU reset);
+    # a plugin off, no driver, or an unreadable bus: watched
+    "pci_unwatched": {"critical": RESET_CARD, "*": WATCH},
+    "pci_census": {"*": WATCH},
 }
 
 #: ``vendor_health`` by its value (thresholds.VENDOR_HEALTH_SEVERITY's words)

@@ -15,9 +15,10 @@ from hetpatrol.checks import (
     fault_codes,
     interconnect,
     kernel_events,
+    pci_census,
 )
 
 #: card check families: each declares PROFILE_SCHEMA, build_profile() and evaluate()
 CARD_CHECKS = (card_thresholds, baseline, clocks, fault_codes, interconnect)
 #: families with top-level config keys: each declares TOP_SCHEMA and build_top()
-TOP_SECTIONS = (kernel_events, baseline, environment)
+TOP_SECTIONS = (kernel_events, baseline, environment, pci_census)

@@ -223,6 +223,7 @@ def _report_metrics(
     yield from _card_metrics(report.cards)
     yield process_memory_metric(report.cards, user_labels=user_labels)
     yield from _gres_metrics(report.node_checks.get("gres"))
+    yield from _census_metrics(report.node_checks.get("pci_census"))
     yield from deep_metrics(report)  # XIDs, kernel log, NVLink / RoCE links
 
 
@@ -436,6 +437,40 @@ def _gres_metrics(gres: dict | None) -> Iterable[Family]:
         for key, fam in families.items():
             fam.add_metric(values, entry[key])
     yield from families.values()
+
+
+def _census_metrics(census: dict | None) -> Iterable[Family]:
+    """The PCI census (the ``pci_census`` node check); nothing while it is off."""
+    if census is None:
+        return
+    up = GaugeFamily(
+        "hetpatrol_pci_census_up",
+        "1 when the PCI bus could be read for the census, 0 when not (no pci_unwatched "
+        "check then).",
+    )
+    up.add_metric([], 0 if census.get("error") else 1)
+    yield up
+    if census.get("error"):
+        return
+    cards = GaugeFamily(
+        "hetpatrol_pci_cards",
+        "Accelerator cards on the PCI bus, per vendor plugin and card type (empty: the "
+        "device id is in no table), whether or not a collector lists them.",
+        labels=["vendor", "card_type"],
+    )
+    unwatched = GaugeFamily(
+        "hetpatrol_pci_cards_unwatched",
+        "Cards on the PCI bus that no collector lists (finding pci_unwatched), per vendor.",
+        labels=["vendor"],
+    )
+    missing: dict[str, int] = {}
+    for entry in census.get("types", []):
+        cards.add_metric([entry["vendor"], entry["card_type"] or ""], entry["cards"])
+        missing[entry["vendor"]] = missing.get(entry["vendor"], 0) + entry["unwatched"]
+    for vendor, n in sorted(missing.items()):
+        unwatched.add_metric([vendor], n)
+    yield cards
+    yield unwatched
 
 
 class Exposition:

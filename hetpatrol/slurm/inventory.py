@@ -405,6 +405,61 @@ def compare(
     return counts, findings
 
 
+def census_counts(census_cards: Sequence[Any], config: Any) -> dict[tuple[str, str | None], int]:
+    """``{(GRES name, type): cards on the PCI bus}`` of the PCI census's cards
+    (:class:`hetpatrol.pci_census.CensusCard`), each named as a read card is
+    (:func:`card_gres`: the first profile of its plugin and card type); a census card
+    of no known type counts under ``(name, None)``, of no GRES name not at all."""
+    out: dict[tuple[str, str | None], int] = {}
+    for cc in census_cards:
+        profile = config.profile_for(cc.plugin, cc.card_type, None)
+        if not profile.gres:
+            continue
+        key = (profile.gres.lower(), (profile.gres_type or cc.card_type or "").lower() or None)
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _with_census(
+    counts: Sequence[GresCount],
+    findings: list[Finding],
+    entries: list[dict[str, Any]],
+    census_cards: Sequence[Any],
+    config: Any,
+) -> list[Finding]:
+    """The GRES comparison with the PCI census as well: each entry gets ``on_bus`` (the
+    census cards of its name and type; None when the registered type is none the census
+    names, e.g. a Slurm model string: not compared), and a shortfall finding says how
+    many are on the bus (cards gone from the bus, or there and unread: a driver lost
+    them, see ``pci_unwatched``). Slurm counts a GRES type as the cards whose Type= it
+    matches (gres.conf(5) "Type"); the census knows card types, so only an exact type
+    (or a name-only registration) is compared."""
+    on_bus = census_counts(census_cards, config)
+    by_label: dict[str, int] = {}
+    for c, entry in zip(counts, entries, strict=True):
+        name = c.name.lower()
+        if c.type is None:
+            n: int | None = sum(v for (gname, _), v in on_bus.items() if gname == name)
+        else:
+            n = on_bus.get((name, c.type.lower()))
+        entry["on_bus"] = n
+        if n is not None:
+            by_label[c.label] = n
+    out = []
+    for f in findings:
+        label = f.message.split(": ", 1)[0]
+        if f.check == "gres_mismatch" and label in by_label and f.threshold is not None:
+            f = Finding(
+                f.check,
+                f.severity,
+                f"{f.message}; {by_label[label]} on the PCI bus",
+                value=f.value,
+                threshold=f.threshold,
+            )
+        out.append(f)
+    return out
+
+
 class GresCheck:
     """The node check comparing the Slurm GRES registration with the cards.
 
@@ -416,6 +471,8 @@ class GresCheck:
 
     def __init__(self, runner: Runner = run_tool, clock: Callable[[], float] = time.monotonic):
         self.cache = RegistrationCache(runner, clock)
+        #: this patrol's PCI census (set by the patrol; None: no census)
+        self.census: Callable[[], Any] | None = None
 
     def run(
         self,
@@ -453,4 +510,7 @@ class GresCheck:
         up = all(c.state in (STATE_OK, STATE_ABSENT, STATE_DISABLED) for c in collectors)
         counts, findings = compare(cards, reg.entries, config, collectors_up=up)
         data["entries"] = [c.to_dict() for c in counts]
+        pc = self.census() if self.census is not None else None
+        if pc is not None and pc.census.known:
+            findings = _with_census(counts, findings, data["entries"], pc.cards, config)
         return NodeCheckResult(tuple(findings), data)
