@@ -473,7 +473,7 @@ def cmd_capacity(args) -> int:
     sc = shlex.split(args.scontrol)
     if args.nodes_file is not None:
         nodes_text = _read_saved(args.nodes_file)
-        inventory_time = os.stat(args.nodes_file).st_mtime
+        inventory_time = float(int(os.stat(args.nodes_file).st_mtime))
     else:
         nodes_text, inventory_time = run([*sc, "show", "node", "-o"]), now
     inventory = capacity.read_inventory(nodes_text)
@@ -534,6 +534,12 @@ def cmd_capacity(args) -> int:
     if args.html is not None:
         from hetpatrol.ledger import capacity_html
 
-        capacity_html.write(report, args.html)
+        try:
+            capacity_html.write(report, args.html)
+        except capacity_html.MissingExtra as exc:
+            _error(exc)
+            return EX_UNAVAILABLE
+        except OSError as exc:
+            raise LedgerUsageError(f"--html {args.html}: {exc.strerror or exc}") from None
     sys.stdout.write(capacity_report.render(report, args.format))
     return 0
