@@ -21,14 +21,17 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+import test_ledger_efficiency as eff_test
 from conftest import require_program
 
 from hetpatrol.ledger import capacity
@@ -37,6 +40,7 @@ from hetpatrol.ledger.sacct_stream import TimeParser
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "fixtures" / "ledger-sample"
 START, END = (SAMPLE / "window.txt").read_text().split()
+prom = eff_test.prom  # a real Prometheus scraping hetpatrol's exporter (module fixture)
 
 
 def cli(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
@@ -262,3 +266,120 @@ def test_the_daemon_never_imports_the_report_extra():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)  # fmt: skip
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------ busy, from Prometheus
+def test_busy_share_from_a_real_prometheus(prom, tmp_path):
+    """The cards of tests/test_ledger_efficiency.py (a real Prometheus scraping hetpatrol's
+    exporter): job 101 holds 2 A100 for 5 s, one seen 80 % busy (4 busy card-seconds of
+    10); 103 holds 1 A100 with no process (0 of 5); 102 holds one 910B 50 % busy (2.5 of
+    5); 104 ran before Prometheus had data (unknown: not measured)."""
+    url, t0 = prom
+    s = math.ceil(t0) + 1
+    e = s + 5
+    lines = [
+        eff_test.sacct_line("101", "hpalice", s, e, "cpu=1,gres/gpu:a100=2,gres/gpu=2"),
+        eff_test.sacct_line("102", "hpbob", s, e, "cpu=1,gres/ascend:910b=1,gres/ascend=1"),
+        eff_test.sacct_line("103", "hpalice", s, e, "cpu=1,gres/gpu:a100=1,gres/gpu=1"),
+        eff_test.sacct_line("104", "hpalice", s - 3600, s - 3000, "cpu=1,gres/gpu:a100=1"),
+    ]
+    saved = tmp_path / "sacct.txt"
+    saved.write_text("".join(f"{ln}|cpu=1|60\n" for ln in lines))
+    events = tmp_path / "events.txt"
+    events.write_text("")
+    res = cli("capacity", "--sacct-file", str(saved), "--nodes-file", str(SAMPLE / "nodes.txt"),
+              "--events-file", str(events), "--no-sreport", "--prometheus", url,
+              "--start", eff_test.local(s - 7200), "--end", eff_test.local(e + 60),
+              "--by", "hour", "--format", "json")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    got = by_class(json.loads(res.stdout))
+    a100, npu = got["gpu:a100"], got["ascend:910b"]
+    assert a100["busy_jobs_measured"] == 2  # 101 and 103; 104 has no data
+    assert a100["busy_share"] == pytest.approx(4 / 15, abs=1e-3)
+    assert npu["busy_share"] == pytest.approx(0.5, abs=1e-3)
+    # busy card-hours: the measured share x every allocated card-hour (104's included)
+    assert a100["allocated_card_hours"] == pytest.approx((10 + 5 + 600) / 3600, abs=1e-6)
+    assert a100["busy_card_hours"] == pytest.approx(4 / 15 * 615 / 3600, abs=1e-5)
+    busy = sum(b["busy_card_hours"] for b in a100["series"])
+    assert busy == pytest.approx(4 / 3600, abs=1e-5)
+
+
+# ------------------------------------------------------------------ at scale
+def _scale_inputs(tmp: Path, jobs: int) -> tuple[Path, Path]:
+    """tests/bench/ledger.py's generated sacct records (500 busy nodes, 30 days) with the
+    two capacity fields added, and 10,000 nodes of three classes."""
+    sys.path.insert(0, str(REPO / "tests" / "bench"))
+    import ledger as bench_ledger  # tests/bench/ledger.py
+
+    raw, data, nodes = tmp / f"raw{jobs}.txt", tmp / f"sacct{jobs}.txt", tmp / "nodes.txt"
+    bench_ledger.generate(raw, jobs)
+    with open(raw) as src, open(data, "w") as out:
+        for ln in src:
+            ln = ln.rstrip("\n")
+            tres = ln.rsplit("|", 1)[1] or "cpu=1,gres/gpu=2"
+            out.write(f"{ln}|{tres}|120\n")
+    raw.unlink()
+    with open(nodes, "w") as out:
+        for i in range(10_000):
+            name, gtype = bench_ledger.node_type(i)
+            out.write(f"NodeName=gpu{i + 1:04d} State=IDLE Gres={name}:{gtype}:8\n")
+    return data, nodes
+
+
+def _peak_run(argv: list[str], stderr=subprocess.PIPE) -> tuple[float, dict]:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr)
+    out = proc.stdout.read()
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, proc.stderr.read() if proc.stderr else ""
+    return usage.ru_maxrss / 1024, json.loads(out)
+
+
+@pytest.mark.slow
+def test_a_year_of_10000_nodes_in_bounded_memory(tmp_path):
+    """Peak RSS of a year's window by day over 10,000 nodes grows by less than 12 MB from
+    20,000 to 150,000 streamed sacct records (the records are never held)."""
+    peaks = {}
+    for jobs in (20_000, 150_000):
+        data, nodes = _scale_inputs(tmp_path, jobs)
+        sacct = f"sh -c {shlex.quote('exec cat ' + shlex.quote(str(data)))} sacct"
+        events = tmp_path / "events.txt"
+        events.write_text("")
+        argv = [sys.executable, "-m", "hetpatrol.cli", "ledger", "capacity", "--sacct", sacct,
+                "--nodes-file", str(nodes), "--events-file", str(events), "--no-sreport",
+                "--start", "2025-02-01T00:00:00", "--end", "2026-02-01T00:00:00",
+                "--by", "day", "--format", "json"]  # fmt: skip
+        peak, doc = _peak_run(argv)
+        assert doc["records"] == jobs
+        a100 = {c["class"]: c for c in doc["classes"]}["gpu:a100"]
+        assert a100["cards"] == 8 * 3334 and len(a100["series"]) == 365
+        peaks[jobs] = peak
+    print(f"peak RSS MB by records: {peaks}")
+    assert peaks[150_000] - peaks[20_000] < 12, peaks
+
+
+def test_progress_on_a_terminal_only(tmp_path):
+    """stderr a TTY: ``records read`` every 10,000, the line cleared at the end; stdout
+    stays the JSON document."""
+    import pty
+
+    data, nodes = _scale_inputs(tmp_path, 25_000)
+    events = tmp_path / "events.txt"
+    events.write_text("")
+    master, slave = pty.openpty()
+    argv = [sys.executable, "-m", "hetpatrol.cli", "ledger", "capacity", "--sacct-file",
+            str(data), "--nodes-file", str(nodes), "--events-file", str(events),
+            "--no-sreport", "--start", "2026-01-01T00:00:00", "--end", "2026-02-01T00:00:00",
+            "--format", "json"]  # fmt: skip
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=slave, timeout=120)
+    os.close(slave)
+    seen = b""
+    try:
+        while chunk := os.read(master, 4096):
+            seen += chunk
+    except OSError:  # EIO once the pty's other end is closed
+        pass
+    os.close(master)
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["records"] == 25_000
+    assert b"\rhetpatrol ledger capacity: 10000 sacct records read" in seen
+    assert b"20000 sacct records read" in seen and seen.endswith(b"\r\x1b[K")
