@@ -41,6 +41,8 @@ def extra_conf() -> str:
         f"NodeName=hp-h100 NodeAddr=127.0.0.1 Port={port} Gres=gpu:h100:4 State=UNKNOWN\n"
         "PartitionName=h100 Nodes=hp-h100 State=UP\n"
     )
+
+
 #: the reason hetpatrol writes when it drains (hetpatrol/slurm/drain.py)
 OUR_REASON = "hetpatrol: xid_critical gpu 3"
 ADMIN_REASON = "bios update"
