@@ -433,7 +433,8 @@ class CapacityReport:
     edges: list[float]
     classes: dict[str, ClassReport]
     records: int = 0
-    inventory_time: float = 0.0
+    #: when the node list was read (None: a saved file, time unknown)
+    inventory_time: float | None = 0.0
     notes: list[str] = field(default_factory=list)
     untyped: set[str] = field(default_factory=set)
     bad_tres_count: int = 0

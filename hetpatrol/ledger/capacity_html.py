@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from hetpatrol.ledger.capacity import CapacityReport, ClassReport
-from hetpatrol.ledger.capacity_report import _iso, class_row
+from hetpatrol.ledger.capacity_report import _iso, _nodes_when, class_row
 from hetpatrol.node_view import printable
 
 VERDICT_COLOURS = {"expand": "#b35806", "underused": "#5e3c99", "unhealthy": "#c51b1b",
@@ -161,13 +161,13 @@ table {{ border-collapse: collapse; font-size: 0.9em; }}
 th, td {{ border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; }}
 td:first-child, td:last-child, th:first-child, th:last-child {{ text-align: left; }}
 td.v {{ font-weight: bold; }}
-td:last-child {{ min-width: 16em; }}
+table {{ width: 100%; }}
 section.class {{ margin-top: 2em; }}
 .chart svg {{ max-width: 100%; height: auto; }}
 </style></head><body>
 <h1>Capacity per card class</h1>
 <p>Window {esc(window)} by {esc(report.bucket)}, {report.records} sacct records,
-nodes as of {esc(_iso(report.inventory_time))}.</p>
+nodes {esc(_nodes_when(report))}.</p>
 <table id="verdicts"><thead><tr><th>class</th><th>verdict</th><th>cards</th>
 <th>capacity h</th><th>allocated h</th><th>allocated</th><th>busy</th><th>down</th>
 <th>wait p90 h</th><th>pending h</th><th>why</th></tr></thead>

@@ -39,6 +39,15 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def _nodes_time(report: CapacityReport) -> str | None:
+    return None if report.inventory_time is None else _iso(report.inventory_time)
+
+
+def _nodes_when(report: CapacityReport) -> str:
+    t = _nodes_time(report)
+    return "from a saved node list" if t is None else f"as of {t}"
+
+
 def class_row(c: ClassReport) -> dict:
     """The summary figures of one class (the keys of :data:`COLUMNS`)."""
     busy = c.busy_card_seconds
@@ -94,7 +103,7 @@ def to_dict(report: CapacityReport) -> dict:
         "window": {"start": _iso(report.window[0]), "end": _iso(report.window[1])},
         "bucket": report.bucket,
         "records": report.records,
-        "inventory_time": _iso(report.inventory_time),
+        "inventory_time": _nodes_time(report),
         "classes": classes,
         "notes": report.notes,
     }
@@ -139,7 +148,7 @@ def to_table(report: CapacityReport) -> str:
               for i, h in enumerate(head)]  # fmt: skip
     lines = [
         f"window {_iso(report.window[0])} .. {_iso(report.window[1])} by {report.bucket}, "
-        f"{report.records} sacct records, nodes as of {_iso(report.inventory_time)}"
+        f"{report.records} sacct records, nodes {_nodes_when(report)}"
     ]
     for row in (head, *body):
         lines.append("  ".join(

@@ -393,7 +393,9 @@ def _add_capacity(lsub) -> None:
         ),
     )
     _add_window(c)
-    c.set_defaults(start="now-30days")
+    for action in c._actions:  # the window of capacity planning: a month by default
+        if action.dest == "start":
+            action.default, action.help = "now-30days", "window start (default now-30days)"
     c.add_argument(
         "--by",
         choices=capacity.BUCKETS,
@@ -473,7 +475,7 @@ def cmd_capacity(args) -> int:
     sc = shlex.split(args.scontrol)
     if args.nodes_file is not None:
         nodes_text = _read_saved(args.nodes_file)
-        inventory_time = float(int(os.stat(args.nodes_file).st_mtime))
+        inventory_time = None  # when it was saved is not known
     else:
         nodes_text, inventory_time = run([*sc, "show", "node", "-o"]), now
     inventory = capacity.read_inventory(nodes_text)
