@@ -16,10 +16,10 @@ Per class and bucket (``minute``, ``hour``, ``day`` or ``week``; local time):
   same untyped-to-typed attribution, so it equals ``ledger usage --by ''``);
 * ``down_card_hours`` / ``drained_card_hours``: each node event's Start..End (an open
   event up to the window's end) cut at the window's edges, x the node's cards of the
-  class; a drained node's allocated cards still count as allocated (a draining node runs
-  its jobs to the end), so drained time is the event's time minus nothing: the share is
-  of capacity. Drains whose reason hetpatrol wrote (``hetpatrol: ...``,
-  hetpatrol/slurm/states.py) are counted apart (``drained_by_hetpatrol_card_hours``);
+  class, as a share of capacity. A drained node's running jobs keep their cards, so the
+  same card-hour can be both drained and allocated. Drains whose reason hetpatrol wrote
+  (``hetpatrol: ...``, hetpatrol/slurm/states.py) are counted apart
+  (``drained_by_hetpatrol_card_hours``);
 * ``busy_card_hours``: with ``--prometheus``, per job as ``ledger efficiency`` computes it
   (mean utilization of the job's cards over its span, the cards Prometheus saw), for up to
   ``busy_max_jobs`` jobs; the class's busy share = busy / allocated of the jobs measured,
