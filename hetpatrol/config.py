@@ -99,6 +99,26 @@ _ASCEND_SCHEMA = {
     },
 }
 
+_SHARE = {"type": "number", "minimum": 0, "maximum": 1}
+#: ``hetpatrol ledger capacity`` verdict thresholds (hetpatrol/ledger/capacity.py)
+LEDGER_SCHEMA: dict[str, Any] = {
+    "type": ["object", "null"],
+    "additionalProperties": False,
+    "properties": {
+        "capacity": {
+            "type": ["object", "null"],
+            "additionalProperties": False,
+            "properties": {
+                "expand_allocated_share": _SHARE,
+                "expand_wait_p90_hours": {"type": "number", "minimum": 0, "maximum": 8760},
+                "underused_allocated_share": _SHARE,
+                "underused_busy_share": _SHARE,
+                "unhealthy_down_share": _SHARE,
+            },
+        }
+    },
+}
+
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -129,6 +149,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "defaults": {"type": "object", "additionalProperties": False, "properties": _THRESHOLDS},
         "slurm": SLURM_SCHEMA,
         "actions": {**ACTIONS_SCHEMA, "type": ["object", "null"]},
+        "ledger": LEDGER_SCHEMA,
         **_TOP,
         "profiles": {
             "type": "array",
@@ -212,6 +233,8 @@ class Config:
     #: (vendor, card type) from ``baseline_file``)
     top: Mapping[str, Any] = field(default_factory=dict)
     baseline_file: Path | None = None
+    #: ``ledger: capacity:`` thresholds as written (hetpatrol/ledger/capacity.py Thresholds)
+    ledger_capacity: Mapping[str, float] = field(default_factory=dict)
     #: what a card no profile applies to is judged by: the ``defaults`` section
     defaults: Profile | None = None
     #: 1-based line of each key path in the file (for errors found after loading)
@@ -669,6 +692,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
         actions=_actions(data, src, lines),
         top=top,
         baseline_file=baseline_file,
+        ledger_capacity=dict((data.get("ledger") or {}).get("capacity") or {}),
     )
 
 

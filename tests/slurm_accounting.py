@@ -201,8 +201,9 @@ def remove_users(users: list[str]) -> None:
         subprocess.run(["userdel", user], capture_output=True, timeout=20, check=False)
 
 
-def start_accounting_cluster() -> base.SlurmCluster:
-    """The test cluster with MariaDB + slurmdbd under it; raises ``RuntimeError`` with logs."""
+def start_accounting_cluster(extra_conf: str = "") -> base.SlurmCluster:
+    """The test cluster with MariaDB + slurmdbd under it; raises ``RuntimeError`` with logs.
+    ``extra_conf``: slurm.conf lines appended (see :func:`slurm_cluster.start_cluster`)."""
     dbd_port = base._free_port()
     overrides = {
         "AccountingStorageType": "accounting_storage/slurmdbd",
@@ -221,7 +222,7 @@ def start_accounting_cluster() -> base.SlurmCluster:
     def hook(cluster: base.SlurmCluster) -> None:
         start_database(cluster, dbd_port)
 
-    cluster = base.start_cluster(overrides, hook)
+    cluster = base.start_cluster(overrides, hook, extra_conf)
     try:
         wait_registered(cluster)
     except RuntimeError:

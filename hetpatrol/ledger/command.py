@@ -4,6 +4,7 @@
   hetpatrol ledger audit  [--format text|json]
   hetpatrol ledger quota  [--start T] [--end T] [--quota-file F] [--textfile P]
   hetpatrol ledger spans  [--start T] [--end T] [--format text|json]
+  hetpatrol ledger capacity [--start T] [--end T] [--by day|week] [--html FILE]
 
 Times: ``now``, ``now-7days`` (units minutes, hours, days, weeks), or local
 ``YYYY-MM-DD[THH:MM[:SS]]``. Exit codes: usage 0; audit 0 fine / 1 warnings / 2 per-type
@@ -30,11 +31,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from hetpatrol.ledger import audit as audit_mod
+from hetpatrol.ledger import capacity, capacity_report, quotas, report
 from hetpatrol.ledger import efficiency as eff_mod
-from hetpatrol.ledger import quotas, report
 from hetpatrol.ledger.sacct_stream import (
     SacctDataError,
     SacctError,
+    TimeParser,
     parse_lines,
     read_lines,
     sacct_argv,
@@ -211,6 +213,7 @@ def add_ledger_parser(sub) -> None:
     )
     e.add_argument("--format", choices=("table", "json"), default="table")
     e.set_defaults(func=cmd_efficiency)
+    _add_capacity(lsub)
 
 
 def _window(args) -> tuple[float, float, float]:
@@ -408,3 +411,169 @@ def cmd_efficiency(args) -> int:
                 "(utilization not a ratio in 0..1, or memory not a finite number >= 0)"
             )
     return code
+
+
+def _add_capacity(lsub) -> None:
+    c = lsub.add_parser(
+        "capacity",
+        help="per card class: capacity, allocated, busy, down, demand, a verdict",
+        description=(
+            "Per card class (GRES name and type) over the window: cards in service, "
+            "capacity, allocated, busy (--prometheus), down and drained card-hours, waits, "
+            "pending demand, top accounts, and a verdict (expand, underused, unhealthy, "
+            "fine; thresholds in the config's ledger: capacity: section)."
+        ),
+    )
+    _add_window(c)
+    for action in c._actions:  # the window of capacity planning: a month by default
+        if action.dest == "start":
+            action.default, action.help = "now-30days", "window start (default now-30days)"
+    c.add_argument(
+        "--by",
+        choices=capacity.BUCKETS,
+        default="day",
+        dest="bucket",
+        help="time bucket of the series (default day)",
+    )
+    c.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    c.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write a self-contained HTML page (needs the 'report' extra)",
+    )
+    c.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="config file with ledger: capacity: thresholds (default: bundled)",
+    )
+    c.add_argument("--sacctmgr", default="sacctmgr", help="sacctmgr argv prefix (shell words)")
+    c.add_argument("--sreport", default="sreport", help="sreport argv prefix (shell words)")
+    c.add_argument("--no-sreport", action="store_true", help="do not compare with sreport")
+    c.add_argument(
+        "--nodes-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="saved `scontrol show node -o` instead of asking scontrol",
+    )
+    c.add_argument(
+        "--events-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="saved `sacctmgr -P -n show event` (fields as events_argv asks)",
+    )
+    c.add_argument(
+        "--config-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="saved `scontrol show config` (for AccountingStorageTRES)",
+    )
+    c.add_argument(
+        "--prometheus",
+        default=None,
+        metavar="URL",
+        help="busy card-hours from the daemons' series (as ledger efficiency)",
+    )
+    c.add_argument(
+        "--busy-max-jobs",
+        type=int,
+        default=500,
+        metavar="N",
+        help="measure at most N jobs in Prometheus (default 500)",
+    )
+    c.add_argument("--prometheus-timeout", type=_seconds, default=30.0, metavar="S")
+    c.set_defaults(func=cmd_capacity)
+
+
+def _read_saved(path: Path) -> str:
+    with _open_sacct_file(path) as handle:
+        return handle.read(64 << 20).decode("utf-8", errors="replace")
+
+
+@_guard
+def cmd_capacity(args) -> int:
+    from hetpatrol.config import ConfigError, load_config
+
+    start, end, now = _window(args)
+    try:
+        thresholds = capacity.Thresholds.from_mapping(load_config(args.config).ledger_capacity)
+    except ConfigError as exc:
+        raise LedgerUsageError(f"--config: {exc}") from None
+    sc = shlex.split(args.scontrol)
+    if args.nodes_file is not None:
+        nodes_text = _read_saved(args.nodes_file)
+        inventory_time = None  # when it was saved is not known
+    else:
+        nodes_text, inventory_time = run([*sc, "show", "node", "-o"]), now
+    inventory = capacity.read_inventory(nodes_text)
+    if args.events_file is not None:
+        events_text = _read_saved(args.events_file)
+    else:
+        argv = capacity.events_argv(_local(start), _local(end), shlex.split(args.sacctmgr))
+        events_text = run(argv)
+    events = capacity.parse_events(events_text, TimeParser())
+    busy_of = None
+    if args.prometheus:
+        prom = eff_mod.Prometheus(args.prometheus, timeout=args.prometheus_timeout)
+
+        def busy_of(r):
+            e = eff_mod.job_efficiency(r, prom, now)
+            if e is None or e.efficiency is None:
+                return None
+            return e.allocated_card_seconds, e.busy_card_seconds
+
+    tty = sys.stderr.isatty()
+
+    def progress(n: int) -> None:  # a person watching: stderr, only on a terminal
+        sys.stderr.write(f"\rhetpatrol ledger capacity: {n} sacct records read")
+        sys.stderr.flush()
+
+    span = None if args.no_sreport else capacity.hour_span((start, end), now)
+    if args.sacct_file is not None:
+        handle = _open_sacct_file(args.sacct_file)
+        records = capacity.split_capacity_lines(read_lines(handle))
+    else:
+        handle = None
+        argv = capacity.capacity_sacct_argv(_local(start), _local(end), shlex.split(args.sacct))
+        records = capacity.split_capacity_lines(
+            stream_sacct(argv, timeout=args.timeout, parse=lambda lines: lines)
+        )
+    try:
+        report = capacity.build(records, (start, end), now, args.bucket, inventory, events,
+                                thresholds, busy_of, args.busy_max_jobs,
+                                progress if tty else None, span)  # fmt: skip
+    finally:
+        if handle is not None:
+            handle.close()
+        if tty:
+            sys.stderr.write("\r\033[K")
+    report.inventory_time = inventory_time
+    if not args.no_sreport:
+        if args.config_file is not None:
+            config_text = _read_saved(args.config_file)
+        else:
+            config_text = run([*sc, "show", "config"])
+        sr = shlex.split(args.sreport)
+
+        def query(tres: str, s: float, e: float):
+            out = run(capacity.sreport_argv(tres, _local(s), _local(e), sr))
+            return capacity.parse_sreport_utilization(out)
+
+        capacity.reconcile(report, capacity.tracked_tres(config_text), query, span)
+    if args.html is not None:
+        from hetpatrol.ledger import capacity_html
+
+        try:
+            capacity_html.write(report, args.html)
+        except capacity_html.MissingExtra as exc:
+            _error(exc)
+            return EX_UNAVAILABLE
+        except OSError as exc:
+            raise LedgerUsageError(f"--html {args.html}: {exc.strerror or exc}") from None
+    sys.stdout.write(capacity_report.render(report, args.format))
+    return 0

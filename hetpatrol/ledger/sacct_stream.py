@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import BinaryIO
@@ -217,7 +217,9 @@ def _drain(pipe: BinaryIO, keep: bytearray, cap: int) -> None:
         pass
 
 
-def stream_sacct(argv: Sequence[str], timeout: float = 600.0) -> Iterator[JobRun]:
+def stream_sacct(
+    argv: Sequence[str], timeout: float = 600.0, parse: Callable = parse_lines
+) -> Iterator[JobRun]:
     """Run ``argv`` (see :func:`sacct_argv`) and yield its records as they arrive.
 
     ``SacctError`` when sacct cannot be started, exits non-zero (with the end of its
@@ -227,7 +229,8 @@ def stream_sacct(argv: Sequence[str], timeout: float = 600.0) -> Iterator[JobRun
     consumer stops early, the whole group is killed (SIGKILL) and reaped. Its stderr is
     read concurrently by a thread (the last :data:`STDERR_KEEP` bytes kept), so sacct
     never blocks on a full stderr pipe while stdout is read; stdout is read line by line
-    (:func:`read_lines`), never the whole history in memory.
+    (:func:`read_lines`), never the whole history in memory. ``parse`` turns the lines
+    into what is yielded (:func:`parse_lines`; the capacity report reads more fields).
     """
     try:
         proc = subprocess.Popen(
@@ -254,7 +257,7 @@ def stream_sacct(argv: Sequence[str], timeout: float = 600.0) -> Iterator[JobRun
     watchdog.start()
     finished = False
     try:
-        yield from parse_lines(read_lines(proc.stdout))
+        yield from parse(read_lines(proc.stdout))
         finished = True
     finally:
         if not finished:
