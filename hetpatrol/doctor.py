@@ -205,6 +205,14 @@ def _writable_dir(path: str | None) -> str | None:
         probe = probe.parent  # the daemon creates missing directories below this one
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"{probe} is not writable"
+    from hetpatrol.safe_files import UnsafePath, check_directory
+
+    try:  # the daemon's own rule: no directory someone else could change under it
+        check_directory(probe, Path(path).expanduser())
+    except UnsafePath as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{probe}: {exc.strerror or exc}"
     return None
 
 

@@ -237,3 +237,21 @@ def test_the_bundle_redacts_user_names_unless_asked(tmp_path):
     )
     assert res.returncode == 1 and not (tmp_path / "victim").exists(), res.stderr
     assert shutil.which("setpriv"), "util-linux's setpriv runs the probe"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_directory_another_user_owns_fails_with_the_daemons_own_reason(tmp_path):
+    """The daemon refuses to write where someone else could swap its files
+    (hetpatrol.safe_files); doctor says so before the daemon does."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, 65534, 65534)  # nobody
+    cfg = tmp_path / "hetpatrol.yaml"
+    cfg.write_text(f'listen: "127.0.0.1:{_free_port()}"\nstate_path: {shared}/state.json\n')
+    checks = doctor.probe(str(cfg), "/usr/bin:/bin")
+    (state,) = [c for c in checks if c.name == "state"]
+    assert state.level == "FAIL"
+    assert state.detail == (
+        f"{shared}/state.json as root: refusing to write {shared}/state.json: "
+        f"directory {shared} is owned by uid 65534 (nobody), not root or this user"
+    )
