@@ -396,17 +396,27 @@ def start_cluster(
         spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(conf)])
         spawn("slurmd", ["slurmd", "-D", "-N", NODE_NAME, "-f", str(conf)])
         state = ""
-        while time.monotonic() < deadline:
+
+        def exited() -> None:
             for name, proc in cluster.procs.items():
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited with {proc.returncode}")
-            out = subprocess.run(
-                ["sinfo", "-h", "-N", "-n", NODE_NAME, "-o", "%T"],
-                env=cluster.env,
-                capture_output=True,
-                text=True,
-                timeout=10,
-            )
+
+        while time.monotonic() < deadline:
+            exited()
+            try:
+                out = subprocess.run(
+                    ["sinfo", "-h", "-N", "-n", NODE_NAME, "-o", "%T"],
+                    env=cluster.env,
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                )
+            except subprocess.TimeoutExpired:
+                # a slurmctld that exits (a fatal config) leaves sinfo waiting for it:
+                # the daemon's own exit is the answer, else keep waiting for readiness
+                exited()
+                continue
             state = out.stdout.strip()
             if set(state.split()) == {"idle"}:  # one line per partition of the node
                 return cluster

@@ -127,7 +127,7 @@ class _Connection:
         self.outbuf = b""  # the answer being sent
         self.outpos = 0  # bytes of it sent
         self.deadline = deadline
-        self.quiet_since = now  # monotonic time of its accept or last answer sent
+        self.quiet_since = now  # monotonic time of its accept, last bytes read or answer sent
         self.closing = False  # the answer being sent says Connection: close; close after it
         self.lingering = False  # our side is shut: read and discard until the peer closes
         self.refuse = False  # its source is over its limit: answer 503 and close
@@ -298,7 +298,8 @@ class MetricsServer:
         """Close one idle connection: of ``source``, or (None) of the source holding the
         most. A connection whose peer has closed it goes first (it is no loss); then the
         one quiet longest, if it has been quiet :attr:`evict_idle_seconds`, has no answer
-        or partial request in hand and no unread byte in the kernel buffer (RFC 9112 9.5
+        in hand and no unread byte in the kernel buffer, one between requests before one
+        stuck in a partial request it stopped sending (RFC 9112 9.5
         lets a server close an idle connection at any time; one with a request waiting
         would be reset and the request lost). Without this, clients that connect and send
         nothing kept every scraper out for the idle timeout. False when none is idle."""
@@ -308,13 +309,16 @@ class MetricsServer:
             sources = [source]
         now = time.monotonic()
         for src in sources:
+            # between requests first; then one stuck in a partial request (a slow drip:
+            # what it sent is read, nothing more has come since, none of it is lost by a
+            # close, and kept it would hold its slot for the idle timeout)
             candidates = sorted(
                 (
                     c
                     for c in self._conns.values()
-                    if c.source == src and not c.outbuf and not c.inbuf and not c.lingering
+                    if c.source == src and not c.outbuf and not c.lingering
                 ),
-                key=lambda c: c.quiet_since,
+                key=lambda c: (bool(c.inbuf), c.quiet_since),
             )
             for conn in candidates:
                 if _peer_state(conn.sock) == "closed":
@@ -322,7 +326,7 @@ class MetricsServer:
                     return True
             for conn in candidates:
                 if now - conn.quiet_since < self.evict_idle_seconds:
-                    break
+                    continue
                 if _peer_state(conn.sock) == "idle":
                     self._close(conn)
                     return True
@@ -350,6 +354,7 @@ class MetricsServer:
                 if conn.lingering:  # what it sent after its last answer: dropped
                     return
                 conn.inbuf += data
+                conn.quiet_since = time.monotonic()  # sending: not quiet
             self._progress(conn)
         except OSError:  # reset by the peer, broken pipe
             self._close(conn)

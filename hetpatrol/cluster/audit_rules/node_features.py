@@ -44,16 +44,22 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
         classes = {frozenset(ctx.node_classes[v.name]) for v in single}
         if len(classes) < 2:
             continue
-        vendors = {c[0] for cls in classes for c in cls}
+        # a class of no known vendor (an untyped name several vendors' profiles use, no
+        # device file naming it) is no second vendor: by vendor only where two known
+        # vendors share the partition
+        vendors = {c[0] for cls in classes for c in cls if c[0]}
         by_vendor = len(vendors) >= 2
-        # the class a user picks: the vendor between vendors, else the card type
+        # the class a user picks: the vendor between vendors, else the card type (the
+        # same type with and without a known vendor is one class)
         key_of = {
             v.name: frozenset(c[0] for c in ctx.node_classes[v.name])
             if by_vendor
-            else frozenset(ctx.node_classes[v.name])
+            else frozenset(c[1] for c in ctx.node_classes[v.name])
             for v in single
         }
         keys = set(key_of.values())
+        if len(keys) < 2:
+            continue
         lacking: list[tuple[tuple, str]] = []
         for key in keys:
             own = [v for v in single if key_of[v.name] == key]
