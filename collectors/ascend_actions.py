@@ -6,7 +6,15 @@ them without naming the vendor):
   error code by its MindCluster level, :func:`hetpatrol.collectors.ascend_levels.code_action`,
   in the caller's code table or, given none, the bundled
   ``config/ascend_fault_codes.yaml`` (read once, on first use, with ``yaml``); an
-  override ``ascend:<CODE>`` wins.
+  override ``ascend:<CODE>`` wins;
+- the RoCE checks of :mod:`hetpatrol.collectors.ascend_detail` (``roce_link_down``,
+  ``roce_net_health``, ``roce_optical``) critical -> isolate_card: cables and optics
+  need a person (as the XID catalog's CHECK_MECHANICALS); ``roce_link_flaps`` -> watch;
+- ``vendor_health`` words (npu-smi's Health): ``alarm`` / ``warning`` -> watch (the
+  Error Codes carry the action: MindCluster handles a chip by its fault codes, not by
+  the health word); ``critical`` (the urgent alarm) -> reset_card: without its codes
+  read (detail sweep off, ``-t health`` failed) it must still take the chip out of
+  service, as a verdict of critical did before actions existed.
 
 Importing this module reads nothing.
 """
@@ -15,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hetpatrol.actions.vocabulary import ActionVerdict
+from hetpatrol.actions.vocabulary import ISOLATE_CARD, RESET_CARD, WATCH, ActionVerdict
 from hetpatrol.collector import VendorActions
 from hetpatrol.collectors import ascend_levels
 
@@ -48,4 +56,11 @@ def fault_code_action(
 ACTIONS = VendorActions(
     code_actions={"ascend_fault_code": fault_code_action},
     code_table=bundled_levels,
+    check_actions={
+        "roce_link_down": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
+        "roce_net_health": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
+        "roce_link_flaps": {"*": WATCH},
+        "roce_optical": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
+    },
+    health_actions={"alarm": WATCH, "critical": RESET_CARD, "warning": WATCH},
 )

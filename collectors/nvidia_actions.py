@@ -11,7 +11,19 @@ them without naming the vendor):
   (``fallen_off_bus`` ...), :func:`~hetpatrol.collectors.nvidia_xid.kernel_reason_action`;
   an override ``kernel:<reason>`` wins;
 - ``gpu_recovery_action`` findings: NVML's recovery action value,
-  :func:`hetpatrol.collectors.nvml_recovery.recovery_action`.
+  :func:`hetpatrol.collectors.nvml_recovery.recovery_action`;
+- ``nvml_driver`` critical -> reboot_node: "Driver/library version mismatch" /
+  "couldn't communicate with the NVIDIA driver" are cleared by loading one driver, i.e.
+  a reboot; ``nvml_field_error`` critical -> reset_card, else watch (NVML answered
+  Unknown for one field: no card fault yet);
+- ``vendor_health`` words (the markers :class:`~hetpatrol.collectors.nvidia.NvidiaCollector`
+  sets when an NVML call raised): ``gpu_is_lost`` -> reboot_node
+  (NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus, catalog XID 79: RESTART_BM),
+  ``reset_required`` -> reset_card (NVML_ERROR_RESET_REQUIRED: "The GPU requires a reset
+  before it can be used again"), ``insufficient_power`` -> isolate_card
+  (NVML_ERROR_INSUFFICIENT_POWER: power cable, catalog XID 54: CHECK_MECHANICALS),
+  ``unknown_error`` -> reset_card (NVML Unknown on a core call: handle, memory, identity;
+  the card cannot be used).
 
 Standard library only (the Slurm prolog may read these).
 """
@@ -22,7 +34,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from hetpatrol.actions.vocabulary import ActionVerdict
+from hetpatrol.actions.vocabulary import (
+    ISOLATE_CARD,
+    REBOOT_NODE,
+    RESET_CARD,
+    WATCH,
+    ActionVerdict,
+)
 from hetpatrol.collector import VendorActions
 from hetpatrol.collectors import nvidia_xid, nvml_recovery
 
@@ -72,4 +90,15 @@ def recovery_value_action(value: Any) -> ActionVerdict:
 ACTIONS = VendorActions(
     code_actions={"xid": xid_code_action, "kernel_fault": kernel_code_action},
     value_actions={"gpu_recovery_action": recovery_value_action},
+    check_actions={
+        "nvml_driver": {"critical": REBOOT_NODE, "*": WATCH},
+        "nvml_field_error": {"critical": RESET_CARD, "*": WATCH},
+    },
+    # the words of NvidiaCollector.vendor_info.health_words (VH_* in nvidia.py)
+    health_actions={
+        "gpu_is_lost": REBOOT_NODE,
+        "reset_required": RESET_CARD,
+        "insufficient_power": ISOLATE_CARD,
+        "unknown_error": RESET_CARD,
+    },
 )

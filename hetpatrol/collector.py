@@ -125,7 +125,11 @@ class VendorActions:
     - ``value_actions``: check name -> ``fn(value) -> ActionVerdict`` for a finding whose
       one ``value`` names the action (a non-quiet severity only);
     - ``code_table``: ``fn() -> {code: level}``, the bundled code table ``code_actions``
-      read (may read a file; raises OSError / ValueError), or None.
+      read (may read a file; raises OSError / ValueError), or None;
+    - ``check_actions``: check name -> ``{severity: action}`` (``"*"``: any other
+      non-quiet severity) for the other checks only this plugin makes (``nvml_driver``);
+    - ``health_actions``: the ``vendor_health`` words the plugin writes (lower case, as
+      in ``VendorInfo.health_words``) -> action (a word no plugin lists: ``watch``).
 
     Functions must not raise on odd codes or values (they give ``watch``).
     """
@@ -133,6 +137,8 @@ class VendorActions:
     code_actions: Mapping[str, CodeAction] = field(default_factory=dict)
     value_actions: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)
     code_table: Callable[[], Mapping[str, str]] | None = None
+    check_actions: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    health_actions: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

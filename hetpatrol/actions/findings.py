@@ -28,16 +28,15 @@ memory error management, "Row Remapping" and "Error Recovery and Response Flags"
   a repeat escalates (escalation.py);
 - ``card_missing`` critical -> reboot_node: a GPU that left the bus (catalog XID 79,
   RESTART_BM); unknown (its collector failed) -> watch;
-- ``nvml_driver`` -> reboot_node: "Driver/library version mismatch" / "couldn't
-  communicate with the NVIDIA driver" are cleared by loading one driver, i.e. a reboot;
-- ``temperature`` / ``pcie_downtrained`` / ``roce_*`` critical -> isolate_card: cooling,
-  seating, cables and optics need a person (catalog CHECK_MECHANICALS);
+- ``temperature`` / ``pcie_downtrained`` critical -> isolate_card: cooling and seating
+  need a person (catalog CHECK_MECHANICALS);
 - ``nvlink_down`` / ``nvlink_errors`` critical -> reset_card (catalog XID 74: "A GPU reset
   or node reboot is needed to clear this error");
-- ``vendor_health`` by its value: NVML ``gpu_is_lost`` -> reboot_node, ``reset_required`` ->
-  reset_card, ``insufficient_power`` -> isolate_card, ``unknown_error`` (Unknown on a core
-  call) -> reset_card; npu-smi Alarm -> watch (the error codes carry the action), Critical
-  (the urgent alarm) -> reset_card, also when its codes could not be read;
+- ``vendor_health`` by its value: the word's action in the plugins' ``health_actions``
+  (NVIDIA's NVML markers, npu-smi's Health words: see collectors/nvidia_actions.py and
+  ascend_actions.py), ``watch`` for a word none lists; the vendors' own checks
+  (``nvml_driver``, ``roce_*``) by their plugins' ``check_actions`` rows, with their
+  reasons there;
 - ``collector_hung`` / ``collector_failed`` / ``card_unreadable`` -> watch: one stuck
   read is no proof of a broken card; a hang that lasts escalates (escalation.py);
 - usage and configuration checks (``memory_used``, ``power``, ``gres_*``, library
@@ -75,7 +74,7 @@ _QUIET = {"ok", "info"}
 CHECK_ACTIONS: dict[str, dict[str, str]] = {
     # thresholds.py
     "card_unreadable": {"*": WATCH},
-    "vendor_health": {"*": WATCH},  # by value: VENDOR_HEALTH_ACTIONS
+    "vendor_health": {"*": WATCH},  # by value: the plugins' VendorActions.health_actions
     "temperature": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     "ecc_uncorrected": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
     "memory_used": {"*": WATCH},
@@ -89,22 +88,14 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     "collector_hung": {"*": WATCH},
     "collector_failed": {"*": WATCH},
     "recovering": {"*": WATCH},
-    # collectors/nvidia.py (gpu_recovery_action is looked up by its value: the plugin's
-    # value_actions)
-    "nvml_driver": {"critical": REBOOT_NODE, "*": WATCH},
-    # NVML answered Unknown for one field: no card fault yet
-    "nvml_field_error": {"critical": RESET_CARD, "*": WATCH},
+    # the vendors' own checks (nvml_driver, roce_link_down ...): their plugins'
+    # VendorActions.check_actions
     # deep_health.py
     "baseline_drift": {"*": WATCH},
     "clock_event_reasons": {"*": WATCH},
     "pcie_downtrained": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     "nvlink_down": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
     "nvlink_errors": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
-    # ascend_detail.py (ascend_fault_code is looked up per code: the plugin's code_actions)
-    "roce_link_down": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
-    "roce_net_health": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
-    "roce_link_flaps": {"*": WATCH},
-    "roce_optical": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     # slurm/inventory.py, environment.py
     "gres_mismatch": {"*": WATCH},
     "gres_registration": {"*": WATCH},
@@ -117,35 +108,17 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     "pci_census": {"*": WATCH},
 }
 
-#: ``vendor_health`` by its value (thresholds.VENDOR_HEALTH_SEVERITY's words)
-VENDOR_HEALTH_ACTIONS: dict[str, str] = {
-    # NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus (catalog XID 79: RESTART_BM)
-    "gpu_is_lost": REBOOT_NODE,
-    # NVML_ERROR_RESET_REQUIRED: "The GPU requires a reset before it can be used again"
-    "reset_required": RESET_CARD,
-    # NVML_ERROR_INSUFFICIENT_POWER: power cable (catalog XID 54: CHECK_MECHANICALS)
-    "insufficient_power": ISOLATE_CARD,
-    # npu-smi Health Alarm / Warning: the Error Codes carry the action (MindCluster
-    # handles a chip by its fault codes, not by the health word). Critical is the urgent
-    # alarm: without its codes read (detail sweep off, -t health failed) it must still
-    # take the chip out of service, as a verdict of critical did before actions existed
-    "alarm": WATCH,
-    "critical": RESET_CARD,
-    "warning": WATCH,
-    # NVML Unknown on a core call (handle, memory, identity): the card cannot be used
-    "unknown_error": RESET_CARD,
-}
-
 _tables: tuple[tuple, VendorActions] | None = None
 
 
 def vendor_tables() -> VendorActions:
     """Every installed plugin's fault tables (``VendorInfo.actions``) in one
-    :class:`hetpatrol.collector.VendorActions`: ``code_actions`` and ``value_actions``
-    by check name (a check two plugins declare: the first plugin by name), and a
-    ``code_table`` that merges theirs. Plugins are loaded (imported) on the first call and
-    again only when ``sys.path`` changes; one that cannot be imported is left out (its
-    checks then take the generic rows or ``watch``). Never raises."""
+    :class:`hetpatrol.collector.VendorActions`: ``code_actions``, ``value_actions`` and
+    ``check_actions`` by check name, ``health_actions`` by word (a check or word two
+    plugins declare: the first plugin by name), and a ``code_table`` that merges theirs.
+    Plugins are loaded (imported) on the first call and again only when ``sys.path``
+    changes; one that cannot be imported is left out (its checks then take the generic
+    rows or ``watch``). Never raises."""
     global _tables
     key = tuple(sys.path)  # plugins come and go with the import path
     if _tables is not None and _tables[0] == key:
@@ -155,6 +128,8 @@ def vendor_tables() -> VendorActions:
     eps = sorted(entry_points(group="hetpatrol.collectors"), key=lambda e: e.name)
     code: dict[str, Any] = {}
     value: dict[str, Any] = {}
+    rows: dict[str, Any] = {}
+    health: dict[str, str] = {}
     tables: list[Any] = []
     for ep in eps:
         try:
@@ -167,6 +142,10 @@ def vendor_tables() -> VendorActions:
             code.setdefault(name, fn)
         for name, fn in declared.value_actions.items():
             value.setdefault(name, fn)
+        for name, row in declared.check_actions.items():
+            rows.setdefault(name, row)
+        for word, action in declared.health_actions.items():
+            health.setdefault(word.lower(), action)
         if declared.code_table is not None:
             tables.append(declared.code_table)
 
@@ -177,7 +156,13 @@ def vendor_tables() -> VendorActions:
                 out.setdefault(k, v)
         return out
 
-    merged = VendorActions(code_actions=code, value_actions=value, code_table=merged_table)
+    merged = VendorActions(
+        code_actions=code,
+        value_actions=value,
+        code_table=merged_table,
+        check_actions=rows,
+        health_actions=health,
+    )
     _tables = (key, merged)
     return merged
 
@@ -215,7 +200,8 @@ def finding_action(
     key = f"check:{check}"
     if overrides and key in overrides:
         return ActionVerdict(overrides[key], "override", key, "per-check override in the config")
-    tables = vendor_tables() if check not in CHECK_ACTIONS else None
+    generic = check in CHECK_ACTIONS and check != "vendor_health"
+    tables = None if generic else vendor_tables()
     if tables is not None and check in tables.code_actions:
         verdicts = _code_verdicts(
             tables.code_actions[check], severity, value, _get(finding, "message"), levels, overrides
@@ -227,7 +213,7 @@ def finding_action(
         return ActionVerdict(WATCH, "unknown", key, f"{check}: no code in the finding")
     if check == "vendor_health" and severity not in _QUIET:
         word = str(value or "").strip().lower()
-        action = VENDOR_HEALTH_ACTIONS.get(word, WATCH)
+        action = tables.health_actions.get(word, WATCH) if tables is not None else WATCH
         return ActionVerdict(action, "finding", key, f"vendor health {value!r}")
     if tables is not None and check in tables.value_actions:
         if severity in _QUIET:
@@ -236,6 +222,8 @@ def finding_action(
     if check.endswith("_check_failed"):
         return ActionVerdict(WATCH, "finding", key, "a node check failed")
     row = CHECK_ACTIONS.get(check)
+    if row is None and tables is not None:
+        row = tables.check_actions.get(check)
     if row is None:
         return ActionVerdict(WATCH, "unknown", key, f"check {check!r} has no action table row")
     if severity in _QUIET:
