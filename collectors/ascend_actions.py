@@ -14,7 +14,10 @@ them without naming the vendor):
   Error Codes carry the action: MindCluster handles a chip by its fault codes, not by
   the health word); ``critical`` (the urgent alarm) -> reset_card: without its codes
   read (detail sweep off, ``-t health`` failed) it must still take the chip out of
-  service, as a verdict of critical did before actions existed.
+  service, as a verdict of critical did before actions existed;
+- escalation keys of an ``ascend_fault_code`` finding, any severity (MindCluster counts
+  every listed code): ``ascend:<CODE>`` and, for a code in the table,
+  ``ascend_level:<level>``.
 
 Importing this module reads nothing.
 """
@@ -53,6 +56,16 @@ def fault_code_action(
     return ascend_levels.code_action(str(code), table, overrides)
 
 
+def fault_code_keys(code: str, levels: Mapping[str, str]) -> list[str]:
+    """The escalation keys one code holds while present: ``ascend:<CODE>`` and
+    ``ascend_level:<level>`` when ``levels`` lists it."""
+    upper = str(code).strip().upper()
+    keys = [f"ascend:{upper}"]
+    if upper in levels:
+        keys.append(f"ascend_level:{levels[upper]}")
+    return keys
+
+
 ACTIONS = VendorActions(
     code_actions={"ascend_fault_code": fault_code_action},
     code_table=bundled_levels,
@@ -63,4 +76,5 @@ ACTIONS = VendorActions(
         "roce_optical": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     },
     health_actions={"alarm": WATCH, "critical": RESET_CARD, "warning": WATCH},
+    code_keys={"ascend_fault_code": fault_code_keys},
 )

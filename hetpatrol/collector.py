@@ -129,7 +129,10 @@ class VendorActions:
     - ``check_actions``: check name -> ``{severity: action}`` (``"*"``: any other
       non-quiet severity) for the other checks only this plugin makes (``nvml_driver``);
     - ``health_actions``: the ``vendor_health`` words the plugin writes (lower case, as
-      in ``VendorInfo.health_words``) -> action (a word no plugin lists: ``watch``).
+      in ``VendorInfo.health_words``) -> action (a word no plugin lists: ``watch``);
+    - ``code_keys``: check name -> ``fn(code, levels) -> iterable of str``: the escalation
+      keys one code of such a finding holds while present (any severity;
+      :func:`hetpatrol.actions.apply.state_keys`), ``levels`` the caller's code table.
 
     Functions must not raise on odd codes or values (they give ``watch``).
     """
@@ -139,6 +142,7 @@ class VendorActions:
     code_table: Callable[[], Mapping[str, str]] | None = None
     check_actions: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     health_actions: Mapping[str, str] = field(default_factory=dict)
+    code_keys: Mapping[str, Callable[[str, Mapping[str, str]], Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -113,9 +113,10 @@ _tables: tuple[tuple, VendorActions] | None = None
 
 def vendor_tables() -> VendorActions:
     """Every installed plugin's fault tables (``VendorInfo.actions``) in one
-    :class:`hetpatrol.collector.VendorActions`: ``code_actions``, ``value_actions`` and
-    ``check_actions`` by check name, ``health_actions`` by word (a check or word two
-    plugins declare: the first plugin by name), and a ``code_table`` that merges theirs.
+    :class:`hetpatrol.collector.VendorActions`: ``code_actions``, ``value_actions``,
+    ``check_actions`` and ``code_keys`` by check name, ``health_actions`` by word (a
+    check or word two plugins declare: the first plugin by name), and a ``code_table``
+    that merges theirs.
     Plugins are loaded (imported) on the first call and again only when ``sys.path``
     changes; one that cannot be imported is left out (its checks then take the generic
     rows or ``watch``). Never raises."""
@@ -130,6 +131,7 @@ def vendor_tables() -> VendorActions:
     value: dict[str, Any] = {}
     rows: dict[str, Any] = {}
     health: dict[str, str] = {}
+    keys: dict[str, Any] = {}
     tables: list[Any] = []
     for ep in eps:
         try:
@@ -146,6 +148,8 @@ def vendor_tables() -> VendorActions:
             rows.setdefault(name, row)
         for word, action in declared.health_actions.items():
             health.setdefault(word.lower(), action)
+        for name, fn in declared.code_keys.items():
+            keys.setdefault(name, fn)
         if declared.code_table is not None:
             tables.append(declared.code_table)
 
@@ -162,6 +166,7 @@ def vendor_tables() -> VendorActions:
         code_table=merged_table,
         check_actions=rows,
         health_actions=health,
+        code_keys=keys,
     )
     _tables = (key, merged)
     return merged
