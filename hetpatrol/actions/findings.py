@@ -106,6 +106,9 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     # a plugin off, no driver, or an unreadable bus: watched
     "pci_unwatched": {"critical": RESET_CARD, "*": WATCH},
     "pci_census": {"*": WATCH},
+    # checks/kernel_events.py: past MAX_UNREAD_BUSES bus ids no card has, the rest are one
+    # finding; a flood of ids no card has names no card to act on
+    "kernel_fault_buses": {"*": WATCH},
 }
 
 _tables: tuple[tuple, VendorActions] | None = None
