@@ -79,6 +79,7 @@ from hetpatrol.collector import (
     GresDevice,
     VendorInfo,
 )
+from hetpatrol.collectors.ascend_actions import ACTIONS as ASCEND_ACTIONS
 from hetpatrol.collectors.ascend_detail import DetailReader
 from hetpatrol.pci_census import CLASS_PROCESSING_ACCELERATOR, PciCards
 from hetpatrol.schema import (
@@ -954,6 +955,8 @@ class AscendCollector(Collector):
             },
             listed_only=True,
         ),
+        # npu-smi error code -> MindCluster level -> action word
+        actions=ASCEND_ACTIONS,
     )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):

@@ -127,6 +127,7 @@ from hetpatrol.collector import (
     GresDevice,
     VendorInfo,
 )
+from hetpatrol.collectors.nvidia_actions import ACTIONS as NVIDIA_ACTIONS
 from hetpatrol.collectors.nvidia_kmsg import NVRM
 from hetpatrol.logs import get_logger
 from hetpatrol.pci_census import CLASS_3D, CLASS_VGA, PciCards
@@ -556,6 +557,8 @@ class NvidiaCollector(Collector):
                 0x2237: "a10g",
             },
         ),
+        # XID catalog, NVRM reasons, NVML recovery action -> action words
+        actions=NVIDIA_ACTIONS,
     )
 
     def __init__(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -103,6 +103,48 @@ class GresDevice:
     note: str | None = None
 
 
+#: ``fn(code, severity, message, levels, overrides) -> ActionVerdict``: the action of one
+#: code of a code finding (see :class:`VendorActions`)
+CodeAction = Callable[
+    [str, str, "str | None", "Mapping[str, str] | None", "Mapping[str, str] | None"], Any
+]
+
+
+@dataclass(frozen=True)
+class VendorActions:
+    """The vendor's fault tables: what to do (a word of
+    :data:`hetpatrol.actions.vocabulary.ACTIONS`) about the findings only its plugin
+    makes, read by :mod:`hetpatrol.actions.findings` through :class:`VendorInfo`.
+
+    - ``code_actions``: check name -> ``fn(code, severity, message, levels, overrides)``
+      for a finding whose ``value`` maps codes to counts (``{"79": 2}``): the
+      :class:`~hetpatrol.actions.vocabulary.ActionVerdict` of one code (``str``), given
+      the finding's severity and message, the caller's code table ``levels`` (None: the
+      plugin's own, from ``code_table``) and the config's per-code ``overrides``
+      (``xid:<n>`` ...); the finding's action is the highest of its codes';
+    - ``value_actions``: check name -> ``fn(value) -> ActionVerdict`` for a finding whose
+      one ``value`` names the action (a non-quiet severity only);
+    - ``code_table``: ``fn() -> {code: level}``, the bundled code table ``code_actions``
+      read (may read a file; raises OSError / ValueError), or None;
+    - ``check_actions``: check name -> ``{severity: action}`` (``"*"``: any other
+      non-quiet severity) for the other checks only this plugin makes (``nvml_driver``);
+    - ``health_actions``: the ``vendor_health`` words the plugin writes (lower case, as
+      in ``VendorInfo.health_words``) -> action (a word no plugin lists: ``watch``);
+    - ``code_keys``: check name -> ``fn(code, levels) -> iterable of str``: the escalation
+      keys one code of such a finding holds while present (any severity;
+      :func:`hetpatrol.actions.apply.state_keys`), ``levels`` the caller's code table.
+
+    Functions must not raise on odd codes or values (they give ``watch``).
+    """
+
+    code_actions: Mapping[str, CodeAction] = field(default_factory=dict)
+    value_actions: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)
+    code_table: Callable[[], Mapping[str, str]] | None = None
+    check_actions: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    health_actions: Mapping[str, str] = field(default_factory=dict)
+    code_keys: Mapping[str, Callable[[str, Mapping[str, str]], Any]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class VendorInfo:
     """What the checks must know of a vendor's words, declared by its plugin
@@ -126,6 +168,9 @@ class VendorInfo:
     - ``pci``: which PCI functions are this vendor's cards, a
       :class:`hetpatrol.pci_census.PciCards` (vendor ids, classes, device id -> card
       type); None: the census does not know this vendor's cards.
+    - ``actions``: its fault tables, a :class:`VendorActions` (XID, recovery action,
+      fault code -> action word); None: its findings take the generic rows of
+      :mod:`hetpatrol.actions.findings`.
     """
 
     health_words: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
@@ -136,6 +181,7 @@ class VendorInfo:
     tool_dirs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gres: GresDevice | None = None
     pci: PciCards | None = None
+    actions: VendorActions | None = None
 
 
 #: Characters of a tool's raw output kept in a patrol line and the state file: the first

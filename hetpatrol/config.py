@@ -366,12 +366,35 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
 
 
 def bundled_document() -> dict[str, Any]:
-    """The bundled config file as a plain mapping (checked by the tests, read once)."""
+    """The bundled config as a plain mapping, the layer a site file is laid over: the
+    bundled file (read once) with the default profiles of the plugins its
+    ``collectors:`` section names laid into its ``profiles`` (:func:`with_plugin_profiles`),
+    so a site file changes a vendor's profile by its name whichever file ships it.
+    Raises :class:`ConfigError` naming a plugin's profile file that cannot be read or
+    is not a list of profiles."""
     global _BUNDLED
     if _BUNDLED is None:
         data, _node = parse_document(read_document(bundled_config_path()))
         _BUNDLED = data or {}
-    return copy.deepcopy(_BUNDLED)
+    return with_plugin_profiles(copy.deepcopy(_BUNDLED))
+
+
+def with_plugin_profiles(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a parsed config, changed in place and returned) with the profiles of
+    each plugin its ``collectors:`` section names (every registered plugin when it has
+    none), in that order, appended to its ``profiles`` for each vendor it writes no
+    profile for: what :func:`load_config` does with the file's own profiles, as data.
+    ``ConfigError`` naming the plugin's file as :func:`plugin_profile_entries`."""
+    sections = data.get("collectors")
+    names = list(sections) if isinstance(sections, Mapping) else list(_registered_collectors())
+    profiles = data.get("profiles")
+    if not isinstance(profiles, list):
+        profiles = []
+    written = {p.get("vendor") for p in profiles if isinstance(p, Mapping)}
+    added = [copy.deepcopy(p) for n in names if n not in written for p in plugin_profile_entries(n)]
+    if added:
+        data["profiles"] = profiles + added
+    return data
 
 
 _BUNDLED: dict[str, Any] | None = None
@@ -563,9 +586,11 @@ def _plugin_document(path: Path) -> tuple[Any, dict]:
     return _plugin_documents[key]
 
 
-def _plugin_profiles(name: str, defaults: dict, taken: set[str]) -> list[Profile]:
-    """The default profiles the plugin ``name`` ships (none when it ships no file),
-    checked like the config's own; ``ConfigError`` naming that file."""
+def plugin_profile_entries(name: str) -> list[dict[str, Any]]:
+    """The profile entries (mappings, as in the config's ``profiles``; shared: do not
+    change them) of the plugin ``name``'s profile file, none when it ships no file.
+    ``ConfigError`` naming that file and line when it is not a ``profiles`` list of the
+    config's shape or names another vendor."""
     path = plugin_profiles_path(name)
     if path is None or not path.is_file():
         return []
@@ -579,11 +604,26 @@ def _plugin_profiles(name: str, defaults: dict, taken: set[str]) -> list[Profile
     }
     for err in iter_errors(schema, data):
         raise config_error(err.message, src, lines, tuple(err.absolute_path))
-    out = []
     for i, p in enumerate(data["profiles"]):
-        where = ("profiles", i)
         if p["vendor"] != name:
-            raise config_error(f"a profile of vendor {name!r} only", src, lines, (*where, "vendor"))
+            raise config_error(
+                f"a profile of vendor {name!r} only", src, lines, ("profiles", i, "vendor")
+            )
+    return data["profiles"]
+
+
+def _plugin_profiles(name: str, defaults: dict, taken: set[str]) -> list[Profile]:
+    """The default profiles the plugin ``name`` ships (none when it ships no file),
+    checked like the config's own; ``ConfigError`` naming that file."""
+    entries = plugin_profile_entries(name)
+    if not entries:
+        return []
+    path = plugin_profiles_path(name)
+    src = str(path)
+    _data, lines = _plugin_document(path)  # type: ignore[arg-type]
+    out = []
+    for i, p in enumerate(entries):
+        where = ("profiles", i)
         if p["name"] in taken:
             raise config_error(f"profile name {p['name']!r} used twice", src, lines, where)
         taken.add(p["name"])

@@ -324,6 +324,27 @@ def test_the_guard_imports_nothing_heavy():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_guard_loads_no_vendor_plugin_when_the_daemon_wrote_the_actions(tmp_path, monkeypatch):
+    """The vendors' fault tables (VendorInfo.actions) are loaded only for a finding
+    without its action: a daemon's state file (every card and finding carries one)
+    costs the prolog no plugin import; a bare XID finding still gets its catalog action."""
+    from hetpatrol.actions import findings as table
+
+    monkeypatch.setattr(table, "_tables", None)
+    xid = {"check": "xid", "severity": "critical", "value": {"79": 1}, "action": "reboot_node"}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(state(NODE, findings=[xid])))
+    env = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "0"}
+    d = jobguard.guard(env, path, clock=lambda: NOW)
+    assert d.exit_code == 1 and "reboot_node" in d.reason
+    assert table._tables is None
+    del xid["action"]
+    path.write_text(json.dumps(state(NODE, findings=[xid])))
+    d = jobguard.guard(env, path, clock=lambda: NOW)
+    assert d.exit_code == 1 and "reboot_node" in d.reason and "79" in d.reason
+    assert table._tables is not None
+
+
 # ----------------------------------------------------------------- real Slurm
 def _prolog_script(state_path: Path, out: Path, tmp_path: Path) -> str:
     py = tmp_path / "prolog.py"

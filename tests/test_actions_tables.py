@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from hetpatrol import kernel_log
-from hetpatrol.actions import ascend_levels, nvidia_xid, nvml_recovery, vocabulary
+from hetpatrol.actions import vocabulary
 from hetpatrol.actions.vocabulary import (
     ISOLATE_CARD,
     NONE,
@@ -25,6 +25,7 @@ from hetpatrol.actions.vocabulary import (
     WATCH,
 )
 from hetpatrol.checks import kernel_events as xid
+from hetpatrol.collectors import ascend_levels, nvidia_xid, nvml_recovery
 from tests.conftest import samples_dir
 
 # ------------------------------------------------------------------ vocabulary

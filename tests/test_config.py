@@ -368,8 +368,11 @@ def test_a_site_file_is_laid_over_the_bundled_config_key_by_key(tmp_path):
 def test_base_none_makes_the_file_the_whole_config_and_errors_name_the_site_line(tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text("base: none\ninterval_seconds: 5\n")
-    # none of the bundled file's profiles (the plugins' own profiles still apply)
-    assert "a100" not in [p.name for p in load_config(site).profiles]
+    # none of the bundled file's settings (its state path); the plugins' own profiles
+    # still apply, NVIDIA's among them (they ship with the plugin, not in that file)
+    cfg = load_config(site)
+    assert load_config().state_path is not None and cfg.state_path is None
+    assert "a100" in [p.name for p in cfg.profiles]
     site.write_text(
         "interval_seconds: 5\nprofiles:\n  - name: a100\n    temperature_celsius: {warning: 99}\n"
     )
@@ -398,3 +401,27 @@ def test_validate_config_effective_says_where_each_value_came_from(tmp_path, cap
     assert rows["profiles[a100].temperature_celsius.warning"] == f"{site}:4"
     assert rows["profiles[a100].temperature_celsius.critical"] == "bundled"
     assert rows["listen"] == "bundled"
+
+
+def test_nvidia_and_ascend_profiles_ship_with_their_plugins_and_a_site_changes_them(tmp_path):
+    """The vendors' profiles live in collectors/<vendor>_profiles.yaml, not in the bundled
+    file; a site file still changes one by its name, and --effective lists it."""
+    from hetpatrol.config import bundled_config_path, effective_settings, plugin_profiles_path
+
+    bundled_file = bundled_config_path().read_text(encoding="utf-8")
+    assert "\nprofiles:" not in bundled_file and "vendor: nvidia" not in bundled_file
+    assert plugin_profiles_path("nvidia").name == "nvidia_profiles.yaml"
+    assert plugin_profiles_path("ascend").name == "ascend_profiles.yaml"
+    cfg = load_config()
+    a100 = cfg.profile_for("nvidia", "a100", None)
+    t = a100.checks["card_thresholds"].thresholds["temperature_celsius"]
+    assert (a100.name, a100.gres, t.warning, t.critical) == ("a100", "gpu", 83, 90)
+    site = tmp_path / "site.yaml"
+    site.write_text("profiles:\n  - name: ascend-910b\n    gres: npu\n")
+    p = load_config(site).profile_for("ascend", "910b", None)
+    t = p.checks["card_thresholds"].thresholds["temperature_celsius"]
+    assert (p.name, p.gres, t.warning, t.critical) == ("ascend-910b", "npu", 80, 90)
+    rows = {k: (v, where) for k, v, where in effective_settings(site)}
+    assert rows["profiles[ascend-910b].gres"] == ("npu", f"{site}:3")
+    assert rows["profiles[ascend-910b].model"] == ("^910B", "bundled")
+    assert rows["profiles[a100].temperature_celsius.warning"] == (83, "bundled")

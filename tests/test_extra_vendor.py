@@ -33,7 +33,8 @@ PLUGIN = '''
 
 import re
 
-from hetpatrol.collector import STATE_OK, Collector, CollectResult, VendorInfo
+from hetpatrol.actions.vocabulary import REPLACE_CARD, WATCH, ActionVerdict
+from hetpatrol.collector import STATE_OK, Collector, CollectResult, VendorActions, VendorInfo
 from hetpatrol.kernel_log import KIND_KERNEL, KernelEvent, pci_bus_id
 from hetpatrol.schema import HEALTH_OK, HEALTH_WARNING, CardRecord
 
@@ -61,6 +62,13 @@ class AcmeKernelLog:
                 )
 
 
+def acme_fault(code, severity, message, levels, overrides):
+    """acme-smi fault codes: E7 is a dead HBM stack, anything else is looked at."""
+    if code == "E7":
+        return ActionVerdict(REPLACE_CARD, "acme_fault", f"acme:{code}", "dead HBM stack")
+    return ActionVerdict(WATCH, "unknown", f"acme:{code}", "code not known")
+
+
 class AcmeCollector(Collector):
     name = "acme"
     vendor_info = VendorInfo(
@@ -70,6 +78,10 @@ class AcmeCollector(Collector):
         },
         link_kinds=("acmelink",),
         kernel_log=AcmeKernelLog(),
+        actions=VendorActions(
+            code_actions={"acme_fault": acme_fault},
+            check_actions={"acme_link_flaps": {"critical": WATCH, "*": WATCH}},
+        ),
     )
 
     def collect(self):
@@ -219,3 +231,17 @@ def test_new_vendor_is_one_plugin_file_and_its_profiles(acme, tmp_path, capsys):
     assert "acme x1 (gres acme)  3 cards: 1 ok, 1 warning, 1 critical" in out
     assert "warning vendor_health: acme-smi says degraded: reseat the card" in out
     assert "acme ok (3 cards" in out
+
+
+def test_new_vendor_declares_its_fault_tables_in_vendor_info(acme):
+    """The plugin's VendorInfo.actions reach the core's finding -> action table without
+    an edit there: a code finding takes the highest action of its codes."""
+    from hetpatrol.actions import findings
+
+    f = {"check": "acme_fault", "severity": "critical", "value": {"E1": 1, "E7": 2}}
+    v = findings.finding_action(f)
+    assert (v.action, v.source, v.code) == ("replace_card", "acme_fault", "acme:E7")
+    v = findings.finding_action({"check": "acme_link_flaps", "severity": "critical"})
+    assert (v.action, v.source) == ("watch", "finding")
+    # the shipped plugins' tables are still there beside it
+    assert findings.finding_action({"check": "xid", "value": {"79": 1}}).action == "reboot_node"

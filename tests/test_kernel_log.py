@@ -853,7 +853,7 @@ def test_a_fatal_word_the_catalog_ignores_makes_no_drain_action():
     """The XID finding of NETIR_LINK_EVT "Fatal" sub-code 38 is a warning with action
     watch; sub-code 37 is critical with reset_card."""
     from hetpatrol.actions.findings import finding_action
-    from hetpatrol.actions.nvidia_xid import xid_action
+    from hetpatrol.collectors.nvidia_xid import xid_action
 
     for word, (line, *_rest) in (("38", NVLINK5_LINES[1]), ("4", NVLINK5_LINES[3])):
         log_cards = [CardRecord(vendor="nvidia", index=0, bus_id="0000:00:00.0", health="ok")]

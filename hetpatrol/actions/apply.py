@@ -35,21 +35,26 @@ def _get(obj: Any, name: str) -> Any:
 
 def state_keys(findings: Iterable[Any], levels: Mapping[str, str]) -> set[str]:
     """Keys present on a card this patrol: ``check:<name>`` for each finding above
-    ``info``; for ``ascend_fault_code``, ``ascend:<CODE>`` and ``ascend_level:<level>``
-    of each code (any severity: MindCluster counts every listed code)."""
+    ``info``; for a check whose plugin declares ``code_keys`` (``VendorInfo.actions``),
+    the keys of each code in its ``value`` at any severity (Ascend's
+    ``ascend_fault_code``: ``ascend:<CODE>`` and ``ascend_level:<level>``, as MindCluster
+    counts every listed code)."""
     keys: set[str] = set()
+    code_keys = None
     for f in findings:
         check = str(_get(f, "check") or "")
         severity = str(_get(f, "severity") or "")
         if severity not in _QUIET:
             keys.add(f"check:{check}")
         value = _get(f, "value")
-        if check == "ascend_fault_code" and isinstance(value, Mapping):
+        if check in finding_table.CHECK_ACTIONS or not isinstance(value, Mapping):
+            continue
+        if code_keys is None:
+            code_keys = finding_table.vendor_tables().code_keys
+        fn = code_keys.get(check)
+        if fn is not None:
             for code in value:
-                upper = str(code).strip().upper()
-                keys.add(f"ascend:{upper}")
-                if upper in levels:
-                    keys.add(f"ascend_level:{levels[upper]}")
+                keys.update(fn(str(code), levels))
     return keys
 
 

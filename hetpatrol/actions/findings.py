@@ -3,9 +3,11 @@
 A finding is ``{check, severity, value, threshold, message}`` (hetpatrol.schema.Finding,
 or its dict in the JSONL / state file). Its action:
 
-- ``xid``: the highest :func:`hetpatrol.actions.nvidia_xid.xid_action` of the XIDs in
-  ``value`` (``{"79": 2}``); ``kernel_fault``: by the reason (``fallen_off_bus`` ...);
-- ``ascend_fault_code``: the highest MindCluster level action of the codes in ``value``;
+- a check a vendor plugin declares in its fault tables (``VendorInfo.actions``, a
+  :class:`hetpatrol.collector.VendorActions`): per code, the highest action of the codes
+  in ``value`` (``{"79": 2}``; NVIDIA's ``xid`` by its XID catalog and ``kernel_fault``
+  by the reason, Ascend's ``ascend_fault_code`` by the MindCluster level), or by its one
+  value (NVIDIA's ``gpu_recovery_action``); see :func:`vendor_tables`;
 - every other check: the :data:`CHECK_ACTIONS` row for its severity;
 - ``info`` / ``ok`` severities of table checks: ``none``;
 - a check not in the table: ``watch`` with the check name, never ``none``.
@@ -13,7 +15,7 @@ or its dict in the JSONL / state file). Its action:
 Per-code overrides (``overrides``) are keyed ``xid:<n>``, ``ascend:<CODE>``,
 ``kernel:<reason>`` or ``check:<name>`` and hold an action word.
 
-Why each row (NVIDIA references: the XID catalog, see nvidia_xid.py; NVIDIA A100 GPU
+Why each row (NVIDIA references: the XID catalog, see collectors/nvidia_xid.py; NVIDIA A100 GPU
 memory error management, "Row Remapping" and "Error Recovery and Response Flags"):
 
 - ``remapped_rows_pending`` / ``retired_pages_pending`` -> reset_card: the remap or
@@ -26,32 +28,32 @@ memory error management, "Row Remapping" and "Error Recovery and Response Flags"
   a repeat escalates (escalation.py);
 - ``card_missing`` critical -> reboot_node: a GPU that left the bus (catalog XID 79,
   RESTART_BM); unknown (its collector failed) -> watch;
-- ``nvml_driver`` -> reboot_node: "Driver/library version mismatch" / "couldn't
-  communicate with the NVIDIA driver" are cleared by loading one driver, i.e. a reboot;
-- ``temperature`` / ``pcie_downtrained`` / ``roce_*`` critical -> isolate_card: cooling,
-  seating, cables and optics need a person (catalog CHECK_MECHANICALS);
+- ``temperature`` / ``pcie_downtrained`` critical -> isolate_card: cooling and seating
+  need a person (catalog CHECK_MECHANICALS);
 - ``nvlink_down`` / ``nvlink_errors`` critical -> reset_card (catalog XID 74: "A GPU reset
   or node reboot is needed to clear this error");
-- ``vendor_health`` by its value: NVML ``gpu_is_lost`` -> reboot_node, ``reset_required`` ->
-  reset_card, ``insufficient_power`` -> isolate_card, ``unknown_error`` (Unknown on a core
-  call) -> reset_card; npu-smi Alarm -> watch (the error codes carry the action), Critical
-  (the urgent alarm) -> reset_card, also when its codes could not be read;
+- ``vendor_health`` by its value: the word's action in the plugins' ``health_actions``
+  (NVIDIA's NVML markers, npu-smi's Health words: see collectors/nvidia_actions.py and
+  ascend_actions.py), ``watch`` for a word none lists; the vendors' own checks
+  (``nvml_driver``, ``roce_*``) by their plugins' ``check_actions`` rows, with their
+  reasons there;
 - ``collector_hung`` / ``collector_failed`` / ``card_unreadable`` -> watch: one stuck
   read is no proof of a broken card; a hang that lasts escalates (escalation.py);
 - usage and configuration checks (``memory_used``, ``power``, ``gres_*``, library
   paths, ``baseline_drift``, ``clock_event_reasons``) -> watch at most: no card action
   fixes them.
 
-Standard library only (the Ascend table is read lazily, with ``yaml``, on first use).
+Standard library only at import time; the plugins' tables are imported on the first
+finding that needs them (the Ascend code table is read then, with ``yaml``).
 """
 
 from __future__ import annotations
 
-import re
+import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
 
-from hetpatrol.actions import ascend_levels, nvidia_xid, nvml_recovery
 from hetpatrol.actions.vocabulary import (
     ISOLATE_CARD,
     NONE,
@@ -63,13 +65,16 @@ from hetpatrol.actions.vocabulary import (
     worst_verdict,
 )
 
+if TYPE_CHECKING:
+    from hetpatrol.collector import VendorActions
+
 _QUIET = {"ok", "info"}
 
 #: check -> {severity: action}; "*" is any other non-quiet severity
 CHECK_ACTIONS: dict[str, dict[str, str]] = {
     # thresholds.py
     "card_unreadable": {"*": WATCH},
-    "vendor_health": {"*": WATCH},  # by value: VENDOR_HEALTH_ACTIONS
+    "vendor_health": {"*": WATCH},  # by value: the plugins' VendorActions.health_actions
     "temperature": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     "ecc_uncorrected": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
     "memory_used": {"*": WATCH},
@@ -83,23 +88,14 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     "collector_hung": {"*": WATCH},
     "collector_failed": {"*": WATCH},
     "recovering": {"*": WATCH},
-    # collectors/nvidia.py (gpu_recovery_action is looked up by its value, below)
-    "nvml_driver": {"critical": REBOOT_NODE, "*": WATCH},
-    # NVML answered Unknown for one field: no card fault yet
-    "nvml_field_error": {"critical": RESET_CARD, "*": WATCH},
-    # by its value: nvml_recovery.recovery_action (this row is the fallback)
-    "gpu_recovery_action": {"*": WATCH},
+    # the vendors' own checks (nvml_driver, roce_link_down ...): their plugins'
+    # VendorActions.check_actions
     # deep_health.py
     "baseline_drift": {"*": WATCH},
     "clock_event_reasons": {"*": WATCH},
     "pcie_downtrained": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     "nvlink_down": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
     "nvlink_errors": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
-    # ascend_detail.py (ascend_fault_code is looked up per code, below)
-    "roce_link_down": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
-    "roce_net_health": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
-    "roce_link_flaps": {"*": WATCH},
-    "roce_optical": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     # slurm/inventory.py, environment.py
     "gres_mismatch": {"*": WATCH},
     "gres_registration": {"*": WATCH},
@@ -110,41 +106,81 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     # a plugin off, no driver, or an unreadable bus: watched
     "pci_unwatched": {"critical": RESET_CARD, "*": WATCH},
     "pci_census": {"*": WATCH},
+    # checks/kernel_events.py: past MAX_UNREAD_BUSES bus ids no card has, the rest are one
+    # finding; a flood of ids no card has names no card to act on
+    "kernel_fault_buses": {"*": WATCH},
 }
 
-#: ``vendor_health`` by its value (thresholds.VENDOR_HEALTH_SEVERITY's words)
-VENDOR_HEALTH_ACTIONS: dict[str, str] = {
-    # NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus (catalog XID 79: RESTART_BM)
-    "gpu_is_lost": REBOOT_NODE,
-    # NVML_ERROR_RESET_REQUIRED: "The GPU requires a reset before it can be used again"
-    "reset_required": RESET_CARD,
-    # NVML_ERROR_INSUFFICIENT_POWER: power cable (catalog XID 54: CHECK_MECHANICALS)
-    "insufficient_power": ISOLATE_CARD,
-    # npu-smi Health Alarm / Warning: the Error Codes carry the action (MindCluster
-    # handles a chip by its fault codes, not by the health word). Critical is the urgent
-    # alarm: without its codes read (detail sweep off, -t health failed) it must still
-    # take the chip out of service, as a verdict of critical did before actions existed
-    "alarm": WATCH,
-    "critical": RESET_CARD,
-    "warning": WATCH,
-    # NVML Unknown on a core call (handle, memory, identity): the card cannot be used
-    "unknown_error": RESET_CARD,
-}
+_tables: tuple[tuple, VendorActions] | None = None
 
-#: checks whose action is looked up per code in ``value``
-CODE_CHECKS = frozenset({"xid", "kernel_fault", "ascend_fault_code"})
 
-_XID154_RE = re.compile(r"XID 154\b[^;]*?->\s*(?P<action>.+?)\s+x\d+\s+\(")
+def vendor_tables() -> VendorActions:
+    """Every installed plugin's fault tables (``VendorInfo.actions``) in one
+    :class:`hetpatrol.collector.VendorActions`: ``code_actions``, ``value_actions``,
+    ``check_actions`` and ``code_keys`` by check name, ``health_actions`` by word (a
+    check or word two plugins declare: the first plugin by name), and a ``code_table``
+    that merges theirs.
+    Plugins are loaded (imported) on the first call and again only when ``sys.path``
+    changes; one that cannot be imported is left out (its checks then take the generic
+    rows or ``watch``). Never raises."""
+    global _tables
+    key = tuple(sys.path)  # plugins come and go with the import path
+    if _tables is not None and _tables[0] == key:
+        return _tables[1]
+    from hetpatrol.collector import VendorActions, load_collector
 
-_levels_cache: dict[str, str] | None = None
+    eps = sorted(entry_points(group="hetpatrol.collectors"), key=lambda e: e.name)
+    code: dict[str, Any] = {}
+    value: dict[str, Any] = {}
+    rows: dict[str, Any] = {}
+    health: dict[str, str] = {}
+    keys: dict[str, Any] = {}
+    tables: list[Any] = []
+    for ep in eps:
+        try:
+            declared = load_collector(ep.name).vendor_info.actions
+        except Exception:  # a broken plugin is reported where it is configured
+            continue
+        if declared is None:
+            continue
+        for name, fn in declared.code_actions.items():
+            code.setdefault(name, fn)
+        for name, fn in declared.value_actions.items():
+            value.setdefault(name, fn)
+        for name, row in declared.check_actions.items():
+            rows.setdefault(name, row)
+        for word, action in declared.health_actions.items():
+            health.setdefault(word.lower(), action)
+        for name, fn in declared.code_keys.items():
+            keys.setdefault(name, fn)
+        if declared.code_table is not None:
+            tables.append(declared.code_table)
+
+    def merged_table() -> dict[str, str]:
+        out: dict[str, str] = {}
+        for table in tables:
+            for k, v in table().items():
+                out.setdefault(k, v)
+        return out
+
+    merged = VendorActions(
+        code_actions=code,
+        value_actions=value,
+        code_table=merged_table,
+        check_actions=rows,
+        health_actions=health,
+        code_keys=keys,
+    )
+    _tables = (key, merged)
+    return merged
 
 
 def bundled_levels() -> dict[str, str]:
-    """The bundled Ascend code -> level table, read once (imports yaml on first call)."""
-    global _levels_cache
-    if _levels_cache is None:
-        _levels_cache = ascend_levels.load_code_levels()
-    return _levels_cache
+    """The plugins' bundled code tables (``code_table``: the Ascend code -> MindCluster
+    level table), merged; read on first call (imports yaml). Raises OSError /
+    ValueError when a bundled table cannot be read."""
+    table = vendor_tables().code_table
+    return dict(table()) if table is not None else {}
 
 
 def _get(finding: Any, name: str) -> Any:
@@ -161,7 +197,8 @@ def finding_action(
 ) -> ActionVerdict:
     """The action of one finding (a :class:`hetpatrol.schema.Finding` or its dict).
 
-    ``levels``: the Ascend code table (default: the bundled one); ``overrides``: see the
+    ``levels``: the code table of the code checks (the Ascend code -> level table; default:
+    each plugin's bundled one); ``overrides``: see the
     module docstring. An already-set ``action`` key of a dict finding is not consulted:
     this computes the default. Never raises on odd values (they give ``watch``).
     """
@@ -171,9 +208,11 @@ def finding_action(
     key = f"check:{check}"
     if overrides and key in overrides:
         return ActionVerdict(overrides[key], "override", key, "per-check override in the config")
-    if check in CODE_CHECKS:
+    generic = check in CHECK_ACTIONS and check != "vendor_health"
+    tables = None if generic else vendor_tables()
+    if tables is not None and check in tables.code_actions:
         verdicts = _code_verdicts(
-            check, severity, value, _get(finding, "message"), levels, overrides
+            tables.code_actions[check], severity, value, _get(finding, "message"), levels, overrides
         )
         if verdicts:
             return worst_verdict(verdicts)  # type: ignore[return-value]
@@ -182,14 +221,17 @@ def finding_action(
         return ActionVerdict(WATCH, "unknown", key, f"{check}: no code in the finding")
     if check == "vendor_health" and severity not in _QUIET:
         word = str(value or "").strip().lower()
-        action = VENDOR_HEALTH_ACTIONS.get(word, WATCH)
+        action = tables.health_actions.get(word, WATCH) if tables is not None else WATCH
         return ActionVerdict(action, "finding", key, f"vendor health {value!r}")
-    if check == "gpu_recovery_action" and severity not in _QUIET:
-        verdict = nvml_recovery.recovery_action(value)
-        return ActionVerdict(verdict.action, "nvml_recovery", verdict.code, verdict.reason)
+    if tables is not None and check in tables.value_actions:
+        if severity in _QUIET:
+            return ActionVerdict(NONE, "finding", key, f"{check} {severity}")
+        return tables.value_actions[check](value)
     if check.endswith("_check_failed"):
         return ActionVerdict(WATCH, "finding", key, "a node check failed")
     row = CHECK_ACTIONS.get(check)
+    if row is None and tables is not None:
+        row = tables.check_actions.get(check)
     if row is None:
         return ActionVerdict(WATCH, "unknown", key, f"check {check!r} has no action table row")
     if severity in _QUIET:
@@ -197,34 +239,10 @@ def finding_action(
     return ActionVerdict(row.get(severity, row["*"]), "finding", key, f"{check} {severity}")
 
 
-def _code_verdicts(check, severity, value, message, levels, overrides) -> list[ActionVerdict]:
+def _code_verdicts(fn, severity, value, message, levels, overrides) -> list[ActionVerdict]:
     if not isinstance(value, Mapping):
         return []
-    out = []
-    for code in value:
-        if check == "xid":
-            fatal = None
-            recovery = None
-            if str(code).strip() in {str(x) for x in nvidia_xid.NVLINK5_XIDS}:
-                fatal = None if severity == "critical" else False
-            if str(code).strip() == "154":
-                m = _XID154_RE.search(str(message or ""))
-                recovery = m.group("action") if m else None
-            out.append(
-                nvidia_xid.xid_action(
-                    code, fatal=fatal, recovery_action=recovery, overrides=overrides
-                )
-            )
-        elif check == "kernel_fault":
-            key = f"kernel:{code}"
-            if overrides and key in overrides:
-                out.append(ActionVerdict(overrides[key], "override", key, "per-code override"))
-            else:
-                out.append(nvidia_xid.kernel_reason_action(str(code)))
-        else:
-            table = bundled_levels() if levels is None else levels
-            out.append(ascend_levels.code_action(str(code), table, overrides))
-    return out
+    return [fn(str(code), severity, message, levels, overrides) for code in value]
 
 
 def card_action(

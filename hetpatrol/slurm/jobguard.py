@@ -42,7 +42,9 @@ follows the NVML index (the usual case) and, for Ascend, ``/dev/davinci[0-7]`` t
 ID. An IDX with no card is reported, never a reason to fail (a mapping fault must not
 drain a cluster).
 
-Nothing here imports yaml, jsonschema, prometheus_client or pynvml.
+Nothing here imports yaml, jsonschema, prometheus_client or pynvml. A state file whose
+cards or findings lack the daemon's ``action`` (none the daemon writes) makes the
+vendors' fault tables load, with their plugins (``VendorInfo.actions``).
 """
 
 from __future__ import annotations

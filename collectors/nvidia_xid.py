@@ -45,7 +45,7 @@ CHECK_MECHANICALS            isolate_card    "Check ... device seating and all a
 UPDATE_SWFW                  watch           "Update Firmware and Software": not a card
                                              fault (XID 78, vGPU start)
 XID_154                      (from the text) the recovery action the XID 154 line names,
-                                             see :mod:`hetpatrol.actions.nvml_recovery`
+                                             see :mod:`hetpatrol.collectors.nvml_recovery`
 (empty / prose only)         watch           XIDs 162-172 have no bucket yet
 ===========================  ==============  ==============================================
 
@@ -62,7 +62,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from hetpatrol.actions.nvml_recovery import recovery_action_from_text
 from hetpatrol.actions.vocabulary import (
     ISOLATE_CARD,
     NONE,
@@ -72,6 +71,7 @@ from hetpatrol.actions.vocabulary import (
     WATCH,
     ActionVerdict,
 )
+from hetpatrol.collectors.nvml_recovery import recovery_action_from_text
 
 CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 
