@@ -93,6 +93,14 @@ def test_fleet_replay_fits_80_columns_on_a_terminal_and_a_pipe_keeps_lines_whole
     assert piped[-1] == lines[-1]
 
 
+def test_audit_slurm_replay_fits_80_columns_on_a_terminal():
+    code, shown = on_terminal(["audit-slurm", "--replay", str(MIXED)], 80)
+    assert code == 2
+    lines = shown.splitlines()
+    assert [line for line in lines if len(line) > 80] == []
+    assert lines[-1] == "audit: 4 nodes, 5 errors, 4 warnings, 2 notes (exit 2)"
+
+
 def test_audit_slurm_and_ledger_audit_on_the_recorded_cluster():
     out = hp("audit-slurm", "--replay", str(MIXED), "--json")
     assert out.returncode == 2, out.stderr
@@ -145,3 +153,26 @@ def test_progress_shows_on_a_terminal_only():
     assert (code, err) == (2, "")  # --json: no progress
     piped = hp("fleet", "--replay", str(MIXED))
     assert piped.stderr == ""  # a pipe: nothing
+    code, err = on_terminal(["ledger", "audit", "--replay", str(MIXED)], stream="stderr")
+    assert code == 2
+    assert "hetpatrol ledger audit: reading Slurm..." in err
+    code, err = on_terminal(["audit-slurm", "--replay", str(MIXED)], stream="stderr")
+    assert "hetpatrol audit-slurm: reading Slurm's nodes..." in err
+    assert "hetpatrol audit-slurm: querying Prometheus..." in err
+
+
+def test_ledger_usage_counts_the_records_read_on_a_terminal_only(tmp_path):
+    from test_ledger import line
+
+    saved = tmp_path / "sacct.txt"
+    saved.write_text("".join(line(job=str(i)) + "\n" for i in range(1, 2501)))
+    argv = ["ledger", "usage", "--sacct-file", str(saved), "--no-node-types",
+            "--start", "2026-01-01T10:30:00", "--end", "2026-01-01T12:00:00"]  # fmt: skip
+    code, err = on_terminal(argv, stream="stderr")
+    assert code == 0
+    # every 1000 records: 1000 and 2000 of the 2500, then the line erased
+    assert "hetpatrol ledger usage: reading sacct: 1000 records" in err
+    assert "hetpatrol ledger usage: reading sacct: 2000 records" in err
+    assert "3000 records" not in err and err.endswith("\r\033[K")
+    code, err = on_terminal([*argv, "--format", "json"], stream="stderr")
+    assert (code, err) == (0, "")
