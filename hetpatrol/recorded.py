@@ -13,14 +13,15 @@ run on it with ``--replay DIR`` instead of asking a live Slurm and Prometheus.
 
 A command asked for that is not recorded fails as a missing program would (exit 127,
 stderr says so); a query not recorded is an error answer of Prometheus's shape. Files
-are read as regular files only (no FIFO, device or directory), at most :data:`FILE_MAX`
-bytes.
+are read as regular files only (no FIFO, device, directory or symlink), at most
+:data:`FILE_MAX` bytes; a recorded ``stdout`` is a file name inside ``DIR``, no path.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,10 +37,8 @@ class RecordingError(ValueError):
 
 def _read(path: Path) -> str:
     """The text of a regular file (no FIFO, device or directory), at most FILE_MAX bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
-        import stat
-
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise RecordingError(f"{path}: not a regular file")
@@ -107,17 +106,29 @@ class Recording:
         key = (os.path.basename(argv[i]) if i < len(argv) else "", *argv[i + 1 :])
         rec = self.commands.get(key)
         if rec is None:
-            return ToolOutput(
-                tuple(argv), "", f"{' '.join(key)}: not in the recording {self.root}\n", 127,
-                False, 0.0,
-            )  # fmt: skip
+            return self._failed(argv, f"{' '.join(key)}: not in the recording {self.root}", 127)
         out = rec.get("stdout")
-        stdout = _read(self.root / out) if isinstance(out, str) and out else ""
+        stdout = ""
+        if isinstance(out, str) and out:
+            # a plain file name inside DIR: a recording names no path elsewhere
+            if out != os.path.basename(out) or out.startswith("."):
+                return self._failed(
+                    argv, f"recorded stdout {out!r}: not a file name in {self.root}"
+                )
+            try:
+                stdout = _read(self.root / out)
+            except (OSError, RecordingError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                return self._failed(argv, f"recorded stdout {self.root / out}: {why}")
         rc = rec.get("returncode")
         return ToolOutput(
             tuple(argv), stdout, str(rec.get("stderr") or ""), rc if isinstance(rc, int) else 1,
             False, 0.0,
         )  # fmt: skip
+
+    @staticmethod
+    def _failed(argv: Sequence[str], why: str, code: int = 1) -> ToolOutput:
+        return ToolOutput(tuple(argv), "", why + "\n", code, False, 0.0)
 
     def answer(self, expr: str) -> bytes:
         """Prometheus's recorded JSON answer to ``expr``; an error answer of its shape

@@ -132,6 +132,19 @@ def test_a_damaged_or_incomplete_recording_is_a_clear_error(tmp_path):
     out = hp("fleet", "--replay", str(rec))
     assert out.returncode == 3
     assert "not_recorded: query not in the recording" in out.stderr
+    # a recorded stdout that names a path outside the recording, or no file: named
+    cmds = json.loads((MIXED / "commands.json").read_text())
+    for c in cmds["commands"]:
+        if c["argv"] == ["scontrol", "-d", "-o", "show", "node"]:
+            c["stdout"] = "../../etc/passwd"
+    (rec / "commands.json").write_text(json.dumps(cmds))
+    out = hp("fleet", "--replay", str(rec))
+    assert out.returncode == 3
+    assert "recorded stdout '../../etc/passwd': not a file name in" in out.stderr
+    (rec / "scontrol-show-config.txt").unlink()
+    out = hp("audit-slurm", "--replay", str(rec))
+    assert out.returncode == 3
+    assert "scontrol-show-config.txt: No such file or directory" in out.stderr
     # no scontrol output recorded: scontrol's place says so
     (rec / "commands.json").write_text('{"commands": []}')
     out = hp("ledger", "audit", "--replay", str(rec))
