@@ -216,9 +216,6 @@ def render(doc: dict[str, Any], *, color: bool = False, width: int | None = None
 def cmd_fleet(args: argparse.Namespace) -> int:
     notes: list[str] = []
     deadline = time.monotonic() + args.timeout
-    if (args.prometheus is None) == (args.replay is None):
-        print("hetpatrol fleet: give --prometheus URL or --replay DIR (one)", file=sys.stderr)
-        return EXIT_UNKNOWN
     try:
         recording = Recording(args.replay) if args.replay is not None else None
         runner = recording.run if recording is not None else None
@@ -281,13 +278,14 @@ def add_fleet_parser(sub: Any) -> argparse.ArgumentParser:
             " warning, 2 critical, 3 unknown (also when Slurm or Prometheus cannot be read)."
         ),
     )
-    p.add_argument(
+    source = p.add_mutually_exclusive_group(required=True)  # one, else a usage error (64)
+    source.add_argument(
         "--prometheus",
         default=None,
         metavar="URL",
         help="Prometheus base URL, e.g. http://prometheus:9090",
     )
-    p.add_argument(
+    source.add_argument(
         "--replay",
         type=Path,
         default=None,
