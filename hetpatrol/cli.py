@@ -301,13 +301,23 @@ def _add_log_options(p: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
+class ParagraphHelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, the description wrapped paragraph by paragraph (blank lines
+    kept) to the help's width (``COLUMNS``, else the terminal's, as argparse has it)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = text.strip("\n").split("\n\n")
+        fill = super()._fill_text
+        return "\n\n".join([fill(p, width, indent) for p in paragraphs])
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser. ``only="run"``: the daemon's subcommand alone (the other
     subcommands' modules are then never imported: they would stay in its memory)."""
     parser = (_PartialParser if only else _Parser)(
         prog="hetpatrol",
         description=plain_help(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=ParagraphHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"hetpatrol {__version__}")
     _add_log_options(parser, None)

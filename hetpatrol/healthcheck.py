@@ -382,7 +382,6 @@ def _positive(text: str) -> float:
 
 def add_check_parser(sub: Any) -> None:
     """Register ``hetpatrol check`` on the CLI's subparsers."""
-    import argparse
     from pathlib import Path
 
     p = sub.add_parser(
@@ -394,7 +393,6 @@ def add_check_parser(sub: Any) -> None:
             " Exit 0 ok, 1 warning, 2 critical, 3 unknown; 3 when the state file is missing, "
             "unreadable or older than --max-age (default: 3 patrol intervals + 10 s)."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--state-path",

@@ -103,7 +103,6 @@ def add_status_parser(sub: Any) -> argparse.ArgumentParser:
             "the collectors, how old the verdict is. Exit: the verdict's 0 ok, 1 warning, 2 "
             "critical, 3 unknown; 3 when the verdict is stale or the file unreadable."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--config",

@@ -187,6 +187,30 @@ def test_every_option_of_every_command_has_help():
             assert action.help, f"{name} {action.option_strings or action.dest}: no help"
 
 
+def test_every_help_fits_80_columns(monkeypatch):
+    """``--help`` of every command and subcommand at COLUMNS=80: argparse wraps the
+    descriptions (no single 300-character line), the paragraphs of the top level kept."""
+    import argparse
+
+    from hetpatrol.cli import build_parser
+
+    def walk(parser, path):
+        yield path, parser
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, p in a.choices.items():
+                    yield from walk(p, [*path, name])
+
+    monkeypatch.setenv("COLUMNS", "80")  # argparse's width (shutil.get_terminal_size)
+    commands = list(walk(build_parser(), []))
+    assert len(commands) > 20  # every subcommand of ledger, too
+    for path, parser in commands:
+        long = [line for line in parser.format_help().splitlines() if len(line) > 80]
+        assert not long, f"hetpatrol {' '.join(path)} --help: {long[0]!r}"
+    top = commands[0][1].format_help()
+    assert "command line.\n\nHealth, placement" in top  # the docstring's paragraphs
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--version"])

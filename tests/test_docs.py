@@ -10,6 +10,12 @@ command's expected exit code is its comment's ``# exit N`` (0 without one).
 runnable blocks run while it does (``status`` and ``check`` read it); SIGTERM then must
 stop it with exit 0.
 
+``<!-- output -->`` before a fenced block whose first line is ``$ hetpatrol ...`` marks
+an example of a command's output: the command (its ``# comment`` dropped) is run the same
+way, in a pipe (no ``COLUMNS``: the full width), and its stdout must be the rest of the
+block, only what truly varies normalised (:func:`normalise`: durations such as
+``0.033 s``, ages such as ``12 s ago``, the test's temp dir).
+
 Every relative link in them must lead to a file that exists and, with ``#anchor``, to a
 heading of that file.
 """
@@ -32,6 +38,31 @@ from conftest import REPO
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"<!-- runnable(?P<kind>: daemon)? -->\n```sh\n(?P<body>.*?)```", re.S)
 _EXIT = re.compile(r"#\s*exit (\d+)")
+_OUTPUT = re.compile(r"<!-- output -->\n```[a-z]*\n\$ (?P<cmd>[^\n]*)\n(?P<out>.*?)```", re.S)
+#: what varies between two runs of one command: (pattern, replacement)
+_VARIES = [
+    (re.compile(r"\b\d+(?:\.\d+)? ?(?:ms|s)\b(?! ago)"), "<duration>"),
+    (re.compile(r"\b\d+(?:\.\d+)? ?(?:s|m|min|h|d) ago\b"), "<age> ago"),
+]
+
+
+def output_blocks() -> list[tuple[str, str, str]]:
+    """(page, command, the output shown) of every output block."""
+    out = []
+    for page in PAGES:
+        for m in _OUTPUT.finditer(page.read_text()):
+            out.append((page.relative_to(REPO).as_posix(), m["cmd"], m["out"]))
+    return out
+
+
+def normalise(text: str, tmp: Path | None = None) -> str:
+    """``text`` with what varies between runs replaced by a placeholder (and the temp
+    dir by ``/tmp``)."""
+    if tmp is not None:
+        text = text.replace(f"{tmp}/", "/tmp/")
+    for pattern, repl in _VARIES:
+        text = pattern.sub(repl, text)
+    return text
 
 
 def runnable_blocks(kind: str = "") -> list[tuple[str, str]]:
@@ -144,6 +175,36 @@ def test_the_quick_start_runs_and_the_readmes_commands_say_their_exit_codes(tmp_
 )
 def test_runnable_blocks_of_the_docs(page, block, tmp_path):
     run_block(page, block, tmp_path, shell_env(tmp_path))
+
+
+def test_the_docs_have_output_blocks():
+    pages = {page for page, _, _ in output_blocks()}
+    assert {"README.md", "docs/fleet.md", "docs/ledger.md"} <= pages
+
+
+@pytest.mark.parametrize(
+    ("page", "command", "shown"), output_blocks(), ids=lambda v: v if v.endswith(".md") else ""
+)
+def test_output_blocks_are_the_commands_real_output(page, command, shown, tmp_path):
+    """The example is what the command prints now, byte for byte but for durations,
+    ages and temp paths."""
+    line = command.split(" #", 1)[0].strip()
+    assert line.startswith("hetpatrol "), f"{page}: output block of {command!r}"
+    env = shell_env(tmp_path)
+    env.pop("COLUMNS", None)  # a pipe: the full width, as a reader copying it sees
+    run = subprocess.run(
+        ["bash", "-c", localise(line, tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    got, want = normalise(run.stdout, tmp_path), normalise(shown)
+    assert got == want, (
+        f"{page}: `{line}` (exit {run.returncode}) prints something else than the docs "
+        f"show; its output:\n{run.stdout}{run.stderr[-2000:]}"
+    )
 
 
 def _slug(heading: str) -> str:

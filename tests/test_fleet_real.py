@@ -17,6 +17,7 @@ ghost01 (ascend-dcmi-error; not in Slurm). A batch job holds gpu:a100:2 on hp-gp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -96,15 +97,17 @@ class Env:
         )
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
+@contextlib.contextmanager
+def fleet_stack(tmp: Path):
+    """The cluster of this module's docstring, running until the block ends: the real
+    slurmctld/slurmd, Prometheus and the four daemons (tests/record_cluster_sample.py
+    records it into fixtures/cluster/mixed)."""
     missing = [b for b in BINARIES if shutil.which(b) is None]
     if missing:
         _fail_or_skip(f"not installed: {', '.join(missing)}")
     if os.geteuid() != 0:
         _fail_or_skip("the Slurm test cluster runs SlurmUser=root: run as root")
     prometheus = tool("prometheus")
-    tmp = tmp_path_factory.mktemp("fleetreal")
     e = Env(tmp)
     try:
         e.cluster = start_cluster(extra_conf=EXTRA_CONF)
@@ -204,6 +207,12 @@ def env(tmp_path_factory):
             e.cluster.run("scancel", "--full", "-u", "root", check=False)
             e.cluster.stop()
             shutil.rmtree(e.cluster.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    with fleet_stack(tmp_path_factory.mktemp("fleetreal")) as e:
+        yield e
 
 
 def _cls(doc: dict, vendor: str, card_type: str) -> dict:

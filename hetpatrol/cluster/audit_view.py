@@ -20,7 +20,7 @@ from typing import Any
 
 from hetpatrol.cluster.audit import SEVERITIES, AuditInput, AuditReport, audit
 from hetpatrol.cluster.fleet import add_node_findings, read_daemons, runtime_query
-from hetpatrol.cluster.prom_query import PrometheusClient, PrometheusError
+from hetpatrol.cluster.prom_query import PrometheusClient, PrometheusError, RecordedPrometheus
 from hetpatrol.cluster.slurm_conf import (
     SlurmConf,
     parse_show_config,
@@ -32,6 +32,8 @@ from hetpatrol.cluster.sources import read_regular, timeout_seconds
 from hetpatrol.config import load_config
 from hetpatrol.node_view import Painter, printable, terminal_width, use_color
 from hetpatrol.output import write_stdout
+from hetpatrol.progress import progress
+from hetpatrol.recorded import Recording
 from hetpatrol.slurm.gres import parse_gres_conf
 
 EXIT_UNKNOWN = 3
@@ -98,9 +100,9 @@ def render(doc: dict[str, Any], *, color: bool = False, width: int | None = None
     return "\n".join(out) + "\n"
 
 
-def _scontrol(argv: list[str], args: list[str], timeout: float) -> str:
+def _scontrol(argv: list[str], args: list[str], timeout: float, runner=None) -> str:
     # bounded as the fleet's node read: killed at the timeout, its answer size capped
-    proc = run_scontrol([*argv, *args], timeout)
+    proc = (runner or run_scontrol)([*argv, *args], timeout)
     if proc.returncode != 0:
         detail = (proc.stderr.strip() or "no output").splitlines()[-1]
         raise SlurmReadError(f"{' '.join([*argv, *args])}: {detail}")
@@ -116,20 +118,25 @@ def gather(args: argparse.Namespace) -> AuditInput:
     def left() -> float:
         return deadline - time.monotonic()
 
+    recording = Recording(args.replay) if args.replay is not None else None
+    runner = recording.run if recording is not None else None
     if args.slurm_conf is not None:
         conf: SlurmConf = parse_slurm_conf(args.slurm_conf)
         base = args.slurm_conf.parent
     else:
-        conf = parse_show_config(_scontrol(args.scontrol, ["show", "config"], left()))
+        conf = parse_show_config(_scontrol(args.scontrol, ["show", "config"], left(), runner))
         conf.partitions = parse_show_partitions(
-            _scontrol(args.scontrol, ["show", "partition", "-o"], left())
+            _scontrol(args.scontrol, ["show", "partition", "-o"], left(), runner)
         )
         base = None
         s = conf.get("SLURM_CONF")
-        if s is not None and s.value:
+        if recording is not None:  # the recorded SLURM_CONF is a path of another machine
+            base = recording.root
+        elif s is not None and s.value:
             base = Path(s.value).parent
     if args.live or args.slurm_conf is None:
-        live, _source = read_nodes(args.scontrol, left())
+        with progress("hetpatrol audit-slurm: reading Slurm's nodes", enabled=not args.json):
+            live, _source = read_nodes(args.scontrol, left(), runner)
     gres_path = args.gres_conf or (base / "gres.conf" if base else None)
     gres_lines = None
     if gres_path is not None and (args.gres_conf is not None or gres_path.is_file()):
@@ -140,10 +147,15 @@ def gather(args: argparse.Namespace) -> AuditInput:
         cgroup = parse_cgroup_conf(read_regular(cg_path))
     daemons = None
     notes: list[str] = []
-    if args.prometheus:
-        client = PrometheusClient(args.prometheus, args.timeout, deadline=deadline)
-        daemons = read_daemons(client, args.node_label, args.job, notes)
-        runtime = client.query(runtime_query(args.node_label, args.job))
+    if args.prometheus or (recording is not None and recording.answers):
+        client = (
+            PrometheusClient(args.prometheus, args.timeout, deadline=deadline)
+            if args.prometheus
+            else RecordedPrometheus(recording)
+        )
+        with progress("hetpatrol audit-slurm: querying Prometheus", enabled=not args.json):
+            daemons = read_daemons(client, args.node_label, args.job, notes)
+            runtime = client.query(runtime_query(args.node_label, args.job))
         add_node_findings(daemons, runtime, args.node_label)
     return AuditInput(
         conf=conf,
@@ -203,7 +215,6 @@ def add_audit_parser(sub: Any) -> argparse.ArgumentParser:
             "found; each finding names its file and line (or the nodes) and the fix. Exit 0 "
             "nothing to fix, 1 warnings, 2 errors, 3 a source cannot be read."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--slurm-conf",
@@ -244,6 +255,14 @@ def add_audit_parser(sub: Any) -> argparse.ArgumentParser:
         default=["scontrol"],
         metavar="CMD",
         help='scontrol command line (default "scontrol")',
+    )
+    p.add_argument(
+        "--replay",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a recorded cluster (fixtures/cluster/mixed): its scontrol output, gres.conf "
+        "and Prometheus answers instead of the running cluster's",
     )
     p.add_argument(
         "--prometheus", default=None, metavar="URL", help="compare Gres= with the daemons' cards"

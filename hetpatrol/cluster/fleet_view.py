@@ -23,7 +23,7 @@ from typing import Any
 
 from hetpatrol.cluster.audit import vendor_of_gres
 from hetpatrol.cluster.fleet import HEALTHS, FleetReport, build_fleet, read_daemons
-from hetpatrol.cluster.prom_query import PrometheusClient, PrometheusError
+from hetpatrol.cluster.prom_query import PrometheusClient, PrometheusError, RecordedPrometheus
 from hetpatrol.cluster.slurm_nodes import (
     SlurmReadError,
     parse_nodes,
@@ -34,6 +34,8 @@ from hetpatrol.cluster.sources import read_regular, timeout_seconds
 from hetpatrol.config import load_config
 from hetpatrol.node_view import Painter, printable, terminal_width, use_color
 from hetpatrol.output import write_stdout
+from hetpatrol.progress import progress
+from hetpatrol.recorded import Recording
 
 EXIT_UNKNOWN = 3
 HEADERS = (
@@ -215,6 +217,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     notes: list[str] = []
     deadline = time.monotonic() + args.timeout
     try:
+        recording = Recording(args.replay) if args.replay is not None else None
+        runner = recording.run if recording is not None else None
         if args.slurm_nodes is not None:
             source = f"file {args.slurm_nodes}"
             try:
@@ -223,17 +227,24 @@ def cmd_fleet(args: argparse.Namespace) -> int:
                 raise SlurmReadError(f"{source}: {exc}") from None
             require_nodes(nodes, source)
         else:
-            nodes, source = read_nodes(args.scontrol, args.timeout)
+            with progress("hetpatrol fleet: reading Slurm's nodes", enabled=not args.json):
+                nodes, source = read_nodes(args.scontrol, args.timeout, runner)
         # --timeout is for the whole command: scontrol and every query together
-        client = PrometheusClient(args.prometheus, args.timeout, deadline=deadline)
-        daemons = read_daemons(client, args.node_label, args.job, notes)
-    except (SlurmReadError, PrometheusError, OSError, ValueError) as exc:
+        client = (
+            RecordedPrometheus(recording)
+            if recording is not None
+            else PrometheusClient(args.prometheus, args.timeout, deadline=deadline)
+        )
+        prometheus = args.prometheus or f"recording {args.replay}"
+        with progress(f"hetpatrol fleet: querying {prometheus}", enabled=not args.json):
+            daemons = read_daemons(client, args.node_label, args.job, notes)
+    except (SlurmReadError, PrometheusError, OSError, ValueError) as exc:  # RecordingError too
         print(printable(f"hetpatrol fleet: {exc}"), file=sys.stderr)
         return EXIT_UNKNOWN
     if not daemons:
         print(
             printable(
-                f"hetpatrol fleet: no series of job {args.job!r} in {args.prometheus}: "
+                f"hetpatrol fleet: no series of job {args.job!r} in {prometheus}: "
                 "check --job and the scrape config"
             ),
             file=sys.stderr,
@@ -244,7 +255,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     )
     report.slurm_source = source
     report.notes = notes
-    report.prometheus = args.prometheus
+    report.prometheus = prometheus
     doc = report.to_json()
     if args.json:
         write_stdout(json.dumps(doc, indent=1) + "\n")
@@ -266,13 +277,21 @@ def add_fleet_parser(sub: Any) -> argparse.ArgumentParser:
             "daemons, driver and firmware versions). Exit: the fleet's worst verdict, 0 ok, 1"
             " warning, 2 critical, 3 unknown (also when Slurm or Prometheus cannot be read)."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
+    source = p.add_mutually_exclusive_group(required=True)  # one, else a usage error (64)
+    source.add_argument(
         "--prometheus",
-        required=True,
+        default=None,
         metavar="URL",
         help="Prometheus base URL, e.g. http://prometheus:9090",
+    )
+    source.add_argument(
+        "--replay",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a recorded cluster (scontrol's output and Prometheus's answers, e.g. "
+        "fixtures/cluster/mixed) instead of Slurm and --prometheus",
     )
     p.add_argument(
         "--scontrol",

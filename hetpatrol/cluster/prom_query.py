@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import http.client
 
+    from hetpatrol.recorded import Recording
+
 #: Seconds one query may take, all of it.
 QUERY_TIMEOUT = 30.0
 #: Most bytes of one answer: 16 MiB. The fleet's queries aggregate on the server: the
@@ -213,6 +215,19 @@ class PrometheusClient:
         if not isinstance(result, list):
             raise PrometheusError(_shape(url, "'result' is not a list"))
         return [_sample(url, i, item) for i, item in enumerate(result)]
+
+
+class RecordedPrometheus(PrometheusClient):
+    """Answers from a recording (:class:`hetpatrol.recorded.Recording`, ``--replay``)
+    instead of a server: each query's recorded JSON answer, read by the same checks."""
+
+    def __init__(self, recording: Recording):
+        super().__init__(f"file:{recording.root}")
+        self.recording = recording
+
+    def _post(self, url: str, body: bytes) -> tuple[int, bytes]:
+        (expr,) = urllib.parse.parse_qs(body.decode())["query"]
+        return 200, self.recording.answer(expr)
 
 
 def _shape(url: str, why: str) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -291,15 +291,19 @@ _run = run_scontrol
 
 
 def read_nodes(
-    scontrol: Sequence[str] = ("scontrol",), timeout: float = SCONTROL_TIMEOUT
+    scontrol: Sequence[str] = ("scontrol",),
+    timeout: float = SCONTROL_TIMEOUT,
+    runner: Callable[[Sequence[str], float], ToolOutput] | None = None,
 ) -> tuple[NodeList, str]:
     """Every node: ``(nodes, source)`` with source ``json`` or ``text``.
 
     ``SlurmReadError`` (with scontrol's own message) when neither form can be read, or
-    when they hold no node. ``timeout`` is for both calls together.
+    when they hold no node. ``timeout`` is for both calls together. ``runner``: what runs
+    scontrol (default :func:`run_scontrol`; ``--replay`` passes a recording's).
     """
+    call = runner or _run
     deadline = time.monotonic() + timeout
-    js = _run([*scontrol, "--json", "show", "node"], timeout)
+    js = call([*scontrol, "--json", "show", "node"], timeout)
     if js.returncode == 0 and js.stdout.lstrip().startswith("{"):
         try:
             nodes = parse_nodes_json(js.stdout)
@@ -307,7 +311,7 @@ def read_nodes(
                 return nodes, "json"
         except ValueError:
             pass
-    txt = _run([*scontrol, "-d", "-o", "show", "node"], deadline - time.monotonic())
+    txt = call([*scontrol, "-d", "-o", "show", "node"], deadline - time.monotonic())
     if txt.returncode != 0:
         detail = (txt.stderr.strip() or txt.stdout.strip() or "no output").splitlines()[-1]
         raise SlurmReadError(f"{' '.join([*scontrol, '-d', '-o', 'show', 'node'])}: {detail}")

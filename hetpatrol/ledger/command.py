@@ -45,6 +45,7 @@ from hetpatrol.ledger.sacct_stream import (
 from hetpatrol.ledger.slurm_state import SlurmQueryError, read_node_gres, run
 from hetpatrol.ledger.usage import GROUP_FIELDS, aggregate
 from hetpatrol.node_view import printable
+from hetpatrol.progress import progress
 
 EX_USAGE, EX_DATAERR, EX_UNAVAILABLE = 64, 65, 69
 
@@ -146,7 +147,6 @@ def add_ledger_parser(sub) -> None:
             "slurm.conf; quotas from sacctmgr or a quota file; per-job efficiency from "
             "Prometheus."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     lsub = p.add_subparsers(dest="ledger_command", required=True)
     u = lsub.add_parser("usage", help="card-hours, jobs and wait per GRES type")
@@ -163,6 +163,13 @@ def add_ledger_parser(sub) -> None:
     u.set_defaults(func=cmd_usage)
     a = lsub.add_parser("audit", help="can Slurm meter each card type? (exit 0/1/2)")
     a.add_argument("--scontrol", default="scontrol", help="scontrol argv prefix (shell words)")
+    a.add_argument(
+        "--replay",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a recorded cluster (fixtures/cluster/mixed): its scontrol output instead",
+    )
     a.add_argument("--format", choices=("text", "json"), default="text")
     a.set_defaults(func=cmd_audit)
     q = lsub.add_parser("quota", help="usage against sacctmgr limits or a quota file")
@@ -245,12 +252,24 @@ def _open_sacct_file(path: Path):
 
 
 def _runs(args, start: float, end: float):
-    if args.sacct_file is not None:
-        with _open_sacct_file(args.sacct_file) as handle:
-            yield from parse_lines(read_lines(handle))
-        return
-    argv = sacct_argv(_local(start), _local(end), shlex.split(args.sacct))
-    yield from stream_sacct(argv, timeout=args.timeout)
+    # a person watching (stderr a terminal, a table asked for): the records read so far
+    shown = getattr(args, "format", "table") in ("table", "text")
+    name = f"hetpatrol ledger {getattr(args, 'ledger_command', '')}".rstrip()
+    with progress(f"{name}: reading sacct", enabled=shown) as update:
+        if args.sacct_file is not None:
+            with _open_sacct_file(args.sacct_file) as handle:
+                yield from _counted(parse_lines(read_lines(handle)), update)
+            return
+        argv = sacct_argv(_local(start), _local(end), shlex.split(args.sacct))
+        yield from _counted(stream_sacct(argv, timeout=args.timeout), update)
+
+
+def _counted(records, update, every: int = 1000):
+    """``records`` passed on, ``update("N records")`` every ``every`` of them."""
+    for n, r in enumerate(records, start=1):
+        yield r
+        if n % every == 0:
+            update(f"{n} records")
 
 
 def _ledger(args, by: tuple[str, ...]):
@@ -310,14 +329,36 @@ def cmd_spans(args) -> int:
     return 1 if jobs else 0
 
 
+def _recorded_run(path: Path):
+    """``run`` answered by the recorded cluster in ``path`` (``--replay``)."""
+    from hetpatrol.recorded import Recording, RecordingError
+
+    try:
+        recording = Recording(path)
+    except (RecordingError, OSError) as exc:
+        raise LedgerUsageError(f"--replay: {exc}") from None
+
+    def recorded(argv):
+        out = recording.run(argv)
+        if out.returncode != 0:
+            raise SlurmQueryError(
+                f"{' '.join(argv)} exited with {out.returncode}: {out.stderr.strip()[-1000:]}"
+            )
+        return out.stdout
+
+    return recorded
+
+
 @_guard
 def cmd_audit(args) -> int:
     sc = shlex.split(args.scontrol)
-    findings = audit_mod.audit(
-        run([*sc, "show", "config"]),
-        run([*sc, "show", "node", "-o"]),
-        run([*sc, "show", "partition", "-o"]),
-    )
+    call = _recorded_run(args.replay) if args.replay is not None else run
+    with progress("hetpatrol ledger audit: reading Slurm", enabled=args.format == "text"):
+        findings = audit_mod.audit(
+            call([*sc, "show", "config"]),
+            call([*sc, "show", "node", "-o"]),
+            call([*sc, "show", "partition", "-o"]),
+        )
     if args.format == "json":
         print(json.dumps([f.to_dict() for f in findings], indent=2))
     elif not findings:

@@ -190,8 +190,8 @@ def add_epilog_parser(sub: Any, patrol_factory: Callable[[Any], Patrol]) -> None
 
     p = sub.add_parser(
         "epilog",
-        help="Slurm Epilog: one quick patrol of the finished job's cards; exit 1 (drain) "
-        "when one needs an action",
+        help="Slurm Epilog: one quick patrol of the finished job's cards; exit 0 (a card "
+        "needing an action drains with hetpatrol's reason), 1 when the reason could not be set",
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument("--config", type=Path, default=None, help="config file (default: bundled)")
