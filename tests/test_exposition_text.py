@@ -228,3 +228,46 @@ def test_cached_values_keep_the_sign_of_zero_and_hold_only_the_last_render():
     h.add_metric(["0"], 7.5)
     renderer.render([h])
     assert renderer._values == {7.5: "7.5"}
+
+
+def test_a_full_server_of_clients_trickling_their_headers_still_serves_a_scrape():
+    """Slow-loris: clients sending their request a byte at a time never finish it; when
+    the server is full, one of them (quiet since its accept, nothing unread) gives way."""
+    import socket
+    import threading
+    import time
+
+    exposition = Exposition(("nvidia",))
+    server = MetricsServer("127.0.0.1", 0, exposition)
+    server.max_connections = 4
+    server.start()
+    stop = threading.Event()
+    drips = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(4)]
+
+    def trickle():
+        for i in range(200):  # bounded: 20 s at most
+            if stop.is_set():
+                return
+            for s in drips:
+                try:
+                    s.send(b"X-Header-%d: y\r\n" % i)
+                except OSError:
+                    pass
+            time.sleep(0.1)
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        time.sleep(0.5)
+        started = time.monotonic()
+        extra = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        extra.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert extra.recv(100).startswith(b"HTTP/1.1 200 OK")
+        assert time.monotonic() - started < 3.0
+        extra.close()
+    finally:
+        stop.set()
+        t.join(5)
+        for s in drips:
+            s.close()
+        server.stop()

@@ -127,7 +127,7 @@ class _Connection:
         self.outbuf = b""  # the answer being sent
         self.outpos = 0  # bytes of it sent
         self.deadline = deadline
-        self.quiet_since = now  # monotonic time of its accept, last bytes read or answer sent
+        self.quiet_since = now  # monotonic time of its accept or last answer sent
         self.closing = False  # the answer being sent says Connection: close; close after it
         self.lingering = False  # our side is shut: read and discard until the peer closes
         self.refuse = False  # its source is over its limit: answer 503 and close
@@ -353,8 +353,9 @@ class MetricsServer:
                     return
                 if conn.lingering:  # what it sent after its last answer: dropped
                     return
+                # (quiet_since stays: a request trickled in byte by byte is no more
+                # active than a silent one; a real client sends its request at once)
                 conn.inbuf += data
-                conn.quiet_since = time.monotonic()  # sending: not quiet
             self._progress(conn)
         except OSError:  # reset by the peer, broken pipe
             self._close(conn)
