@@ -149,6 +149,29 @@ def test_healthy_mixed_lines_per_card_class(tmp_path, capsys):
     assert "CUDA_VISIBLE_DEVICES" not in out
 
 
+def test_a_gres_word_or_node_name_the_files_cannot_carry_is_refused(tmp_path, capsys):
+    # gres-conf writes the profile's GRES name into gres.conf, Gres= and the TaskProlog
+    # every job runs: '$(...)' there ran as each job's user, a blank added gres.conf keys
+    hm = str(NODES / "healthy-mixed")
+    for key, value in (("gres", "ascend$(touch /tmp/x)"), ("gres_type", "910b File=/dev/sda")):
+        cfg = tmp_path / f"{key}.yaml"
+        cfg.write_text(f"profiles:\n  - name: ascend-910b\n    {key}: {value!r}\n")
+        code = main(["gres-conf", "--config", str(cfg), "--replay", hm])
+        out, err = capsys.readouterr()
+        assert code == 78 and out == "", out
+        assert "profiles[" in err and f".{key}: {value!r} does not match" in err, err
+    for node in ("n$(id)", "n1;reboot"):
+        code = main(["gres-conf", "--replay", hm, "--node", node])
+        out, err = capsys.readouterr()
+        assert code == 64 and out == "", out
+        assert f"node name {node!r} is not one word" in err
+    # a MIG type as AutoDetect names it is one word
+    cfg = tmp_path / "mig.yaml"
+    cfg.write_text("profiles:\n  - name: ascend-910b\n    gres_type: 910b_1g.10gb\n")
+    out, code = gres_conf(capsys, "--config", str(cfg), "--replay", hm)
+    assert "Name=ascend Type=910b_1g.10gb File=/dev/davinci[0-7]" in out, out
+
+
 def test_nvidia_file_is_the_minor_number_and_a_lost_gpu_has_no_line(capsys):
     # sick-mixed: NVML indices 0-3 have minor numbers 3, 4, 5, 6; GPU 3 is lost
     # (GpuIsLost: no identity read, so no minor number)

@@ -37,6 +37,8 @@ differences, 3 a source could not be read.
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +62,9 @@ from hetpatrol.sysfs_pci import (
 )
 
 EXIT_OK, EXIT_WARNING, EXIT_UNKNOWN = 0, 1, 3
+EX_USAGE = 64
+#: a Slurm NodeName as gres-conf writes it (slurm.conf(5) NodeName: a host name)
+_NODE_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,7 @@ class Plan:
             "  printf '%s\\n' \"$detail\" | while read -r line; do",
             '    case "$line" in Nodes=*" GRES="*) ;; *) continue ;; esac',
             "    nodes=${line#Nodes=}; nodes=${nodes%% *}",
-            '    scontrol show hostnames "$nodes" 2>/dev/null | grep -qx "$node" || continue',
+            '    scontrol show hostnames "$nodes" 2>/dev/null | grep -qxF "$node" || continue',
             '    printf \'%s\\n\' "$line" | sed -n "s/.*[= ,]$1:[^(]*(IDX:\\([0-9,-]*\\)).*/\\1/p"',
             "  done",
             "}",
@@ -193,7 +198,8 @@ class Plan:
             cases = " ".join(f"{i}) echo {ident} ;;" for i, ident in pairs)
             out += [
                 f'{fn}() {{ case "$1" in {cases} esac; }}',
-                f'ids=$(for i in $(expand "$(idx {name})"); do {fn} "$i"; done | paste -sd, -)',
+                f'ids=$(for i in $(expand "$(idx {shlex.quote(name)})"); do {fn} "$i"; done '
+                "| paste -sd, -)",
                 f'[ -n "$ids" ] && echo "export {var}=$ids"',
             ]
         out.append("exit 0")
@@ -520,6 +526,12 @@ def add_gres_conf_parser(
 def cmd_gres_conf(args: argparse.Namespace, patrol: Callable[[argparse.Namespace], Any]) -> int:
     report, config = patrol(args)
     node = config.slurm.slurm_node(args.node or config.node)
+    if not _NODE_WORD.fullmatch(node):
+        # it is written into gres.conf's NodeName= and the TaskProlog: one word only
+        why = "is not one word of letters, digits, '_', '.', '-'"
+        where = "(--node, or slurm.node_name in the config)"
+        print(f"hetpatrol gres-conf: node name {node!r} {why} {where}", file=sys.stderr)
+        return EX_USAGE
     root: Path | None = args.root
     if root is None and args.replay is None:
         root = Path("/")
