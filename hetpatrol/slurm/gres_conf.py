@@ -25,7 +25,9 @@ gres_common.c``):
   socket" (gres.conf(5), Cores; :func:`hetpatrol.sysfs_pci.slurm_cores`);
 - Slurm sets ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES`` only from its gpu plugin
   (``gres_common_gpu_set_env``); a job's GRES indices per node are in ``scontrol show
-  job -d`` (``GRES=ascend:910b:2(IDX:0-1)``), which the TaskProlog reads; a TaskProlog's
+  job -d`` (``GRES=ascend:910b:2(IDX:0-1)``), which the TaskProlog reads (only the
+  per-node lines between its one ``NumNodes=`` and ``MinCPUsNode=`` line: a job name
+  is printed raw, newlines too); a TaskProlog's
   ``export NAME=value`` lines are set in the task's environment (slurm.conf(5),
   TaskProlog).
 
@@ -179,8 +181,17 @@ class Plan:
             "# (GRES=name:type:N(IDX:0-1)), in gres.conf order.",
             'node="${SLURMD_NODENAME:?}"',
             'detail=$(scontrol show job -d "${SLURM_JOB_ID:?}" 2>/dev/null) || exit 0',
+            "# Only Slurm's own per-node lines, between the one NumNodes= line and the one",
+            "# MinCPUsNode= line (slurm_sprint_job_info(), src/api/job_info.c): a job name,",
+            "# comment or path may hold a newline and 'Nodes=... GRES=...(IDX:...)' but is",
+            "# printed before or after them; another NumNodes=/MinCPUsNode= line: none used.",
+            'region=$(printf \'%s\\n\' "$detail" | awk \'{ sub(/^[ \\t]+/, "") }',
+            "  /^NumNodes=/ { n++; inside = 1; next } /^MinCPUsNode=/ { m++; inside = 0; next }",
+            "  inside && /^Nodes=/ { print } END { exit !(n == 1 && m == 1) }') || {",
+            '  echo "print hetpatrol TaskProlog: scontrol show job -d not read (job text looks'
+            ' like its fields): no device variable set"; exit 0; }',
             "idx() {  # $1: GRES name -> its IDX list on this node (0-1,4)",
-            "  printf '%s\\n' \"$detail\" | while read -r line; do",
+            "  printf '%s\\n' \"$region\" | while read -r line; do",
             '    case "$line" in Nodes=*" GRES="*) ;; *) continue ;; esac',
             "    nodes=${line#Nodes=}; nodes=${nodes%% *}",
             '    scontrol show hostnames "$nodes" 2>/dev/null | grep -qxF "$node" || continue',
