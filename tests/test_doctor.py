@@ -71,6 +71,22 @@ def test_a_drop_in_resets_and_extends_lists_and_overrides_the_user(tmp_path):
     assert (u.user, u.groups, u.config) == ("root", ("video", "render"), "/y")
 
 
+def test_a_quote_systemd_would_not_accept_is_said_or_skipped_as_systemd_does(tmp_path):
+    # systemd ignores an Environment= assignment it cannot unquote (the unit still runs):
+    # the doctor stopped at "No closing quotation", naming neither setting nor file
+    d = _unit_dir(
+        tmp_path,
+        "[Service]\nEnvironment=MSG=it's\nEnvironment=PATH=/opt/x:/usr/bin\n"
+        "ExecStart=/usr/bin/hetpatrol run --config /etc/h.yaml\n",
+        {"20-broken.conf": '[Service]\nExecStart=\nExecStart=/x run --config "/y\n'},
+    )
+    with pytest.raises(ValueError, match=r"the unit's ExecStart= cannot be read .*'/x run"):
+        doctor.unit_settings((str(d),))
+    (d / "hetpatrol.service.d" / "20-broken.conf").unlink()
+    u = doctor.unit_settings((str(d),))
+    assert (u.path, u.config) == ("/opt/x:/usr/bin", "/etc/h.yaml")
+
+
 def test_a_group_the_node_lacks_fails_with_what_systemd_does(tmp_path):
     text = UNIT.read_text().replace(
         "SupplementaryGroups=HwHiAiUser", "SupplementaryGroups=no-such-group-hp"
