@@ -57,6 +57,8 @@ PLUGIN_PROFILES_SUFFIX = "_profiles.yaml"
 
 
 # --------------------------------------------------------------------------- schema
+#: a GRES name or type: letters, digits, '_', '.', '-' (AutoDetect's MIG types hold '.')
+_GRES_WORD = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 #: the keys of a profile (and of ``defaults``) that the check families declare
 _THRESHOLDS: dict[str, Any] = {}
 for _check in CARD_CHECKS:
@@ -162,8 +164,11 @@ CONFIG_SCHEMA: dict[str, Any] = {
                     "vendor": {"type": "string", "minLength": 1},
                     "card_types": {"type": "array", "items": {"type": "string"}},
                     "model": {"type": "string"},
-                    "gres": {"type": ["string", "null"]},
-                    "gres_type": {"type": ["string", "null"]},
+                    # one word as gres.conf, Gres= and a TaskProlog carry it: gres.conf(5)
+                    # splits on blanks, Gres= on ':' and ',' (gres-conf writes the value
+                    # into all three; '$(...)' here ran in every job's TaskProlog)
+                    "gres": {"type": ["string", "null"], "pattern": _GRES_WORD},
+                    "gres_type": {"type": ["string", "null"], "pattern": _GRES_WORD},
                     **_THRESHOLDS,
                 },
             },

@@ -144,7 +144,10 @@ def _directives(files: list[Path]) -> dict[str, list[str]]:
 
 
 def _config_of(exec_start: str) -> str | None:
-    argv = shlex.split(exec_start.lstrip("-@:+!"))
+    try:
+        argv = shlex.split(exec_start.lstrip("-@:+!"))
+    except ValueError as exc:  # systemd refuses such a unit ("Invalid ExecStart")
+        raise ValueError(f"the unit's ExecStart= cannot be read ({exc}): {exec_start!r}") from None
     for i, a in enumerate(argv):
         if a == "--config" and i + 1 < len(argv):
             return argv[i + 1]
@@ -165,7 +168,11 @@ def unit_settings(unit_dirs: tuple[str, ...] = UNIT_DIRS) -> UnitSettings | None
     d = _directives(files)
     path = SYSTEMD_PATH
     for env in d.get("Environment", []):
-        for item in shlex.split(env):
+        try:
+            items = shlex.split(env)
+        except ValueError:  # systemd logs "Invalid environment assignment, ignoring"
+            continue
+        for item in items:
             if item.startswith("PATH="):
                 path = item[5:]
     groups = tuple(g for v in d.get("SupplementaryGroups", []) for g in v.split())

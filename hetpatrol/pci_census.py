@@ -39,8 +39,14 @@ SYSFS_PCI_DEVICES = "sys/bus/pci/devices"
 #: the replay file names of ``lspci -Dnn -vmm -k`` output (the second is the argv-named
 #: form :func:`hetpatrol.tool.replay_file_name` gives)
 REPLAY_LSPCI_FILES = ("lspci-Dnn-vmm.txt", "lspci_-Dnn_-vmm.txt", "lspci_-Dnn_-vmm_-k.txt")
-#: at most this many PCI functions are read (a real server has a few hundred)
-MAX_FUNCTIONS = 4096
+#: at most this many PCI functions are read: PCI's own bound for one domain (256 buses x
+#: 32 devices x 8 functions). A real server has a few hundred; SR-IOV adds thousands
+#: (8 NICs x 2 ports x 256 VFs is 4096). Past it the census is unknown, never cut (the
+#: first 4096 names in order left a GPU at 0000:ff:00.0 out of a known census).
+MAX_FUNCTIONS = 65536
+#: most bytes of a sysfs attribute read: the kernel's own bound (a sysfs file is one
+#: page); an interleaved local_cpulist of 112 CPUs ("0,2,4,...,222") is 400 bytes
+MAX_ATTRIBUTE = 4096
 
 # PCI class codes, upper 16 bits of the 24-bit class (PCI Code and ID Assignment
 # Specification r1.15, sections 1.4 and 1.19; pci.ids "C 03" and "C 12"):
@@ -178,7 +184,7 @@ def _hex(text: str) -> int | None:
 def _read(path: Path) -> str | None:
     try:
         with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read(256).strip()
+            return fh.read(MAX_ATTRIBUTE).strip()
     except OSError:
         return None
 
@@ -212,8 +218,14 @@ def read_sysfs(root: Path | str = "/", vendor_ids: Iterable[int] = ()) -> Census
         names = sorted(os.listdir(base))
     except OSError as exc:
         return Census(str(base), error=f"{base}: {exc.strerror or exc}", read_at=time.time())
+    if len(names) > MAX_FUNCTIONS:
+        return Census(
+            str(base),
+            error=f"{base}: {len(names)} entries, more than PCI's {MAX_FUNCTIONS}: not read",
+            read_at=time.time(),
+        )
     out: list[PciFunction] = []
-    for name in names[:MAX_FUNCTIONS]:
+    for name in names:
         d = base / name
         vendor, device, klass = (_read(d / f) for f in ("vendor", "device", "class"))
         v, dv, c = (_hex(x) if x is not None else None for x in (vendor, device, klass))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,21 @@ def test_include_and_continuation(tmp_path):
     assert parse_slurm_conf(tmp_path / "broken.conf").problems == [
         f"{tmp_path}/broken.conf:1: Include {tmp_path}/missing.conf: No such file or directory"
     ]
+
+
+def test_a_huge_line_is_read_in_one_pass_and_values_as_slurm_quotes_them(tmp_path):
+    # 100,000 names on one NodeName= line (700 KB): shlex.split grew its token a
+    # character at a time (about a minute here; 3 minutes for 200,000 names)
+    names = ",".join(f"n{i}" for i in range(100_000))
+    _write(tmp_path, "slurm.conf", [f"NodeName={names} Gres=gpu:8 CPUs=4"])
+    start = time.monotonic()
+    (node,) = parse_slurm_conf(tmp_path / "slurm.conf").nodes
+    assert time.monotonic() - start < 10
+    assert (node.names, node.gres_text) == (names, "gpu:8")
+    # parse_config.c _keyvalue_regex: a double-quoted value whole, no shell quoting
+    _write(tmp_path, "q.conf", ['NodeName=q1 Reason="fan broken" Features=it\'s CPUs=2'])
+    (node,) = parse_slurm_conf(tmp_path / "q.conf").nodes
+    assert node.fields["reason"] == "fan broken" and node.features == ("it's",)
 
 
 def test_cli_text_and_json(tmp_path):

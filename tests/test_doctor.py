@@ -71,6 +71,22 @@ def test_a_drop_in_resets_and_extends_lists_and_overrides_the_user(tmp_path):
     assert (u.user, u.groups, u.config) == ("root", ("video", "render"), "/y")
 
 
+def test_a_quote_systemd_would_not_accept_is_said_or_skipped_as_systemd_does(tmp_path):
+    # systemd ignores an Environment= assignment it cannot unquote (the unit still runs):
+    # the doctor stopped at "No closing quotation", naming neither setting nor file
+    d = _unit_dir(
+        tmp_path,
+        "[Service]\nEnvironment=MSG=it's\nEnvironment=PATH=/opt/x:/usr/bin\n"
+        "ExecStart=/usr/bin/hetpatrol run --config /etc/h.yaml\n",
+        {"20-broken.conf": '[Service]\nExecStart=\nExecStart=/x run --config "/y\n'},
+    )
+    with pytest.raises(ValueError, match=r"the unit's ExecStart= cannot be read .*'/x run"):
+        doctor.unit_settings((str(d),))
+    (d / "hetpatrol.service.d" / "20-broken.conf").unlink()
+    u = doctor.unit_settings((str(d),))
+    assert (u.path, u.config) == ("/opt/x:/usr/bin", "/etc/h.yaml")
+
+
 def test_a_group_the_node_lacks_fails_with_what_systemd_does(tmp_path):
     text = UNIT.read_text().replace(
         "SupplementaryGroups=HwHiAiUser", "SupplementaryGroups=no-such-group-hp"
@@ -255,3 +271,72 @@ def test_a_directory_another_user_owns_fails_with_the_daemons_own_reason(tmp_pat
         f"{shared}/state.json as root: refusing to write {shared}/state.json: "
         f"directory {shared} is owned by uid 65534 (nobody), not root or this user"
     )
+
+
+def _bundle(tmp_path: Path, monkeypatch, cfg: Path) -> dict[str, bytes]:
+    """write_bundle with the recorded patrol left out (its own test runs it)."""
+    from hetpatrol import doctor_bundle
+
+    monkeypatch.setattr(doctor_bundle, "_record_patrol", lambda d, c: d.mkdir() or "{}")
+    out = doctor_bundle.write_bundle(tmp_path / "b.tgz", [], str(cfg))
+    with tarfile.open(out) as tar:
+        return {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a file of another user needs root to make")
+def test_the_bundle_takes_no_file_another_user_left_at_the_daemons_paths(tmp_path, monkeypatch):
+    # the doctor runs as root: a config keeping its files in a shared directory (/tmp)
+    # must not let another user's link put a root-only file into the tarball
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$SECRET-HASH:19000:0:99999:7:::\n")
+    secret.chmod(0o600)
+    (shared / "patrol.jsonl").symlink_to(secret)
+    os.lchown(shared / "patrol.jsonl", 65534, 65534)
+    (shared / "state.json").write_text('{"cards": [], "note": "SECRET-FORGED"}')
+    os.chown(shared / "state.json", 65534, 65534)
+    cfg = tmp_path / "hetpatrol.yaml"
+    cfg.write_text(f"state_path: {shared}/state.json\njsonl:\n  path: {shared}/patrol.jsonl\n")
+    members = _bundle(tmp_path, monkeypatch, cfg)
+    assert b"SECRET" not in b"".join(members.values())
+    assert "patrol.jsonl" not in members and "state.json" not in members
+    assert b"symlink owned by uid 65534" in members["patrol.jsonl.error"]
+    assert b"owned by uid 65534" in members["state.json.error"]
+
+
+def test_the_bundle_redacts_a_name_wherever_it_is_written(tmp_path, monkeypatch):
+    # a process name is a path under its user's home; the name is known only from a
+    # later line's "user" (an LDAP user /etc/passwd does not list)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "log").mkdir()
+    proc = {"pid": 7, "name": "/home/zoe/env/bin/python", "user": "zoe", "job_id": "42"}
+    (tmp_path / "state" / "state.json").write_text(json.dumps({"cards": [{"processes": [proc]}]}))
+    lines = [
+        {"kind": "event", "message": "zoe's job 42 on GPU 0", "zoe": 1},
+        "not JSON: zoe",
+        {"kind": "card", "processes": [{"user": "zoe", "pid": 7}]},
+    ]
+    text = "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n"
+    (tmp_path / "log" / "patrol.jsonl").write_text(text)
+    members = _bundle(tmp_path, monkeypatch, _config(tmp_path, _free_port()))
+    assert b"zoe" not in b"".join(members.values())
+    placeholder = json.loads(members["state.json"])["cards"][0]["processes"][0]["user"]
+    assert re.fullmatch(r"user-\d+", placeholder)
+    first, second, _ = members["patrol.jsonl"].decode().splitlines()
+    assert json.loads(first)["message"] == f"{placeholder}'s job 42 on GPU 0"
+    assert json.loads(first)[placeholder] == 1 and second == f"not JSON: {placeholder}"
+
+
+def test_the_bundle_bounds_the_state_file_and_does_not_wait_on_a_fifo(tmp_path, monkeypatch):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "log").mkdir()
+    with open(tmp_path / "state" / "state.json", "wb") as f:
+        f.truncate(64 * 1024 * 1024)  # sparse: no disk used
+    os.mkfifo(tmp_path / "log" / "patrol.jsonl", 0o600)
+    start = time.monotonic()
+    members = _bundle(tmp_path, monkeypatch, _config(tmp_path, _free_port()))
+    assert time.monotonic() - start < 60
+    assert b"larger than" in members["state.json.error"]
+    assert b"not a regular file" in members["patrol.jsonl.error"]

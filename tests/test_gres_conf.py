@@ -149,6 +149,29 @@ def test_healthy_mixed_lines_per_card_class(tmp_path, capsys):
     assert "CUDA_VISIBLE_DEVICES" not in out
 
 
+def test_a_gres_word_or_node_name_the_files_cannot_carry_is_refused(tmp_path, capsys):
+    # gres-conf writes the profile's GRES name into gres.conf, Gres= and the TaskProlog
+    # every job runs: '$(...)' there ran as each job's user, a blank added gres.conf keys
+    hm = str(NODES / "healthy-mixed")
+    for key, value in (("gres", "ascend$(touch /tmp/x)"), ("gres_type", "910b File=/dev/sda")):
+        cfg = tmp_path / f"{key}.yaml"
+        cfg.write_text(f"profiles:\n  - name: ascend-910b\n    {key}: {value!r}\n")
+        code = main(["gres-conf", "--config", str(cfg), "--replay", hm])
+        out, err = capsys.readouterr()
+        assert code == 78 and out == "", out
+        assert "profiles[" in err and f".{key}: {value!r} does not match" in err, err
+    for node in ("n$(id)", "n1;reboot"):
+        code = main(["gres-conf", "--replay", hm, "--node", node])
+        out, err = capsys.readouterr()
+        assert code == 64 and out == "", out
+        assert f"node name {node!r} is not one word" in err
+    # a MIG type as AutoDetect names it is one word
+    cfg = tmp_path / "mig.yaml"
+    cfg.write_text("profiles:\n  - name: ascend-910b\n    gres_type: 910b_1g.10gb\n")
+    out, code = gres_conf(capsys, "--config", str(cfg), "--replay", hm)
+    assert "Name=ascend Type=910b_1g.10gb File=/dev/davinci[0-7]" in out, out
+
+
 def test_nvidia_file_is_the_minor_number_and_a_lost_gpu_has_no_line(capsys):
     # sick-mixed: NVML indices 0-3 have minor numbers 3, 4, 5, 6; GPU 3 is lost
     # (GpuIsLost: no identity read, so no minor number)
@@ -507,6 +530,65 @@ def test_task_prolog_sets_the_vendor_variable_from_the_jobs_gres_indices(tmp_pat
                 time.sleep(0.2)
             # IDX 0-2 -> the table's 10, 11, 12; Slurm sets no SLURM_JOB_GPUS for ascend
             assert out.read_text().strip() == "A=10,11,12 G=unset"
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_task_prolog_takes_no_gres_line_from_a_job_name_or_comment(tmp_path):
+    """The real slurmctld prints a job name and comment raw, newlines too: a job name
+    holding '     Nodes=<node> ... GRES=ascend:910b:8(IDX:4-7)' made the TaskProlog
+    export the cards of other jobs (A=14,15,16,17,10 for a job holding IDX 0). Only the
+    lines between Slurm's one NumNodes= and one MinCPUsNode= line are read; a comment
+    that forges those too leaves the variable unset and says so."""
+    from slurm_cluster import BINARIES, NODE_NAME, start_cluster
+
+    missing = [b for b in (*BINARIES, "srun") if shutil.which(b) is None]
+    if missing or os.geteuid() != 0:
+        why = f"not installed: {missing}" if missing else "needs root (SlurmUser=root)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    plan = Plan(NODE_NAME)
+    for i in range(8):
+        plan.cards.append(
+            CardLine(
+                f"ascend/{i}/0",
+                "ascend",
+                "ascend",
+                "910b",
+                f"/dev/davinci{i}",
+                i,
+                None,
+                visible=(("ASCEND_RT_VISIBLE_DEVICES", 10 + i),),
+            )  # fmt: skip
+        )
+    fake = f"     Nodes={NODE_NAME} CPU_IDs=0 Mem=0 GRES=ascend:910b:8(IDX:4-7)"
+    cluster = start_cluster(overrides={"TaskProlog": "{root}/taskprolog"})
+    try:
+        with cluster.explain():
+            script = cluster.root / "taskprolog"
+            script.write_text(plan.task_prolog())
+            script.chmod(0o755)
+            outputs = []
+            for n, text in enumerate(
+                (["-J", f"x\n{fake}"], ["--comment", f"c\nNumNodes=1\n{fake}\nMinCPUsNode=1"])
+            ):
+                out = cluster.root / f"job{n}.out"
+                cluster.run("sbatch", "-N1", "--gres=ascend:910b:1", *text, "-o", str(out),
+                            "--wrap", 'echo "A=${ASCEND_RT_VISIBLE_DEVICES-unset}"')  # fmt: skip
+                outputs.append(out)
+            deadline = time.monotonic() + 60
+            while not all(o.exists() and "A=" in o.read_text() for o in outputs):
+                assert time.monotonic() < deadline, "the jobs never wrote their output"
+                time.sleep(0.2)
+            # IDX 0 -> the table's 10, whatever the job name says
+            assert outputs[0].read_text().strip() == "A=10"
+            lines = outputs[1].read_text().splitlines()
+            assert lines[-1] == "A=unset", lines
+            assert "hetpatrol TaskProlog: scontrol show job -d not read" in lines[0], lines
     finally:
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)

@@ -100,6 +100,19 @@ def test_absurd_card_counts_are_unreadable():
     )
 
 
+def test_a_count_in_other_scripts_digits_is_no_count():
+    # Slurm reads counts with strtol/strtoull: ASCII digits only. Python's \d took
+    # "١" (Arabic-Indic one) and "８" (fullwidth eight) as 1 and 8: in a TRES string, a
+    # gres.conf Count= or a Gres= that slurmd refuses
+    from hetpatrol.slurm.gres import parse_count
+
+    assert gres_tres("gres/gpu=\u0661,gres/npu:910b=\uff18") == (
+        {},
+        ["gres/gpu=\u0661", "gres/npu:910b=\uff18"],
+    )
+    assert [parse_count(t) for t in ("\u0661", "\uff18G", "8", "4G")] == [None, None, 8, 4 << 30]
+
+
 def test_quota_reached_stays_reached_with_unreadable_items(tmp_path, capsys):
     sacct = tmp_path / "s"
     sacct.write_text(record() + "\n" + record("gres/gpu:a100=x", job="8") + "\n")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import NODES
 
+from hetpatrol import pci_census
 from hetpatrol.cli import main
 from hetpatrol.config import load_config
 from hetpatrol.patrol import Patroller, plugin_pci_rules
@@ -258,3 +259,26 @@ def test_replay_census_from_a_sysfs_tree_or_the_argv_named_lspci_file(tmp_path):
     (other / "lspci_-Dnn_-vmm.txt").write_text("Slot:\t0000:01:00.0\nClass:\tnonsense\n")
     broken = read_census(replay_dir=other)
     assert not broken.known and "no Class/Vendor/Device id" in broken.error
+
+
+def test_thousands_of_sriov_functions_and_a_long_cpulist(tmp_path, monkeypatch):
+    # 5000 VFs of a NIC sort before the GPU: the first 4096 names were read and the
+    # census, still "known", had no GPU; a GPU's interleaved local_cpulist (one socket's
+    # even CPUs, as some BIOSes number them) is 420 bytes: 256 were read
+    base = tmp_path / "sys/bus/pci/devices"
+    for i in range(5000):
+        d = base / f"0000:{i >> 8:02x}:{(i >> 3) & 0x1F:02x}.{i & 7}"
+        d.mkdir(parents=True)
+        for name, value in (("vendor", "0x15b3"), ("device", "0x101e"), ("class", "0x020000")):
+            (d / name).write_text(value + "\n")
+    cpus = ",".join(str(n) for n in range(0, 224, 2))
+    make_device(tmp_path, "0000:ff:00.0", "0x10de", "0x2330", "0x030200", local_cpulist=cpus)
+    census = read_sysfs(tmp_path, vendor_ids={0x10DE})
+    assert census.known and len(census.functions) == 5001
+    (gpu,) = (f for f in census.functions if f.vendor_id == 0x10DE)
+    assert (gpu.bus_id, gpu.local_cpulist) == ("0000:ff:00.0", cpus)
+    assert [c.function.bus_id for c in census.cards(RULES)] == ["0000:ff:00.0"]
+    # past PCI's bound the census is unknown with the reason, never a part of the bus
+    monkeypatch.setattr(pci_census, "MAX_FUNCTIONS", 5000)
+    census = read_sysfs(tmp_path, vendor_ids={0x10DE})
+    assert not census.known and "5001 entries, more than PCI's 5000: not read" in census.error

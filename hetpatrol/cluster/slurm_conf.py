@@ -5,7 +5,8 @@ Rules from slurm.conf(5) (https://slurm.schedmd.com/slurm.conf.html): keys are c
 insensitive, node and partition names are not; ``#`` starts a comment; a line ending in
 ``\\`` continues on the next; ``Include <file>`` reads another file in place (relative to
 the including file's directory); ``NodeName=DEFAULT`` / ``PartitionName=DEFAULT`` set
-values for the lines after it; a value may be double-quoted. The continuation and
+values for the lines after it; a value may be double-quoted (no shell quoting:
+``_keyvalue_regex``). The continuation and
 comment rules are those of ``_get_next_line`` in SchedMD/slurm
 ``src/common/parse_config.c``.
 
@@ -16,7 +17,6 @@ config`` (the running slurmctld's settings when the file is not at hand).
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,17 +98,16 @@ class SlurmConf:
         return self.settings.get(key.lower())
 
 
+#: ``Key=Value`` as Slurm reads it (``_keyvalue_regex`` in src/common/parse_config.c): the
+#: value is a double-quoted string (no quote inside, followed by a blank or the end) or
+#: a run of non-blanks; a word without ``=`` is no pair. One pass, linear in the line
+#: (shlex.split took 3 minutes on a 1.5 MB NodeName= list: it grows its token a
+#: character at a time).
+_PAIR_RE = re.compile(r'(?<!\S)([^\s="]+)=(?:"([^"]*)"(?!\S)|(\S*))')
+
+
 def _pairs(text: str) -> list[tuple[str, str]]:
-    try:
-        tokens = shlex.split(text, comments=False, posix=True)
-    except ValueError:  # an unbalanced quote: split on blanks
-        tokens = text.split()
-    out = []
-    for tok in tokens:
-        key, sep, value = tok.partition("=")
-        if sep:
-            out.append((key, value))
-    return out
+    return [(m[1], m[3] if m[2] is None else m[2]) for m in _PAIR_RE.finditer(text)]
 
 
 def _logical_lines(path: Path) -> list[tuple[int, str]]:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from functools import cache
 
 _SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
-_COUNT_RE = re.compile(r"^(\d+)([KMGTP]?)$", re.IGNORECASE)
+# ASCII digits only, as Slurm's strtol/strtoull read a count (Python's \d takes "١" too)
+_COUNT_RE = re.compile(r"^([0-9]+)([KMGTP]?)$", re.IGNORECASE)
 _NULLS = {"", "(null)", "null", "n/a", "none"}
 
 

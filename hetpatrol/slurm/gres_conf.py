@@ -25,7 +25,9 @@ gres_common.c``):
   socket" (gres.conf(5), Cores; :func:`hetpatrol.sysfs_pci.slurm_cores`);
 - Slurm sets ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES`` only from its gpu plugin
   (``gres_common_gpu_set_env``); a job's GRES indices per node are in ``scontrol show
-  job -d`` (``GRES=ascend:910b:2(IDX:0-1)``), which the TaskProlog reads; a TaskProlog's
+  job -d`` (``GRES=ascend:910b:2(IDX:0-1)``), which the TaskProlog reads (only the
+  per-node lines between its one ``NumNodes=`` and ``MinCPUsNode=`` line: a job name
+  is printed raw, newlines too); a TaskProlog's
   ``export NAME=value`` lines are set in the task's environment (slurm.conf(5),
   TaskProlog).
 
@@ -37,6 +39,8 @@ differences, 3 a source could not be read.
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +64,9 @@ from hetpatrol.sysfs_pci import (
 )
 
 EXIT_OK, EXIT_WARNING, EXIT_UNKNOWN = 0, 1, 3
+EX_USAGE = 64
+#: a Slurm NodeName as gres-conf writes it (slurm.conf(5) NodeName: a host name)
+_NODE_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -174,11 +181,20 @@ class Plan:
             "# (GRES=name:type:N(IDX:0-1)), in gres.conf order.",
             'node="${SLURMD_NODENAME:?}"',
             'detail=$(scontrol show job -d "${SLURM_JOB_ID:?}" 2>/dev/null) || exit 0',
+            "# Only Slurm's own per-node lines, between the one NumNodes= line and the one",
+            "# MinCPUsNode= line (slurm_sprint_job_info(), src/api/job_info.c): a job name,",
+            "# comment or path may hold a newline and 'Nodes=... GRES=...(IDX:...)' but is",
+            "# printed before or after them; another NumNodes=/MinCPUsNode= line: none used.",
+            'region=$(printf \'%s\\n\' "$detail" | awk \'{ sub(/^[ \\t]+/, "") }',
+            "  /^NumNodes=/ { n++; inside = 1; next } /^MinCPUsNode=/ { m++; inside = 0; next }",
+            "  inside && /^Nodes=/ { print } END { exit !(n == 1 && m == 1) }') || {",
+            '  echo "print hetpatrol TaskProlog: scontrol show job -d not read (job text looks'
+            ' like its fields): no device variable set"; exit 0; }',
             "idx() {  # $1: GRES name -> its IDX list on this node (0-1,4)",
-            "  printf '%s\\n' \"$detail\" | while read -r line; do",
+            "  printf '%s\\n' \"$region\" | while read -r line; do",
             '    case "$line" in Nodes=*" GRES="*) ;; *) continue ;; esac',
             "    nodes=${line#Nodes=}; nodes=${nodes%% *}",
-            '    scontrol show hostnames "$nodes" 2>/dev/null | grep -qx "$node" || continue',
+            '    scontrol show hostnames "$nodes" 2>/dev/null | grep -qxF "$node" || continue',
             '    printf \'%s\\n\' "$line" | sed -n "s/.*[= ,]$1:[^(]*(IDX:\\([0-9,-]*\\)).*/\\1/p"',
             "  done",
             "}",
@@ -193,7 +209,8 @@ class Plan:
             cases = " ".join(f"{i}) echo {ident} ;;" for i, ident in pairs)
             out += [
                 f'{fn}() {{ case "$1" in {cases} esac; }}',
-                f'ids=$(for i in $(expand "$(idx {name})"); do {fn} "$i"; done | paste -sd, -)',
+                f'ids=$(for i in $(expand "$(idx {shlex.quote(name)})"); do {fn} "$i"; done '
+                "| paste -sd, -)",
                 f'[ -n "$ids" ] && echo "export {var}=$ids"',
             ]
         out.append("exit 0")
@@ -520,6 +537,12 @@ def add_gres_conf_parser(
 def cmd_gres_conf(args: argparse.Namespace, patrol: Callable[[argparse.Namespace], Any]) -> int:
     report, config = patrol(args)
     node = config.slurm.slurm_node(args.node or config.node)
+    if not _NODE_WORD.fullmatch(node):
+        # it is written into gres.conf's NodeName= and the TaskProlog: one word only
+        why = "is not one word of letters, digits, '_', '.', '-'"
+        where = "(--node, or slurm.node_name in the config)"
+        print(f"hetpatrol gres-conf: node name {node!r} {why} {where}", file=sys.stderr)
+        return EX_USAGE
     root: Path | None = args.root
     if root is None and args.replay is None:
         root = Path("/")
