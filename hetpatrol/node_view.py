@@ -433,7 +433,10 @@ def render(
     said = " ".join(str(f.get("message")) for f in node_findings)
     collectors = doc.get("collectors") or {}
     out.add("collectors:" + ("" if collectors else " none"))
+    absent = [n for n, s in collectors.items() if s.get("state") == "absent" and not s.get("cards")]
     for name, s in collectors.items():
+        if name in absent and not verbose:
+            continue
         state = str(s.get("state"))
         seconds = s.get("duration_seconds")
         text = f"{name} {state} ({s.get('cards', 0)} cards, {float(seconds or 0):.3f} s)"
@@ -447,6 +450,10 @@ def render(
         style = _COLLECTOR_HEALTH.get(state, "unknown")
         w.lines[0] = w.lines[0].replace(f" {state} ", f" {paint(state, style)} ", 1)
         out.lines.extend(w.lines)
+    if absent and not verbose:
+        # one config turns every plugin on: a node has one or two vendors, the others
+        # are absent (no tool, no card on the bus): one line, their reasons with -v
+        out.add(f"absent: {', '.join(absent)} (-v: why)", 2, hang=2)
     shown = [f for f in node_findings if verbose or f.get("severity") != "info"]
     hidden += len(node_findings) - len(shown)
     if shown:

@@ -41,6 +41,7 @@ def test_once_table_escapes_a_tools_control_and_bidi_characters(tmp_path):
         "collectors:",
         "  ascend failed (0 cards, T s): see the node findings",
         "  nvidia disabled (0 cards, T s)",
+        "  absent: hygon, amd, cambricon, gaudi, iluvatar, kunlunxin, enflame (-v: why)",
         "node findings:",
         f"  unknown collector_failed: ascend: npu-smi info exited with code 3: "
         f"npu-smi info: output: {shown}",
