@@ -26,8 +26,10 @@ from types import FrameType
 
 from hetpatrol import sdnotify
 from hetpatrol.actions.escalation import Escalation
+from hetpatrol.boot import read_boot
 from hetpatrol.config import Config, ConfigError, load_config, parse_listen
 from hetpatrol.exporters.failures import WriteFailures
+from hetpatrol.exporters.history_file import history_path, read_history, sync_history
 from hetpatrol.exporters.http_server import MetricsServer
 from hetpatrol.exporters.jsonl import JsonlSink
 from hetpatrol.exporters.prometheus import ExporterStats, Exposition
@@ -188,6 +190,15 @@ class Daemon:
                 self.stats.state_write_errors = self._state_failures.errors
             else:
                 self._state_failures.succeeded(self.config.state_path)
+            if self.patroller.reboot_history.last:  # a card critical in this boot
+                try:
+                    self.patroller.reboot_history = sync_history(
+                        history_path(self.config.state_path),
+                        self.patroller.reboot_history,
+                        time.time(),
+                    )
+                except OSError as exc:
+                    self._state_failures.failed(history_path(self.config.state_path), exc)
         events = self.drain_policy.on_report(report, self.config)  # JSONL event lines
         drains = self.config.slurm.enabled and self.config.slurm.drain.enabled
         self.stats.drain_breaker_open = self.drain_policy.breaker_open if drains else None
@@ -241,9 +252,14 @@ class Daemon:
         try:
             doc = read_state(self.config.state_path)
         except (OSError, ValueError):
-            return
+            doc = {}
         self.patroller.escalation = Escalation.from_dict(
             doc.get("escalation"), time.time(), self.config.actions.escalation
+        )
+        if self.patroller.boot_root is not None:  # the same boot: its patrols go on
+            self.patroller.boot.restore(doc.get("boot"), read_boot(self.patroller.boot_root))
+        self.patroller.reboot_history = read_history(
+            history_path(self.config.state_path), time.time(), self.config.actions.reboot_survival
         )
 
     def run(self) -> int:

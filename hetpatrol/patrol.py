@@ -28,12 +28,14 @@ from hetpatrol import processes
 from hetpatrol.actions import findings as action_findings
 from hetpatrol.actions.apply import judge_card, kernel_event_key, state_keys
 from hetpatrol.actions.escalation import CARD_MISSING_KEY, Escalation, card_identity
-from hetpatrol.actions.vocabulary import highest
+from hetpatrol.actions.reboot_history import RebootHistory
+from hetpatrol.actions.vocabulary import highest, worst_verdict
+from hetpatrol.boot import BootWatch, learn_links, read_boot
 from hetpatrol.bounded import HANG_MARGIN_SECONDS, BoundedCollector
 from hetpatrol.checks import kernel_events
 from hetpatrol.checks import pci_census as census_check
 from hetpatrol.checks.environment import EnvironmentCheck
-from hetpatrol.checks.facts import NodeCheck
+from hetpatrol.checks.facts import BootFacts, NodeCheck
 from hetpatrol.collector import (
     STATE_ABSENT,
     STATE_DISABLED,
@@ -160,6 +162,13 @@ class Patroller:
                     if isinstance(check, GresCheck):
                         check.census = lambda: self._patrol_census
         self.replay_dir = replay_dir
+        #: where this boot is read (hetpatrol.boot): the host, the replay; not for the
+        #: scripted collectors of tests and embedders
+        self.boot_root: Path | None = (
+            replay_dir if replay_dir is not None else (Path("/") if collectors is None else None)
+        )
+        #: patrols of this boot and the links learned in it (restored by the daemon)
+        self.boot = BootWatch()
         self.enrich_processes = replay_dir is None if enrich_processes is None else enrich_processes
         self.seq = 0
         self._collectors: dict[str, BoundedCollector] = {}
@@ -183,6 +192,9 @@ class Patroller:
         self.run_id = uuid.uuid4().hex[:12]
         #: escalation counts by card identity (restored from the state file by the daemon)
         self.escalation = Escalation(config.actions.escalation)
+        #: boots each card's critical fault families were seen in (restored and written
+        #: by the daemon: reboot-history.json beside the state file)
+        self.reboot_history = RebootHistory(config.actions.reboot_survival)
         self._lock = threading.Lock()
         #: the monotonic clock escalation spans are checked against (a test's may follow
         #: the wall times it passes)
@@ -231,8 +243,11 @@ class Patroller:
         ):
             self.census_reader = previous.census_reader  # no re-read of the bus on reload
         self.run_id = previous.run_id
+        self.boot = previous.boot
         self.escalation = previous.escalation
         self.escalation.rules = self.config.actions.escalation
+        self.reboot_history = previous.reboot_history
+        self.reboot_history.rule = self.config.actions.reboot_survival
         if previous.config.top[kernel_events.NAME] == self.config.top[kernel_events.NAME]:
             if self.kernel_log is not None:
                 self.kernel_log.close()
@@ -254,6 +269,8 @@ class Patroller:
         started = time.time()
         t0 = time.monotonic()
         self._gone_now = []
+        if self.boot_root is not None:
+            self.boot.note(read_boot(self.boot_root))
         skipped = self._read_census(t0)
         started_now = {
             name: bc.start() for name, bc in self._collectors.items() if name not in skipped
@@ -287,7 +304,9 @@ class Patroller:
                 if self.enrich_processes:
                     processes.enrich(rec.processes)
                 rec.drop_implausible()
-                judge(rec, self.config)
+                judge(rec, self.config, self._boot_facts(rec))
+                if self.boot.boot_id is not None:
+                    learn_links(self.boot, card_identity(rec), rec.links)
             cards.extend(records)
             node_findings.extend(result.node_findings)
             missing = self._missing_finding(result)
@@ -330,6 +349,7 @@ class Patroller:
             seq=self.seq,
             ts_format=rfc3339,
             enrich_processes=self.enrich_processes,
+            boot_time=self.boot.boot_time if self.boot.boot_id is not None else None,
         )
         node_findings.extend(kernel.findings)
         changes.extend(self._apply_recovery(cards))
@@ -340,6 +360,8 @@ class Patroller:
             if result is not None:
                 node_findings.extend(result.findings)
         check_data["kernel_log"] = kernel.summary
+        if self.boot_root is not None:
+            check_data["boot"] = self.boot.summary()
         if not cards and not any(
             f.severity in (HEALTH_CRITICAL, HEALTH_UNKNOWN) for f in node_findings
         ):
@@ -388,6 +410,13 @@ class Patroller:
             action=node_action,
             escalation=self.escalation.to_dict(),
         )
+
+    def _boot_facts(self, rec: CardRecord) -> BootFacts:
+        """The card's place in this boot for its checks (none while no boot id is read:
+        a replay without one, the scripted collectors of tests)."""
+        if self.boot.boot_id is None:
+            return BootFacts()
+        return BootFacts(self.boot.patrols, self.boot.learned_links.get(card_identity(rec), {}))
 
     def _read_census(self, now: float) -> dict[str, CollectResult]:
         """This patrol's census (re-read by the reader at its own interval), kept for the
@@ -465,6 +494,18 @@ class Patroller:
             esc.observe_present(card_identity(gone), {CARD_MISSING_KEY}, now)
         esc.observe_present(NODE_IDENTITY, state_keys(node_findings, levels), now)
         esc.decay(now)
+        if self.boot.boot_id is not None:  # a fault family critical in this boot, by card
+            self.reboot_history.observe(
+                [
+                    (
+                        card_identity(c),
+                        {f.check for f in c.findings if f.severity == HEALTH_CRITICAL},
+                    )
+                    for c in cards
+                ],
+                self.boot.boot_id,
+                now,
+            )
         verdicts = []
         for items, identity, rec in [
             *((c.findings, card_identity(c), c) for c in cards),
@@ -480,6 +521,9 @@ class Patroller:
             )
             for finding, v in zip(items, per, strict=True):
                 finding.action = v.action
+            survived = self.reboot_history.verdict(identity) if rec is not None else None
+            if survived is not None:  # the same fault back after N reboots: replace it
+                verdict = worst_verdict([verdict, survived])
             if rec is not None:
                 rec.action, rec.action_source, rec.action_code, rec.action_reason = verdict
             verdicts.append(verdict.action)
