@@ -184,8 +184,10 @@ def _links(n, down=()):
 
 def test_a_pcie_board_never_gets_link_down_findings():
     pcie = InterconnectSettings(nvlink_link_down="critical", nvlink_expected_links=0)
-    # even a garbled answer listing links down: the class has none
-    assert evaluate(_card(_links(4, down={0, 1})), pcie, CardFacts()) == []
+    # even a garbled answer listing links down, with error counts: the class has none
+    garbled = _links(4, down={0, 1})
+    garbled[0]["counters"] = {"crc_flit": 500}
+    assert evaluate(_card(garbled), pcie, CardFacts()) == []
     # NVML answering NotSupported (no links) and no expectation: no finding
     assert evaluate(_card([]), InterconnectSettings(), CardFacts()) == []
 
