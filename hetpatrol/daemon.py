@@ -197,6 +197,8 @@ class Daemon:
                         self.patroller.reboot_history,
                         time.time(),
                     )
+                    st = history_path(self.config.state_path).stat()
+                    self._history_stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
                 except OSError as exc:
                     self._state_failures.failed(history_path(self.config.state_path), exc)
         events = self.drain_policy.on_report(report, self.config)  # JSONL event lines
@@ -239,9 +241,28 @@ class Daemon:
         )
 
     def patrol_once(self) -> PatrolReport:
+        self._reread_history()
         report = self.patroller.run()
         self.publish(report)
         return report
+
+    def _reread_history(self) -> None:
+        """Read the reboot-survival history again when another process (``hetpatrol
+        history clear``) replaced the file since this daemon last read or wrote it: the
+        next verdict follows the operator's clear."""
+        if self.config.state_path is None:
+            return
+        path = history_path(self.config.state_path)
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp != getattr(self, "_history_stamp", stamp):
+            self.patroller.reboot_history = read_history(
+                path, time.time(), self.config.actions.reboot_survival
+            )
+        self._history_stamp = stamp
 
     def restore_escalation(self) -> None:
         """Go on from the escalation counts the last daemon wrote in the state file (a

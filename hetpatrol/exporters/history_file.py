@@ -4,7 +4,7 @@ Written by the daemon after a patrol that added to it, and by ``hetpatrol histor
 clear``; both under an exclusive ``flock(2)`` on ``reboot-history.json.lock`` and both
 re-read the file first, so an operator's clear is never overwritten by a daemon that read
 the file before it (the daemon applies its last patrol's observations again onto what it
-re-read). Written atomically, mode 0600, like the state file.
+re-read). Written atomically, mode PRIVATE_FILE_MODE, like the state file.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def history_path(state_path: Path) -> Path:
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold ``flock(LOCK_EX)`` on ``<path>.lock`` (created 0600, never a symlink
+    """Hold ``flock(LOCK_EX)`` on ``<path>.lock`` (created PRIVATE_FILE_MODE, no symlink
     followed) for the block. Raises OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(
@@ -60,7 +60,7 @@ def read_history(path: Path, now: float, rule: SurvivalRule | None = None) -> Re
 
 
 def write_history(path: Path, history: RebootHistory) -> None:
-    """Write ``history`` to ``path`` atomically (mode 0600). Raises OSError."""
+    """Write ``history`` to ``path`` atomically (mode PRIVATE_FILE_MODE). Raises OSError."""
     data = json.dumps(history.to_dict(), separators=(",", ":")).encode() + b"\n"
     write_atomic(path, data, make_parents=True, mode=PRIVATE_FILE_MODE)
 
