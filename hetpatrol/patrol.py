@@ -49,6 +49,8 @@ from hetpatrol.collector import (
     load_collector,
 )
 from hetpatrol.config import Config
+from hetpatrol.hung_tools import HungToolWatch, evidence
+from hetpatrol.hung_tools import scan as scan_hung_tools
 from hetpatrol.judge import judge, run_node_check
 from hetpatrol.kernel_log import open_kernel_log
 from hetpatrol.logs import get_logger
@@ -92,6 +94,21 @@ def plugin_pci_rules() -> dict[str, PciCards | None]:
         except Exception:  # noqa: BLE001, S112 - a broken plugin stops only itself
             continue
     return rules
+
+
+@functools.cache
+def plugin_tools() -> dict[str, str]:
+    """``{program: plugin name}`` of the vendor tools every installed plugin declares
+    (``VendorInfo.tool_dirs``), read once per process."""
+    tools: dict[str, str] = {}
+    for name, ep in sorted(discover().items()):
+        try:
+            cls = ep.load()  # type: ignore[attr-defined]
+            for program in cls.vendor_info.tool_dirs:
+                tools.setdefault(program, name)
+        except Exception:  # noqa: BLE001, S112 - a broken plugin stops only itself
+            continue
+    return tools
 
 
 #: the escalation identity of node findings (a hung collector, a missing card)
@@ -169,6 +186,9 @@ class Patroller:
         )
         #: patrols of this boot and the links learned in it (restored by the daemon)
         self.boot = BootWatch()
+        #: vendor tools and collector threads in D state, patrols in a row (boot_root:
+        #: where /proc is read)
+        self.hung_tools = HungToolWatch(config.hung_tool_patrols)
         self.enrich_processes = replay_dir is None if enrich_processes is None else enrich_processes
         self.seq = 0
         self._collectors: dict[str, BoundedCollector] = {}
@@ -244,6 +264,8 @@ class Patroller:
             self.census_reader = previous.census_reader  # no re-read of the bus on reload
         self.run_id = previous.run_id
         self.boot = previous.boot
+        self.hung_tools = previous.hung_tools
+        self.hung_tools.patrols = self.config.hung_tool_patrols
         self.escalation = previous.escalation
         self.escalation.rules = self.config.actions.escalation
         self.reboot_history = previous.reboot_history
@@ -374,6 +396,7 @@ class Patroller:
                     f"no card was found on this node ({states}): nothing was patrolled",
                 )
             )
+        self._name_hung_tools(node_findings)
         node_findings = self._hold_node_findings(node_findings)
         health = worst(*(c.health for c in cards), *(f.severity for f in node_findings))
         node_action = self._assign_actions(cards, node_findings, kernel.events, time.time())
@@ -410,6 +433,47 @@ class Patroller:
             action=node_action,
             escalation=self.escalation.to_dict(),
         )
+
+    def _name_hung_tools(self, node_findings: list[Finding]) -> None:
+        """Name the vendor tools and collector threads in D state for
+        ``hung_tool_patrols`` patrols in a row (:mod:`hetpatrol.hung_tools`) in the
+        ``collector_hung`` finding of their collector, or in a ``collector_hung`` node
+        finding of their own when no collector says it is hung (a tool another user
+        started, stuck in the same driver); either feeds the ``check:collector_hung``
+        escalation to ``reboot_node``."""
+        if self.boot_root is None:
+            return
+        threads = {
+            tid: name for name, bc in self._collectors.items() if (tid := bc.worker_tid) is not None
+        }
+        stuck = self.hung_tools.observe(scan_hung_tools(self.boot_root, plugin_tools(), threads))
+        if not stuck:
+            return
+        named = set()
+        for i, f in enumerate(node_findings):
+            if f.check != "collector_hung":
+                continue
+            mine = [t for t in stuck if f.message.startswith(f"{t.owner}:")]
+            if mine:
+                named.update(id(t) for t in mine)
+                node_findings[i] = Finding(
+                    f.check,
+                    f.severity,
+                    f"{f.message}; {evidence(mine)}",
+                    value={"stuck": [t.to_dict() for t in mine]},
+                    threshold=self.hung_tools.patrols,
+                )
+        rest = [t for t in stuck if id(t) not in named]
+        if rest:
+            node_findings.append(
+                Finding(
+                    "collector_hung",
+                    HEALTH_UNKNOWN,
+                    "vendor tool(s) " + evidence(rest),
+                    value={"stuck": [t.to_dict() for t in rest]},
+                    threshold=self.hung_tools.patrols,
+                )
+            )
 
     def _boot_facts(self, rec: CardRecord) -> BootFacts:
         """The card's place in this boot for its checks (none while no boot id is read:
