@@ -131,6 +131,11 @@ class HungToolWatch:
         self.patrols = patrols
         self._seen: dict[tuple[int, int], int] = {}
 
+    @property
+    def candidates(self) -> bool:
+        """Whether the last scan found a task in D state (the next must look again)."""
+        return bool(self._seen)
+
     def observe(self, found: Iterable[tuple[tuple[int, int], StuckTask]]) -> list[StuckTask]:
         seen: dict[tuple[int, int], int] = {}
         out = []

@@ -440,8 +440,19 @@ class Patroller:
         ``collector_hung`` finding of their collector, or in a ``collector_hung`` node
         finding of their own when no collector says it is hung (a tool another user
         started, stuck in the same driver); either feeds the ``check:collector_hung``
-        escalation to ``reboot_node``."""
+        escalation to ``reboot_node``. On the host ``/proc`` is scanned only in a patrol
+        with a hung or failed collector, or after a scan that found a task in D (then
+        every patrol, so the count is one of patrols in a row); a replay's recorded
+        ``proc/`` is read every patrol."""
         if self.boot_root is None:
+            return
+        troubled = any(
+            f.check in ("collector_hung", "collector_failed") for f in node_findings
+        ) or any(s in (STATE_HUNG, STATE_FAILED) for s in self._last_collector_state.values())
+        if not (troubled or self.hung_tools.candidates or self.replay_dir is not None):
+            # all collectors answered and no task was in D at the last scan: no scan of
+            # every process on the host (about 0.2 ms each) in a healthy patrol
+            self.hung_tools.observe(())
             return
         threads = {
             tid: name for name, bc in self._collectors.items() if (tid := bc.worker_tid) is not None
