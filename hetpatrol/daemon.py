@@ -78,6 +78,7 @@ class Daemon:
         self.config = self._apply_overrides(config)
         self.replay_dir = replay_dir
         self.patroller = Patroller(self.config, replay_dir=replay_dir)
+        self.patroller.post_boot_grace = True  # the daemon counts the patrols of a boot
         self.stats = ExporterStats(interval_seconds=self.config.interval_seconds)
         #: Slurm drain / resume after each report (a no-op unless slurm.drain.enabled)
         self.drain_policy = DrainPolicy()

@@ -186,6 +186,10 @@ class Patroller:
         )
         #: patrols of this boot and the links learned in it (restored by the daemon)
         self.boot = BootWatch()
+        #: whether the post-boot grace applies (the daemon's patrols only: a one-off
+        #: patrol, `once` or the Epilog's, is the first of its process at any uptime and
+        #: must judge a link down as it is)
+        self.post_boot_grace = False
         #: vendor tools and collector threads in D state, patrols in a row (boot_root:
         #: where /proc is read)
         self.hung_tools = HungToolWatch(config.hung_tool_patrols)
@@ -264,6 +268,7 @@ class Patroller:
             self.census_reader = previous.census_reader  # no re-read of the bus on reload
         self.run_id = previous.run_id
         self.boot = previous.boot
+        self.post_boot_grace = previous.post_boot_grace
         self.hung_tools = previous.hung_tools
         self.hung_tools.patrols = self.config.hung_tool_patrols
         self.escalation = previous.escalation
@@ -488,10 +493,14 @@ class Patroller:
 
     def _boot_facts(self, rec: CardRecord) -> BootFacts:
         """The card's place in this boot for its checks (none while no boot id is read:
-        a replay without one, the scripted collectors of tests)."""
+        a replay without one, the scripted collectors of tests; the patrols of the boot
+        only with ``post_boot_grace``)."""
         if self.boot.boot_id is None:
             return BootFacts()
-        return BootFacts(self.boot.patrols, self.boot.learned_links.get(card_identity(rec), {}))
+        return BootFacts(
+            self.boot.patrols if self.post_boot_grace else 0,
+            self.boot.learned_links.get(card_identity(rec), {}),
+        )
 
     def _read_census(self, now: float) -> dict[str, CollectResult]:
         """This patrol's census (re-read by the reader at its own interval), kept for the

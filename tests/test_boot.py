@@ -37,6 +37,7 @@ def late_config(**profile):
 
 def patrols(config, boot_dir: Path, n: int, patroller: Patroller | None = None):
     p = Patroller(config, replay_dir=boot_dir)
+    p.post_boot_grace = True  # as the daemon's
     if patroller is not None:
         p.boot = patroller.boot
     try:
@@ -241,6 +242,19 @@ def test_kernel_events_of_an_earlier_boot_never_count(tmp_path):
     assert after[0].event_lines == ()
     summary = json.loads(after[0].patrol_line)["kernel_log"]
     assert summary["earlier_boot_events"] == len(before[0].event_lines)
+
+
+def test_a_one_off_patrol_has_no_grace():
+    """`hetpatrol once` or the Epilog's patrol is the first of its process whatever the
+    uptime: a link down is judged as it is, never held as "links training"."""
+    p = Patroller(late_config(), replay_dir=scenario_boots(LATE)[1])
+    try:
+        report = p.run()
+    finally:
+        p.close()
+    assert json.loads(report.patrol_line)["boot"]["patrols"] == 1
+    assert {c.health for c in nvidia(report)} == {"critical"}
+    assert {c.action for c in nvidia(report)} == {"reset_card"}
 
 
 @pytest.mark.parametrize("boots", [["../x"], "boots/1", [1]])
