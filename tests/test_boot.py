@@ -11,6 +11,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import jsonschema
 import pytest
 from conftest import NODES
 
@@ -22,7 +23,7 @@ from hetpatrol.daemon import Daemon
 from hetpatrol.exporters.state import read_state
 from hetpatrol.patrol import Patroller
 from hetpatrol.replay import scenario_boots
-from hetpatrol.schema import CardRecord
+from hetpatrol.schema import CardRecord, patrol_json_schema
 
 LATE = NODES / "reboot-links-late"
 # boot ids as written in the fixtures' proc/sys/kernel/random/boot_id
@@ -94,6 +95,7 @@ def test_patrol_line_and_state_file_carry_the_boot(tmp_path):
     finally:
         d.shutdown()
     line = json.loads(report.patrol_line)
+    jsonschema.validate(line, patrol_json_schema())
     assert line["boot"]["boot_id"] == BOOT1
     assert line["boot"]["boot_time"] == 1764460800.0
     assert line["boot"]["patrols"] == 1
