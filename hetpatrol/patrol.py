@@ -589,6 +589,12 @@ class Patroller:
                 ],
                 self.boot.boot_id,
                 now,
+                names={
+                    card_identity(c): [
+                        n for n in (c.bus_id and c.bus_id.lower(), c.serial, c.uuid) if n
+                    ]
+                    for c in cards
+                },
             )
         verdicts = []
         for items, identity, rec in [

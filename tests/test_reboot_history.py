@@ -101,13 +101,15 @@ def test_history_clear_forgets_the_card_with_an_audit_line(tmp_path, capsys):
     assert main(["history", "--config", str(cfg), "show"]) == 0
     assert f"uuid:{GPU2}  nvlink_down  seen in 2 boot(s)" in capsys.readouterr().out
     assert main(["history", "--config", str(cfg), "clear", "--card", "GPU-nope"]) == 1
-    assert main(["history", "--config", str(cfg), "clear", "--card", GPU2]) == 0
+    # by bus id, as nvidia-smi prints it: the card's identity is its UUID, its bus id
+    # (0000:4c:00.0, kept beside it) names it too
+    assert main(["history", "--config", str(cfg), "clear", "--card", "0000:4C:00.0"]) == 0
     assert read_history(history_path(config.state_path), 0.0).cards == {}
     lines = [json.loads(x) for x in config.jsonl_path.read_text().splitlines()]
     audit = [x for x in lines if x.get("event") == "history_clear"]
     assert len(audit) == 1
     jsonschema.validate(audit[0], event_json_schema())
-    assert audit[0]["card"] == GPU2 and audit[0]["node"] == "survives-01"
+    assert audit[0]["card"] == "0000:4C:00.0" and audit[0]["node"] == "survives-01"
     assert audit[0]["cleared"][f"uuid:{GPU2}"]["nvlink_down"]["boots"] == BOOTS[:2]
     assert isinstance(audit[0]["operator"]["uid"], int)
     # boot 3 after the clear: the fault counts from this boot again, no replace_card

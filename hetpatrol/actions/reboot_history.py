@@ -52,14 +52,25 @@ class RebootHistory:
     cards: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     #: the (identity, families, boot id, time) of the last patrol (see :meth:`replay`)
     last: list[tuple[str, frozenset[str], str, float]] = field(default_factory=list)
+    #: identity -> the card's other names (bus id, serial), for :meth:`clear`
+    names: dict[str, list[str]] = field(default_factory=dict)
 
     def observe(
-        self, observations: Iterable[tuple[str, Iterable[str]]], boot_id: str, now: float
+        self,
+        observations: Iterable[tuple[str, Iterable[str]]],
+        boot_id: str,
+        now: float,
+        names: Mapping[str, Iterable[str]] | None = None,
     ) -> bool:
         """Note the families each card holds critical in this patrol of boot
-        ``boot_id``. Returns whether anything was added (a new boot of a family, or a new
-        family): the file needs writing then."""
+        ``boot_id``; ``names``: identity -> the card's other names (bus id, serial) that
+        ``hetpatrol history clear`` may be given. Returns whether anything was added (a
+        new boot of a family, or a new family): the file needs writing then."""
         self.last = [(i, frozenset(f), boot_id, now) for i, f in observations if f]
+        for identity, _f, _b, _n in self.last:
+            known = [n for n in (names or {}).get(identity, ()) if isinstance(n, str) and n]
+            if known:
+                self.names[identity] = sorted({*self.names.get(identity, []), *known})[:8]
         return self.replay(self.last)
 
     def replay(self, observations: Iterable[tuple[str, frozenset[str], str, float]]) -> bool:
@@ -108,9 +119,12 @@ class RebootHistory:
             if i == text
             or i.split(":", 1)[-1] == text
             or (i.startswith("bus:") and i[4:] == text.lower())
+            or text in self.names.get(i, ())
+            or text.lower() in self.names.get(i, ())
         ]
         for identity in gone:
             del self.cards[identity]
+            self.names.pop(identity, None)
         return gone
 
     def decay(self, now: float) -> None:
@@ -122,14 +136,17 @@ class RebootHistory:
                     del card[family]
             if not card:
                 del self.cards[identity]
+                self.names.pop(identity, None)
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"schema", "cards": {identity: {family: {"boots": [id], "first", "last"}}}}``."""
+        """``{"schema", "cards": {identity: {family: {"boots": [id], "first", "last"}}},
+        "names": {identity: [bus id, serial]}}``."""
         return {
             "schema": HISTORY_SCHEMA,
             "cards": {
                 i: {f: dict(e) for f, e in sorted(c.items())} for i, c in sorted(self.cards.items())
             },
+            "names": {i: list(n) for i, n in sorted(self.names.items()) if i in self.cards},
         }
 
     @classmethod
@@ -159,6 +176,11 @@ class RebootHistory:
                         "first": first,
                         "last": min(last, now),
                     }
+        names = doc.get("names")
+        if isinstance(names, Mapping):
+            for identity, known in names.items():
+                if identity in out.cards and isinstance(known, list):
+                    out.names[identity] = [n for n in known if isinstance(n, str)][:8]
         out.decay(now)
         return out
 

@@ -72,6 +72,12 @@ def sync_history(path: Path, history: RebootHistory, now: float) -> RebootHistor
     with locked(path):
         current = read_history(path, now, history.rule)
         current.last = history.last
-        if current.replay(history.last) or not path.exists():
+        named = False
+        for identity, _families, _boot, _now in history.last:
+            known = history.names.get(identity)
+            if known and current.names.get(identity) != known:
+                current.names[identity] = known
+                named = True
+        if current.replay(history.last) or named or not path.exists():
             write_history(path, current)
         return current
