@@ -40,6 +40,9 @@ Faults (the ``nvml:`` section of a replay scenario, see :func:`load_replay_nvml`
       7: {xml_overrides: {"temperature/gpu_temp": "95 C", "utilization/gpu_util": null}}
       0: {hang_seconds: 2.5}            # every call on this GPU sleeps first (a dying GPU)
       2: {nvlink: {links: 18, down: [7], errors: {7: {crc_flit: 240}}}}
+      1: {nvlink: {links: 18, down: [0, 1], down_patrols: 3}}  # links 0 and 1 down in the
+                                        # first 3 reads of the GPU's links, then up (links
+                                        # training late after a boot)
       3: {recovery_action: reset}       # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (none, reset,
                                         # reboot, drain_p2p, drain_and_reset... or a number)
     nvlink: {links: 18}                 # every GPU: 18 NVLink links up (else NotSupported)
@@ -400,12 +403,17 @@ _NVLINK_COUNTERS = {
 
 
 def _parse_nvlink(spec: Any, where: str) -> dict[str, Any] | None:
-    """``{links: N, down: [link...], errors: {link: {replay|recovery|crc_flit|crc_data: n}}}``."""
+    """``{links: N, down: [link...], down_patrols: n, errors: {link: {replay|recovery|
+    crc_flit|crc_data: n}}}``."""
     if spec is None:
         return None
-    if not isinstance(spec, Mapping) or set(spec) - {"links", "down", "errors"}:
-        raise ReplayFormatError(f"{where}: expected {{links, down, errors}}, got {spec!r}")
+    if not isinstance(spec, Mapping) or set(spec) - {"links", "down", "errors", "down_patrols"}:
+        raise ReplayFormatError(
+            f"{where}: expected {{links, down, down_patrols, errors}}, got {spec!r}"
+        )
     try:
+        down_patrols = spec.get("down_patrols")
+        down_patrols = None if down_patrols is None else int(down_patrols)
         links = int(spec.get("links", 0))
         down = {int(x) for x in spec.get("down") or ()}
         errors = {
@@ -417,7 +425,7 @@ def _parse_nvlink(spec: Any, where: str) -> dict[str, Any] | None:
     bad = {n for c in errors.values() for n in c} - set(_NVLINK_COUNTERS.values())
     if bad or not 0 <= links <= pynvml.NVML_NVLINK_MAX_LINKS:
         raise ReplayFormatError(f"{where}: bad links or counters {sorted(bad) or links}")
-    return {"links": links, "down": down, "errors": errors}
+    return {"links": links, "down": down, "errors": errors, "down_patrols": down_patrols}
 
 
 def _absent(name: str) -> property:
@@ -451,6 +459,8 @@ class ReplayNvml:
         self._sys_errors = sys_errors
         self._faults = gpu_faults
         self._nvlink_default = _parse_nvlink((faults or {}).get("nvlink"), "nvlink")
+        #: reads of link 0's state per GPU index (a patrol reads its links from link 0)
+        self._nvlink_reads: dict[int, int] = {}
         self._refcount = 0
         self.calls: dict[str, int] = {}
         lacks = (faults or {}).get("binding_lacks") or []
@@ -996,7 +1006,15 @@ class ReplayNvml:
 
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
         spec = self._nvlink("nvmlDeviceGetNvLinkState", handle, link)
-        return pynvml.NVML_FEATURE_DISABLED if link in spec["down"] else pynvml.NVML_FEATURE_ENABLED
+        if link == 0:
+            self._nvlink_reads[handle.index] = self._nvlink_reads.get(handle.index, 0) + 1
+        trained = (
+            spec["down_patrols"] is not None
+            and self._nvlink_reads.get(handle.index, 0) > spec["down_patrols"]
+        )
+        if link in spec["down"] and not trained:
+            return pynvml.NVML_FEATURE_DISABLED
+        return pynvml.NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
         spec = self._nvlink("nvmlDeviceGetNvLinkErrorCounter", handle, link)

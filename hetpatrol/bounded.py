@@ -67,6 +67,11 @@ class BoundedCollector:
         self._worker: threading.Thread | None = None
         self._stop_worker: weakref.finalize | None = None
 
+    @property
+    def worker_tid(self) -> int | None:
+        """The kernel thread id of the worker (None before its first call)."""
+        return self._worker.native_id if self._worker is not None else None
+
     def start(self) -> bool:
         """Start a collect unless the previous one is still stuck. True if started."""
         if self._future is not None and not self._future.done():

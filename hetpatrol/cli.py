@@ -466,6 +466,10 @@ def _add_other_commands(sub: Any) -> None:
     from hetpatrol.slurm.gres_conf import add_gres_conf_parser
 
     add_gres_conf_parser(sub, _gres_conf_patrol, _add_common)
+    # the reboot-survival history (hetpatrol/history_command.py)
+    from hetpatrol.history_command import add_history_parser
+
+    add_history_parser(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -128,6 +128,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "node": {"type": ["string", "null"], "minLength": 1},
         "interval_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
         "recovery_patrols": {"type": "integer", "minimum": 1},
+        "hung_tool_patrols": {"type": "integer", "minimum": 1, "maximum": 10000},
         "listen": {"type": ["string", "null"], "minLength": 1},
         "state_path": {"type": ["string", "null"], "minLength": 1},  # null: off; "" is no path
         "textfile_path": {"type": ["string", "null"], "pattern": "\\.prom$"},
@@ -220,6 +221,8 @@ class Config:
     node: str
     interval_seconds: float = 10.0
     recovery_patrols: int = 3
+    #: patrols in a row a vendor tool stays in D state before collector_hung names it
+    hung_tool_patrols: int = 3
     listen: str | None = "0.0.0.0:9477"
     jsonl_path: Path | None = None
     jsonl_max_bytes: int = 100 * 1024 * 1024
@@ -722,6 +725,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
         node=data.get("node") or socket.gethostname().split(".")[0],
         interval_seconds=float(data.get("interval_seconds", 10.0)),
         recovery_patrols=int(data.get("recovery_patrols", 3)),
+        hung_tool_patrols=int(data.get("hung_tool_patrols", 3)),
         listen=listen,
         jsonl_path=expand_path(jsonl_path) if jsonl_path else None,
         jsonl_max_bytes=int(jsonl.get("max_bytes", 100 * 1024 * 1024)),

@@ -26,8 +26,10 @@ from types import FrameType
 
 from hetpatrol import sdnotify
 from hetpatrol.actions.escalation import Escalation
+from hetpatrol.boot import read_boot
 from hetpatrol.config import Config, ConfigError, load_config, parse_listen
 from hetpatrol.exporters.failures import WriteFailures
+from hetpatrol.exporters.history_file import history_path, read_history, sync_history
 from hetpatrol.exporters.http_server import MetricsServer
 from hetpatrol.exporters.jsonl import JsonlSink
 from hetpatrol.exporters.prometheus import ExporterStats, Exposition
@@ -76,6 +78,7 @@ class Daemon:
         self.config = self._apply_overrides(config)
         self.replay_dir = replay_dir
         self.patroller = Patroller(self.config, replay_dir=replay_dir)
+        self.patroller.post_boot_grace = True  # the daemon counts the patrols of a boot
         self.stats = ExporterStats(interval_seconds=self.config.interval_seconds)
         #: Slurm drain / resume after each report (a no-op unless slurm.drain.enabled)
         self.drain_policy = DrainPolicy()
@@ -188,6 +191,17 @@ class Daemon:
                 self.stats.state_write_errors = self._state_failures.errors
             else:
                 self._state_failures.succeeded(self.config.state_path)
+            if self.patroller.reboot_history.last:  # a card critical in this boot
+                try:
+                    self.patroller.reboot_history = sync_history(
+                        history_path(self.config.state_path),
+                        self.patroller.reboot_history,
+                        time.time(),
+                    )
+                    st = history_path(self.config.state_path).stat()
+                    self._history_stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+                except OSError as exc:
+                    self._state_failures.failed(history_path(self.config.state_path), exc)
         events = self.drain_policy.on_report(report, self.config)  # JSONL event lines
         drains = self.config.slurm.enabled and self.config.slurm.drain.enabled
         self.stats.drain_breaker_open = self.drain_policy.breaker_open if drains else None
@@ -228,9 +242,28 @@ class Daemon:
         )
 
     def patrol_once(self) -> PatrolReport:
+        self._reread_history()
         report = self.patroller.run()
         self.publish(report)
         return report
+
+    def _reread_history(self) -> None:
+        """Read the reboot-survival history again when another process (``hetpatrol
+        history clear``) replaced the file since this daemon last read or wrote it: the
+        next verdict follows the operator's clear."""
+        if self.config.state_path is None:
+            return
+        path = history_path(self.config.state_path)
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp != getattr(self, "_history_stamp", stamp):
+            self.patroller.reboot_history = read_history(
+                path, time.time(), self.config.actions.reboot_survival
+            )
+        self._history_stamp = stamp
 
     def restore_escalation(self) -> None:
         """Go on from the escalation counts the last daemon wrote in the state file (a
@@ -241,9 +274,14 @@ class Daemon:
         try:
             doc = read_state(self.config.state_path)
         except (OSError, ValueError):
-            return
+            doc = {}
         self.patroller.escalation = Escalation.from_dict(
             doc.get("escalation"), time.time(), self.config.actions.escalation
+        )
+        if self.patroller.boot_root is not None:  # the same boot: its patrols go on
+            self.patroller.boot.restore(doc.get("boot"), read_boot(self.patroller.boot_root))
+        self.patroller.reboot_history = read_history(
+            history_path(self.config.state_path), time.time(), self.config.actions.reboot_survival
         )
 
     def run(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from hetpatrol.checks.facts import CardFacts, NodeCheck, NodeCheckResult
+from hetpatrol.checks.facts import BootFacts, CardFacts, NodeCheck, NodeCheckResult
 from hetpatrol.checks.registry import CARD_CHECKS
 from hetpatrol.collector import CollectorStatus, VendorInfo, load_collector
 from hetpatrol.config import Config
@@ -31,8 +31,10 @@ def vendor_info(vendor: str) -> VendorInfo:
         return VendorInfo()
 
 
-def judge(record: CardRecord, config: Config) -> CardRecord:
+def judge(record: CardRecord, config: Config, boot: BootFacts | None = None) -> CardRecord:
     """Apply the matching profile to ``record`` in place: GRES name, findings, health.
+    ``boot``: the card's place in this boot (post-boot grace, learned links), none
+    outside the daemon's patrols.
 
     Returns the same record. ``health`` is the worst finding severity, ``ok`` when there
     is none; a record that could not be read is never ``ok``.
@@ -45,7 +47,7 @@ def judge(record: CardRecord, config: Config) -> CardRecord:
         settings = profile.checks.get(check.NAME)
         if settings is None:
             continue
-        facts = CardFacts(vendor=vendor, top=config.top.get(check.NAME))
+        facts = CardFacts(vendor=vendor, top=config.top.get(check.NAME), boot=boot or BootFacts())
         record.findings.extend(check.evaluate(record, settings, facts))
     record.health = worst(*(f.severity for f in record.findings))
     if not record.read_ok and record.health == HEALTH_OK:

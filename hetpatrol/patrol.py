@@ -28,12 +28,14 @@ from hetpatrol import processes
 from hetpatrol.actions import findings as action_findings
 from hetpatrol.actions.apply import judge_card, kernel_event_key, state_keys
 from hetpatrol.actions.escalation import CARD_MISSING_KEY, Escalation, card_identity
-from hetpatrol.actions.vocabulary import highest
+from hetpatrol.actions.reboot_history import RebootHistory
+from hetpatrol.actions.vocabulary import highest, worst_verdict
+from hetpatrol.boot import BootWatch, learn_links, read_boot
 from hetpatrol.bounded import HANG_MARGIN_SECONDS, BoundedCollector
 from hetpatrol.checks import kernel_events
 from hetpatrol.checks import pci_census as census_check
 from hetpatrol.checks.environment import EnvironmentCheck
-from hetpatrol.checks.facts import NodeCheck
+from hetpatrol.checks.facts import BootFacts, NodeCheck
 from hetpatrol.collector import (
     STATE_ABSENT,
     STATE_DISABLED,
@@ -47,6 +49,8 @@ from hetpatrol.collector import (
     load_collector,
 )
 from hetpatrol.config import Config
+from hetpatrol.hung_tools import HungToolWatch, evidence
+from hetpatrol.hung_tools import scan as scan_hung_tools
 from hetpatrol.judge import judge, run_node_check
 from hetpatrol.kernel_log import open_kernel_log
 from hetpatrol.logs import get_logger
@@ -90,6 +94,21 @@ def plugin_pci_rules() -> dict[str, PciCards | None]:
         except Exception:  # noqa: BLE001, S112 - a broken plugin stops only itself
             continue
     return rules
+
+
+@functools.cache
+def plugin_tools() -> dict[str, str]:
+    """``{program: plugin name}`` of the vendor tools every installed plugin declares
+    (``VendorInfo.tool_dirs``), read once per process."""
+    tools: dict[str, str] = {}
+    for name, ep in sorted(discover().items()):
+        try:
+            cls = ep.load()  # type: ignore[attr-defined]
+            for program in cls.vendor_info.tool_dirs:
+                tools.setdefault(program, name)
+        except Exception:  # noqa: BLE001, S112 - a broken plugin stops only itself
+            continue
+    return tools
 
 
 #: the escalation identity of node findings (a hung collector, a missing card)
@@ -160,6 +179,20 @@ class Patroller:
                     if isinstance(check, GresCheck):
                         check.census = lambda: self._patrol_census
         self.replay_dir = replay_dir
+        #: where this boot is read (hetpatrol.boot): the host, the replay; not for the
+        #: scripted collectors of tests and embedders
+        self.boot_root: Path | None = (
+            replay_dir if replay_dir is not None else (Path("/") if collectors is None else None)
+        )
+        #: patrols of this boot and the links learned in it (restored by the daemon)
+        self.boot = BootWatch()
+        #: whether the post-boot grace applies (the daemon's patrols only: a one-off
+        #: patrol, `once` or the Epilog's, is the first of its process at any uptime and
+        #: must judge a link down as it is)
+        self.post_boot_grace = False
+        #: vendor tools and collector threads in D state, patrols in a row (boot_root:
+        #: where /proc is read)
+        self.hung_tools = HungToolWatch(config.hung_tool_patrols)
         self.enrich_processes = replay_dir is None if enrich_processes is None else enrich_processes
         self.seq = 0
         self._collectors: dict[str, BoundedCollector] = {}
@@ -183,6 +216,9 @@ class Patroller:
         self.run_id = uuid.uuid4().hex[:12]
         #: escalation counts by card identity (restored from the state file by the daemon)
         self.escalation = Escalation(config.actions.escalation)
+        #: boots each card's critical fault families were seen in (restored and written
+        #: by the daemon: reboot-history.json beside the state file)
+        self.reboot_history = RebootHistory(config.actions.reboot_survival)
         self._lock = threading.Lock()
         #: the monotonic clock escalation spans are checked against (a test's may follow
         #: the wall times it passes)
@@ -231,8 +267,14 @@ class Patroller:
         ):
             self.census_reader = previous.census_reader  # no re-read of the bus on reload
         self.run_id = previous.run_id
+        self.boot = previous.boot
+        self.post_boot_grace = previous.post_boot_grace
+        self.hung_tools = previous.hung_tools
+        self.hung_tools.patrols = self.config.hung_tool_patrols
         self.escalation = previous.escalation
         self.escalation.rules = self.config.actions.escalation
+        self.reboot_history = previous.reboot_history
+        self.reboot_history.rule = self.config.actions.reboot_survival
         if previous.config.top[kernel_events.NAME] == self.config.top[kernel_events.NAME]:
             if self.kernel_log is not None:
                 self.kernel_log.close()
@@ -254,6 +296,8 @@ class Patroller:
         started = time.time()
         t0 = time.monotonic()
         self._gone_now = []
+        if self.boot_root is not None:
+            self.boot.note(read_boot(self.boot_root))
         skipped = self._read_census(t0)
         started_now = {
             name: bc.start() for name, bc in self._collectors.items() if name not in skipped
@@ -287,7 +331,9 @@ class Patroller:
                 if self.enrich_processes:
                     processes.enrich(rec.processes)
                 rec.drop_implausible()
-                judge(rec, self.config)
+                judge(rec, self.config, self._boot_facts(rec))
+                if self.boot.boot_id is not None:
+                    learn_links(self.boot, card_identity(rec), rec.links)
             cards.extend(records)
             node_findings.extend(result.node_findings)
             missing = self._missing_finding(result)
@@ -330,6 +376,7 @@ class Patroller:
             seq=self.seq,
             ts_format=rfc3339,
             enrich_processes=self.enrich_processes,
+            boot_time=self.boot.boot_time if self.boot.boot_id is not None else None,
         )
         node_findings.extend(kernel.findings)
         changes.extend(self._apply_recovery(cards))
@@ -340,6 +387,8 @@ class Patroller:
             if result is not None:
                 node_findings.extend(result.findings)
         check_data["kernel_log"] = kernel.summary
+        if self.boot_root is not None:
+            check_data["boot"] = self.boot.summary()
         if not cards and not any(
             f.severity in (HEALTH_CRITICAL, HEALTH_UNKNOWN) for f in node_findings
         ):
@@ -352,6 +401,7 @@ class Patroller:
                     f"no card was found on this node ({states}): nothing was patrolled",
                 )
             )
+        self._name_hung_tools(node_findings)
         node_findings = self._hold_node_findings(node_findings)
         health = worst(*(c.health for c in cards), *(f.severity for f in node_findings))
         node_action = self._assign_actions(cards, node_findings, kernel.events, time.time())
@@ -387,6 +437,69 @@ class Patroller:
             kernel_log=kernel.snapshot,
             action=node_action,
             escalation=self.escalation.to_dict(),
+        )
+
+    def _name_hung_tools(self, node_findings: list[Finding]) -> None:
+        """Name the vendor tools and collector threads in D state for
+        ``hung_tool_patrols`` patrols in a row (:mod:`hetpatrol.hung_tools`) in the
+        ``collector_hung`` finding of their collector, or in a ``collector_hung`` node
+        finding of their own when no collector says it is hung (a tool another user
+        started, stuck in the same driver); either feeds the ``check:collector_hung``
+        escalation to ``reboot_node``. On the host ``/proc`` is scanned only in a patrol
+        with a hung or failed collector, or after a scan that found a task in D (then
+        every patrol, so the count is one of patrols in a row); a replay's recorded
+        ``proc/`` is read every patrol."""
+        if self.boot_root is None:
+            return
+        troubled = any(
+            f.check in ("collector_hung", "collector_failed") for f in node_findings
+        ) or any(s in (STATE_HUNG, STATE_FAILED) for s in self._last_collector_state.values())
+        if not (troubled or self.hung_tools.candidates or self.replay_dir is not None):
+            # all collectors answered and no task was in D at the last scan: no scan of
+            # every process on the host (about 0.2 ms each) in a healthy patrol
+            self.hung_tools.observe(())
+            return
+        threads = {
+            tid: name for name, bc in self._collectors.items() if (tid := bc.worker_tid) is not None
+        }
+        stuck = self.hung_tools.observe(scan_hung_tools(self.boot_root, plugin_tools(), threads))
+        if not stuck:
+            return
+        named = set()
+        for i, f in enumerate(node_findings):
+            if f.check != "collector_hung":
+                continue
+            mine = [t for t in stuck if f.message.startswith(f"{t.owner}:")]
+            if mine:
+                named.update(id(t) for t in mine)
+                node_findings[i] = Finding(
+                    f.check,
+                    f.severity,
+                    f"{f.message}; {evidence(mine)}",
+                    value={"stuck": [t.to_dict() for t in mine]},
+                    threshold=self.hung_tools.patrols,
+                )
+        rest = [t for t in stuck if id(t) not in named]
+        if rest:
+            node_findings.append(
+                Finding(
+                    "collector_hung",
+                    HEALTH_UNKNOWN,
+                    "vendor tool(s) " + evidence(rest),
+                    value={"stuck": [t.to_dict() for t in rest]},
+                    threshold=self.hung_tools.patrols,
+                )
+            )
+
+    def _boot_facts(self, rec: CardRecord) -> BootFacts:
+        """The card's place in this boot for its checks (none while no boot id is read:
+        a replay without one, the scripted collectors of tests; the patrols of the boot
+        only with ``post_boot_grace``)."""
+        if self.boot.boot_id is None:
+            return BootFacts()
+        return BootFacts(
+            self.boot.patrols if self.post_boot_grace else 0,
+            self.boot.learned_links.get(card_identity(rec), {}),
         )
 
     def _read_census(self, now: float) -> dict[str, CollectResult]:
@@ -465,6 +578,24 @@ class Patroller:
             esc.observe_present(card_identity(gone), {CARD_MISSING_KEY}, now)
         esc.observe_present(NODE_IDENTITY, state_keys(node_findings, levels), now)
         esc.decay(now)
+        if self.boot.boot_id is not None:  # a fault family critical in this boot, by card
+            self.reboot_history.observe(
+                [
+                    (
+                        card_identity(c),
+                        {f.check for f in c.findings if f.severity == HEALTH_CRITICAL},
+                    )
+                    for c in cards
+                ],
+                self.boot.boot_id,
+                now,
+                names={
+                    card_identity(c): [
+                        n for n in (c.bus_id and c.bus_id.lower(), c.serial, c.uuid) if n
+                    ]
+                    for c in cards
+                },
+            )
         verdicts = []
         for items, identity, rec in [
             *((c.findings, card_identity(c), c) for c in cards),
@@ -480,6 +611,9 @@ class Patroller:
             )
             for finding, v in zip(items, per, strict=True):
                 finding.action = v.action
+            survived = self.reboot_history.verdict(identity) if rec is not None else None
+            if survived is not None:  # the same fault back after N reboots: replace it
+                verdict = worst_verdict([verdict, survived])
             if rec is not None:
                 rec.action, rec.action_source, rec.action_code, rec.action_reason = verdict
             verdicts.append(verdict.action)

@@ -42,3 +42,26 @@ def load_scenario(directory: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: must be a mapping")
     return data
+
+
+def scenario_boots(directory: Path) -> list[Path]:
+    """The replay directory of each boot of a multi-boot scenario, in order (``boots:``
+    in its ``scenario.yaml``, paths relative to it): "boot N" is item N-1. Each is a
+    replay directory of its own, with ``proc/sys/kernel/random/boot_id`` and
+    ``proc/stat`` (``btime``) read as ``/proc`` is on a host (:mod:`hetpatrol.boot`).
+    ``[]`` for a scenario without boots. Raises ``ValueError`` naming the file when
+    ``boots`` is not a list of directories under ``directory``."""
+    directory = Path(directory)
+    boots = load_scenario(directory).get("boots")
+    if boots is None:
+        return []
+    where = directory / SCENARIO_FILE
+    if not isinstance(boots, list) or not all(isinstance(b, str) for b in boots):
+        raise ValueError(f"{where}: boots must be a list of directories")
+    out = []
+    for name in boots:
+        path = (directory / name).resolve()
+        if directory.resolve() not in path.parents or not path.is_dir():
+            raise ValueError(f"{where}: boot {name!r} is not a directory under {directory}")
+        out.append(directory / name)
+    return out

@@ -508,6 +508,19 @@ def patrol_json_schema() -> dict[str, Any]:
                 "type": ["object", "null"],
                 "properties": {"state": {"type": "string"}, "root": {"type": ["string", "null"]}},
             },
+            "boot": {
+                "description": "the boot this patrol ran in (hetpatrol.boot): the kernel's "
+                "boot id and boot time (null when unread, error says why), the patrols of "
+                "this boot, the links each card had up in its first healthy patrol of it",
+                "type": "object",
+                "properties": {
+                    "boot_id": {"type": ["string", "null"]},
+                    "boot_time": {"type": ["number", "null"]},
+                    "patrols": {"type": "integer", "minimum": 0},
+                    "error": {"type": ["string", "null"]},
+                    "learned_links": {"type": "object"},
+                },
+            },
         },
     }
 
@@ -641,9 +654,10 @@ def event_json_schema() -> dict[str, Any]:
             "ts": {"type": "string"},
             "node": {"type": "string"},
             "slurm_node": {"type": "string"},
-            "seq": {"type": "integer", "minimum": 1},
+            # 0: no patrol's (an operator's command: history_clear)
+            "seq": {"type": "integer", "minimum": 0},
             "health": {"enum": list(HEALTH_STATES)},
-            "event": {"enum": [*decisions, *KERNEL_EVENTS]},
+            "event": {"enum": [*decisions, *KERNEL_EVENTS, "history_clear"]},
             "reason": nullable_string,
             "detail": nullable_string,
             "dry_run": {"type": "boolean"},

@@ -18,6 +18,10 @@ Not yet wired into :mod:`hetpatrol.config` (the coordinator merges it)::
       prolog:
         block_on: [reset_card, reboot_node, isolate_card, replace_card]
         timeout_seconds: 5
+      reboot_survival:      # the same critical fault on a card in reboots + 1 boots
+        enabled: true       # -> replace_card (hetpatrol.actions.reboot_history)
+        reboots: 2
+        window_seconds: 2592000
 
 Override keys: ``xid:<number>``, ``ascend:<8 hex digits>``, ``kernel:<reason>``
 (``fallen_off_bus``, ``reset_required``, ``rm_init_adapter_failed``),
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetpatrol.actions.escalation import EscalationRules, rules_from_config
+from hetpatrol.actions.reboot_history import SurvivalRule, rule_from_config
 from hetpatrol.actions.vocabulary import ACTIONS, DEFAULT_DRAIN_ACTIONS, parse_action
 
 _ACTION_ENUM = {"enum": list(ACTIONS)}
@@ -87,6 +92,15 @@ ACTIONS_SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        "reboot_survival": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "enabled": {"type": "boolean"},
+                "reboots": {"type": "integer", "minimum": 1, "maximum": 100},
+                "window_seconds": {"type": "number", "exclusiveMinimum": 0},
+            },
+        },
         "prolog": {
             "type": "object",
             "additionalProperties": False,
@@ -109,6 +123,7 @@ class ActionSettings:
     block_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS
     escalation: EscalationRules = field(default_factory=EscalationRules)
     prolog_timeout_seconds: float = 5.0
+    reboot_survival: SurvivalRule = field(default_factory=SurvivalRule)
 
 
 def parse_actions_section(section: Mapping[str, Any] | None) -> ActionSettings:
@@ -155,4 +170,5 @@ def parse_actions_section(section: Mapping[str, Any] | None) -> ActionSettings:
         block_on=words("block_on", DEFAULT_DRAIN_ACTIONS),
         escalation=rules_from_config(section.get("escalation")),
         prolog_timeout_seconds=timeout,
+        reboot_survival=rule_from_config(section.get("reboot_survival")),
     )

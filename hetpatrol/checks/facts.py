@@ -12,8 +12,8 @@ config)`` returning a :class:`NodeCheckResult` (None when switched off).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hetpatrol.collector import CollectorStatus, VendorInfo
@@ -21,12 +21,25 @@ from hetpatrol.schema import CardRecord, Finding
 
 
 @dataclass(frozen=True)
+class BootFacts:
+    """Where the card's patrol stands in this boot (:class:`hetpatrol.boot.BootWatch`):
+    ``patrols`` of this boot so far (1: the first after boot; 0: not counted, as in a
+    check run outside the daemon), and ``learned_links``, link kind -> links up in the
+    card's first healthy patrol of this boot (empty until there was one)."""
+
+    patrols: int = 0
+    learned_links: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class CardFacts:
     """What a card check reads besides the record and its profile settings: the vendor's
-    words (declared by its plugin) and the check's top-level settings (or None)."""
+    words (declared by its plugin), the check's top-level settings (or None) and the
+    card's place in this boot."""
 
     vendor: VendorInfo = VendorInfo()
     top: Any = None
+    boot: BootFacts = BootFacts()
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,24 @@ plugin wrote them.
 
 Config section (each profile and ``defaults``): ``pcie_downtrained`` (severity),
 ``busy_utilization_ratio`` (shared with :mod:`hetpatrol.checks.clocks`), ``nvlink:
-{link_down, errors_total: {warning, critical}}``, ``roce: {link_down, net_health,
-link_flaps: {warning, critical}, flap_window_seconds, optical}``.
+{link_down, errors_total: {warning, critical}, expected_links}``, ``roce: {link_down,
+net_health, link_flaps: {warning, critical}, flap_window_seconds, optical}``,
+``post_boot_grace_patrols``.
+
+Links a card class has: ``nvlink.expected_links`` of its profile (0: a PCIe board with no
+NVLink, which never gets an NVLink finding, whatever NVML answers), else the links up in
+the card's first healthy patrol of this boot (:class:`hetpatrol.checks.facts.BootFacts`),
+else the links NVML lists (a GPU answering NotSupported lists none: no finding). Fewer
+links up than expected is ``nvlink_down`` (links listed down, and links no longer listed).
+
+Post-boot grace (``post_boot_grace_patrols``, per card class): links train after a boot
+and the fabric manager starts late, so in the first N patrols of a boot a link-down
+finding (``nvlink_down``, ``roce_link_down``) is at most ``warning`` ("post-boot grace k of
+N" in its message); from patrol N+1 on it takes its configured severity. Motivation:
+NVIDIA/NVSentinel issue #1701 (214 of 288 GB200 NVL72 nodes reported
+``DCGM_FR_NVLINK_DOWN`` fatal after planned reboots, none faulty: "NVLink links are
+briefly down after every node boot while they train"; the request is "N consecutive
+polls" before publishing).
 """
 
 from __future__ import annotations
@@ -18,13 +34,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hetpatrol.checks.facts import CardFacts
+from hetpatrol.checks.facts import BootFacts, CardFacts
 from hetpatrol.config_file import LEVELS_SCHEMA, SEVERITY_OR_OFF, check_levels, merge_levels
 from hetpatrol.schema import HEALTH_CRITICAL, HEALTH_WARNING, CardRecord, Finding, Levels
 
 NAME = "interconnect"
 #: ``net_health`` answers that mean healthy ("Init": a port never probed).
 NET_HEALTH_OK = ("success", "init")
+#: the link findings the post-boot grace holds below critical
+GRACE_CHECKS = frozenset({"nvlink_down", "roce_link_down"})
 
 PROFILE_SCHEMA: dict[str, Any] = {
     "busy_utilization_ratio": {"type": "number", "minimum": 0, "maximum": 1},
@@ -32,8 +50,13 @@ PROFILE_SCHEMA: dict[str, Any] = {
     "nvlink": {
         "type": "object",
         "additionalProperties": False,
-        "properties": {"link_down": SEVERITY_OR_OFF, "errors_total": LEVELS_SCHEMA},
+        "properties": {
+            "link_down": SEVERITY_OR_OFF,
+            "errors_total": LEVELS_SCHEMA,
+            "expected_links": {"type": ["integer", "null"], "minimum": 0, "maximum": 64},
+        },
     },
+    "post_boot_grace_patrols": {"type": "integer", "minimum": 0, "maximum": 10000},
     "roce": {
         "type": "object",
         "additionalProperties": False,
@@ -61,6 +84,10 @@ class InterconnectSettings:
     roce_link_flaps: Levels = Levels(warning=1, critical=None)
     roce_flap_window_seconds: float = 86400.0
     roce_optical: str | None = HEALTH_WARNING
+    #: NVLink links of this card class (None: learned, see the module docstring; 0: none)
+    nvlink_expected_links: int | None = None
+    #: patrols after a boot in which a link-down finding stays below critical
+    post_boot_grace_patrols: int = 6
 
 
 def build_profile(
@@ -78,6 +105,10 @@ def build_profile(
         nv = section.get("nvlink") or {}
         if "link_down" in nv:
             kw["nvlink_link_down"] = nv["link_down"]
+        if "expected_links" in nv:
+            kw["nvlink_expected_links"] = nv["expected_links"]
+        if "post_boot_grace_patrols" in section:
+            kw["post_boot_grace_patrols"] = int(section["post_boot_grace_patrols"])
         if "errors_total" in nv:
             kw["nvlink_errors_total"] = merge_levels(
                 nv["errors_total"], kw.get("nvlink_errors_total", base.nvlink_errors_total)
@@ -126,20 +157,51 @@ def _pcie_findings(record: CardRecord, th: InterconnectSettings) -> list[Finding
     ]
 
 
-def _nvlink_findings(record: CardRecord, th: InterconnectSettings) -> list[Finding]:
+def expected_nvlinks(
+    record: CardRecord, th: InterconnectSettings, boot: BootFacts
+) -> tuple[int, str]:
+    """(NVLink links the card should have up, where that number comes from): the
+    profile's ``expected_links``, the first healthy patrol of this boot, or the links
+    NVML lists now."""
+    if th.nvlink_expected_links is not None:
+        return th.nvlink_expected_links, "its profile"
+    learned = boot.learned_links.get("nvlink")
+    listed = sum(1 for lk in record.links if lk.get("kind") == "nvlink")
+    if learned is not None and learned > listed:
+        return learned, "its first healthy patrol of this boot"
+    return listed, "NVML"
+
+
+def _nvlink_findings(
+    record: CardRecord, th: InterconnectSettings, boot: BootFacts | None = None
+) -> list[Finding]:
+    boot = boot or BootFacts()
+    if th.nvlink_expected_links == 0:
+        return []  # a PCIe board: no NVLink to be down (NVSentinel PR #1481)
     links = [lk for lk in record.links if lk.get("kind") == "nvlink"]
-    if not links:
+    expected, source = expected_nvlinks(record, th, boot)
+    if not links and not expected:
         return []
     out = []
     down = [lk["link"] for lk in links if lk.get("state") == "down"]
-    if down and th.nvlink_link_down is not None:
+    up = sum(1 for lk in links if lk.get("state") == "up")
+    unknown = len(links) - up - len(down)
+    unlisted = max(0, expected - len(links))
+    if up + unknown < expected and th.nvlink_link_down is not None:
+        parts = []
+        if down:
+            parts.append(f"link(s) {', '.join(map(str, down))} down")
+        if unlisted:
+            parts.append(f"{unlisted} link(s) not listed")
         out.append(
             Finding(
                 "nvlink_down",
                 th.nvlink_link_down,
-                f"NVLink link(s) {', '.join(map(str, down))} down of {len(links)}: "
-                "check the NVSwitch / fabric manager, reset the GPU",
+                f"NVLink {up} of {expected} links up (expected from {source}): "
+                + "; ".join(parts)
+                + ": check the NVSwitch / fabric manager, reset the GPU",
                 value=down,
+                threshold=expected,
             )
         )
     total = sum(sum((lk.get("counters") or {}).values()) for lk in links)
@@ -251,5 +313,24 @@ def evaluate(record: CardRecord, settings: InterconnectSettings, facts: CardFact
     findings: list[Finding] = []
     if record.read_ok:
         findings += _pcie_findings(record, settings)
-        findings += _nvlink_findings(record, settings)
-    return findings + _roce_findings(record, settings)
+        findings += _nvlink_findings(record, settings, facts.boot)
+    return post_boot_grace(findings + _roce_findings(record, settings), settings, facts.boot)
+
+
+def post_boot_grace(
+    findings: list[Finding], settings: InterconnectSettings, boot: BootFacts
+) -> list[Finding]:
+    """``findings`` with each critical link-down finding (:data:`GRACE_CHECKS`) held at
+    ``warning`` while this boot has had at most ``post_boot_grace_patrols`` patrols
+    (``boot.patrols`` 0: not counted, no grace)."""
+    grace = settings.post_boot_grace_patrols
+    if not 0 < boot.patrols <= grace:
+        return findings
+    for f in findings:
+        if f.check in GRACE_CHECKS and f.severity == HEALTH_CRITICAL:
+            f.severity = HEALTH_WARNING
+            f.message += (
+                f" (post-boot grace {boot.patrols} of {grace} patrols: links train after "
+                "a boot; critical if still down after it)"
+            )
+    return findings

@@ -31,7 +31,7 @@ record read at start-up) is written as an event line but makes no finding.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hetpatrol import processes
@@ -482,6 +482,25 @@ class KernelLogResult:
     summary: dict[str, Any] | None = None
 
 
+#: a wall stamp before this (2001-09-09) came from a line without a year (BSD syslog's
+#: ``Dec  8 10:15:01``, read as 1970): it cannot say which boot it is from
+_YEARLESS_BEFORE = 1e9
+#: seconds a record may seem to precede ``btime`` (an integer, rounded down) and still be
+#: this boot's
+_BOOT_SLACK_SECONDS = 1.0
+
+
+def _before_boot(occurrence: Any, boot_time: float) -> bool:
+    """Whether a kernel-log episode happened before ``boot_time``: by the wall stamp its
+    line wrote (``dmesg -T``, ISO 8601, a syslog line with a year), else by the wall
+    time the reader gave it (``/dev/kmsg``: this boot's, always after)."""
+    clock = getattr(occurrence.event, "clock", None)
+    when = occurrence.last_ts
+    if clock is not None and clock[0] == "wall" and clock[1] >= _YEARLESS_BEFORE:
+        when = clock[1]
+    return when < boot_time - _BOOT_SLACK_SECONDS
+
+
 def patrol_kernel_log(
     source: KernelLog | None,
     cards: Sequence[CardRecord],
@@ -491,8 +510,14 @@ def patrol_kernel_log(
     seq: int,
     ts_format,
     enrich_processes: bool,
+    boot_time: float | None = None,
 ) -> KernelLogResult:
     """One patrol's kernel log step: read what is new, judge it onto ``cards``.
+
+    ``boot_time`` (seconds since the epoch, ``btime`` of ``/proc/stat``): an episode
+    whose last record is from before it belongs to an earlier boot (a kernel log file
+    or journal export keeps them) and never counts: no event line, no finding; the
+    patrol line's ``kernel_log.earlier_boot_events`` counts them.
 
     A source that cannot read (no ``/dev/kmsg``, no permission, no ``kmsg.txt`` in a
     replay) is said once in the daemon log and in every patrol line's ``kernel_log``
@@ -522,6 +547,12 @@ def patrol_kernel_log(
             why["error" if snapshot.state == "failed" else "reason"] = snapshot.error
         level("kernel_log", state=snapshot.state, source=snapshot.source, **why)
         source._last_state = (snapshot.state, snapshot.error)  # type: ignore[attr-defined]
+    earlier = 0
+    if boot_time is not None and (snapshot.new or snapshot.window):
+        new = tuple(o for o in snapshot.new if not _before_boot(o, boot_time))
+        window = tuple(o for o in snapshot.window if not _before_boot(o, boot_time))
+        earlier = len(snapshot.new) - len(new)
+        snapshot = replace(snapshot, new=new, window=window)
     lookup = processes.lookup if enrich_processes else None
     events, findings = apply_kernel_log(
         snapshot, cards, rules, node=node, seq=seq, ts_format=ts_format, lookup_process=lookup
@@ -536,5 +567,6 @@ def patrol_kernel_log(
         "new_events": len(events),
         "window_events": sum(snapshot.window_counts.values()),
         "untracked_events": snapshot.untracked,
+        **({"earlier_boot_events": earlier} if earlier else {}),
     }
     return KernelLogResult(tuple(events), tuple(findings), snapshot, summary)

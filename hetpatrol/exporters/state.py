@@ -65,6 +65,11 @@ def state_document(
         # escalation counts by card identity: a restarted daemon goes on from them
         "escalation": report.escalation,
     }
+    boot_doc = (getattr(report, "node_checks", None) or {}).get("boot")
+    if isinstance(boot_doc, dict):
+        # the boot the patrol ran in (hetpatrol.boot): a daemon restarted within it goes
+        # on counting its patrols (post-boot grace) and keeps the links learned in it
+        doc["boot"] = boot_doc
     boot = boot_clock()
     if boot is not None:
         # the patrol's end on this boot's clock: staleness survives a wall clock step

@@ -1,0 +1,142 @@
+"""Which boot a patrol runs in: the kernel's boot id and boot time, and the patrols since.
+
+Read every patrol (two small files, no tool): ``/proc/sys/kernel/random/boot_id`` (proc(5):
+"a random UUID ... generated anew at each boot") and the ``btime`` line of ``/proc/stat``
+(proc(5): "btime ... boot time, in seconds since the Epoch"). A replay directory stands in
+for ``/`` (``<replay>/proc/sys/kernel/random/boot_id``, ``<replay>/proc/stat``), so a
+scenario says "boot N" by giving each boot its own directory with its own boot id; a
+replay without them has no boot (``boot_id`` null, said in ``error``), as a host whose
+``/proc`` cannot be read.
+
+:class:`BootWatch` counts the patrols of the current boot (the post-boot grace of the
+interconnect checks is counted on it) and keeps, per card identity, the link count of the
+first healthy patrol after boot (the expected links of a card class whose profile gives
+none). Both start again when the boot id changes; a daemon restarted within one boot goes
+on from the state file (:meth:`BootWatch.restore`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BOOT_ID_FILE = "proc/sys/kernel/random/boot_id"
+STAT_FILE = "proc/stat"
+#: most bytes read of /proc/stat (the btime line is near its top; a 1024-CPU host has
+#: 1025 cpu lines of ~100 bytes before it)
+STAT_READ_MAX = 256 * 1024
+
+
+@dataclass(frozen=True)
+class BootInfo:
+    """This boot as read: ``boot_id`` (the kernel's UUID text, lower case), ``boot_time``
+    (seconds since the epoch, ``btime`` of ``/proc/stat``), each None when it could not
+    be read, with ``error`` saying why."""
+
+    boot_id: str | None = None
+    boot_time: float | None = None
+    error: str | None = None
+
+
+def read_boot(root: Path | str = "/") -> BootInfo:
+    """The boot id and boot time under ``root`` (``/`` or a replay directory). Never
+    raises: what cannot be read is None, with the reason in ``error``."""
+    root = Path(root)
+    errors = []
+    boot_id = None
+    try:
+        with open(root / BOOT_ID_FILE, encoding="ascii", errors="replace") as f:
+            text = f.read(64).strip().lower()
+        if len(text) == 36 and all(c in "0123456789abcdef-" for c in text):
+            boot_id = text
+        else:
+            errors.append(f"{root / BOOT_ID_FILE}: not a boot id: {text[:40]!r}")
+    except OSError as exc:
+        errors.append(f"{root / BOOT_ID_FILE}: {exc.strerror or exc}")
+    boot_time = None
+    try:
+        with open(root / STAT_FILE, encoding="ascii", errors="replace") as f:
+            for line in f.read(STAT_READ_MAX).splitlines():
+                if line.startswith("btime "):
+                    boot_time = float(int(line.split()[1]))
+                    break
+            else:
+                errors.append(f"{root / STAT_FILE}: no btime line")
+    except (OSError, ValueError, IndexError) as exc:
+        errors.append(f"{root / STAT_FILE}: {getattr(exc, 'strerror', None) or exc}")
+    return BootInfo(boot_id, boot_time, "; ".join(errors) or None)
+
+
+@dataclass
+class BootWatch:
+    """Patrols of the current boot and the link counts learned in it (see the module
+    docstring). ``patrols`` is 1 in the first patrol of a boot."""
+
+    boot_id: str | None = None
+    boot_time: float | None = None
+    patrols: int = 0
+    #: card identity -> {link kind: links up in the first healthy patrol of this boot}
+    learned_links: dict[str, dict[str, int]] = field(default_factory=dict)
+    error: str | None = None
+
+    def note(self, info: BootInfo) -> int:
+        """Count one patrol in the boot ``info`` names; a new boot id starts the count
+        (and the learned links) again. A boot that cannot be read counts on as the last
+        one read. Returns the patrols of this boot so far."""
+        self.error = info.error
+        if info.boot_id is not None and info.boot_id != self.boot_id:
+            self.boot_id = info.boot_id
+            self.patrols = 0
+            self.learned_links = {}
+        if info.boot_time is not None:
+            self.boot_time = info.boot_time
+        self.patrols += 1
+        return self.patrols
+
+    def summary(self) -> dict[str, Any]:
+        """The ``boot`` object of the patrol line and the state file: ``boot_id``,
+        ``boot_time`` (epoch seconds), ``patrols`` (of this boot), ``error`` and
+        ``learned_links`` (card identity -> {link kind: links up})."""
+        return {
+            "boot_id": self.boot_id,
+            "boot_time": self.boot_time,
+            "patrols": self.patrols,
+            "error": self.error,
+            "learned_links": {k: dict(v) for k, v in sorted(self.learned_links.items())},
+        }
+
+    def restore(self, doc: Any, info: BootInfo) -> None:
+        """Go on from a state file's ``boot`` object when it names the boot ``info``
+        reads now (a daemon restarted within the boot); another boot, or a damaged
+        object, leaves the count at 0."""
+        if not isinstance(doc, dict) or info.boot_id is None:
+            return
+        if doc.get("boot_id") != info.boot_id:
+            return
+        patrols = doc.get("patrols")
+        if isinstance(patrols, int) and not isinstance(patrols, bool) and patrols >= 0:
+            self.boot_id = info.boot_id
+            self.patrols = patrols
+        learned = doc.get("learned_links")
+        if isinstance(learned, dict):
+            self.learned_links = {
+                str(k): {str(kind): n for kind, n in v.items() if isinstance(n, int)}
+                for k, v in learned.items()
+                if isinstance(v, dict)
+            }
+
+
+def learn_links(watch: BootWatch, identity: str, links: list[dict[str, Any]]) -> None:
+    """Keep, for ``identity``, the links up per kind when every listed link of that kind
+    is up (the card's first healthy patrol of this boot); a kind learned is kept for
+    the boot."""
+    by_kind: dict[str, list[str | None]] = {}
+    for link in links:
+        kind = link.get("kind")
+        if isinstance(kind, str):
+            by_kind.setdefault(kind, []).append(link.get("state"))
+    known = watch.learned_links.get(identity, {})
+    for kind, states in by_kind.items():
+        if kind not in known and states and all(s == "up" for s in states):
+            watch.learned_links.setdefault(identity, {})[kind] = len(states)

@@ -1,0 +1,83 @@
+"""``reboot-history.json``: the reboot-survival history on disk, beside the state file.
+
+Written by the daemon after a patrol that added to it, and by ``hetpatrol history
+clear``; both under an exclusive ``flock(2)`` on ``reboot-history.json.lock`` and both
+re-read the file first, so an operator's clear is never overwritten by a daemon that read
+the file before it (the daemon applies its last patrol's observations again onto what it
+re-read). Written atomically, mode PRIVATE_FILE_MODE, like the state file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from hetpatrol.actions.reboot_history import HISTORY_FILE, RebootHistory, SurvivalRule
+from hetpatrol.exporters import PRIVATE_FILE_MODE
+from hetpatrol.exporters.state import write_atomic
+
+#: most bytes read of the history file (MAX_CARDS x families x boots is far less)
+HISTORY_READ_MAX = 16 * 1024 * 1024
+
+
+def history_path(state_path: Path) -> Path:
+    """Where the history lives: :data:`HISTORY_FILE` in the state file's directory."""
+    return Path(state_path).parent / HISTORY_FILE
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold ``flock(LOCK_EX)`` on ``<path>.lock`` (created PRIVATE_FILE_MODE, no symlink
+    followed) for the block. Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(
+        f"{path}.lock",
+        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+        PRIVATE_FILE_MODE,
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_history(path: Path, now: float, rule: SurvivalRule | None = None) -> RebootHistory:
+    """The history in ``path`` as of ``now``; empty when missing, unreadable, damaged
+    or another schema (never raises for the file's content)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(HISTORY_READ_MAX + 1)
+        doc = json.loads(data.decode("utf-8")) if len(data) <= HISTORY_READ_MAX else None
+    except (OSError, ValueError, RecursionError):
+        doc = None
+    return RebootHistory.from_dict(doc, now, rule)
+
+
+def write_history(path: Path, history: RebootHistory) -> None:
+    """Write ``history`` to ``path`` atomically (mode PRIVATE_FILE_MODE). Raises OSError."""
+    data = json.dumps(history.to_dict(), separators=(",", ":")).encode() + b"\n"
+    write_atomic(path, data, make_parents=True, mode=PRIVATE_FILE_MODE)
+
+
+def sync_history(path: Path, history: RebootHistory, now: float) -> RebootHistory:
+    """Under the lock: re-read ``path``, apply ``history``'s last patrol onto it, write it
+    when that added anything. Returns the history to go on with (what is on disk).
+    Raises OSError when the file cannot be written."""
+    with locked(path):
+        current = read_history(path, now, history.rule)
+        current.last = history.last
+        named = False
+        for identity, _families, _boot, _now in history.last:
+            known = history.names.get(identity)
+            if known and current.names.get(identity) != known:
+                current.names[identity] = known
+                named = True
+        if current.replay(history.last) or named or not path.exists():
+            write_history(path, current)
+        return current

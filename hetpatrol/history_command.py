@@ -1,0 +1,122 @@
+"""``hetpatrol history``: the reboot-survival history of this node's cards.
+
+``hetpatrol history show`` prints it (``--json`` for scripts); ``hetpatrol history clear
+--card <UUID | serial | bus id>`` forgets one card (after a replacement, or once an
+operator has judged the fault) and appends an audit line to the JSONL log: ``kind:
+event``, ``event: history_clear``, the card as given, the identities cleared, their
+history before, the operator (uid and user name). See :mod:`hetpatrol.actions.
+reboot_history` for the rule and :mod:`hetpatrol.exporters.history_file` for the file.
+Exit: 0 done, 1 no such card in the history (nothing written), 78 a bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import time
+from pathlib import Path
+from typing import Any
+
+from hetpatrol.config import load_config
+from hetpatrol.exporters.history_file import history_path, locked, read_history, write_history
+from hetpatrol.node_view import printable
+from hetpatrol.output import write_stdout
+from hetpatrol.schema import EVENT_SCHEMA, rfc3339
+
+
+def add_history_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register ``history`` (``show``, ``clear``) on the CLI's subparsers."""
+    p = sub.add_parser(
+        "history",
+        help="the reboot-survival history of this node's cards (show, clear a card)",
+        description=(
+            "The boots in which each card's critical fault families were seen (a fault "
+            "back after actions.reboot_survival.reboots reboots makes the card "
+            "replace_card). 'clear --card' forgets a card and writes an audit line to the "
+            "JSONL log."
+        ),
+    )
+    p.add_argument("--config", type=Path, default=None, help="config file (default: bundled)")
+    p.add_argument("--state-path", type=Path, default=None, metavar="P", help="state file")
+    hs = p.add_subparsers(dest="history_command", required=True)
+    show = hs.add_parser("show", help="print the history")
+    show.add_argument("--json", action="store_true", help="the history document as JSON")
+    clear = hs.add_parser("clear", help="forget one card's history (audit line in the log)")
+    clear.add_argument(
+        "--card", required=True, metavar="ID", help="the card's UUID, serial or PCI bus id"
+    )
+    p.set_defaults(func=_cmd_history)
+    return p
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    state_path = args.state_path or config.state_path
+    if state_path is None:
+        write_stdout("hetpatrol history: no state_path configured: no history is kept\n")
+        return 1
+    path = history_path(state_path)
+    now = time.time()
+    if args.history_command == "show":
+        history = read_history(path, now, config.actions.reboot_survival)
+        if args.json:
+            write_stdout(json.dumps(history.to_dict(), indent=2) + "\n")
+            return 0
+        if not history.cards:
+            write_stdout(f"no card in {path}\n")
+        for identity, families in sorted(history.cards.items()):
+            for family, entry in sorted(families.items()):
+                write_stdout(
+                    f"{printable(identity)}  {printable(family)}  seen in "
+                    f"{len(entry['boots'])} boot(s), last {rfc3339(entry['last'])}\n"
+                )
+        return 0
+    with locked(path):
+        history = read_history(path, now, config.actions.reboot_survival)
+        before = history.to_dict()["cards"]
+        cleared = history.clear(args.card)
+        if not cleared:
+            write_stdout(f"hetpatrol history: no card {printable(args.card)!s} in {path}\n")
+            return 1
+        write_history(path, history)
+    line = audit_line(config.node, args.card, {i: before[i] for i in cleared}, now)
+    if config.jsonl_path is not None:
+        append_line(config.jsonl_path, line)
+    write_stdout(f"cleared {', '.join(printable(i) for i in cleared)} from {path}\n")
+    return 0
+
+
+def audit_line(node: str, card: str, cleared: dict[str, Any], now: float) -> dict[str, Any]:
+    """The JSONL audit line of a clear: ``seq`` 0 (no patrol's), ``card`` as the
+    operator gave it (printable), ``cleared`` identity -> its history before,
+    ``operator`` {uid, user}."""
+    uid = os.getuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = None
+    return {
+        "kind": "event",
+        "schema": EVENT_SCHEMA,
+        "ts": rfc3339(now),
+        "node": node,
+        "seq": 0,
+        "event": "history_clear",
+        "card": printable(card),
+        "cleared": cleared,
+        "operator": {"uid": uid, "user": user},
+        "detail": f"reboot-survival history of {len(cleared)} card identity(ies) cleared",
+    }
+
+
+def append_line(path: Path, line: dict[str, Any]) -> None:
+    """Append ``line`` to the JSONL log in one ``write`` (``O_APPEND``: whole beside the
+    daemon's lines; a symlink is not followed). Raises OSError."""
+    data = (json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)

@@ -1,0 +1,167 @@
+"""Reboot survival (hetpatrol.actions.reboot_history): the same critical fault on the same
+card in boot after boot escalates to replace_card; the history lives in the state
+directory; `hetpatrol history clear` forgets a card with an audit line. Driven over the
+three boots of fixtures/nodes/fault-survives-reboots."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import jsonschema
+from conftest import NODES
+
+from hetpatrol.actions.reboot_history import RebootHistory, SurvivalRule
+from hetpatrol.cli import main
+from hetpatrol.config import load_config
+from hetpatrol.daemon import Daemon
+from hetpatrol.exporters import PRIVATE_FILE_MODE
+from hetpatrol.exporters.history_file import history_path, read_history, write_history
+from hetpatrol.replay import scenario_boots
+from hetpatrol.schema import event_json_schema
+
+SURVIVES = NODES / "fault-survives-reboots"
+# GPU 2 of healthy-mixed's nvidia-smi-q.xml (bus 00000000:4C:00.0), whose link 7 is down
+GPU2 = "GPU-6d33bd6a-6eac-013c-9c16-a880cab1362b"
+BOOTS = [
+    "5d2e8f10-7c3b-4a96-b1e4-0f6a9c2d3e71",
+    "c81f4a29-6e0d-4b57-a3c2-7d9e1b5f0a84",
+    "e4b07d63-1a9c-4f28-8e5b-2c6d0f9a7b15",
+]
+
+
+def config_for(tmp_path):
+    return replace(
+        load_config(SURVIVES / "hetpatrol.yaml"),
+        state_path=tmp_path / "state" / "state.json",
+        jsonl_path=tmp_path / "state" / "patrol.jsonl",
+    )
+
+
+def run_boot(config, n: int, patrols: int = 5):
+    """Boot ``n`` (1-based): a fresh daemon, as after a reboot, going on from the state
+    directory; ``patrols`` patrols (the grace is 4: patrol 5 is past it)."""
+    d = Daemon(config, replay_dir=scenario_boots(SURVIVES)[n - 1])
+    try:
+        d.restore_escalation()
+        return [d.patrol_once() for _ in range(patrols)]
+    finally:
+        d.shutdown()
+
+
+def gpu2(report):
+    return next(c for c in report.cards if c.uuid == GPU2)
+
+
+def test_a_fault_that_survives_two_reboots_ends_at_replace_card(tmp_path):
+    config = config_for(tmp_path)
+    path = history_path(config.state_path)
+    for n in (1, 2):
+        reports = run_boot(config, n)
+        card = gpu2(reports[0])  # within the grace: warning, watch
+        assert card.health == "warning" and card.action == "watch"
+        card = gpu2(reports[-1])
+        assert card.health == "critical"
+        assert card.action == "reset_card"  # the finding's own action: a reboot may fix it
+        assert card.action_source == "finding"
+        history = read_history(path, reports[-1].finished)
+        assert history.cards[f"uuid:{GPU2}"]["nvlink_down"]["boots"] == BOOTS[:n]
+    reports = run_boot(config, 3)
+    card = gpu2(reports[-1])
+    assert card.action == "replace_card"
+    assert card.action_source == "reboot_history"
+    assert card.action_code == "nvlink_down"
+    assert "seen in 3 boots" in card.action_reason and "survived 2 reboot" in card.action_reason
+    assert reports[-1].action == "replace_card"
+    # only the card whose fault survived: the other GPUs never had one
+    others = [c for c in reports[-1].cards if c.vendor == "nvidia" and c.uuid != GPU2]
+    assert len(others) == 7 and {c.action for c in others} == {"none"}
+    doc = json.loads(path.read_text())
+    assert list(doc["cards"]) == [f"uuid:{GPU2}"]
+    assert path.stat().st_mode & 0o777 == PRIVATE_FILE_MODE  # as the state file
+
+
+def test_a_fault_seen_in_the_grace_only_is_no_history(tmp_path):
+    """Links still training (warning in the grace) are not a fault that survived."""
+    config = config_for(tmp_path)
+    for n in (1, 2, 3):
+        run_boot(config, n, patrols=2)
+    assert read_history(history_path(config.state_path), 0.0).cards == {}
+
+
+def test_history_clear_forgets_the_card_with_an_audit_line(tmp_path, capsys):
+    config = config_for(tmp_path)
+    for n in (1, 2):
+        run_boot(config, n)
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(
+        f"state_path: {config.state_path}\njsonl: {{path: {config.jsonl_path}}}\n"
+        "node: survives-01\n"
+    )
+    assert main(["history", "--config", str(cfg), "show"]) == 0
+    assert f"uuid:{GPU2}  nvlink_down  seen in 2 boot(s)" in capsys.readouterr().out
+    assert main(["history", "--config", str(cfg), "clear", "--card", "GPU-nope"]) == 1
+    # by bus id, as nvidia-smi prints it: the card's identity is its UUID, its bus id
+    # (0000:4c:00.0, kept beside it) names it too
+    assert main(["history", "--config", str(cfg), "clear", "--card", "0000:4C:00.0"]) == 0
+    assert read_history(history_path(config.state_path), 0.0).cards == {}
+    lines = [json.loads(x) for x in config.jsonl_path.read_text().splitlines()]
+    audit = [x for x in lines if x.get("event") == "history_clear"]
+    assert len(audit) == 1
+    jsonschema.validate(audit[0], event_json_schema())
+    assert audit[0]["card"] == "0000:4C:00.0" and audit[0]["node"] == "survives-01"
+    assert audit[0]["cleared"][f"uuid:{GPU2}"]["nvlink_down"]["boots"] == BOOTS[:2]
+    assert isinstance(audit[0]["operator"]["uid"], int)
+    # boot 3 after the clear: the fault counts from this boot again, no replace_card
+    card = gpu2(run_boot(config, 3)[-1])
+    assert card.action == "reset_card"
+
+
+def test_a_clear_while_the_daemon_runs_is_followed_and_not_overwritten(tmp_path):
+    config = config_for(tmp_path)
+    run_boot(config, 1)
+    run_boot(config, 2)
+    path = history_path(config.state_path)
+    d = Daemon(config, replay_dir=scenario_boots(SURVIVES)[2])
+    try:
+        d.restore_escalation()
+        reports = [d.patrol_once() for _ in range(5)]
+        assert gpu2(reports[-1]).action == "replace_card"
+        on_disk = read_history(path, 0.0)
+        on_disk.clear(GPU2)  # the operator's command, between two patrols
+        write_history(path, on_disk)
+        # the daemon reads the cleared file again before its next verdict
+        assert gpu2(d.patrol_once()).action == "reset_card"
+    finally:
+        d.shutdown()
+    # and its write kept the clear: only this boot is in the history now
+    assert read_history(path, 0.0).cards[f"uuid:{GPU2}"]["nvlink_down"]["boots"] == BOOTS[2:]
+
+
+def test_history_unit_rules():
+    h = RebootHistory(SurvivalRule(reboots=2, window_seconds=100.0))
+    h.observe([("uuid:A", {"xid"}), ("uuid:B", set())], "b1", 10.0)
+    h.observe([("uuid:A", {"xid"})], "b1", 11.0)  # same boot: counted once
+    h.observe([("uuid:A", {"xid"})], "b2", 20.0)
+    assert h.verdict("uuid:A") is None  # 1 reboot survived of 2
+    h.observe([("uuid:A", {"xid"})], "b3", 30.0)
+    assert h.verdict("uuid:A").action == "replace_card"
+    assert h.verdict("uuid:B") is None
+    # another family on another card does not add to A's
+    h.observe([("uuid:A", {"nvlink_down"})], "b4", 31.0)
+    assert h.cards["uuid:A"]["nvlink_down"]["boots"] == ["b4"]
+    # round trip, then the window forgets what was last seen too long ago
+    again = RebootHistory.from_dict(h.to_dict(), 40.0, h.rule)
+    assert again.cards == h.cards
+    assert RebootHistory.from_dict(h.to_dict(), 200.0, h.rule).cards == {}
+    # a damaged or foreign document is an empty history
+    assert RebootHistory.from_dict({"schema": "x"}, 1.0).cards == {}
+    bad = {"schema": "hetpatrol.reboot_history/1", "cards": {"uuid:A": {"xid": {"boots": 3}}}}
+    assert RebootHistory.from_dict(bad, 1.0).cards == {}
+    # clear by bus id, written as nvidia-smi prints it
+    h.cards["bus:0000:4c:00.0"] = {"xid": {"boots": ["b1"], "first": 1.0, "last": 1.0}}
+    assert h.clear("0000:4C:00.0") == ["bus:0000:4c:00.0"]
+    # switched off: nothing kept, nothing raised
+    off = RebootHistory(SurvivalRule(enabled=False))
+    off.observe([("uuid:A", {"xid"})], "b1", 1.0)
+    assert off.cards == {} and off.verdict("uuid:A") is None
