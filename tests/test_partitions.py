@@ -1,0 +1,115 @@
+"""Partitioned cards: the MIG devices of a GPU in MIG mode (and the vNPUs of an Ascend
+chip) are records under their parent card (``partitions[]``), in ``once``, JSONL,
+``/metrics`` and the GRES check. Values asserted are read off the recordings:
+fixtures/nodes/mig-a100 (telegraf's A100-SXM4-80GB MIG dump) and its scenario."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from conftest import HETPATROL, NODES
+
+from hetpatrol.collectors.nvidia import NvidiaCollector
+from hetpatrol.collectors.nvml_replay import load_replay_nvml
+from hetpatrol.replay import load_scenario
+
+MIG = NODES / "mig-a100"
+MIB = 2**20
+
+
+def _mig_collect():
+    faults = load_scenario(MIG)["nvml"]
+    collector = NvidiaCollector(
+        {}, replay_dir=MIG, nvml=load_replay_nvml(MIG / "nvidia-smi-q.xml", faults)
+    )
+    return collector.collect()
+
+
+def test_each_mig_device_is_a_partition_under_its_gpu():
+    (rec,) = _mig_collect().records
+    # the parent keeps the card's identity and health values (XML: uuid, minor 1, 27 C)
+    assert rec.uuid == "GPU-513536b6-7d19-9063-b049-1e69664bb298"
+    assert rec.device_number == 1
+    assert rec.temperature_celsius == 27
+    assert rec.memory_total_bytes == 81920 * MIB
+    parts = rec.partitions
+    # <mig_device> index 0..3, gpu_instance_id 3..6, compute_instance_id 0
+    assert [(p.kind, p.index, p.gpu_instance_id, p.compute_instance_id) for p in parts] == [
+        ("mig", 0, 3, 0),
+        ("mig", 1, 4, 0),
+        ("mig", 2, 5, 0),
+        ("mig", 3, 6, 0),
+    ]
+    # fb_memory_usage of each: total 19968 MiB, used 12 MiB (+ reserved 0)
+    assert {p.memory_total_bytes for p in parts} == {19968 * MIB}
+    assert {p.memory_used_bytes for p in parts} == {12 * MIB}
+    assert [p.profile for p in parts] == ["1g.20gb"] * 4
+    assert parts[1].uuid == "MIG-4b6b5a0c-3b5e-5b2a-9d1e-6a0f0e3c1a02"
+    assert parts[0].slices == 1
+    # mig-minors: gpu1/gi3/access 165, gpu1/gi3/ci0/access 166; gi6: 192/193
+    assert parts[0].device_files == [
+        "/dev/nvidia-caps/nvidia-cap165",
+        "/dev/nvidia-caps/nvidia-cap166",
+    ]
+    assert parts[3].device_files == [
+        "/dev/nvidia-caps/nvidia-cap192",
+        "/dev/nvidia-caps/nvidia-cap193",
+    ]
+    assert all(p.errors == [] for p in parts)
+
+
+def test_a_process_is_mapped_to_the_mig_device_of_its_instance():
+    (rec,) = _mig_collect().records
+    # the process_info says gpu_instance_id 4, compute_instance_id 0: MIG device 1
+    (proc,) = rec.processes
+    assert (proc.pid, proc.partition, proc.memory_bytes) == (81123, 1, 10 * MIB)
+
+
+def test_a_gpu_not_in_mig_mode_has_no_partitions():
+    healthy = NODES / "healthy-mixed" / "nvidia-smi-q.xml"
+    recs = NvidiaCollector({}, nvml=load_replay_nvml(healthy)).collect().records
+    assert recs and all(r.partitions == [] for r in recs)
+    assert all(p.partition is None for r in recs for p in r.processes)
+
+
+def test_without_the_mig_minors_table_the_device_files_are_unknown_with_the_reason(tmp_path):
+    for name in ("nvidia-smi-q.xml", "scenario.yaml"):
+        (tmp_path / name).write_bytes((MIG / name).read_bytes())
+    (rec,) = NvidiaCollector({}, replay_dir=tmp_path).collect().records
+    assert len(rec.partitions) == 4
+    assert rec.partitions[0].device_files == []
+    (err,) = rec.partitions[0].errors
+    assert err["source"] == "mig-minors" and "mig-minors" in err["error"]
+
+
+def test_once_json_and_jsonl_carry_the_partitions():
+    res = subprocess.run(
+        [*HETPATROL, "once", "--replay", str(MIG), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    (card,) = json.loads(res.stdout)["cards"]
+    assert [p["gpu_instance_id"] for p in card["partitions"]] == [3, 4, 5, 6]
+    assert card["processes"][0]["partition"] == 1
+    res = subprocess.run(
+        [*HETPATROL, "once", "--replay", str(MIG), "--format", "jsonl"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    (card,) = [x for x in lines if x["kind"] == "card"]
+    assert card["partitions"][2]["memory_total_bytes"] == 19968 * MIB
+    assert card["partitions"][2]["profile"] == "1g.20gb"
+
+
+@pytest.mark.parametrize("bad", [{"0": {"uuid": "x"}}, {0: {"colour": "red"}}])
+def test_a_malformed_mig_devices_spec_is_refused(bad):
+    from hetpatrol.collectors.nvml_replay import ReplayFormatError
+
+    with pytest.raises(ReplayFormatError, match="mig_devices"):
+        load_replay_nvml(MIG / "nvidia-smi-q.xml", {"gpus": {0: {"mig_devices": bad}}})
