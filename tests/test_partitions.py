@@ -113,3 +113,85 @@ def test_a_malformed_mig_devices_spec_is_refused(bad):
 
     with pytest.raises(ReplayFormatError, match="mig_devices"):
         load_replay_nvml(MIG / "nvidia-smi-q.xml", {"gpus": {0: {"mig_devices": bad}}})
+
+
+# ----------------------------------------------------------------------------- GRES
+def _mig_cards():
+    recs = _mig_collect().records
+    for rec in recs:
+        rec.health = "ok"  # as the patrol judges it (`once` on mig-a100 exits 0)
+    return recs
+
+
+@pytest.mark.parametrize(
+    "registered",
+    [
+        "gpu:1g.20gb:4",  # a site's gres.conf Type=1g.20gb
+        "gpu:nvidia_a100_1g.20gb:4",  # what AutoDetect=nvml registers (gpu_nvml.c)
+        "gpu:4",  # untyped
+    ],
+)
+def test_the_gres_check_counts_mig_devices_not_the_gpu(registered, base_config):
+    from hetpatrol.slurm.gres import parse_gres
+    from hetpatrol.slurm.inventory import compare
+
+    counts, findings = compare(_mig_cards(), parse_gres(registered), base_config)
+    assert [(c.configured, c.found, c.healthy) for c in counts] == [(4, 4, 4)]
+    assert findings == []
+
+
+def test_seven_1g_registered_on_four_mig_devices_is_a_shortfall(base_config):
+    from hetpatrol.slurm.gres import parse_gres
+    from hetpatrol.slurm.inventory import compare
+
+    counts, findings = compare(_mig_cards(), parse_gres("gpu:1g.20gb:7"), base_config)
+    (f,) = findings
+    assert f.check == "gres_mismatch" and f.severity == "critical"
+    assert f.message.startswith("gpu:1g.20gb: Slurm has 7 registered, 4 healthy")
+
+
+def test_slurm_names_a_mig_device_as_its_autodetect_does():
+    from hetpatrol.slurm.inventory import slurm_mig_name
+
+    part = _mig_cards()[0].partitions[0]
+    # "NVIDIA A100-SXM4-80GB" cut at "-", 1 slice, 19968 MiB -> 19.5 GiB rounds to 20
+    assert slurm_mig_name("NVIDIA A100-SXM4-80GB", part) == "nvidia_a100_1g.20gb"
+
+
+def test_gres_conf_prints_one_multiplefiles_line_per_mig_device():
+    res = subprocess.run(
+        [*HETPATROL, "gres-conf", "--replay", str(MIG)], capture_output=True, text=True, timeout=120
+    )
+    lines = [x for x in res.stdout.splitlines() if x.startswith("NodeName=")]
+    assert lines[0] == (
+        "NodeName=mig-a100-01 Name=gpu Type=1g.20gb MultipleFiles=/dev/nvidia1,"
+        "/dev/nvidia-caps/nvidia-cap165,/dev/nvidia-caps/nvidia-cap166"
+    )
+    assert lines[3].endswith("nvidia-cap192,/dev/nvidia-caps/nvidia-cap193")
+    assert "NodeName=mig-a100-01 Gres=gpu:1g.20gb:4 Features=1g.20gb" in lines
+    assert "is in MIG mode: one line per MIG device" in res.stdout
+
+
+def test_gres_conf_check_accepts_the_mig_lines_and_finds_a_missing_one(base_config):
+    from hetpatrol.slurm.gres_conf import build_plan, check_gres_conf
+
+    plan = build_plan(_mig_cards(), base_config, "mig-a100-01", None)
+    lines = [line for line, _cards in plan.lines()]
+    assert len(lines) == 4
+    assert check_gres_conf(plan, "\n".join(lines) + "\n", "gres.conf") == []
+    diffs = check_gres_conf(plan, "\n".join(lines[:3]) + "\n", "gres.conf")
+    assert [d.message for d in diffs] == [
+        "nvidia/0/mig3 (gpu:1g.20gb): /dev/nvidia-caps/nvidia-cap192 is in no line"
+    ]
+
+
+def test_without_slices_the_profile_alone_names_the_mig_device(base_config):
+    from hetpatrol.slurm.gres import parse_gres
+    from hetpatrol.slurm.inventory import compare
+
+    cards = _mig_cards()
+    for part in cards[0].partitions:
+        part.slices = None  # nvmlDeviceGetAttributes unread: no AutoDetect-style name
+    counts, findings = compare(cards, parse_gres("gpu:1g.20gb:4"), base_config)
+    assert [(c.type, c.found) for c in counts] == [("1g.20gb", 4)]
+    assert findings == []
