@@ -195,3 +195,53 @@ def test_without_slices_the_profile_alone_names_the_mig_device(base_config):
     counts, findings = compare(cards, parse_gres("gpu:1g.20gb:4"), base_config)
     assert [(c.type, c.found) for c in counts] == [("1g.20gb", 4)]
     assert findings == []
+
+
+# -------------------------------------------------------------------------- metrics
+def _metrics(scenario):
+    from dataclasses import replace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hetpatrol.config import load_config
+    from hetpatrol.exporters.prometheus import Exposition
+    from hetpatrol.patrol import Patroller
+
+    report = Patroller(replace(load_config(), node="n1"), replay_dir=scenario).run()
+    body = Exposition([c.name for c in report.collectors]).update(report, patrols_total=1)
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(body.decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def test_metrics_have_a_series_per_mig_device_labelled_by_card_and_profile():
+    found = _metrics(MIG)
+    used = found["hetpatrol_card_partition_memory_bytes"]
+    assert len(used) == 4
+    parent = {
+        "vendor": "nvidia",
+        "card_type": "a100",
+        "index": "0",
+        "uuid": "GPU-513536b6-7d19-9063-b049-1e69664bb298",
+    }
+    for s in used:
+        assert s.labels == {
+            **parent,
+            "partition": s.labels["partition"],
+            "kind": "mig",
+            "profile": "1g.20gb",
+        }
+        assert s.value == 12 * MIB
+    totals = {
+        s.labels["partition"]: s.value for s in found["hetpatrol_card_partition_memory_total_bytes"]
+    }
+    assert totals == {str(i): 19968.0 * MIB for i in range(4)}
+    procs = {s.labels["partition"]: s.value for s in found["hetpatrol_card_partition_processes"]}
+    assert procs == {"0": 0, "1": 1, "2": 0, "3": 0}
+
+
+def test_whole_cards_have_no_partition_series():
+    found = _metrics(NODES / "healthy-mixed")
+    assert "hetpatrol_card_partition_memory_bytes" not in found
