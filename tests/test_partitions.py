@@ -245,3 +245,19 @@ def test_metrics_have_a_series_per_mig_device_labelled_by_card_and_profile():
 def test_whole_cards_have_no_partition_series():
     found = _metrics(NODES / "healthy-mixed")
     assert "hetpatrol_card_partition_memory_bytes" not in found
+
+
+# ------------------------------------------------------------------------ node view
+def test_the_node_view_nests_mig_devices_and_their_processes_under_the_gpu():
+    env = {"COLUMNS": "160", "NO_COLOR": "1", "PATH": "/usr/bin:/bin"}
+    res = subprocess.run(
+        [*HETPATROL, "once", "--replay", str(MIG)], capture_output=True, text=True, env=env
+    )
+    lines = res.stdout.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("  0    OK"))
+    assert lines[at + 1] == (
+        "      mig 0  1g.20gb  GI 3 CI 0  0.0/19.5 GiB  MIG-4b6b5a0c-3b5e-5b2a-9d1e-6a0f0e3c1a01"
+    )
+    assert lines[at + 2].startswith("      mig 1  1g.20gb  GI 4 CI 0")
+    assert lines[at + 3] == "        pid 81123  python3  0.0 GiB"  # its process, under it
+    assert lines[at + 4].startswith("      mig 2")
