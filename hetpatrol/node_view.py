@@ -198,9 +198,10 @@ def _partition_line(q: Mapping[str, Any]) -> str:
         parts.append(f"GI {q.get('gpu_instance_id', '-')} CI {q.get('compute_instance_id', '-')}")
     elif q.get("gpu_instance_id") is not None:
         parts.append(f"vgroup {q.get('gpu_instance_id')}")
-    if q.get("status"):
-        parts.append(str(q["status"]))
-    parts.append(_memory(q))
+    if q.get("status") is not None:
+        parts.append(f"status {q['status']}")
+    used, total = q.get("memory_used_bytes"), q.get("memory_total_bytes")
+    parts.append(_memory(q) if used is not None else _gib(total))
     if q.get("uuid"):
         parts.append(str(q["uuid"]))
     return "  ".join(parts)

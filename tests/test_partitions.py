@@ -261,3 +261,69 @@ def test_the_node_view_nests_mig_devices_and_their_processes_under_the_gpu():
     assert lines[at + 2].startswith("      mig 1  1g.20gb  GI 4 CI 0")
     assert lines[at + 3] == "        pid 81123  python3  0.0 GiB"  # its process, under it
     assert lines[at + 4].startswith("      mig 2")
+
+
+# ---------------------------------------------------------------------------- vNPU
+VNPU = NODES / "vnpu-910b4"
+
+
+def test_parse_vnpu_reads_the_table_by_its_header():
+    from hetpatrol.collectors.ascend_detail import parse_vnpu
+
+    rows = parse_vnpu((VNPU / "npu-smi_info_-t_info-vnpu_-i_0_-c_0.txt").read_text())
+    # |  100 | 0 | ffffffffffff | 1 | vir10_3c_16g |, |  101 | 1 | 000000000000 | 0 | ...
+    assert [(r.vnpu_id, r.vgroup_id, r.container_id, r.status, r.template) for r in rows] == [
+        (100, 0, "ffffffffffff", "1", "vir10_3c_16g"),
+        (101, 1, "000000000000", "0", "vir10_3c_16g"),
+    ]
+    part = rows[0].partition()
+    # vir10_3c_16g: 10 AI cores, 16 GB
+    assert (part.kind, part.slices, part.memory_total_bytes) == ("vnpu", 10, 16 * 2**30)
+    assert part.device_files == ["/dev/vdavinci100"]
+
+
+def test_parse_vnpu_without_vnpus_and_garbage():
+    from hetpatrol.collectors.ascend_detail import parse_vnpu
+
+    text = (VNPU / "npu-smi_info_-t_info-vnpu_-i_0_-c_0.txt").read_text()
+    empty = text.split("|  100")[0].replace("Total number of vnpu: 2", "Total number of vnpu: 0")
+    assert parse_vnpu(empty) == []
+    with pytest.raises(ValueError, match="Total number of vnpu: 2, but 1"):
+        parse_vnpu(text.split("|  101")[0])
+    with pytest.raises(ValueError, match="not an info-vnpu answer"):
+        parse_vnpu("Error: the device does not support this command\n")
+
+
+def test_once_shows_each_vnpu_under_its_chip():
+    res = subprocess.run(
+        [*HETPATROL, "once", "--replay", str(VNPU), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    cards = {(c["index"], c["chip"]): c for c in json.loads(res.stdout)["cards"]}
+    assert len(cards) == 8
+    # NPU N has vNPUs 100+16N and 101+16N (NPU 7: 212, 213)
+    assert [p["index"] for p in cards[(7, 0)]["partitions"]] == [212, 213]
+    p0 = cards[(0, 0)]["partitions"][0]
+    assert (p0["profile"], p0["gpu_instance_id"], p0["status"]) == ("vir10_3c_16g", 0, "1")
+    # the chip keeps its own health and values (npu-smi info: NPU 0 33 C, 87.2 W)
+    assert (cards[(0, 0)]["temperature_celsius"], cards[(0, 0)]["power_watts"]) == (33, 87.2)
+    assert cards[(0, 0)]["health"] == "ok"
+
+
+def test_vnpu_metrics_and_gres_conf_note():
+    found = _metrics(VNPU)
+    totals = found["hetpatrol_card_partition_memory_total_bytes"]
+    assert len(totals) == 16
+    (s,) = [x for x in totals if x.labels["index"] == "3" and x.labels["partition"] == "149"]
+    assert s.labels["kind"] == "vnpu" and s.labels["profile"] == "vir10_3c_16g"
+    assert s.value == 16 * 2**30
+    assert "hetpatrol_card_partition_memory_bytes" not in found  # npu-smi says no usage
+    res = subprocess.run(
+        [*HETPATROL, "gres-conf", "--replay", str(VNPU)], capture_output=True, text=True
+    )
+    assert "is split into vNPUs (2): Slurm has no GRES model of a vNPU" in res.stdout
+    # the whole chip keeps its line: vNPUs are not counted as GRES
+    assert "Gres=ascend:910b:8" in res.stdout
