@@ -558,8 +558,16 @@ class DetailReader:
 
     def _read_vnpu(self, key: tuple[int, int], chip: _ChipDetail) -> None:
         argv = [*self.npu_smi, "-t", "info-vnpu", "-i", str(key[0]), "-c", str(key[1])]
-        text = self._run("info-vnpu", argv, chip)
+        holder = _ChipDetail()
+        text = self._run("info-vnpu", argv, holder)
         if text is None:
+            # a chip or driver without virtualisation answers with an error: not asked
+            # again in this process (the chips of a node are of one kind), never an
+            # error entry on every chip of every sweep; a hung run is said
+            if any("hung" in e["error"] for e in holder.errors):
+                chip.errors.extend(holder.errors)
+            else:
+                self._absent.add("info-vnpu")
             return
         try:
             chip.vnpus = parse_vnpu(text)

@@ -42,6 +42,10 @@ Faults (the ``nvml:`` section of a replay scenario, see :func:`load_replay_nvml`
       2: {nvlink: {links: 18, down: [7], errors: {7: {crc_flit: 240}}}}
       3: {recovery_action: reset}       # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (none, reset,
                                         # reboot, drain_p2p, drain_and_reset... or a number)
+      0: {mig_devices: {0: {uuid: MIG-..., profile: 1g.20gb, slices: 1}}}  # what -q -x
+                                        # does not record of a <mig_device> (MIG calls)
+      0: {processes: [{pid: 81123, gpu_instance_id: 4, compute_instance_id: 0,
+                       process_name: python3, used_memory: 10 MiB}]}  # <process_info>
     nvlink: {links: 18}                 # every GPU: 18 NVLink links up (else NotSupported)
     binding_lacks: [nvmlDeviceGetTemperature]  # an nvidia-ml-py without these functions
     driver_lacks: [nvmlDeviceGetComputeRunningProcesses_v3]  # a driver without the symbols:

@@ -327,3 +327,23 @@ def test_vnpu_metrics_and_gres_conf_note():
     assert "is split into vNPUs (2): Slurm has no GRES model of a vNPU" in res.stdout
     # the whole chip keeps its line: vNPUs are not counted as GRES
     assert "Gres=ascend:910b:8" in res.stdout
+
+
+def test_a_chip_without_vnpu_support_costs_one_try_and_no_error(tmp_path):
+    from hetpatrol.collectors.ascend_detail import DetailReader
+    from hetpatrol.schema import CardRecord
+    from hetpatrol.tool import ToolOutput
+
+    calls = []
+
+    def runner(argv, timeout):
+        calls.append(argv)
+        if "info-vnpu" in argv:
+            return ToolOutput(tuple(argv), "", "not supported\n", 255, False, 0.01)
+        raise FileNotFoundError(argv[0])
+
+    reader = DetailReader({"detail_interval_seconds": 0}, ["npu-smi", "info"], runner)
+    recs = [CardRecord(vendor="ascend", index=i, chip=0) for i in range(3)]
+    reader.attach(recs)
+    assert sum("info-vnpu" in a for a in calls) == 1
+    assert all(r.partitions == [] and r.errors == [] for r in recs)
