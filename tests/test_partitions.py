@@ -347,3 +347,56 @@ def test_a_chip_without_vnpu_support_costs_one_try_and_no_error(tmp_path):
     reader.attach(recs)
     assert sum("info-vnpu" in a for a in calls) == 1
     assert all(r.partitions == [] and r.errors == [] for r in recs)
+
+
+# ------------------------------------------------------- the real slurmd -G on MIG
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_real_slurmd_registers_the_mig_lines(tmp_path):
+    """slurmd -G (Slurm's own gres.conf reader) takes each MIG line's MultipleFiles= as
+    one gpu:1g.20gb device: four devices, each with its three files."""
+    import os
+    import re
+
+    from test_gres_conf import _need_slurmd
+
+    from hetpatrol.config import load_config
+    from hetpatrol.slurm.gres_conf import build_plan
+
+    _need_slurmd()
+    node = "hp-mig01"
+    plan = build_plan(_mig_cards(), load_config(), node, None)
+    dev = tmp_path / "dev"
+    lines = []
+    for line, cards in plan.lines():
+        for f in cards[0].files:
+            path = dev / f.removeprefix("/dev/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                minor = int(re.search(r"(\d+)$", f).group(1))
+                os.mknod(path, 0o600 | 0o020000, os.makedev(240, minor))  # S_IFCHR
+        lines.append(line.replace("/dev/", f"{dev}/"))
+    types, node_line = plan.slurm_conf()
+    (tmp_path / "gres.conf").write_text("\n".join(lines) + "\n")
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / "spool").mkdir()
+    (tmp_path / "slurm.conf").write_text(
+        f"ClusterName=gresmig\nSlurmctldHost={host}(127.0.0.1)\n{types}\n"
+        f"SlurmdSpoolDir={tmp_path}/spool\nSlurmdPidFile={tmp_path}/slurmd.pid\n"
+        f"SlurmdLogFile={tmp_path}/slurmd.log\nProctrackType=proctrack/linuxproc\n"
+        "TaskPlugin=task/none\nSelectType=select/cons_tres\n"
+        f"{node_line.replace(f'NodeName={node}', f'NodeName={node} NodeHostname={host}')} "
+        f"CPUs={os.cpu_count()}\nPartitionName=p Nodes={node}\n"
+    )
+    done = subprocess.run(
+        ["slurmd", "-G", "-N", node, "-f", str(tmp_path / "slurm.conf")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert "error" not in output.lower(), output
+    gres = [ln.split("Gres ", 1)[1] for ln in output.splitlines() if "Gres Name=" in ln]
+    assert len(gres) == 4, output
+    assert all("Name=gpu Type=1g.20gb Count=1" in g for g in gres), output
+    # the GPU file and both nvidia-caps files of MIG device 0 on one device
+    (first,) = [g for g in gres if f"{dev}/nvidia-caps/nvidia-cap165" in g]
+    assert f"{dev}/nvidia1" in first and f"{dev}/nvidia-caps/nvidia-cap166" in first, first
