@@ -400,3 +400,37 @@ def test_real_slurmd_registers_the_mig_lines(tmp_path):
     # the GPU file and both nvidia-caps files of MIG device 0 on one device
     (first,) = [g for g in gres if f"{dev}/nvidia-caps/nvidia-cap165" in g]
     assert f"{dev}/nvidia1" in first and f"{dev}/nvidia-caps/nvidia-cap166" in first, first
+
+
+@pytest.mark.parametrize("scenario", ["mig-a100", "vnpu-910b4"])
+def test_the_card_lines_with_partitions_match_the_json_schema(scenario):
+    import jsonschema
+
+    from hetpatrol.schema import card_json_schema
+
+    res = subprocess.run(
+        [*HETPATROL, "once", "--replay", str(NODES / scenario), "--format", "jsonl"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    cards = [
+        json.loads(x) for x in res.stdout.splitlines() if '"kind":"card"' in x.replace(" ", "")
+    ]
+    assert cards and any(c["partitions"] for c in cards)
+    schema = card_json_schema()
+    for card in cards:
+        jsonschema.validate(card, schema)
+    bad = {**cards[0], "partitions": [{**cards[0]["partitions"][0], "kind": "slice"}]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+@pytest.mark.parametrize("text", ["", "|||", "| Vnpu ID | Template Name |\n| x | y |", "\x00" * 10])
+def test_parse_vnpu_garbage_is_a_value_error_or_no_rows(text):
+    from hetpatrol.collectors.ascend_detail import parse_vnpu
+
+    try:
+        assert parse_vnpu(text) == []
+    except ValueError:
+        pass
