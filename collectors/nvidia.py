@@ -134,6 +134,7 @@ from hetpatrol.replay import load_scenario
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
     HEALTH_WARNING,
+    SEVERITY_INFO,
     CardRecord,
     Finding,
     PartitionInfo,
@@ -1149,13 +1150,30 @@ class NvidiaCollector(Collector):
         if fn is None:
             return
         try:
-            current = fn(handle)[0]
+            current, pending = (int(v) for v in fn(handle)[:2])
         except pynvml.NVMLError_NotSupported:
             return  # not a MIG-capable GPU: nothing to say
         except Exception as exc:  # noqa: BLE001 - one error entry, the card goes on
             reader.fail("nvmlDeviceGetMigMode", exc)
             return
-        if int(current) != pynvml.NVML_DEVICE_MIG_ENABLE:
+        rec.counters["mig_mode"] = current
+        rec.counters["mig_mode_pending"] = pending
+        if pending != current:
+            # "current_mode will be changed to match pending_mode on the next activation
+            # trigger (device unbind, device reset, or machine reboot)" (nvml.h, quoted
+            # in Slurm's gpu_nvml.c _nvml_is_device_mig)
+            word = "enabled" if pending == pynvml.NVML_DEVICE_MIG_ENABLE else "disabled"
+            rec.findings.append(
+                Finding(
+                    "mig_layout",
+                    SEVERITY_INFO,
+                    f"MIG mode will be {word} at the next GPU reset (pending mode differs "
+                    "from the current one)",
+                    value=pending,
+                    threshold=current,
+                )
+            )
+        if current != pynvml.NVML_DEVICE_MIG_ENABLE:
             return
         count = reader.call("nvmlDeviceGetMaxMigDeviceCount", handle)
         if count is _MISSING:
@@ -1170,6 +1188,18 @@ class NvidiaCollector(Collector):
                 reader.fail("nvmlDeviceGetMigDeviceHandleByIndex", exc)
                 continue
             rec.partitions.append(self._mig_device(mig, i, rec, minors, minors_error))
+        if not rec.partitions:
+            rec.findings.append(
+                Finding(
+                    "mig_layout",
+                    HEALTH_WARNING,
+                    "MIG mode is enabled but the GPU has no MIG device: no job can use it, "
+                    "and slurmd with AutoDetect=nvml does not start ('MIG mode is "
+                    "enabled, but no MIG devices were found', gpu_nvml.c); create the "
+                    "GPU and compute instances or disable MIG",
+                    value=0,
+                )
+            )
         by_instance = {
             (p.gpu_instance_id, p.compute_instance_id): p.index
             for p in rec.partitions

@@ -434,3 +434,20 @@ def test_parse_vnpu_garbage_is_a_value_error_or_no_rows(text):
         assert parse_vnpu(text) == []
     except ValueError:
         pass
+
+
+def test_mig_enabled_without_mig_devices_is_a_warning_and_a_pending_change_info():
+    faults = {
+        "gpus": {0: {"xml_overrides": {"mig_devices": None, "mig_mode/pending_mig": "Disabled"}}}
+    }
+    nvml = load_replay_nvml(MIG / "nvidia-smi-q.xml", faults)
+    (rec,) = NvidiaCollector({}, nvml=nvml).collect().records
+    assert rec.partitions == []
+    assert (rec.counters["mig_mode"], rec.counters["mig_mode_pending"]) == (1, 0)
+    found = {(f.check, f.severity) for f in rec.findings}
+    assert found == {("mig_layout", "warning"), ("mig_layout", "info")}
+    (warn,) = [f for f in rec.findings if f.severity == "warning"]
+    assert "no MIG device" in warn.message
+    # the recording itself: enabled, pending enabled, four MIG devices: nothing said
+    (rec,) = _mig_collect().records
+    assert [f for f in rec.findings if f.check == "mig_layout"] == []

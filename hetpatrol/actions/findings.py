@@ -87,6 +87,8 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     "nvml_driver": {"critical": REBOOT_NODE, "*": WATCH},
     # NVML answered Unknown for one field: no card fault yet
     "nvml_field_error": {"critical": RESET_CARD, "*": WATCH},
+    # MIG enabled without MIG devices, or a MIG mode change pending: a layout to fix
+    "mig_layout": {"*": WATCH},
     # by its value: nvml_recovery.recovery_action (this row is the fallback)
     "gpu_recovery_action": {"*": WATCH},
     # deep_health.py
