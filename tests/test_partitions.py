@@ -451,3 +451,50 @@ def test_mig_enabled_without_mig_devices_is_a_warning_and_a_pending_change_info(
     # the recording itself: enabled, pending enabled, four MIG devices: nothing said
     (rec,) = _mig_collect().records
     assert [f for f in rec.findings if f.check == "mig_layout"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_the_gres_check_against_a_real_slurmctld_with_mig_lines(tmp_path):
+    """A real slurmctld + slurmd whose node has the four MIG lines gres-conf writes
+    (MultipleFiles=) and Gres=gpu:1g.20gb:4: the registration scontrol shows is what the
+    GRES check counts the MIG devices against (no finding), and gpu:1g.20gb:7 is short."""
+    import os
+    import shutil
+
+    import slurm_cluster as cluster
+    from test_slurm_live import slurm_config
+
+    from hetpatrol.patrol import Patroller
+
+    if os.geteuid() != 0 or shutil.which("slurmctld") is None:
+        pytest.skip("needs root and slurmctld/slurmd")
+    minors = [(165, 166), (174, 175), (183, 184), (192, 193)]
+    text = "".join(
+        f"NodeName={{node}} Name=gpu Type=1g.20gb MultipleFiles={{dev}}/nvidia1,"
+        f"{{dev}}/nvidia-cap{gi},{{dev}}/nvidia-cap{ci}\n"
+        for gi, ci in minors
+    )
+
+    def caps(c):
+        for gi, ci in minors:
+            (c.root / "dev" / f"nvidia-cap{gi}").touch()
+            (c.root / "dev" / f"nvidia-cap{ci}").touch()
+
+    slurm = cluster.start_cluster(node_gres="gpu:1g.20gb:4", gres_conf_text=text, after_munge=caps)
+    try:
+        reg = slurm.scontrol("show", "node", "-o", slurm.node)
+        assert "Gres=gpu:1g.20gb:4" in reg, reg
+        config = slurm_config(slurm, tmp_path, drain=False)
+        patroller = Patroller(config, replay_dir=MIG)
+        try:
+            report = patroller.run()
+        finally:
+            patroller.close()
+        assert [f for f in report.node_findings if f.check == "gres_mismatch"] == []
+        assert report.node_checks["gres"]["entries"] == [
+            {"name": "gpu", "type": "1g.20gb", "configured": 4, "found": 4, "healthy": 4}
+        ]
+    finally:
+        slurm.stop()
+        shutil.rmtree(slurm.root, ignore_errors=True)
