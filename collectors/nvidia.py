@@ -1273,10 +1273,10 @@ class NvidiaCollector(Collector):
         try:
             with path.open("rb") as fh:
                 data = fh.read(_MIG_MINORS_LIMIT + 1)
-        except OSError as exc:
-            return {}, f"{path}: {exc.strerror or exc}"
+        except OSError as exc:  # named as the driver names it (a replay: under root/)
+            return {}, f"{MIG_MINORS}: {exc.strerror or exc}"
         if len(data) > _MIG_MINORS_LIMIT:
-            return {}, f"{path}: larger than {_MIG_MINORS_LIMIT} bytes: not read"
+            return {}, f"{MIG_MINORS}: larger than {_MIG_MINORS_LIMIT} bytes: not read"
         out: dict[str, int] = {}
         for line in data.decode("ascii", errors="replace").splitlines():
             parts = line.split()
