@@ -1239,6 +1239,7 @@ class NvidiaCollector(Collector):
         attrs = call("nvmlDeviceGetAttributes")
         if attrs is not _MISSING:
             part.slices = int(attrs.gpuInstanceSliceCount)
+            part.memory_size_mib = int(attrs.memorySizeMB)
         if name is not _MISSING:
             # NVML names a MIG device "<GPU name> MIG <profile>"
             m = _MIG_NAME_RE.search(_text(name))

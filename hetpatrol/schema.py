@@ -196,6 +196,8 @@ class PartitionInfo:
       (``nvmlDeviceGetAttributes().gpuInstanceSliceCount``), vNPU AI cores;
     - ``memory_total_bytes``, ``memory_used_bytes``: the partition's memory
       (``nvmlDeviceGetMemoryInfo`` on the MIG handle; the vNPU template's memory);
+    - ``memory_size_mib``: the MIG device's memory as NVML's device attributes give it
+      (``nvmlDeviceGetAttributes().memorySizeMB``, which Slurm names the type by);
     - ``device_files``: the device nodes a job needs for it (MIG:
       ``/dev/nvidia-caps/nvidia-cap<N>`` of its GPU and compute instance, from
       ``/proc/driver/nvidia-caps/mig-minors``), empty when unknown;
@@ -211,6 +213,7 @@ class PartitionInfo:
     slices: int | None = None
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
+    memory_size_mib: int | None = None
     device_files: list[str] = field(default_factory=list)
     status: str | None = None
     errors: list[dict[str, str]] = field(default_factory=list)
@@ -399,6 +402,7 @@ def card_json_schema() -> dict[str, Any]:
             "slices": {**integer, "minimum": 0},
             "memory_total_bytes": {**integer, "minimum": 0},
             "memory_used_bytes": {**integer, "minimum": 0},
+            "memory_size_mib": {**integer, "minimum": 0},
             "device_files": {"type": "array", "items": {"type": "string"}},
             "status": string,
             "errors": {"type": "array", "items": {"type": "object"}},

@@ -48,6 +48,7 @@ def test_each_mig_device_is_a_partition_under_its_gpu():
     assert [p.profile for p in parts] == ["1g.20gb"] * 4
     assert parts[1].uuid == "MIG-4b6b5a0c-3b5e-5b2a-9d1e-6a0f0e3c1a02"
     assert parts[0].slices == 1
+    assert parts[0].memory_size_mib == 19968  # the replay's memorySizeMB: fb total
     # mig-minors: gpu1/gi3/access 165, gpu1/gi3/ci0/access 166; gi6: 192/193
     assert parts[0].device_files == [
         "/dev/nvidia-caps/nvidia-cap165",
@@ -156,6 +157,14 @@ def test_slurm_names_a_mig_device_as_its_autodetect_does():
     part = _mig_cards()[0].partitions[0]
     # "NVIDIA A100-SXM4-80GB" cut at "-", 1 slice, 19968 MiB -> 19.5 GiB rounds to 20
     assert slurm_mig_name("NVIDIA A100-SXM4-80GB", part) == "nvidia_a100_1g.20gb"
+    # Slurm names by memorySizeMB, not the memory info: an A100 80GB 3g.40gb, 39.25 GiB
+    # in `nvidia-smi mig -lgip` (NVIDIA/mig-parted issue 97), is 3g.39gb to AutoDetect
+    from dataclasses import replace
+
+    big = replace(part, slices=3, memory_size_mib=40192, memory_total_bytes=40448 * MIB)
+    assert slurm_mig_name("NVIDIA A100-SXM4-80GB", big) == "nvidia_a100_3g.39gb"
+    # a name without "-" is kept whole (gpu_nvml.c cuts only at a "-")
+    assert slurm_mig_name("NVIDIA H100 80GB HBM3", big) == "nvidia_h100_80gb_hbm3_3g.39gb"
 
 
 def test_gres_conf_prints_one_multiplefiles_line_per_mig_device():

@@ -239,13 +239,14 @@ def slurm_mig_name(model: str | None, part: PartitionInfo) -> str | None:
 
     Slurm: ``_get_system_gpu_list_nvml()`` clears the name from its first ``-``,
     ``_handle_mig()`` appends ``"_%ug.%lugb"`` of ``gpuInstanceSliceCount`` and
-    ``roundl(memorySizeMB / 1024)`` (src/plugins/gpu/nvml/gpu_nvml.c, SchedMD/slurm).
-    None when the slices or the memory were not read.
+    ``roundl(memorySizeMB / 1024)`` (src/plugins/gpu/nvml/gpu_nvml.c, SchedMD/slurm):
+    the device attributes' memory (:attr:`PartitionInfo.memory_size_mib`), not the memory
+    info's total. None when the slices or that memory were not read.
     """
     device = slurm_device_name(model)
-    if device is None or part.slices is None or part.memory_total_bytes is None:
+    if device is None or part.slices is None or part.memory_size_mib is None:
         return None
-    gib = math.floor(part.memory_total_bytes / 2**30 + 0.5)  # roundl: half away from 0
+    gib = math.floor(part.memory_size_mib / 1024 + 0.5)  # roundl: half away from 0
     return f"{device.split('-', 1)[0]}_{part.slices}g.{gib}gb"
 
 
