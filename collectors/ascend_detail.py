@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from hetpatrol.schema import (
     CardRecord,
+    PartitionInfo,
 )
 
 if TYPE_CHECKING:
@@ -284,6 +285,93 @@ def parse_optical(text: str) -> dict[str, Any]:
 Runner = Callable[[Sequence[str], float], "ToolOutput"]
 
 
+#: ``npu-smi info -t info-vnpu`` table columns (npu-smi's own print of them: "Vnpu ID |
+#: Vgroup ID | Container ID | Status | Template Name")
+_VNPU_COLUMNS = ("Vnpu ID", "Vgroup ID", "Container ID", "Status", "Template Name")
+_VNPU_TOTAL_RE = re.compile(r"Total number of vnpu:\s*(\d+)", re.IGNORECASE)
+#: a vNPU template: "vir" + AI cores, then "_<n>c" AI CPUs, "_<n>g" memory in GB, and
+#: words such as "ndvpp"/"m" (vir02, vir04_3c_ndvpp, vir10_3c_16g; Ascend, "Virtual NPU
+#: templates": the number after vir is the AI Core count, before c the AI CPU count)
+_TEMPLATE_RE = re.compile(r"^vir(?P<aicore>\d+)(?:_[0-9a-z]+)*$", re.IGNORECASE)
+_TEMPLATE_MEM_RE = re.compile(r"_(?P<gb>\d+)g(?:_|$)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class VnpuRow:
+    """One row of ``npu-smi info -t info-vnpu``: vNPU id, vGroup id, container id (as
+    printed), status (as printed: ``0``, ``1``) and template name."""
+
+    vnpu_id: int
+    vgroup_id: int | None
+    container_id: str
+    status: str
+    template: str
+
+    def partition(self) -> PartitionInfo:
+        """The row as a :class:`PartitionInfo`: AI cores (``slices``) and memory (the
+        template's ``_<n>g``, GB = 2**30 bytes as npu-smi's GB column) from the template
+        name, None where the name does not say."""
+        m = _TEMPLATE_RE.match(self.template)
+        mem = _TEMPLATE_MEM_RE.search(self.template)
+        return PartitionInfo(
+            "vnpu",
+            self.vnpu_id,
+            profile=self.template,
+            gpu_instance_id=self.vgroup_id,
+            slices=int(m.group("aicore")) if m else None,
+            memory_total_bytes=int(mem.group("gb")) * 2**30 if mem else None,
+            # the vNPU's own device node, /dev/vdavinci<vNPU id> (what a container is
+            # given for it: `docker run --device=/dev/vdavinci100`)
+            device_files=[f"/dev/vdavinci{self.vnpu_id}"],
+            status=self.status,
+        )
+
+
+def parse_vnpu(text: str) -> list[VnpuRow]:
+    """The vNPUs of one chip from ``npu-smi info -t info-vnpu -i N -c C``.
+
+    Read by the header row's names (``Vnpu ID``, ``Vgroup ID``, ``Container ID``,
+    ``Status``, ``Template Name``, cells between ``|``), each following row of as many
+    cells whose first is a number a vNPU. ``ValueError`` when the output has neither the
+    header nor ``Total number of vnpu``, or when the rows read are not that total."""
+    header: list[str] | None = None
+    rows: list[VnpuRow] = []
+    total = None
+    for line in text.splitlines():
+        m = _VNPU_TOTAL_RE.search(line)
+        if m:
+            total = int(m.group(1))
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            if "Vnpu ID" in cells and "Template Name" in cells:
+                header = cells
+            continue
+        if len(cells) != len(header) or not cells[0].isascii() or not cells[0].isdigit():
+            continue
+        row = dict(zip(header, cells, strict=True))
+        group = row.get("Vgroup ID", "")
+        rows.append(
+            VnpuRow(
+                int(row["Vnpu ID"]),
+                int(group) if group.isascii() and group.isdigit() else None,
+                row.get("Container ID", ""),
+                row.get("Status", ""),
+                row.get("Template Name", ""),
+            )
+        )
+    if header is None and total is None:
+        first = text.strip().splitlines()[:1]
+        raise ValueError(
+            f"not an info-vnpu answer: no vNPU table ({first[0][:120]!r})"
+            if first
+            else "empty output"
+        )
+    if total is not None and total != len(rows):
+        raise ValueError(f"Total number of vnpu: {total}, but {len(rows)} vNPU rows read")
+    return rows
+
+
 def _stamp(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
@@ -292,6 +380,7 @@ def _stamp(t: float) -> str:
 class _ChipDetail:
     health: dict[str, Any] | None = None
     roce: dict[str, Any] | None = None
+    vnpus: list[VnpuRow] | None = None
     errors: list[dict[str, str]] = field(default_factory=list)
 
 
@@ -467,9 +556,28 @@ class DetailReader:
             entry["ts"] = _stamp(self._wall())
             chip.roce = entry
 
+    def _read_vnpu(self, key: tuple[int, int], chip: _ChipDetail) -> None:
+        argv = [*self.npu_smi, "-t", "info-vnpu", "-i", str(key[0]), "-c", str(key[1])]
+        holder = _ChipDetail()
+        text = self._run("info-vnpu", argv, holder)
+        if text is None:
+            # a chip or driver without virtualisation answers with an error: not asked
+            # again in this process (the chips of a node are of one kind), never an
+            # error entry on every chip of every sweep; a hung run is said
+            if any("hung" in e["error"] for e in holder.errors):
+                chip.errors.extend(holder.errors)
+            else:
+                self._absent.add("info-vnpu")
+            return
+        try:
+            chip.vnpus = parse_vnpu(text)
+        except ValueError as exc:
+            chip.errors.append({"source": " ".join(argv), "error": str(exc)})
+
     def _sweep_one(self, key: tuple[int, int]) -> None:
         chip = _ChipDetail()
         self._read_health(key, chip)
+        self._read_vnpu(key, chip)
         logic = self._chip_map().get(key)
         if self._logic is None:
             chip.errors.extend(dict(e) for e in self._map_errors)
@@ -525,6 +633,8 @@ class DetailReader:
                 rec.health_detail = dict(chip.health)
             if chip.roce is not None:
                 rec.links.append(dict(chip.roce))
+            if chip.vnpus:
+                rec.partitions = [row.partition() for row in chip.vnpus]
             for err in chip.errors:
                 rec.add_error(err["source"], err["error"])
 
@@ -541,4 +651,6 @@ __all__ = [
     "parse_link_stat",
     "parse_net_health",
     "parse_optical",
+    "parse_vnpu",
+    "VnpuRow",
 ]

@@ -135,8 +135,10 @@ from hetpatrol.replay import load_scenario
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
     HEALTH_WARNING,
+    SEVERITY_INFO,
     CardRecord,
     Finding,
+    PartitionInfo,
     ProcessInfo,
     normalize_bus_id,
 )
@@ -198,6 +200,10 @@ _CARD_VALUES = (
 )
 
 REPLAY_XML = "nvidia-smi-q.xml"
+#: the NVIDIA driver's table of MIG capability device minors (procfs, nvidia-caps)
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
+_MIG_MINORS_LIMIT = 1 << 20  # 8 GPUs x 135 lines of ~25 bytes: 27 KiB
+_MIG_NAME_RE = re.compile(r"\bMIG\s+(\S+)\s*$")
 
 #: NVLink DL error counters read per link (name in the record, NVML counter).
 _NVLINK_COUNTERS = (
@@ -603,6 +609,8 @@ class NvidiaCollector(Collector):
         self._no_recovery_action: set[int] = set()  # field NotSupported on this GPU
         self._nvlink_cache: dict[int, tuple[float, list[dict[str, Any]]]] = {}
         self._no_nvlink: set[int] = set()  # link 0 NotSupported: no NVLink on this GPU
+        # (GPU instance id, compute instance id) of each process last read, in order
+        self._proc_instances: list[tuple[Any, Any]] = []
 
     def _load_replay(self) -> CollectResult | None:
         from .nvml_replay import ReplayFormatError, load_replay_nvml
@@ -1072,11 +1080,15 @@ class NvidiaCollector(Collector):
                     source,
                     f"{self._processes_reason}; {exc.reason}: processes cannot be read",
                 )
+        self._proc_instances = []
         if procs is _MISSING:
             return
         for proc in procs:
             pid = int(proc.pid)
             used = getattr(proc, "usedGpuMemory", None)
+            self._proc_instances.append(
+                (getattr(proc, "gpuInstanceId", None), getattr(proc, "computeInstanceId", None))
+            )
             rec.processes.append(
                 ProcessInfo(
                     pid=pid, name=namer(pid), memory_bytes=None if used is None else int(used)
@@ -1114,3 +1126,164 @@ class NvidiaCollector(Collector):
         if width is not _MISSING:
             rec.pcie_link_width = int(width)
         self._processes(handle, reader, namer)
+        self._mig(handle, reader)
+
+    # -- MIG -----------------------------------------------------------------------
+
+    def _mig(self, handle: Any, reader: _Reader) -> None:
+        """The MIG devices of a GPU in MIG mode, one :class:`PartitionInfo` each.
+
+        ``nvmlDeviceGetMigMode`` current mode enabled (NotSupported: not MIG-capable,
+        no error entry), then ``nvmlDeviceGetMaxMigDeviceCount`` and
+        ``nvmlDeviceGetMigDeviceHandleByIndex(h, i)`` for each index (NotFound: no MIG
+        device there); per MIG device ``nvmlDeviceGetUUID``, ``nvmlDeviceGetName``
+        (``... MIG 1g.20gb``: the profile), ``nvmlDeviceGetGpuInstanceId``,
+        ``nvmlDeviceGetComputeInstanceId``, ``nvmlDeviceGetAttributes``
+        (``gpuInstanceSliceCount``), ``nvmlDeviceGetMemoryInfo``; the order and the calls
+        are those of Slurm's AutoDetect (``_handle_mig()``, src/plugins/gpu/nvml/
+        gpu_nvml.c, SchedMD/slurm). The device files are the GPU instance's and the
+        compute instance's ``/dev/nvidia-caps/nvidia-cap<N>``, N from
+        ``/proc/driver/nvidia-caps/mig-minors`` (``gpu<minor>/gi<G>/access`` and
+        ``gpu<minor>/gi<G>/ci<C>/access``, keyed by the GPU's minor number, as Slurm's
+        ``_nvml_get_mig_minor_numbers()`` and nvidia-container-toolkit read it). A
+        process is mapped to the MIG device of its GPU/compute instance ids.
+        """
+        rec = reader.record
+        fn = getattr(self.nvml, "nvmlDeviceGetMigMode", None)
+        if fn is None:
+            return
+        try:
+            current, pending = (int(v) for v in fn(handle)[:2])
+        except pynvml.NVMLError_NotSupported:
+            return  # not a MIG-capable GPU: nothing to say
+        except Exception as exc:  # noqa: BLE001 - one error entry, the card goes on
+            reader.fail("nvmlDeviceGetMigMode", exc)
+            return
+        rec.counters["mig_mode"] = current
+        rec.counters["mig_mode_pending"] = pending
+        if pending != current:
+            # "current_mode will be changed to match pending_mode on the next activation
+            # trigger (device unbind, device reset, or machine reboot)" (nvml.h, quoted
+            # in Slurm's gpu_nvml.c _nvml_is_device_mig)
+            word = "enabled" if pending == pynvml.NVML_DEVICE_MIG_ENABLE else "disabled"
+            rec.findings.append(
+                Finding(
+                    "mig_layout",
+                    SEVERITY_INFO,
+                    f"MIG mode will be {word} at the next GPU reset (pending mode differs "
+                    "from the current one)",
+                    value=pending,
+                    threshold=current,
+                )
+            )
+        if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return
+        count = reader.call("nvmlDeviceGetMaxMigDeviceCount", handle)
+        if count is _MISSING:
+            return
+        minors, minors_error = self._mig_minors()
+        for i in range(int(count)):
+            try:
+                mig = self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+            except pynvml.NVMLError_NotFound:
+                continue  # no MIG device at this index
+            except Exception as exc:  # noqa: BLE001
+                reader.fail("nvmlDeviceGetMigDeviceHandleByIndex", exc)
+                continue
+            rec.partitions.append(self._mig_device(mig, i, rec, minors, minors_error))
+        if not rec.partitions:
+            rec.findings.append(
+                Finding(
+                    "mig_layout",
+                    HEALTH_WARNING,
+                    "MIG mode is enabled but the GPU has no MIG device: no job can use it, "
+                    "and slurmd with AutoDetect=nvml does not start ('MIG mode is "
+                    "enabled, but no MIG devices were found', gpu_nvml.c); create the "
+                    "GPU and compute instances or disable MIG",
+                    value=0,
+                )
+            )
+        by_instance = {
+            (p.gpu_instance_id, p.compute_instance_id): p.index
+            for p in rec.partitions
+            if p.gpu_instance_id is not None
+        }
+        for proc, ids in zip(rec.processes, self._proc_instances, strict=False):
+            proc.partition = by_instance.get(ids)
+
+    def _mig_device(
+        self,
+        mig: Any,
+        index: int,
+        rec: CardRecord,
+        minors: dict[str, int],
+        minors_error: str | None,
+    ) -> PartitionInfo:
+        part = PartitionInfo("mig", index)
+
+        def call(name: str, *args: Any) -> Any:
+            fn = getattr(self.nvml, name, None)
+            if fn is None:
+                part.errors.append({"source": name, "error": NOT_IN_BINDING})
+                return _MISSING
+            try:
+                return fn(mig, *args)
+            except Exception as exc:  # noqa: BLE001 - the partition keeps the reason
+                part.errors.append({"source": name, "error": _error_name(exc)})
+                return _MISSING
+
+        uuid = call("nvmlDeviceGetUUID")
+        part.uuid = None if uuid is _MISSING else _text(uuid)
+        name = call("nvmlDeviceGetName")
+        gi = call("nvmlDeviceGetGpuInstanceId")
+        ci = call("nvmlDeviceGetComputeInstanceId")
+        part.gpu_instance_id = None if gi is _MISSING else int(gi)
+        part.compute_instance_id = None if ci is _MISSING else int(ci)
+        attrs = call("nvmlDeviceGetAttributes")
+        if attrs is not _MISSING:
+            part.slices = int(attrs.gpuInstanceSliceCount)
+            part.memory_size_mib = int(attrs.memorySizeMB)
+        if name is not _MISSING:
+            # NVML names a MIG device "<GPU name> MIG <profile>"
+            m = _MIG_NAME_RE.search(_text(name))
+            part.profile = m.group(1) if m else None
+        mem = call("nvmlDeviceGetMemoryInfo")
+        if mem is not _MISSING:
+            part.memory_total_bytes = int(mem.total)
+            part.memory_used_bytes = int(mem.used)
+        if rec.device_number is None or gi is _MISSING or ci is _MISSING:
+            return part
+        if minors_error is not None:
+            part.errors.append({"source": "mig-minors", "error": minors_error})
+            return part
+        keys = (
+            f"gpu{rec.device_number}/gi{int(gi)}/access",
+            f"gpu{rec.device_number}/gi{int(gi)}/ci{int(ci)}/access",
+        )
+        missing = [k for k in keys if k not in minors]
+        if missing:
+            part.errors.append(
+                {"source": "mig-minors", "error": f"no line for {', '.join(missing)}"}
+            )
+            return part
+        part.device_files = [f"/dev/nvidia-caps/nvidia-cap{minors[k]}" for k in keys]
+        return part
+
+    def _mig_minors(self) -> tuple[dict[str, int], str | None]:
+        """``/proc/driver/nvidia-caps/mig-minors`` (a replay: under its ``root/``) as
+        ``{capability name: minor}`` (lines ``gpu0/gi1/ci0/access 6``), or an error."""
+        base = Path("/") if self.replay_dir is None else self.replay_dir / "root"
+        path = base / MIG_MINORS.lstrip("/")
+        try:
+            with path.open("rb") as fh:
+                data = fh.read(_MIG_MINORS_LIMIT + 1)
+        except OSError as exc:  # named as the driver names it (a replay: under root/)
+            return {}, f"{MIG_MINORS}: {exc.strerror or exc}"
+        if len(data) > _MIG_MINORS_LIMIT:
+            return {}, f"{MIG_MINORS}: larger than {_MIG_MINORS_LIMIT} bytes: not read"
+        out: dict[str, int] = {}
+        for line in data.decode("ascii", errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isascii() and parts[1].isdigit():
+                out[parts[0]] = int(parts[1])
+        return out, None

@@ -93,6 +93,8 @@ ACTIONS = VendorActions(
     check_actions={
         "nvml_driver": {"critical": REBOOT_NODE, "*": WATCH},
         "nvml_field_error": {"critical": RESET_CARD, "*": WATCH},
+        # MIG enabled without MIG devices, or a MIG mode change pending: a layout to fix
+        "mig_layout": {"*": WATCH},
     },
     # the words of NvidiaCollector.vendor_info.health_words (VH_* in nvidia.py)
     health_actions={

@@ -45,6 +45,10 @@ Faults (the ``nvml:`` section of a replay scenario, see :func:`load_replay_nvml`
                                         # training late after a boot)
       3: {recovery_action: reset}       # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (none, reset,
                                         # reboot, drain_p2p, drain_and_reset... or a number)
+      0: {mig_devices: {0: {uuid: MIG-..., profile: 1g.20gb, slices: 1}}}  # what -q -x
+                                        # does not record of a <mig_device> (MIG calls)
+      0: {processes: [{pid: 81123, gpu_instance_id: 4, compute_instance_id: 0,
+                       process_name: python3, used_memory: 10 MiB}]}  # <process_info>
     nvlink: {links: 18}                 # every GPU: 18 NVLink links up (else NotSupported)
     binding_lacks: [nvmlDeviceGetTemperature]  # an nvidia-ml-py without these functions
     driver_lacks: [nvmlDeviceGetComputeRunningProcesses_v3]  # a driver without the symbols:
@@ -82,6 +86,7 @@ import pynvml
 
 __all__ = [
     "ReplayFormatError",
+    "ReplayMigHandle",
     "ReplayNvml",
     "load_replay_nvml",
     "nvml_error_class",
@@ -182,6 +187,8 @@ _FAULT_KEYS = {
     "hang_seconds",
     "nvlink",
     "recovery_action",
+    "mig_devices",
+    "processes",
 }
 
 #: ``nvmlDeviceGpuRecoveryAction_t`` (nvml.h; nvidia-ml-py pynvml.py
@@ -228,6 +235,7 @@ class _GpuFault:
     hang_seconds: float = 0.0
     nvlink: dict[str, Any] | None = None
     recovery_action: int | None = None
+    mig_devices: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -235,6 +243,15 @@ class ReplayHandle:
     """Device handle of the replay (real NVML gives an opaque ``c_nvmlDevice_t``)."""
 
     index: int
+
+
+@dataclass(frozen=True)
+class ReplayMigHandle:
+    """Handle of one MIG device (``nvmlDeviceGetMigDeviceHandleByIndex``): the parent
+    GPU's index and the MIG device index (``<mig_device><index>``)."""
+
+    index: int
+    mig: int
 
 
 def _status(text: str | None) -> type[pynvml.NVMLError] | None:
@@ -309,9 +326,44 @@ class _Gpu:
         return int(m.group(1))
 
 
+#: what a scenario may say of a MIG device that ``nvidia-smi -q -x`` does not record
+#: (its ``<mig_device>`` has index, GI/CI ids, memory and engine counts, no UUID and no
+#: profile): ``uuid`` (``MIG-...``), ``profile`` (``1g.20gb``), ``slices`` (GPU instance
+#: slices, ``nvmlDeviceAttributes_t.gpuInstanceSliceCount``)
+_MIG_KEYS = frozenset({"uuid", "profile", "slices"})
+#: a scenario's ``processes``: the ``<process_info>`` children nvidia-smi -q -x writes
+_PROCESS_KEYS = frozenset(
+    {"pid", "type", "process_name", "used_memory", "gpu_instance_id", "compute_instance_id"}
+)
+_PROCESSES_KEY = "\x00processes"
+
+
+def _add_processes(gpu: ET.Element, procs: Sequence[Mapping[str, Any]]) -> None:
+    node = gpu.find("processes")
+    if node is None:
+        node = ET.SubElement(gpu, "processes")
+    for proc in procs:
+        info = ET.SubElement(node, "process_info")
+        for tag in (
+            "gpu_instance_id",
+            "compute_instance_id",
+            "pid",
+            "type",
+            "process_name",
+            "used_memory",
+        ):
+            if tag in proc:
+                ET.SubElement(info, tag).text = str(proc[tag])
+        if "type" not in proc:
+            ET.SubElement(info, "type").text = "C"
+
+
 def _apply_overrides(gpu: ET.Element, overrides: Mapping[str, Any]) -> None:
     """Set (or with ``None`` remove) elements under ``gpu`` by ``a/b/c`` path."""
     for path, value in overrides.items():
+        if path == _PROCESSES_KEY:
+            _add_processes(gpu, value)
+            continue
         parts = [p for p in str(path).split("/") if p]
         if not parts:
             raise ReplayFormatError(f"empty xml_overrides path {path!r}")
@@ -377,6 +429,28 @@ def _parse_faults(faults: Mapping[str, Any] | None) -> tuple[Any, dict, dict[int
         overrides = spec.get("xml_overrides") or {}
         if not isinstance(overrides, Mapping):
             raise ReplayFormatError(f"gpu {index}: xml_overrides must be a mapping")
+        migs = spec.get("mig_devices") or {}
+        if not isinstance(migs, Mapping) or not all(
+            isinstance(k, int)
+            and not isinstance(k, bool)
+            and isinstance(v, Mapping)
+            and set(v) <= _MIG_KEYS
+            for k, v in migs.items()
+        ):
+            raise ReplayFormatError(
+                f"gpu {index}: mig_devices must map MIG device indices to "
+                f"{{{', '.join(sorted(_MIG_KEYS))}}}"
+            )
+        procs = spec.get("processes") or []
+        if not isinstance(procs, list) or not all(
+            isinstance(p, Mapping) and set(p) <= _PROCESS_KEYS and "pid" in p for p in procs
+        ):
+            raise ReplayFormatError(
+                f"gpu {index}: processes must list {{{', '.join(sorted(_PROCESS_KEYS))}}} "
+                "mappings with a pid"
+            )
+        if procs:  # added as <process_info> elements, the shape nvidia-smi -q -x writes
+            overrides = {**overrides, _PROCESSES_KEY: list(procs)}
         gpus[index] = _GpuFault(
             lost=bool(spec.get("lost", False)),
             handle_ok=bool(spec.get("handle_ok", False)),
@@ -390,6 +464,7 @@ def _parse_faults(faults: Mapping[str, Any] | None) -> tuple[Any, dict, dict[int
             recovery_action=None
             if spec.get("recovery_action") is None
             else _recovery_action(spec["recovery_action"], f"gpu {index}"),
+            mig_devices={k: dict(v) for k, v in migs.items()},
         )
     return init_cls, sys_errors, gpus
 
@@ -593,9 +668,22 @@ class ReplayNvml:
     # -- identity ----------------------------------------------------------------
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
+        """On a MIG handle: ``<product_name> MIG <profile>`` (how NVML names a MIG
+        device: ``nvidia-smi -L`` prints ``MIG 1g.5gb Device 0``), the profile from the
+        scenario (NotSupported without one)."""
+        if isinstance(handle, ReplayMigHandle):
+            gpu, _el, spec = self._mig("nvmlDeviceGetName", handle)
+            if not spec.get("profile"):
+                raise pynvml.NVMLError_NotSupported()
+            return f"{gpu.text('product_name')} MIG {spec['profile']}"
         return self._device("nvmlDeviceGetName", handle).text("product_name")
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if isinstance(handle, ReplayMigHandle):
+            _gpu, _el, spec = self._mig("nvmlDeviceGetUUID", handle)
+            if not spec.get("uuid"):
+                raise pynvml.NVMLError_NotSupported()
+            return str(spec["uuid"])
         return self._device("nvmlDeviceGetUUID", handle).text("uuid")
 
     def nvmlDeviceGetSerial(self, handle: Any) -> str:
@@ -641,7 +729,10 @@ class ReplayNvml:
         """v1 (``version`` unset): ``used`` is reserved + allocated, as NVML documents.
         v2: ``used`` and ``reserved`` apart; FunctionNotFound for a pre-v2 dump."""
         fname = "nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo"
-        gpu = self._device(fname, handle)
+        if isinstance(handle, ReplayMigHandle):  # the MIG device's own memory
+            gpu = _Gpu(self._mig(fname, handle)[1])
+        else:
+            gpu = self._device(fname, handle)
         if version:
             if version != pynvml.nvmlMemory_v2:
                 raise pynvml.NVMLError_ArgumentVersionMismatch()
@@ -1022,6 +1113,70 @@ class ReplayNvml:
         if name is None:
             raise pynvml.NVMLError_InvalidArgument()
         return int(spec["errors"].get(link, {}).get(name, 0))
+
+    # -- MIG ---------------------------------------------------------------------
+    # The parent GPU's <mig_devices> gives each MIG device's index, GPU/compute instance
+    # ids and memory; the scenario's ``mig_devices`` what the dump does not record
+    # (UUID, profile, slices). A call on a MIG handle reads its <mig_device>.
+
+    def _mig(self, fname: str, handle: Any) -> tuple[_Gpu, ET.Element, dict[str, Any]]:
+        if not isinstance(handle, ReplayMigHandle):
+            raise pynvml.NVMLError_InvalidArgument()
+        gpu = self._device(fname, ReplayHandle(handle.index))
+        for el in gpu.el.findall("mig_devices/mig_device"):
+            if (el.findtext("index") or "").strip() == str(handle.mig):
+                fault = self._faults.get(handle.index)
+                spec = fault.mig_devices.get(handle.mig, {}) if fault is not None else {}
+                return gpu, el, spec
+        raise pynvml.NVMLError_InvalidArgument()
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        """7 on a MIG-capable GPU (the most MIG devices one GPU holds: 7 GPU instances
+        on A100/H100, NVIDIA MIG user guide); NotSupported without ``<mig_mode>``."""
+        gpu = self._device("nvmlDeviceGetMaxMigDeviceCount", handle)
+        gpu.text("mig_mode/current_mig")
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> ReplayMigHandle:
+        """NotFound for an index no ``<mig_device>`` has (as NVML answers an index with
+        no MIG device behind it)."""
+        gpu = self._device("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if _bool_feature(gpu.text("mig_mode/current_mig")) != 1:
+            raise pynvml.NVMLError_NotFound()
+        for el in gpu.el.findall("mig_devices/mig_device"):
+            if (el.findtext("index") or "").strip() == str(index):
+                return ReplayMigHandle(handle.index, index)
+        raise pynvml.NVMLError_NotFound()
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> int:
+        self._system("nvmlDeviceIsMigDeviceHandle")
+        return 1 if isinstance(handle, ReplayMigHandle) else 0
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        _gpu, el, _spec = self._mig("nvmlDeviceGetGpuInstanceId", handle)
+        return _Gpu(el).integer("gpu_instance_id")
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+        _gpu, el, _spec = self._mig("nvmlDeviceGetComputeInstanceId", handle)
+        return _Gpu(el).integer("compute_instance_id")
+
+    def nvmlDeviceGetAttributes(self, handle: Any) -> SimpleNamespace:
+        """``nvmlDeviceAttributes_t`` of a MIG device: ``multiprocessorCount`` and the
+        engine counts from ``device_attributes/shared``, ``memorySizeMB`` from its
+        ``fb_memory_usage/total`` (MiB), ``gpuInstanceSliceCount`` from the scenario."""
+        _gpu, el, spec = self._mig("nvmlDeviceGetAttributes", handle)
+        mig = _Gpu(el)
+        slices = spec.get("slices")
+        if slices is None:
+            raise pynvml.NVMLError_NotSupported()
+        return SimpleNamespace(
+            multiprocessorCount=mig.integer("device_attributes/shared/multiprocessor_count"),
+            sharedCopyEngineCount=mig.integer("device_attributes/shared/copy_engine_count"),
+            sharedDecoderCount=mig.integer("device_attributes/shared/decoder_count"),
+            sharedEncoderCount=mig.integer("device_attributes/shared/encoder_count"),
+            gpuInstanceSliceCount=int(slices),
+            memorySizeMB=mig.integer("fb_memory_usage/total", unit="MiB"),
+        )
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         gpu = self._device("nvmlDeviceGetMigMode", handle)

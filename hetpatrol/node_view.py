@@ -191,6 +191,22 @@ def _process_line(p: Mapping[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def _partition_line(q: Mapping[str, Any]) -> str:
+    """``mig 1  1g.20gb  GI 4 CI 0  0.0/19.5 GiB  MIG-...``: one partition of a card."""
+    parts = [f"{q.get('kind')} {q.get('index')}", str(q.get("profile") or "-")]
+    if q.get("kind") == "mig":
+        parts.append(f"GI {q.get('gpu_instance_id', '-')} CI {q.get('compute_instance_id', '-')}")
+    elif q.get("gpu_instance_id") is not None:
+        parts.append(f"vgroup {q.get('gpu_instance_id')}")
+    if q.get("status") is not None:
+        parts.append(f"status {q['status']}")
+    used, total = q.get("memory_used_bytes"), q.get("memory_total_bytes")
+    parts.append(_memory(q) if used is not None else _gib(total))
+    if q.get("uuid"):
+        parts.append(str(q["uuid"]))
+    return "  ".join(parts)
+
+
 class _Writer:
     """Lines, with long ones wrapped to ``width`` under a hanging indent."""
 
@@ -414,10 +430,20 @@ def render(
                 text = "action watch: kept in service and watched, no drain"
                 out.add_painted(text + (f" ({why})" if why else ""), 6, paint, "dim")
             procs = [p for p in c.get("processes") or [] if isinstance(p, Mapping)]
-            for p in procs[:MAX_PROCESSES]:
+            parts = [q for q in c.get("partitions") or [] if isinstance(q, Mapping)]
+            inside = {q.get("index") for q in parts}
+            whole = [p for p in procs if p.get("partition") not in inside]
+            for p in whole[:MAX_PROCESSES]:
                 out.add_painted(_process_line(p), 6, paint, "dim")
-            if len(procs) > MAX_PROCESSES:
-                out.add(paint(f"+{len(procs) - MAX_PROCESSES} more processes", "dim"), 6)
+            if len(whole) > MAX_PROCESSES:
+                out.add(paint(f"+{len(whole) - MAX_PROCESSES} more processes", "dim"), 6)
+            for q in parts:  # MIG devices / vNPUs nested under their card, with their jobs
+                out.add(_partition_line(q), 6)
+                mine = [p for p in procs if p.get("partition") == q.get("index")]
+                for p in mine[:MAX_PROCESSES]:
+                    out.add_painted(_process_line(p), 8, paint, "dim")
+                if len(mine) > MAX_PROCESSES:
+                    out.add(paint(f"+{len(mine) - MAX_PROCESSES} more processes", "dim"), 8)
             # why a value is missing matters when the card is not ok (npu-smi shows power
             # on chip 0 only: that is no news on a healthy card)
             # NotSupported is "this card has no such value" (DESIGN 4), not news either,

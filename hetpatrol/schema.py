@@ -164,11 +164,65 @@ class ProcessInfo:
     user: str | None = None
     job_id: str | None = None
     pid_in_container: int | None = None
+    #: the ``index`` of the card's partition (:class:`PartitionInfo`: MIG device, vNPU)
+    #: the process runs in; None on a whole card or when the vendor does not say
+    partition: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # every field is a scalar: a plain dict of them is what dataclasses.asdict gives,
         # without its recursive copy (~10x the cost, once per process per patrol)
         return {name: getattr(self, name) for name in _field_names(ProcessInfo)}
+
+
+#: partition kinds: an NVIDIA MIG device, an Ascend vNPU
+PARTITION_KINDS = ("mig", "vnpu")
+
+
+@dataclass
+class PartitionInfo:
+    """One partition of a card (a MIG device of a GPU in MIG mode, a vNPU of an Ascend
+    chip), listed under its parent card's record; the parent keeps the card's own health
+    (ECC, XIDs, temperature), a partition has no verdict of its own.
+
+    - ``kind``: ``"mig"`` or ``"vnpu"``; ``index``: the MIG device index
+      (``nvmlDeviceGetMigDeviceHandleByIndex``) or the vNPU id (``npu-smi info -t
+      info-vnpu``: ``Vnpu ID``);
+    - ``uuid``: the MIG device's own UUID (``MIG-...``, ``nvmlDeviceGetUUID`` on its
+      handle); None for a vNPU (npu-smi prints none);
+    - ``profile``: the MIG profile (``1g.20gb``, from ``nvmlDeviceGetName`` of the MIG
+      device, ``... MIG 1g.20gb``) or the vNPU template (``vir02``);
+    - ``gpu_instance_id``, ``compute_instance_id``: MIG GI/CI ids (vNPU: its vGroup id
+      as ``gpu_instance_id``); ``slices``: MIG GPU instance slices
+      (``nvmlDeviceGetAttributes().gpuInstanceSliceCount``), vNPU AI cores;
+    - ``memory_total_bytes``, ``memory_used_bytes``: the partition's memory
+      (``nvmlDeviceGetMemoryInfo`` on the MIG handle; the vNPU template's memory);
+    - ``memory_size_mib``: the MIG device's memory as NVML's device attributes give it
+      (``nvmlDeviceGetAttributes().memorySizeMB``, which Slurm names the type by);
+    - ``device_files``: the device nodes a job needs for it (MIG:
+      ``/dev/nvidia-caps/nvidia-cap<N>`` of its GPU and compute instance, from
+      ``/proc/driver/nvidia-caps/mig-minors``), empty when unknown;
+    - ``status``: the vNPU's npu-smi status; ``errors``: ``{source, error}`` as on a card.
+    """
+
+    kind: str
+    index: int
+    uuid: str | None = None
+    profile: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    slices: int | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_size_mib: int | None = None
+    device_files: list[str] = field(default_factory=list)
+    status: str | None = None
+    errors: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in _field_names(PartitionInfo)}
+        out["device_files"] = list(self.device_files)
+        out["errors"] = [dict(e) for e in self.errors]
+        return out
 
 
 @dataclass
@@ -226,6 +280,9 @@ class CardRecord:
     links: list[dict[str, Any]] = field(default_factory=list)
     #: ``npu-smi info -t health``: {status, codes, info, ts}; None when not read
     health_detail: dict[str, Any] | None = None
+    #: the card's partitions (MIG devices, vNPUs), see :class:`PartitionInfo`; empty on
+    #: a whole card
+    partitions: list[PartitionInfo] = field(default_factory=list)
     #: what to do about the card (its findings' highest action, raised by escalation):
     #: the word, where it came from (``xid``, ``check``, ``escalation``...), the code
     #: (``xid:79``, ``check:remapped_rows_pending``) and why
@@ -286,6 +343,7 @@ class CardRecord:
         out["findings"] = [item.to_dict() for item in self.findings]
         out["errors"] = [dict(item) for item in self.errors]
         out["counters"] = dict(self.counters)
+        out["partitions"] = [item.to_dict() for item in self.partitions]
         return out
 
 
@@ -328,6 +386,26 @@ def card_json_schema() -> dict[str, Any]:
             "user": string,
             "job_id": string,
             "pid_in_container": integer,
+            "partition": integer,
+        },
+    }
+    partition = {
+        "type": "object",
+        "required": ["kind", "index"],
+        "properties": {
+            "kind": {"enum": list(PARTITION_KINDS)},
+            "index": {"type": "integer"},
+            "uuid": string,
+            "profile": string,
+            "gpu_instance_id": integer,
+            "compute_instance_id": integer,
+            "slices": {**integer, "minimum": 0},
+            "memory_total_bytes": {**integer, "minimum": 0},
+            "memory_used_bytes": {**integer, "minimum": 0},
+            "memory_size_mib": {**integer, "minimum": 0},
+            "device_files": {"type": "array", "items": {"type": "string"}},
+            "status": string,
+            "errors": {"type": "array", "items": {"type": "object"}},
         },
     }
     props: dict[str, Any] = {
@@ -385,6 +463,7 @@ def card_json_schema() -> dict[str, Any]:
         },
         "counters": {"type": "object", "additionalProperties": {"type": "integer"}},
         "links": {"type": "array", "items": link_json_schema()},
+        "partitions": {"type": "array", "items": partition},
         "health_detail": {
             "type": ["object", "null"],
             "properties": {

@@ -171,6 +171,7 @@ def test_once_sick_node_names_each_fault(env):
             "user": None,
             "job_id": None,
             "pid_in_container": None,
+            "partition": None,
         }
     ]
 

@@ -222,6 +222,7 @@ def _report_metrics(
     yield from (last, dur, node_code, node_find)
     yield from _card_metrics(report.cards)
     yield process_memory_metric(report.cards, user_labels=user_labels)
+    yield from partition_metrics(report.cards)
     yield from _gres_metrics(report.node_checks.get("gres"))
     yield from _census_metrics(report.node_checks.get("pci_census"))
     yield from deep_metrics(report)  # XIDs, kernel log, NVLink / RoCE links
@@ -358,6 +359,51 @@ def _card_metrics(cards: Sequence[CardRecord]) -> Iterable[Family]:
         by_action.add_metric([word], n)
     yield from (info, health, code, *gauges.values(), ecc, procs, finding, by_type)
     yield from (action, by_action)
+
+
+#: labels of a partition's series after the parent card's: the partition's index on
+#: its card (MIG device index, vNPU id), its kind and profile (``1g.20gb``, ``vir02``)
+PARTITION_LABELS = ("partition", "kind", "profile")
+
+
+def partition_metrics(cards: Sequence[CardRecord]) -> Iterable[Family]:
+    """Series of each card's partitions (MIG devices, vNPUs): labelled by the parent
+    card (:data:`CARD_LABELS`) and the partition's index, kind and profile; no UUID of
+    the partition and nothing per process (a GPU has at most 7 MIG devices, an Ascend
+    chip a few vNPUs). ``hetpatrol_card_partition_memory_bytes`` / ``_total_bytes``:
+    the partition's memory (NVML memory info of the MIG device); ``_processes``: the
+    card's processes that run in it (only when the card's processes were read)."""
+    labels = [*CARD_LABELS, *PARTITION_LABELS]
+    used = GaugeFamily(
+        "hetpatrol_card_partition_memory_bytes",
+        "Memory used in a card's partition (MIG device, vNPU).",
+        labels=labels,
+    )
+    total = GaugeFamily(
+        "hetpatrol_card_partition_memory_total_bytes",
+        "Memory of a card's partition (MIG device, vNPU).",
+        labels=labels,
+    )
+    procs = GaugeFamily(
+        "hetpatrol_card_partition_processes",
+        "Processes of the card that run in this partition.",
+        labels=labels,
+    )
+    for rec in cards:
+        if not rec.partitions:
+            continue
+        card = card_labels(rec)
+        counted = processes_read(rec)
+        for part in rec.partitions:
+            values = [*card, str(part.index), part.kind, part.profile or ""]
+            if part.memory_used_bytes is not None:
+                used.add_metric(values, float(part.memory_used_bytes))
+            if part.memory_total_bytes is not None:
+                total.add_metric(values, float(part.memory_total_bytes))
+            if counted:
+                n = sum(1 for p in rec.processes if p.partition == part.index)
+                procs.add_metric(values, n)
+    yield from (used, total, procs)
 
 
 #: Series of ``hetpatrol_card_process_memory_bytes`` per card: the top N (slurm_job, user)

@@ -85,6 +85,9 @@ class CardLine:
     problem: str | None = None
     cores_problem: str | None = None
     visible: tuple[tuple[str, int], ...] = ()
+    #: a MIG device's ``MultipleFiles=`` (the GPU's device file and the nvidia-caps
+    #: files of its GPU and compute instance); ``file`` is then its GPU instance's file
+    files: tuple[str, ...] = ()
 
 
 @dataclass
@@ -112,6 +115,8 @@ class Plan:
                 group.clear()
 
         for card in self.placed:
+            if group and (card.files or group[-1].files):
+                flush()  # a MIG device is a line of its own
             if group:
                 last = group[-1]
                 same = (last.name, last.type, last.cores) == (card.name, card.type, card.cores)
@@ -137,7 +142,12 @@ class Plan:
         parts = [f"NodeName={self.node}", f"Name={first.name}"]
         if first.type:
             parts.append(f"Type={first.type}")
-        parts += [f"File={files}", f"Count={len(cards)}"]
+        if first.files:
+            # one MIG device a line: "MultipleFiles ... for GPUs with MIG, the files of
+            # one GRES device" (gres.conf(5), MultipleFiles); Count is 1 per line
+            parts.append(f"MultipleFiles={','.join(first.files)}")
+        else:
+            parts += [f"File={files}", f"Count={len(cards)}"]
         if first.cores:
             parts.append(f"Cores={format_ranges(first.cores)}")
         return " ".join(parts)
@@ -299,6 +309,22 @@ def build_plan(
                 cores = slurm_cores(place.local_cpus, topology)
             except ValueError as exc:
                 cores_problem = str(exc)
+        migs = [p for p in rec.partitions if p.kind == "mig"]
+        if migs:
+            _mig_lines(plan, rec, name, label, info, number, problem, migs, cores, cores_problem)
+            continue
+        if any(p.kind == "vnpu" for p in rec.partitions):
+            text = (
+                f"{label} is split into vNPUs ({len(rec.partitions)}): Slurm has no GRES "
+                "model of a vNPU (gres.conf(5) knows File=/MultipleFiles= of whole "
+                "devices; no GRES plugin reads npu-smi). The line below is the whole chip "
+                "(/dev/davinciN); a site that schedules vNPUs keeps them out of Slurm's "
+                "GRES (a node feature or a partition per template, or a count-only GRES "
+                "with a site plugin) and binds a job's vNPU with the ASCEND_VISIBLE_DEVICES "
+                "/ASCEND_VNPU_SPECS of the Ascend docker runtime"
+            )
+            if text not in notes:
+                notes.append(text)
         ident = {"device_number": number, "index": rec.index}.get(info.visible_id)
         visible = tuple((var, ident) for var in info.visible_env if ident is not None)
         if name == "gpu":  # Slurm's gpu plugin sets CUDA_VISIBLE_DEVICES itself
@@ -318,6 +344,57 @@ def build_plan(
             )
         )
     return plan
+
+
+def _mig_lines(
+    plan: Plan,
+    rec: CardRecord,
+    name: str,
+    label: str,
+    info: GresDevice,
+    number: int | None,
+    problem: str | None,
+    migs: Sequence[Any],
+    cores: tuple[int, ...] | None,
+    cores_problem: str | None,
+) -> None:
+    """One :class:`CardLine` per MIG device of ``rec``: ``Type=`` its profile,
+    ``MultipleFiles=`` the GPU's device file and the nvidia-caps files of its GPU and
+    compute instance, as Slurm's AutoDetect gives them (``_handle_mig()``:
+    ``/dev/nvidia<minor>,/dev/nvidia-caps/nvidia-cap<GI>,/dev/nvidia-caps/nvidia-cap<CI>``,
+    src/plugins/gpu/nvml/gpu_nvml.c, SchedMD/slurm)."""
+    notes = plan.notes.setdefault(name, [])
+    text = (
+        f"{label} is in MIG mode: one line per MIG device (Type= its profile, which Slurm "
+        "matches as a substring of AutoDetect's type, e.g. nvidia_a100_1g.20gb); the GPU "
+        "itself is no GRES"
+    )
+    if text not in notes:
+        notes.append(text)
+    for part in migs:
+        why = problem
+        if why is None and not part.device_files:
+            errs = "; ".join(e["error"] for e in part.errors) or "not read"
+            why = f"its nvidia-caps device files are unknown ({errs})"
+        if why is None and part.profile is None:
+            why = "its MIG profile was not read"
+        gpu_file = None if number is None else info.file.replace("{n}", str(number))
+        files = () if why is not None else (str(gpu_file), *part.device_files)
+        plan.cards.append(
+            CardLine(
+                f"{label}/mig{part.index}",
+                rec.vendor,
+                name,
+                part.profile,
+                files[1] if files else None,
+                None,
+                cores,  # a MIG device is as close to the CPUs as its GPU
+                why,
+                cores_problem,
+                (),
+                files,
+            )
+        )
 
 
 def _number(
@@ -442,7 +519,7 @@ def check_gres_conf(plan: Plan, text: str, path: str) -> list[Difference]:
                     fix,
                 )
             )
-    known = {c.file for c in plan.cards if c.file}
+    known = {c.file for c in plan.cards if c.file} | {f for c in plan.cards for f in c.files}
     for f, ln in by_file.items():
         if f not in known:
             out.append(

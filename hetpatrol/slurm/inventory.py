@@ -37,6 +37,7 @@ site's ``bandwidth`` GRES are not cards.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from hetpatrol.schema import (
     SEVERITY_INFO,
     CardRecord,
     Finding,
+    PartitionInfo,
 )
 from hetpatrol.slurm.gres import (
     GresEntry,
@@ -230,6 +232,24 @@ def slurm_device_name(model: str | None) -> str | None:
     return model.strip().lower().replace(" ", "_")
 
 
+def slurm_mig_name(model: str | None, part: PartitionInfo) -> str | None:
+    """A MIG device's type as Slurm's AutoDetect names it: the GPU's device name (lower
+    case, underscores) cut at its first ``-``, then ``_<slices>g.<memory GiB>gb``
+    (``NVIDIA A100-SXM4-80GB``, 1 slice, 19968 MiB -> ``nvidia_a100_1g.20gb``).
+
+    Slurm: ``_get_system_gpu_list_nvml()`` clears the name from its first ``-``,
+    ``_handle_mig()`` appends ``"_%ug.%lugb"`` of ``gpuInstanceSliceCount`` and
+    ``roundl(memorySizeMB / 1024)`` (src/plugins/gpu/nvml/gpu_nvml.c, SchedMD/slurm):
+    the device attributes' memory (:attr:`PartitionInfo.memory_size_mib`), not the memory
+    info's total. None when the slices or that memory were not read.
+    """
+    device = slurm_device_name(model)
+    if device is None or part.slices is None or part.memory_size_mib is None:
+        return None
+    gib = math.floor(part.memory_size_mib / 1024 + 0.5)  # roundl: half away from 0
+    return f"{device.split('-', 1)[0]}_{part.slices}g.{gib}gb"
+
+
 @dataclass(frozen=True)
 class _Card:
     """A card as the comparison sees it: its record, GRES name and the names it answers to."""
@@ -317,7 +337,13 @@ def compare(
     for rec in cards:
         g = card_gres(rec, config)
         if g is not None:
-            mapped.append(_Card(rec, g[0], g[1], slurm_device_name(rec.model)))
+            migs = [p for p in rec.partitions if p.kind == "mig"]
+            # a GPU in MIG mode is its MIG devices to Slurm: one GRES each, typed by
+            # its profile (gpu_nvml.c _get_system_gpu_list_nvml: add_gres_to_list per MIG
+            # device, none for the GPU itself)
+            mapped.extend(_Card(rec, g[0], p.profile, slurm_mig_name(rec.model, p)) for p in migs)
+            if not migs:
+                mapped.append(_Card(rec, g[0], g[1], slurm_device_name(rec.model)))
             names.add(g[0].lower())
     counts: list[GresCount] = []
     uncertain: set[int] = set()
