@@ -149,7 +149,7 @@ def test_the_example_config_says_exactly_this(tmp_path):
     ).stdout
     assert text.endswith(
         "partitions:\n        hetero: several vendors (features)\n\n"
-        "audit: 30 nodes, 2 errors, 5 warnings, 1 notes (exit 2)\n"
+        "audit: 30 nodes, 2 errors, 5 warnings, 1 note (exit 2)\n"
     )
 
 

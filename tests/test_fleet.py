@@ -330,3 +330,18 @@ def test_a_narrow_terminal_gets_each_label_on_its_own_line(tmp_path):
     # 3 nodes, 24 cards in Slurm, 8 seen (gn001's daemon) and ok; 3 allocated (gn001's
     # GresUsed), gn002's 8 drained by hetpatrol, 13 idle; gn002 and gn003 silent
     assert narrow[at + 1].split() == ["3", "24", "8", "8", "0", "0", "0", "3", "13", "1", "0", "2"]
+
+
+@pytest.mark.parametrize("command", ["fleet", "audit-slurm"])
+def test_timeout_help_says_one_deadline_for_the_whole_command(command):
+    """--timeout bounds scontrol and every query together (docs/fleet.md), not each."""
+    import subprocess
+
+    from conftest import HETPATROL
+
+    out = subprocess.run(
+        [*HETPATROL, command, "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    text = " ".join(out.split())
+    assert "one deadline in seconds for the whole command (scontrol and every" in text
+    assert "per source" not in text

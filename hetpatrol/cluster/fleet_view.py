@@ -300,7 +300,8 @@ def add_fleet_parser(sub: Any) -> argparse.ArgumentParser:
         "--timeout",
         type=timeout_seconds,
         default=60.0,
-        help="seconds per source, in (0, 86400] (each Prometheus query as a whole; default 60)",
+        help="one deadline in seconds for the whole command (scontrol and every Prometheus "
+        "query together), in (0, 86400] (default 60)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument(
