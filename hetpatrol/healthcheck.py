@@ -81,7 +81,14 @@ def summarize(doc: Mapping[str, Any], age: float) -> str:
             named.append(f"node {f.get('check')}: {f.get('message')}")
     rank = {"critical": 0, "unknown": 1, "warning": 2}
     for c in sorted(bad, key=lambda c: rank.get(str(c.get("health")), 3)):
-        checks = [str(f.get("check")) for f in c.get("findings") or [] if isinstance(f, Mapping)]
+        # only the checks at the card's own health (its worst severity): an info or a
+        # warning check beside a critical one is not what makes the card critical
+        found = [f for f in c.get("findings") or [] if isinstance(f, Mapping)]
+        checks = list(
+            dict.fromkeys(
+                str(f.get("check")) for f in found if f.get("severity") == c.get("health")
+            )
+        )
         named.append(f"{_card_name(c)} {c.get('health')} {'+'.join(checks) or '?'}")
     if named:
         more = f", +{len(named) - NAMED_CARDS} more" if len(named) > NAMED_CARDS else ""

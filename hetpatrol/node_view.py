@@ -317,6 +317,24 @@ def _finding_line(f: Mapping[str, Any], paint: Painter, width: int | None, inden
     return w.lines
 
 
+#: a PCI bus id as node findings carry it in ``value`` (``0000:e8:00.0``)
+_BUS_ID = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+def _node_action_text(f: Mapping[str, Any]) -> str:
+    """The line under a node finding that says its action, as a card's ACTION column
+    does (``action reset_card: the card at 0000:e8:00.0``); "" for no action."""
+    action = f.get("action")
+    if not isinstance(action, str) or action in ("", "none"):
+        return ""
+    if action == "watch":
+        return "action watch: kept in service and watched, no drain"
+    value = f.get("value")
+    if isinstance(value, str) and _BUS_ID.match(value):
+        return f"action {_CONTROL.sub(' ', action)}: the card at {value}"
+    return f"action {_CONTROL.sub(' ', action)} (for {_CONTROL.sub(' ', str(f.get('check')))})"
+
+
 def render(
     doc: Mapping[str, Any],
     *,
@@ -486,6 +504,9 @@ def render(
         out.add("node findings:")
         for f in shown:
             out.lines.extend(_finding_line(f, paint, width, 2))
+            text = _node_action_text(f)
+            if text:
+                out.add_painted(text, 4, paint, "dim")
     if events:
         out.add("kernel log events first read in this patrol:")
     for e in events:

@@ -212,7 +212,7 @@ def test_reboot_node_blocks_every_accelerator_job():
     d = decide(
         state([cards[0]], findings=[node_finding]), Allocation({"gpu": frozenset({0})}), now=NOW
     )
-    assert d.reason == "hetpatrol: reboot_node node nvml_driver"
+    assert d.reason == "hetpatrol: reboot_node node nvml_driver m"
     assert decide(state([cards[0]], findings=[node_finding]), Allocation(), now=NOW).ok
 
 

@@ -149,7 +149,7 @@ def test_the_example_config_says_exactly_this(tmp_path):
     ).stdout
     assert text.endswith(
         "partitions:\n        hetero: several vendors (features)\n\n"
-        "audit: 30 nodes, 2 errors, 5 warnings, 1 notes (exit 2)\n"
+        "audit: 30 nodes, 2 errors, 5 warnings, 1 note (exit 2)\n"
     )
 
 
@@ -427,3 +427,34 @@ def test_the_example_fits_an_80_column_terminal_and_a_pipe_keeps_lines_whole(tmp
         "        partition hetero: node[31-40] (10 nodes) defined by no NodeName line: slurmctld "
         "does not start (fatal: Invalid node names in partition hetero)"
     )
+
+
+def test_untyped_gres_vendor_from_its_own_name_not_the_nodes_other_gres(tmp_path):
+    """A mixed node's Ascend cards sit under ``ascend``; the untyped ``gpu`` of an
+    NVIDIA-only node holds NVIDIA cards alone: a warning, no two-vendor error."""
+    report = _audit(
+        tmp_path,
+        [
+            *QUIET,
+            "GresTypes=gpu,ascend",
+            "NodeName=gn001 Gres=gpu:h100:8,ascend:910b:8",
+            "NodeName=hgx01 Gres=gpu:8",
+            "PartitionName=p Nodes=gn001,hgx01",
+        ],
+        [
+            "NodeName=gn001 Name=gpu Type=h100 File=/dev/nvidia[0-7]",
+            "NodeName=gn001 Name=ascend Type=910b File=/dev/davinci[0-7]",
+            "# the NVIDIA-only node",
+            "NodeName=hgx01 Name=gpu File=/dev/nvidia[0-7]",
+        ],
+        cgroup=CGROUP,
+    )
+    got = [(f.severity, f.where, f.message) for f in _of(report, "untyped_gres")]
+    assert got == [
+        (
+            "warning",
+            f"{tmp_path}/slurm.conf:10",
+            "hgx01: GRES gpu has no type: a job cannot ask for this card class by name",
+        ),
+        ("warning", "gres.conf:4", "gres.conf Name=gpu without Type="),
+    ]

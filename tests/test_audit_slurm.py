@@ -265,6 +265,35 @@ def test_registration_against_the_daemons(tmp_path):
     ]
 
 
+def test_silent_daemon_is_not_missing_cards(tmp_path):
+    """A node whose exporter is down (up == 0: no card series) or whose last patrol is
+    stale is named as a silent daemon, not as a node whose cards are gone."""
+    conf = _write(tmp_path, "slurm.conf", MIXED)
+    daemons = {
+        f"gn00{i}": DaemonNode(f"gn00{i}", up=True, cards={("nvidia", "a100", "gpu"): 8})
+        for i in (1, 2, 4)
+    }
+    daemons["gn003"] = DaemonNode("gn003", up=False)
+    for i in range(1, 5):
+        daemons[f"an0{i}"] = DaemonNode(f"an0{i}", up=True, cards={("ascend", "910b", "ascend"): 8})
+    daemons["an02"].silent = True  # stale: its last series still there
+    daemons["an02"].cards[("ascend", "910b", "ascend")] = 3
+    daemons["mx01"] = DaemonNode(
+        "mx01", up=True, cards={("nvidia", "a100", "gpu"): 4, ("ascend", "910b", "ascend"): 4}
+    )
+    report = _run(conf, daemons=daemons)
+    found = [f for f in report.findings if f.check == "gres_vs_daemons"]
+    text = (
+        ": daemon silent (scrape target down, last patrol stale or not ready): Gres= not "
+        "compared with its cards"
+    )
+    assert [(f.severity, f.where, f.message) for f in found] == [
+        ("warning", f"{conf}:7", "gn003" + text),
+        ("warning", f"{conf}:8", "an02" + text),
+    ]
+    assert all("repair" not in f.fix for f in found)
+
+
 def test_include_and_continuation(tmp_path):
     _write(tmp_path, "nodes.conf", ["NodeName=gn[01-02] \\", "  Gres=gpu:8  # untyped"])
     conf = _write(tmp_path, "slurm.conf", ["GresTypes=gpu", "Include nodes.conf"])

@@ -240,3 +240,28 @@ def test_an_npu_really_gone_after_the_job_drains_as_the_daemon_would(tmp_path):
     # and the Prolog refuses the next job on the node, from the daemon's same finding
     assert prolog.reason.startswith("hetpatrol: reboot_node node card_missing"), prolog
     assert prolog.exit_code == 1
+
+
+def test_no_card_read_says_what_it_could_not_read(state):
+    """npu-smi fails after the job (fixtures/nodes/ascend-dcmi-error: DCMI -8005) and the
+    replay has no nvidia-smi: no held card is judged. The line names the cards and each
+    collector's state and error (not an empty "fine"); exit 0, no drain."""
+
+    def scontrol(argv, timeout):  # never called: no drain from what was not read
+        raise AssertionError(argv)
+
+    env = {**_env("1"), "ASCEND_VISIBLE_DEVICES": "5"}
+    code, line = run_epilog(env, state, lambda: _patrol("ascend-dcmi-error"), runner=scontrol)
+    assert code == 0
+    assert line == (
+        "hetpatrol epilog: no card of the job could be read: nvidia/1 (nvidia: absent: no "
+        f"nvidia-smi-q.xml in {NODES / 'ascend-dcmi-error'}); ascend/5/0 (ascend: failed: "
+        "npu-smi info failed: DCMI return code -8005: DrvMngGetConsoleLogLevel failed. "
+        "(g_conLogLevel=3); dcmi module initialize failed. ret is -8005)"
+    )
+    # a card read fine beside one that was not: both said
+    code, line = run_epilog(env, state, lambda: _patrol("xid-79"), runner=scontrol)
+    assert code == 0
+    assert line.startswith(
+        "hetpatrol epilog: nvidia/1 fine after the job; not read: ascend/5/0 (ascend: absent: "
+    ), line

@@ -324,9 +324,52 @@ def test_a_narrow_terminal_gets_each_label_on_its_own_line(tmp_path):
     assert max(len(line) for line in narrow) <= 80, "\n".join(narrow)
     assert narrow[:2] == [
         "class / partition / nodes",
-        "    nodes slurm seen ok warn crit unkn alloc idle dr-hp dr-oth silent",
+        "    nodes slurm seen ok warn crit unkn alloc idle down dr-hp dr-oth silent",
     ]
     at = narrow.index("nvidia a100  gres gpu")
     # 3 nodes, 24 cards in Slurm, 8 seen (gn001's daemon) and ok; 3 allocated (gn001's
-    # GresUsed), gn002's 8 drained by hetpatrol, 13 idle; gn002 and gn003 silent
-    assert narrow[at + 1].split() == ["3", "24", "8", "8", "0", "0", "0", "3", "13", "1", "0", "2"]
+    # GresUsed), gn002's 8 drained by hetpatrol, 13 idle, none down; gn002 and gn003 silent
+    assert narrow[at + 1].split() == [
+        *("3", "24", "8", "8", "0", "0", "0", "3", "13", "0", "1", "0", "2")
+    ]
+
+
+@pytest.mark.parametrize("command", ["fleet", "audit-slurm"])
+def test_timeout_help_says_one_deadline_for_the_whole_command(command):
+    """--timeout bounds scontrol and every query together (docs/fleet.md), not each."""
+    import subprocess
+
+    from conftest import HETPATROL
+
+    out = subprocess.run(
+        [*HETPATROL, command, "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    text = " ".join(out.split())
+    assert "one deadline in seconds for the whole command (scontrol and every" in text
+    assert "per source" not in text
+
+
+@pytest.mark.parametrize(
+    "state", ["DOWN+NOT_RESPONDING", "DOWN", "IDLE+NOT_RESPONDING", "MIXED+FAIL", "DOWN+DRAIN"]
+)
+def test_a_down_nodes_cards_are_counted_down_not_idle(state):
+    """gn003 out of service (sinfo(1) NODE STATE CODES: DOWN and FAIL "unavailable for
+    use", not responding "will not be allocated any new work"): its 8 cards are in
+    ``down``, not ``idle``; the 80-column layout still fits."""
+    text = SLURM_TEXT.replace("NodeName=gn003 State=IDLE", f"NodeName=gn003 State={state}")
+    nodes = parse_nodes_text(text.replace("\\\n", ""))
+    answers = _answers(
+        up=[({"node": "gn001", "instance": "gn001:9477"}, 1)],
+        cards=[_card("gn001", "nvidia", "a100", "gpu", 8, "550.54.15", "92.00.9E.00.02")],
+        health=[_health("gn001", "nvidia", "a100", "ok", 8)],
+    )
+    doc = build_fleet(nodes, daemon_nodes(answers, "node"), card_gres={"gpu", "npu"}).to_json()
+    (cls,) = [c for c in doc["classes"] if c["gres"] == "gpu"]
+    # gn001: 8 - 3 allocated idle; gn002 drained: neither; gn003: 8 down
+    assert (cls["idle"], cls["down"], cls["allocated"]) == (5, 8, 3)
+    narrow = render(doc, width=80).splitlines()
+    assert max(len(line) for line in narrow) <= 80, "\n".join(narrow)
+    at = narrow.index("nvidia a100  gres gpu")
+    assert narrow[at + 1].split()[7:10] == ["3", "5", "8"]
+    wide = render(doc).splitlines()
+    assert wide[0].split()[-5:] == ["idle", "down", "drain-hp", "drain-other", "silent"]

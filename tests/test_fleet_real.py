@@ -406,6 +406,41 @@ def test_a_stopped_daemon_is_listed_silent(env):
     assert doc["prometheus_only"] == {"nodes": 1, "hosts": "ghost01"}
 
 
+def test_a_down_node_with_a_silent_daemon(env):
+    """Runs after the others that read gn001: its daemon stopped (``up == 0``) and the
+    node set DOWN in the real slurmctld. fleet counts its cards ``down``, not ``idle``;
+    audit-slurm names its daemon silent (a warning), not its cards missing."""
+    stop(env.daemons["gn001"])
+    wait(
+        lambda: [s for s in env.query('up{node="gn001"} == 0')],
+        what="Prometheus sees gn001 down",
+    )
+    env.cluster.scontrol("update", "NodeName=gn001", "State=DOWN", "Reason=h31 test")
+    assert "State=DOWN" in env.cluster.scontrol("-o", "show", "node", "gn001")
+    out = env.hetpatrol(
+        "fleet", "--prometheus", env.prometheus, "--scontrol", env.scontrol, "--json"
+    )
+    doc = json.loads(out.stdout)
+    # gn[001-002] in mixed: gn001 4 A100 + 8 910B down, gn002 drained by an admin
+    for vendor, card_type, cards in (("nvidia", "a100", 4), ("ascend", "910b", 8)):
+        mixed = _part(_cls(doc, vendor, card_type), "mixed")
+        assert (mixed["idle"], mixed["down"], mixed["allocated"]) == (0, cards, 0), mixed
+    out = env.hetpatrol(
+        "audit-slurm",
+        "--scontrol",
+        env.scontrol,
+        "--prometheus",
+        env.prometheus,
+        "--gres-conf",
+        str(env.cluster.gres_conf),
+        "--json",
+    )
+    vs = [f for f in json.loads(out.stdout)["findings"] if f["check"] == "gres_vs_daemons"]
+    assert [f["severity"] for f in vs if "gn001" in f["message"]] == ["warning"], vs
+    (silent,) = [f for f in vs if "gn001" in f["message"]]
+    assert silent["message"].startswith("gn001: daemon silent (scrape target down"), silent
+
+
 def test_the_readme_relabel_gives_the_node_label(env):
     assert RELABEL == {
         "source_labels": ["__address__"],

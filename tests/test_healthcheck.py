@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,27 @@ def test_critical_state_exits_2_and_names_the_card(base_config, tmp_path, guarde
     (line,) = lines
     assert line.startswith("HETPATROL CRITICAL - n1: 1 critical, 1 ok, 1 warning; ")
     assert "ascend/1/0 critical temperature; ascend/2/0 warning temperature" in line
+
+
+def test_a_card_names_only_the_checks_of_its_own_severity(tmp_path, guarded_path):
+    """fixtures/nodes/nvlink-storm: GPU 2's XID is critical, its NVLink checks warnings
+    and its clock reasons info (hetpatrol once --replay ... -v); the line names the
+    critical XID alone for it, as the other GPUs' warning XIDs alone for them."""
+    config = replace(load_config(), node="nvlink-storm-01")
+    patroller = Patroller(config, replay_dir=NODES / "nvlink-storm")
+    try:
+        report = patroller.run()
+    finally:
+        patroller.close()
+    path = tmp_path / "state.json"
+    write_state(path, report, interval_seconds=10)
+    code, (line,) = run_check(guarded_path, "--state-path", str(path))
+    assert code == 2
+    assert line.startswith(
+        "HETPATROL CRITICAL - nvlink-storm-01: 1 critical, 4 ok, 3 warning; nvidia/2 "
+        "critical xid; nvidia/0 warning xid; nvidia/1 warning xid; nvidia/3 warning xid "
+        "(patrol 1, "
+    ), line
 
 
 def test_stale_state_exits_3(base_config, tmp_path, guarded_path):

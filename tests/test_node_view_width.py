@@ -88,3 +88,17 @@ def test_a_narrow_terminal_drops_power_then_bus_id_never_health():
     assert header.split() == ["IDX", "CHIP", "HEALTH", "TEMP", "UTIL", "MEMORY", "BUS", "ID"]
     header = next(line for line in _once("healthy-mixed", "50") if line.startswith("  IDX  CHIP"))
     assert header.split() == ["IDX", "CHIP", "HEALTH", "TEMP", "UTIL", "MEMORY"], header
+
+
+@pytest.mark.parametrize("columns", ["60", None])
+def test_a_node_finding_says_its_action(columns):
+    """fixtures/nodes/gpu-unlisted: lspci lists an H100 at 0000:e8:00.0 that
+    nvidia-smi does not; the header says "action reset_card" and the node finding's
+    own line says what it is for (the card tables are all ok)."""
+    lines = _once("gpu-unlisted", columns)
+    assert lines[0].startswith("node mixed-unlisted-01  CRITICAL   action reset_card")
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("  critical pci_unwatched: "))
+    after = lines[at + 1 :]
+    action = next(ln for ln in after if not ln.startswith("           "))
+    assert action == "    action reset_card: the card at 0000:e8:00.0"
+    assert all(len(ln) <= int(columns or 1000) for ln in lines)

@@ -371,7 +371,8 @@ def test_daemon_writes_event_lines_after_the_patrol_lines(base_config, tmp_path)
     lines = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert [x["kind"] for x in lines] == ["card", "card", "patrol", "event"]
     assert (
-        lines[-1]["reason"] == "hetpatrol: isolate_card ascend/1/0 temperature temperature critical"
+        lines[-1]["reason"]
+        == "hetpatrol: isolate_card ascend/1/0 temperature temperature 99 C >= critical level 90 C"
     )
     body = daemon.exposition.body.decode()
     assert 'hetpatrol_slurm_events_total{event="drain"} 1.0' in body

@@ -236,7 +236,24 @@ def finding_action(
         return ActionVerdict(WATCH, "unknown", key, f"check {check!r} has no action table row")
     if severity in _QUIET:
         return ActionVerdict(NONE, "finding", key, f"{check} {severity}")
-    return ActionVerdict(row.get(severity, row["*"]), "finding", key, f"{check} {severity}")
+    # the why is the finding's own message ("remapped rows pending: the GPU needs a
+    # reset"), not the check name again: the code already names the check
+    why = why_text(_get(finding, "message")) or f"{check} {severity}"
+    return ActionVerdict(row.get(severity, row["*"]), "finding", key, why)
+
+
+#: the longest why a verdict keeps from a finding's message (drain reasons: 200 in all)
+WHY_MAX = 100
+
+
+def why_text(message: Any, limit: int = WHY_MAX) -> str:
+    """A finding's message as a verdict's why: one line of printable text (control,
+    format and bidi characters and whitespace runs become one space), at most ``limit``
+    characters (cut with ``...``); "" for no message."""
+    if not isinstance(message, str):
+        return ""
+    text = " ".join("".join(c if c.isprintable() else " " for c in message).split())
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
 def _code_verdicts(fn, severity, value, message, levels, overrides) -> list[ActionVerdict]:

@@ -67,6 +67,11 @@ def _wrapped(text: str, width: int | None, indent: str = "        ") -> list[str
     )
 
 
+def _count(n: int, word: str) -> str:
+    """``1 error``, ``3 errors``, ``0 notes``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def render(doc: dict[str, Any], *, color: bool = False, width: int | None = None) -> str:
     """The human list of findings, errors first, each with where and the fix; ``width``:
     the terminal's columns, messages and fixes wrapped to it (None: a pipe, one line
@@ -93,10 +98,13 @@ def render(doc: dict[str, Any], *, color: bool = False, width: int | None = None
         for name, layout in doc["layouts"].items():
             out.extend(_wrapped(f"{name}: {layout}", width))
     out.append("")
-    out.append(
-        f"audit: {doc['nodes']} nodes, {counts['error']} errors, {counts['warning']} warnings, "
-        f"{counts['info']} notes (exit {doc['exit_code']})"
-    )
+    parts = [
+        _count(doc["nodes"], "node"),
+        _count(counts["error"], "error"),
+        _count(counts["warning"], "warning"),
+        _count(counts["info"], "note"),
+    ]
+    out.append(f"audit: {', '.join(parts)} (exit {doc['exit_code']})")
     return "\n".join(out) + "\n"
 
 
@@ -283,7 +291,8 @@ def add_audit_parser(sub: Any) -> argparse.ArgumentParser:
         "--timeout",
         type=timeout_seconds,
         default=60.0,
-        help="seconds per source, in (0, 86400] (each Prometheus query as a whole; default 60)",
+        help="one deadline in seconds for the whole command (scontrol and every Prometheus "
+        "query together), in (0, 86400] (default 60)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the list")
     p.add_argument(

@@ -233,7 +233,9 @@ class Counts:
 
     - ``nodes``: Slurm nodes (and Prometheus-only nodes) holding or registering the class.
     - ``cards_slurm``: count registered in Slurm (``Gres=``); ``allocated``: in use by jobs
-      (``GresUsed=``); ``idle``: registered minus allocated on nodes not drained.
+      (``GresUsed=``); ``idle``: registered minus allocated on nodes that can take jobs
+      (not drained, not down); ``down``: registered minus allocated on nodes out of
+      service (``DOWN``, ``NOT_RESPONDING``, ``FAIL``: :attr:`SlurmNode.down`).
     - ``cards_seen``: card (chip) records the daemons export (``hetpatrol_card_info``);
       ``health``: those per verdict (``hetpatrol_card_health``; a card without a verdict
       series counts as ``unknown``).
@@ -250,6 +252,7 @@ class Counts:
     actions: dict[str, int] = field(default_factory=dict)  # hook: filled once cards carry one
     allocated: int = 0
     idle: int = 0
+    down: int = 0
     drained_hetpatrol: int = 0
     drained_other: int = 0
     silent: int = 0
@@ -264,6 +267,7 @@ class Counts:
                 counter[k] = counter.get(k, 0) + n
         self.allocated += other.allocated
         self.idle += other.idle
+        self.down += other.down
         self.drained_hetpatrol += other.drained_hetpatrol
         self.drained_other += other.drained_other
         self.silent += other.silent
@@ -279,6 +283,7 @@ class Counts:
             "actions": dict(sorted(self.actions.items())),
             "allocated": self.allocated,
             "idle": self.idle,
+            "down": self.down,
             "drained_hetpatrol": self.drained_hetpatrol,
             "drained_other": self.drained_other,
             "silent": self.silent,
@@ -516,9 +521,14 @@ def build_fleet(
             if actions:
                 c.actions = dict(actions)
             c.allocated = allocated.get(ck, 0)
-            # idle: registered, not allocated, on a node that can take jobs (not drained)
-            drained = node is not None and node.drained
-            c.idle = 0 if drained else max(c.cards_slurm - c.allocated, 0)
+            # idle: registered, not allocated, on a node that can take jobs (not drained,
+            # not down); a down node's cards are counted apart: no job gets them
+            # (sinfo(1) NODE STATE CODES, SlurmNode.down)
+            free = max(c.cards_slurm - c.allocated, 0)
+            if node is not None and node.down:
+                c.down = free
+            elif not (node is not None and node.drained):
+                c.idle = free
             if node is not None and node.drained:
                 if node.drained_by_hetpatrol:
                     c.drained_hetpatrol = 1

@@ -49,6 +49,7 @@ HEADERS = (
     "unkn",
     "alloc",
     "idle",
+    "down",
     "drain-hp",
     "drain-other",
     "silent",
@@ -66,6 +67,7 @@ def _cells(label: str, c: dict[str, Any]) -> list[str]:
         *(str(h[k]) for k in HEALTHS),
         str(c["allocated"]),
         str(c["idle"]),
+        str(c["down"]),
         str(c["drained_hetpatrol"]),
         str(c["drained_other"]),
         str(c["silent"]),
@@ -79,17 +81,19 @@ def _styles(c: dict[str, Any], base: str = "") -> list[str]:
             styles[col] = health
     if c["cards_seen"] < c["cards_slurm"]:
         styles[3] = "unknown"
-    if c["silent"]:
-        styles[12] = "unknown"
-    if c["drained_hetpatrol"]:
+    if c["down"]:
         styles[10] = "warning"
+    if c["silent"]:
+        styles[13] = "unknown"
+    if c["drained_hetpatrol"]:
+        styles[11] = "warning"
     return styles
 
 
 #: the numbers' headers in the narrow layout (the label on a line of its own)
 SHORT_HEADERS = (
-    "nodes", "slurm", "seen", "ok", "warn", "crit", "unkn", "alloc", "idle", "dr-hp",
-    "dr-oth", "silent",
+    "nodes", "slurm", "seen", "ok", "warn", "crit", "unkn", "alloc", "idle", "down",
+    "dr-hp", "dr-oth", "silent",
 )  # fmt: skip
 
 
@@ -273,9 +277,10 @@ def add_fleet_parser(sub: Any) -> argparse.ArgumentParser:
         description=(
             "The cluster per card class, then per partition and node batch: Slurm's nodes "
             "joined with the daemons' metrics read from Prometheus (cards registered and "
-            "seen, verdicts, allocated and idle, drained by hetpatrol or others, silent "
-            "daemons, driver and firmware versions). Exit: the fleet's worst verdict, 0 ok, 1"
-            " warning, 2 critical, 3 unknown (also when Slurm or Prometheus cannot be read)."
+            "seen, verdicts, allocated, idle and on down nodes, drained by hetpatrol or "
+            "others, silent daemons, driver and firmware versions). Exit: the fleet's worst "
+            "verdict, 0 ok, 1 warning, 2 critical, 3 unknown (also when Slurm or Prometheus "
+            "cannot be read)."
         ),
     )
     source = p.add_mutually_exclusive_group(required=True)  # one, else a usage error (64)
@@ -319,7 +324,8 @@ def add_fleet_parser(sub: Any) -> argparse.ArgumentParser:
         "--timeout",
         type=timeout_seconds,
         default=60.0,
-        help="seconds per source, in (0, 86400] (each Prometheus query as a whole; default 60)",
+        help="one deadline in seconds for the whole command (scontrol and every Prometheus "
+        "query together), in (0, 86400] (default 60)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument(

@@ -75,6 +75,14 @@ class SlurmNode:
         return "DRAIN" in self.flags or self.state in ("DRAINED", "DRAINING", "DRAIN")
 
     @property
+    def down(self) -> bool:
+        """Out of service whatever its reason: a ``DOWN`` base state, or the
+        ``NOT_RESPONDING`` or ``FAIL`` flag. sinfo(1) NODE STATE CODES: DOWN "unavailable
+        for use", FAIL "unavailable for use per system administrator request", ``*``
+        (not responding) "will not be allocated any new work"; hetpatrol.slurm.states."""
+        return self.state == "DOWN" or bool({"NOT_RESPONDING", "FAIL"} & self.flags)
+
+    @property
     def drained_by_hetpatrol(self) -> bool:
         """Drained with a reason hetpatrol wrote (``hetpatrol: ...``)."""
         return self.drained and ours(self.reason)

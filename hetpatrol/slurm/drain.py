@@ -3,7 +3,8 @@
 Rules (``slurm.enabled`` and ``slurm.drain.enabled``, both off by default):
 
 - A **critical** patrol drains the node: ``scontrol update NodeName=<node> State=DRAIN
-  Reason="hetpatrol: <check> <card>, ..."``, unless the node already carries a reason.
+  Reason="hetpatrol: <action> <card> <code> <why> (+N more)"``, unless the node already
+  carries a reason.
   A reason of our own (it starts with ``hetpatrol:``) is left as it is; **anyone
   else's** (an admin's drain, Slurm's own ``gres/gpu count reported lower than
   configured``) is never replaced: the decision is logged as ``drain_skipped``.
@@ -37,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hetpatrol.actions.apply import drain_reason as action_drain_reason
+from hetpatrol.actions.findings import why_text
 from hetpatrol.actions.vocabulary import DEFAULT_DRAIN_ACTIONS, ActionVerdict, rank
 from hetpatrol.logs import get_logger
 from hetpatrol.schema import (
@@ -99,10 +101,9 @@ def drain_needs(
     needs: list[tuple[str, ActionVerdict]] = []
     for f in report.node_findings:
         if f.action in drain_on:
-            what = f.check
-            if f.check == "gres_mismatch":  # "gpu:a100: Slurm has 8 registered, 6 healthy"
-                what += " " + f.message.split(": ", 1)[0]
-            needs.append(("node", ActionVerdict(f.action, "check", None, what)))
+            # one form with the cards': <action> node <check> <the finding's message>
+            why = why_text(f.message)
+            needs.append(("node", ActionVerdict(f.action, "check", f"check:{f.check}", why)))
     for rec in report.cards:
         if rec.action in drain_on:
             verdict = ActionVerdict(
@@ -114,7 +115,8 @@ def drain_needs(
 
 def drain_reason(report: PatrolReport, drain_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS) -> str:
     """``hetpatrol: <action> <card> <code> <why>`` for the highest action the report
-    needs (``hetpatrol: reset_card nvidia/1 check remapped_rows_pending ...``), with a
+    needs (``hetpatrol: reset_card nvidia/1 remapped_rows_pending remapped rows pending:
+    the GPU needs a reset``; a node finding: ``reboot_node node <check> <message>``), with a
     ``(+N more)`` tail for the others; at most :data:`REASON_MAX` characters."""
     needs = drain_needs(report, drain_on)
     if not needs:

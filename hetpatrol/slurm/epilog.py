@@ -28,7 +28,9 @@ node be, as the prolog does):
    answer ok is not judged. When the job's cards cannot be told (no ``SLURM_JOB_GPUS``,
    no IDX in the finished job's record), every card of the node is looked at.
 
-No state file, no card of the job, nothing bad: exit 0. Prints one line.
+No state file, no card of the job, nothing bad: exit 0. Held cards no collector read
+(NVML absent, a vendor tool failing) are named with the collector's state and error, still
+exit 0 and no drain. Prints one line.
 """
 
 from __future__ import annotations
@@ -123,6 +125,25 @@ def judge_held(
     return bad, fine
 
 
+def _unread(held: Sequence[Mapping[str, Any]], report: PatrolReport, judged: set[str]) -> str:
+    """The held cards not judged, each vendor's with its collector's state and error
+    (``"nvidia/0, nvidia/1 (nvidia: error: NVML Shared Library Not Found)"``); "" when
+    every held card was judged. Control characters of the tool's text are removed."""
+    status = {c.name: c for c in report.collectors}
+    by_vendor: dict[str, list[str]] = {}
+    for card in held:
+        name = card_name(card)
+        if name not in judged:
+            by_vendor.setdefault(str(card.get("vendor")), []).append(name)
+    parts = []
+    for vendor, names in by_vendor.items():
+        c = status.get(vendor)
+        why = "collector not run" if c is None else c.state + (f": {c.error}" if c.error else "")
+        why = " ".join("".join(ch if ch.isprintable() else " " for ch in why).split())
+        parts.append(f"{', '.join(names)} ({vendor}: {why[:160]})")
+    return "; ".join(parts)
+
+
 def run_epilog(
     env: Mapping[str, str],
     state_path: str | os.PathLike[str],
@@ -165,7 +186,15 @@ def run_epilog(
         note = f" (the job's cards unknown: {why}; every card looked at)"
         if not held:
             return EXIT_PASS, f"hetpatrol epilog: no card in the verdict{note}"
-    bad, fine = judge_held(held, patrol(), block_on)
+    report = patrol()
+    bad, fine = judge_held(held, report, block_on)
+    unread = _unread(held, report, {n for n, _ in bad} | set(fine))
+    if not bad and not fine:
+        # nothing read is no verdict: exit 0 and no drain (an absent NVML or a failing
+        # npu-smi is the daemon's finding, not proof the job broke a card)
+        return EXIT_PASS, f"hetpatrol epilog: no card of the job could be read: {unread}{note}"
+    if unread:
+        note += f"; not read: {unread}"
     if not bad:
         return EXIT_PASS, f"hetpatrol epilog: {', '.join(fine)} fine after the job{note}"
     where = ",".join(name for name, _ in bad)

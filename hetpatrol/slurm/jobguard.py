@@ -59,7 +59,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from hetpatrol.actions.apply import drain_reason
-from hetpatrol.actions.findings import card_action, finding_action
+from hetpatrol.actions.findings import card_action, finding_action, why_text
 from hetpatrol.actions.vocabulary import (
     DEFAULT_DRAIN_ACTIONS,
     REBOOT_NODE,
@@ -459,7 +459,10 @@ def decide(
             if isinstance(f, Mapping):
                 verdict = _verdict_of(f, None)
                 if verdict.action == REBOOT_NODE:
-                    node_items.append((f"node {f.get('check')}", verdict))
+                    # the daemon's form: <action> node <check> <the finding's message>
+                    why = why_text(f.get("message")) or verdict.reason
+                    verdict = verdict._replace(code=f"check:{f.get('check')}", reason=why)
+                    node_items.append(("node", verdict))
         if node_items:
             where, verdict = node_items[0]
             return GuardDecision(EXIT_FAIL, drain_reason(where, verdict), names, tuple(missing))

@@ -276,10 +276,24 @@ class Context:
             got = self._class_cache[key] = self._classes_from(v, lines)
         return set(got)
 
-    def _classes_from(self, v: NodeView, lines: list[GresConfLine]) -> set[CardClass]:
+    def classes_under(self, node: str, name: str) -> set[CardClass]:
+        """The (vendor, type) classes of ``node``'s cards under the GRES ``name`` alone:
+        the daemon's cards it reports under that name, else the node's ``Gres=`` entries
+        of that name with its gres.conf lines; a node's other GRES never count (a mixed
+        ``Gres=gpu:h100:8,ascend:910b:8`` puts no Ascend card under ``gpu``)."""
+        name = name.lower()
+        d = (self.daemons or {}).get(node)
+        if d is not None and d.cards:
+            return {(vd, ct.lower()) for vd, ct, g in d.cards if (g or "").lower() == name}
+        v = self.views[node]
+        return self._classes_from(v, self.gres_conf_lines_of(node), only=name)
+
+    def _classes_from(
+        self, v: NodeView, lines: list[GresConfLine], only: str | None = None
+    ) -> set[CardClass]:
         out: set[CardClass] = set()
         for e in v.gres:
-            if not self.is_card(e.name):
+            if not self.is_card(e.name) or (only is not None and e.name.lower() != only):
                 continue
             typed = [e.type] if e.type else []
             files: list[str] = []

@@ -1,7 +1,10 @@
 """``gres_vs_daemons`` (with ``--prometheus``): node ``Gres=`` equals what the daemons
 found, per (name, type). Error where they differ: slurmctld hands out the registered
 cards (slurm.conf(5) NodeName Gres), so a job can be given a card that is not there;
-nodes not compared are listed (info), daemons Slurm does not know are a warning.
+nodes not compared are listed (info), daemons Slurm does not know are a warning. A
+daemon that is not reporting (scrape target ``up == 0``, last patrol stale, not ready:
+the ``silent`` rule of ``fleet``) has no card series: its node is not compared and is
+named as silent (warning), never as missing cards.
 """
 
 from __future__ import annotations
@@ -30,11 +33,18 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
         return
     mism: dict[tuple, list[str]] = defaultdict(list)
     unseen = []
+    silent: dict[str, list[str]] = defaultdict(list)
     for v in ctx.nodes:
         d = daemons.get(v.name)
         if d is None:
             if any(ctx.is_card(e.name) for e in v.gres):
                 unseen.append(v.name)
+            continue
+        if d.quiet:
+            # a down target's series go stale (Prometheus staleness, 5 min): zero cards
+            # found says nothing about the cards
+            if any(ctx.is_card(e.name) for e in v.gres):
+                silent[v.where].append(v.name)
             continue
         found: dict[GresKey, int] = defaultdict(int)
         for (_v, ctype, gres), n in d.cards.items():
@@ -64,6 +74,16 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
             where_of(where, names),
             f"{compress_hostlist(names)}: {text}",
             f"Gres={fix} (or repair the missing cards)" if fix else "repair the cards",
+        )
+    for where, names in silent.items():
+        yield AuditFinding(
+            NAME,
+            "warning",
+            where_of(where, names),
+            f"{compress_hostlist(names)}: daemon silent (scrape target down, last patrol "
+            "stale or not ready): Gres= not compared with its cards",
+            "bring hetpatrol's daemon and its exporter back on the node "
+            "(systemctl status hetpatrol), then run audit-slurm again",
         )
     extra = sorted(k for k in daemons if k not in ctx.views)
     if unseen:

@@ -32,10 +32,11 @@ SOURCE = "slurm.conf(5) NodeName Gres; gres.conf(5) Type; src/common/gres.c _mer
 
 def _vendors(ctx: Context, name: str) -> set[str]:
     out = {v for v, _t in ctx.daemon_classes.get(name, ())}
-    for node, classes in ctx.node_classes.items():
-        v = ctx.views[node]
-        if any(e.name.lower() == name for e in v.gres):
-            out |= {c[0] for c in classes}
+    # a class's vendor comes from its own GRES name and type, never from the node's
+    # other GRES (slurm.conf(5) NodeName Gres: each "<name>[:<type>]:<count>" is its own
+    # resource; --gres=gpu:1 draws only from the cards under gpu)
+    for node in ctx.views:
+        out |= {c[0] for c in ctx.classes_under(node, name)}
     out |= {vendor_of_gres(name, t, ctx.profiles) for t in ctx.types_by_name[name] if t}
     out.discard("")
     return out
