@@ -32,6 +32,7 @@ from hetpatrol.actions.vocabulary import highest
 from hetpatrol.bounded import HANG_MARGIN_SECONDS, BoundedCollector
 from hetpatrol.checks import kernel_events
 from hetpatrol.checks import pci_census as census_check
+from hetpatrol.checks.card_hung import HungWatch
 from hetpatrol.checks.environment import EnvironmentCheck
 from hetpatrol.checks.facts import NodeCheck
 from hetpatrol.collector import (
@@ -183,6 +184,8 @@ class Patroller:
         self.run_id = uuid.uuid4().hex[:12]
         #: escalation counts by card identity (restored from the state file by the daemon)
         self.escalation = Escalation(config.actions.escalation)
+        #: busy-but-stuck clocks by card identity (hetpatrol.checks.card_hung)
+        self.hung_watch = HungWatch()
         self._lock = threading.Lock()
         #: the monotonic clock escalation spans are checked against (a test's may follow
         #: the wall times it passes)
@@ -232,6 +235,7 @@ class Patroller:
             self.census_reader = previous.census_reader  # no re-read of the bus on reload
         self.run_id = previous.run_id
         self.escalation = previous.escalation
+        self.hung_watch = previous.hung_watch
         self.escalation.rules = self.config.actions.escalation
         if previous.config.top[kernel_events.NAME] == self.config.top[kernel_events.NAME]:
             if self.kernel_log is not None:
@@ -321,6 +325,7 @@ class Patroller:
                 )
             self._last_collector_state[result.collector] = result.state
         statuses.extend(CollectorStatus(n, STATE_DISABLED, 0, 0.0) for n in disabled)
+        self.hung_watch.observe(cards, self.config, self.monotonic())
 
         kernel = kernel_events.patrol_kernel_log(
             self.kernel_log,
