@@ -13,6 +13,7 @@
         enabled: false               # drain on critical, resume our own drains
         dry_run: false               # log the decisions, change nothing
         resume_after_patrols: 3      # consecutive healthy patrols before a resume
+        reboot: false                # reboot_node: scontrol reboot ASAP nextstate=DOWN
         breaker:                     # hold a drain when many nodes are drained already
           enabled: true
           max_share: 0.10            # of the nodes of this node's partitions ...
@@ -55,6 +56,7 @@ SLURM_SCHEMA: dict[str, Any] = {
                 "enabled": {"type": "boolean"},
                 "dry_run": {"type": "boolean"},
                 "resume_after_patrols": {"type": "integer", "minimum": 1},
+                "reboot": {"type": "boolean"},
                 "breaker": {
                     "type": ["object", "null"],
                     "additionalProperties": False,
@@ -92,6 +94,8 @@ class DrainSettings:
     enabled: bool = False
     dry_run: bool = False
     resume_after_patrols: int = 3
+    #: reboot_node through Slurm (``scontrol reboot ASAP nextstate=DOWN``), opt-in
+    reboot: bool = False
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
 
 
@@ -131,6 +135,7 @@ def build_slurm_settings(
             enabled=bool(drain.get("enabled", False)),
             dry_run=bool(drain.get("dry_run", False)),
             resume_after_patrols=int(drain.get("resume_after_patrols", 3)),
+            reboot=bool(drain.get("reboot", False)),
             breaker=_breaker(drain.get("breaker") or {}),
         ),
     )
