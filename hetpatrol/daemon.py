@@ -35,6 +35,7 @@ from hetpatrol.exporters.state import read_state, write_atomic, write_state
 from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
 from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock
+from hetpatrol.slurm.card_jobs import CardJobs
 from hetpatrol.slurm.drain import DrainPolicy
 
 log = get_logger("hetpatrol.daemon")
@@ -50,6 +51,17 @@ def describe_change(change: dict) -> str:
     before = change.get("from") or "new"
     after = change.get("to") or "gone"
     return f"{what} {before} -> {after}"
+
+
+def card_jobs_for(config: Config, replay_dir: Path | None) -> CardJobs | None:
+    """The Slurm jobs of each card (``squeue --json``, :mod:`hetpatrol.slurm.card_jobs`)
+    while ``slurm.enabled``; None in a replay (recorded pids belong to another host) or
+    with Slurm off: stray processes are then not judged, fault events carry the jobs of
+    the card's processes only."""
+    if replay_dir is not None or not config.slurm.enabled:
+        return None
+    slurm = config.slurm
+    return CardJobs(slurm.scontrol, slurm.slurm_node(config.node), slurm.timeout_seconds)
 
 
 class Daemon:
@@ -76,6 +88,7 @@ class Daemon:
         self.config = self._apply_overrides(config)
         self.replay_dir = replay_dir
         self.patroller = Patroller(self.config, replay_dir=replay_dir)
+        self.patroller.card_jobs = card_jobs_for(self.config, replay_dir)
         self.stats = ExporterStats(interval_seconds=self.config.interval_seconds)
         #: Slurm drain / resume after each report (a no-op unless slurm.drain.enabled)
         self.drain_policy = DrainPolicy()
@@ -164,6 +177,8 @@ class Daemon:
             self.patroller = replacement
         else:
             self.patroller.config = new
+        if new.slurm != self.config.slurm or new.node != self.config.node:
+            self.patroller.card_jobs = card_jobs_for(new, self.replay_dir)
         if new.jsonl_path != self.config.jsonl_path and self.sink is not None:
             self.sink.close()
         self.config = new

@@ -32,6 +32,7 @@ from hetpatrol.actions.vocabulary import highest
 from hetpatrol.bounded import HANG_MARGIN_SECONDS, BoundedCollector
 from hetpatrol.checks import kernel_events
 from hetpatrol.checks import pci_census as census_check
+from hetpatrol.checks import stray_process as stray_check
 from hetpatrol.checks.card_hung import HungWatch
 from hetpatrol.checks.environment import EnvironmentCheck
 from hetpatrol.checks.facts import NodeCheck
@@ -57,6 +58,7 @@ from hetpatrol.schema import (
     HEALTH_CRITICAL,
     HEALTH_OK,
     HEALTH_UNKNOWN,
+    SEVERITY_INFO,
     CardRecord,
     Finding,
     rfc3339,
@@ -186,6 +188,11 @@ class Patroller:
         self.escalation = Escalation(config.actions.escalation)
         #: busy-but-stuck clocks by card identity (hetpatrol.checks.card_hung)
         self.hung_watch = HungWatch()
+        #: stray processes by card identity and pid (hetpatrol.checks.stray_process)
+        self.stray_watch = stray_check.StrayWatch()
+        #: the Slurm jobs of each card (hetpatrol.slurm.card_jobs.CardJobs: refresh(cards),
+        #: jobs_of(card)); set by the daemon where Slurm is on, else None
+        self.card_jobs: Any = None
         self._lock = threading.Lock()
         #: the monotonic clock escalation spans are checked against (a test's may follow
         #: the wall times it passes)
@@ -236,6 +243,8 @@ class Patroller:
         self.run_id = previous.run_id
         self.escalation = previous.escalation
         self.hung_watch = previous.hung_watch
+        self.stray_watch = previous.stray_watch
+        self.card_jobs = previous.card_jobs
         self.escalation.rules = self.config.actions.escalation
         if previous.config.top[kernel_events.NAME] == self.config.top[kernel_events.NAME]:
             if self.kernel_log is not None:
@@ -326,6 +335,19 @@ class Patroller:
             self._last_collector_state[result.collector] = result.state
         statuses.extend(CollectorStatus(n, STATE_DISABLED, 0, 0.0) for n in disabled)
         self.hung_watch.observe(cards, self.config, self.monotonic())
+        if self.card_jobs is not None:
+            self.card_jobs.refresh(cards)
+            self.stray_watch.observe(
+                cards, self.card_jobs.jobs_of, self.config.top[stray_check.NAME]
+            )
+            if self.card_jobs.error:
+                node_findings.append(
+                    Finding(
+                        "card_jobs_unread",
+                        SEVERITY_INFO,
+                        f"the Slurm jobs of the cards: {self.card_jobs.error}",
+                    )
+                )
 
         kernel = kernel_events.patrol_kernel_log(
             self.kernel_log,
@@ -337,6 +359,7 @@ class Patroller:
             enrich_processes=self.enrich_processes,
         )
         node_findings.extend(kernel.findings)
+        self._jobs_on_events(cards, kernel.events)
         changes.extend(self._apply_recovery(cards))
         check_data: dict[str, Any] = {}
         for check in self.node_checks:
@@ -393,6 +416,30 @@ class Patroller:
             action=node_action,
             escalation=self.escalation.to_dict(),
         )
+
+    def _jobs_on_events(self, cards: Sequence[CardRecord], events: Sequence[Any]) -> None:
+        """Each card fault event read this patrol gets ``jobs``: the Slurm jobs on its
+        card then (the card's allocation, where read, and the jobs of its processes),
+        matched by UUID or bus id; ``None`` when the card is not one of this patrol's."""
+        for event in events:
+            card = next(
+                (
+                    c
+                    for c in cards
+                    if (event.get("uuid") and c.uuid == event.get("uuid"))
+                    or (event.get("bus_id") and c.bus_id == event.get("bus_id"))
+                ),
+                None,
+            )
+            if card is None:
+                event.setdefault("jobs", None)
+                continue
+            jobs = {p.job_id for p in card.processes if p.job_id}
+            if self.card_jobs is not None:
+                jobs |= self.card_jobs.jobs_of(card) or set()
+            if event.get("job_id"):
+                jobs.add(str(event["job_id"]))
+            event["jobs"] = sorted(jobs)
 
     def _read_census(self, now: float) -> dict[str, CollectResult]:
         """This patrol's census (re-read by the reader at its own interval), kept for the
