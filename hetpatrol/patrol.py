@@ -420,7 +420,9 @@ class Patroller:
     def _jobs_on_events(self, cards: Sequence[CardRecord], events: Sequence[Any]) -> None:
         """Each card fault event read this patrol gets ``jobs``: the Slurm jobs on its
         card then (the card's allocation, where read, and the jobs of its processes),
-        matched by UUID or bus id; ``None`` when the card is not one of this patrol's."""
+        matched by UUID or bus id, else by the vendor and index the kernel-log reader gave
+        the event (a GPU lost before this patrol read its identity); ``None`` when the card
+        is not one of this patrol's."""
         for event in events:
             card = next(
                 (
@@ -428,6 +430,16 @@ class Patroller:
                     for c in cards
                     if (event.get("uuid") and c.uuid == event.get("uuid"))
                     or (event.get("bus_id") and c.bus_id == event.get("bus_id"))
+                ),
+                None,
+            ) or next(  # a card lost before it was read whole: as the kernel log matched it
+                (
+                    c
+                    for c in cards
+                    if event.get("vendor") == c.vendor
+                    and event.get("index") is not None
+                    and event.get("index") == c.index
+                    and event.get("chip") == c.chip
                 ),
                 None,
             )
