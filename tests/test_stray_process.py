@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import slurm_cluster as cluster
+
 from hetpatrol.checks.stray_process import StraySettings, StrayWatch, build_top
 from hetpatrol.schema import CardRecord, ProcessInfo
 from hetpatrol.slurm.card_jobs import CardJobs, card_jobs
@@ -138,3 +141,52 @@ def test_jobs_on_fault_events():
     assert events[0]["jobs"] == ["1", "5"]
     assert events[1]["jobs"] is None
     json.dumps(events)
+
+
+# ------------------------------------------------------------------ real slurmctld
+slurm_cluster = cluster.slurm_cluster
+slurm_node = cluster.slurm_node
+
+
+@pytest.mark.slurm
+def test_real_squeue_names_the_job_of_each_card(slurm_node):
+    """A running job with ``--gres=gpu:a100:2,ascend:910b:1`` on the real slurmctld:
+    CardJobs (real ``squeue --json`` beside the configured scontrol) gives it GPU 0 and
+    1 and NPU 0, nothing else; after the job, no card has a job."""
+    import time
+
+    c = slurm_node
+    cs = [CardRecord("nvidia", i, gres="gpu", uuid=f"GPU-{i}") for i in range(8)]
+    cs += [CardRecord("ascend", i, gres="ascend", chip=0) for i in range(8)]
+    with c.explain():
+        job = (
+            c.run(
+                "sbatch",
+                "--parsable",
+                "--gres=gpu:a100:2,ascend:910b:1",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "sleep 30",
+            )
+            .stdout.strip()
+            .split(";")[0]
+        )
+        try:
+            deadline = time.monotonic() + 30
+            cj = CardJobs(c.scontrol_argv, c.node, cache_seconds=0)
+            while True:
+                cj.refresh(cs)
+                if cj.error is None and cj.jobs_of(cs[0]):
+                    break
+                assert time.monotonic() < deadline, f"job never on GPU 0: {cj.error}"
+                time.sleep(0.3)
+            held = [(r.vendor, r.index) for r in cs if cj.jobs_of(r) == frozenset({job})]
+            assert held == [("nvidia", 0), ("nvidia", 1), ("ascend", 0)]
+        finally:
+            c.run("scancel", job, check=False)
+        deadline = time.monotonic() + 30
+        while any(cj.jobs_of(r) for r in cs):
+            assert time.monotonic() < deadline, "the cancelled job still holds cards"
+            time.sleep(0.3)
+            cj.refresh(cs)
