@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import select
 import signal
@@ -35,6 +36,7 @@ from hetpatrol.exporters.state import read_state, write_atomic, write_state
 from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
 from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock
+from hetpatrol.slurm.admin_comment import AdminCommenter
 from hetpatrol.slurm.card_jobs import CardJobs
 from hetpatrol.slurm.drain import DrainPolicy
 
@@ -61,7 +63,9 @@ def card_jobs_for(config: Config, replay_dir: Path | None) -> CardJobs | None:
     if replay_dir is not None or not config.slurm.enabled:
         return None
     slurm = config.slurm
-    return CardJobs(slurm.scontrol, slurm.slurm_node(config.node), slurm.timeout_seconds)
+    # squeue is read-only and runs as the daemon's user: beside the breaker's sinfo (the
+    # scontrol prefix may be the root helper, which runs no squeue)
+    return CardJobs(slurm.drain.breaker.sinfo, slurm.slurm_node(config.node), slurm.timeout_seconds)
 
 
 class Daemon:
@@ -92,6 +96,8 @@ class Daemon:
         self.stats = ExporterStats(interval_seconds=self.config.interval_seconds)
         #: Slurm drain / resume after each report (a no-op unless slurm.drain.enabled)
         self.drain_policy = DrainPolicy()
+        #: card faults to the jobs' AdminComment (a no-op unless slurm.admin_comment)
+        self.admin_commenter = AdminCommenter()
         self.stats.slurm_events = self.drain_policy.counts
         self.exposition = Exposition(
             self._collector_names(), self.stats, user_labels=self.config.metrics_user_labels
@@ -204,6 +210,12 @@ class Daemon:
             else:
                 self._state_failures.succeeded(self.config.state_path)
         events = self.drain_policy.on_report(report, self.config)  # JSONL event lines
+        if self.config.slurm.enabled and self.config.slurm.admin_comment and report.event_lines:
+            self.admin_commenter.on_events(
+                [json.loads(line) for line in report.event_lines],
+                self.config.slurm,
+                self.config.slurm.slurm_node(self.config.node),
+            )
         drains = self.config.slurm.enabled and self.config.slurm.drain.enabled
         self.stats.drain_breaker_open = self.drain_policy.breaker_open if drains else None
         if events:

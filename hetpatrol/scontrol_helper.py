@@ -26,6 +26,9 @@ The helper accepts only what hetpatrol needs, whatever the caller asks:
   reason that starts with hetpatrol's prefix;
 - ``reboot ASAP nextstate=DOWN reason=hetpatrol:... <this node>`` (``slurm.drain.reboot``):
   under the drain's rules (no reason of anyone else's, a state the table drains in);
+- ``update JobId=<n> AdminComment=<v>`` (``slurm.admin_comment``): only for a job that
+  ran on this node, and only when ``v`` keeps the job's current AdminComment and appends
+  one ``hetpatrol:`` note (both read from ``squeue --json``);
 - ``update NodeName=<this node> State=RESUME``: only while the node is DOWN, with no
   flag, after a reboot hetpatrol asked for (its reason ends in Slurm's ``: reboot
   complete``; :func:`hetpatrol.slurm.states.rebooted_by_us`). ``RESUME`` of any other
@@ -137,6 +140,13 @@ def check_request(argv: Sequence[str], nodes: Sequence[str]) -> tuple[str, str |
         return "read", None
     if words and words[0] == "reboot" and not flags:
         return _check_reboot(words, nodes)
+    if len(words) == 3 and words[0] == "update" and not flags:
+        key, _, job = words[1].partition("=")
+        akey, asep, _value = words[2].partition("=")
+        if key.lower() == "jobid" and akey.lower() == "admincomment" and asep:
+            if not (job.isascii() and job.isdigit()):
+                raise Refused(f"JobId={job!r} is not a job number")
+            return "admin_comment", job
     if not words or words[0] != "update" or flags:
         raise Refused(f"only 'show node', 'ping' and drain/resume of this node: {list(argv)}")
     fields: dict[str, str] = {}
@@ -242,6 +252,26 @@ def check_node(kind: str, info: NodeInfo) -> None:
         raise Refused(f"node {info.name}: {why}")
 
 
+def _check_admin_comment(
+    scontrol: str, job: str, value: str, nodes: Sequence[str], timeout: float
+) -> None:
+    """:class:`Refused` unless ``job`` ran on this node and ``value`` is its current
+    AdminComment with one hetpatrol note appended (read from ``squeue --json``:
+    :func:`hetpatrol.slurm.admin_comment.check_append`)."""
+    from hetpatrol.slurm.admin_comment import check_append, job_on_node_argv, job_records
+
+    res = _run(list(job_on_node_argv(scontrol)), timeout)
+    if res["rc"] != 0:
+        raise Refused(f"cannot read the job: {res['stderr'].strip()}")
+    record = job_records(res["stdout"]).get(job)
+    if record is None:
+        raise Refused(f"squeue --json does not list job {job}")
+    reasons = [check_append(record, n, value) for n in nodes]
+    if not nodes or all(r is not None for r in reasons):
+        why = next((r for r in reasons if r), "no node known")
+        raise Refused(f"AdminComment of job {job}: {why}")
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     keys = [k for k, _ in pairs]
     if len(set(keys)) != len(keys):
@@ -287,6 +317,9 @@ def handle(
     try:
         argv = parse_request(request)
         kind, node = check_request(argv, nodes)
+        if kind == "admin_comment":
+            assert node is not None  # the job id
+            _check_admin_comment(scontrol, node, argv[-1].partition("=")[2], nodes, timeout)
         if kind in ("drain", "resume", "reboot", "resume_reboot"):
             assert node is not None
             check_node(kind, _current(scontrol, node, timeout))

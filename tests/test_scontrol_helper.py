@@ -42,6 +42,8 @@ NODE = "gpu-a01"
         # reboot through Slurm (slurm.drain.reboot); RESUME is then checked on the node
         (["reboot", "ASAP", "nextstate=DOWN", "reason=hetpatrol: reboot_node x", NODE], "reboot"),
         (["update", f"NodeName={NODE}", "State=RESUME"], "resume_reboot"),
+        # a fault note to a job's AdminComment (slurm.admin_comment), checked on the job
+        (["update", "JobId=42", "AdminComment=hetpatrol: xid 79 nvidia/6 t"], "admin_comment"),
     ],
 )
 def test_allowed(argv, kind):
@@ -58,6 +60,9 @@ def test_allowed(argv, kind):
         ["update", f"NodeName={NODE}", "State=UNDRAIN", "Reason=hetpatrol: x"],
         ["update", f"NodeName={NODE}", "State=RESUME", "Reason=hetpatrol: x"],
         ["reboot", "ASAP", "nextstate=DOWN", "reason=hetpatrol: x", "ALL"],
+        ["update", "JobId=42_1", "AdminComment=hetpatrol: x"],
+        ["update", "JobId=42", "Comment=hetpatrol: x"],
+        ["update", "JobId=42", "AdminComment=hetpatrol: x", "TimeLimit=1"],
         ["reboot", "ASAP", "nextstate=DOWN", "reason=hetpatrol: x", "other-node"],
         ["reboot", "ASAP", "nextstate=RESUME", "reason=hetpatrol: x", NODE],
         ["reboot", "nextstate=DOWN", "reason=hetpatrol: x", NODE],

@@ -9,7 +9,8 @@ parse_squeue_json`): only Slurm's structured fields (``job_id``, ``job_state``,
 :func:`hetpatrol.slurm.jobguard.match_cards` (the cards of one GRES name in (index,
 chip) order).
 
-:class:`CardJobs` runs ``squeue --json`` (beside the configured ``scontrol``) at most once
+:class:`CardJobs` runs ``squeue --json`` (beside the given command: the daemon gives
+the breaker's ``sinfo``, read-only, as its own user) at most once
 per ``cache_seconds`` and answers ``jobs_of(card)``: the job ids (strings) of the card,
 empty for none, None when the allocation could not be read (then nothing is judged on
 it and :attr:`CardJobs.error` says why).
