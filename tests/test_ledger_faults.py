@@ -46,6 +46,13 @@ def test_fault_events_carry_the_jobs_and_the_ledger_lists_them(tmp_path, capsys)
     assert xids and all(e["xid"] == 79 for e in xids)
     matched = [e for e in xids if e["jobs"] is not None]
     assert matched and all(e["jobs"] == ["4242"] for e in matched)
+    import jsonschema
+
+    from hetpatrol.schema import jsonl_json_schema
+
+    validator = jsonschema.Draft202012Validator(jsonl_json_schema())
+    for e in events:
+        validator.validate(e)
     # a torn line and another run's copy of the same file change nothing
     with path.open("a") as f:
         f.write('{"kind": "event", "event": "xid", "jobs": [\n')

@@ -190,3 +190,36 @@ def test_real_squeue_names_the_job_of_each_card(slurm_node):
             assert time.monotonic() < deadline, "the cancelled job still holds cards"
             time.sleep(0.3)
             cj.refresh(cs)
+
+
+def test_the_patrol_writes_stray_process_with_action_watch(base_config):
+    """Wired through the Patroller: a card's job from ``card_jobs``, a process of
+    another user outside it, three patrols -> a watch finding on that card's line."""
+    from types import SimpleNamespace
+
+    from fakes import Scripted, make_patroller
+
+    class WithProcess(Scripted):
+        def collect(self):
+            result = super().collect()
+            result.records[0].processes = [ProcessInfo(10291, "memhog", 2566 * MIB, "bob")]
+            return result
+
+    p = make_patroller(base_config, {"scripted": WithProcess()})
+    p.card_jobs = SimpleNamespace(
+        refresh=lambda cards: None, error=None, jobs_of=lambda card: frozenset({"1"})
+    )
+    try:
+        lines = [p.run().card_lines[0] for _ in range(3)]
+    finally:
+        p.close()
+    first, last = json.loads(lines[0]), json.loads(lines[2])
+    assert [f["check"] for f in first["findings"]] == []
+    (f,) = [f for f in last["findings"] if f["check"] == "stray_process"]
+    assert (f["severity"], f["action"], f["value"]["pid"]) == ("warning", "watch", 10291)
+    assert last["action"] == "watch"
+    import jsonschema
+
+    from hetpatrol.schema import jsonl_json_schema
+
+    jsonschema.Draft202012Validator(jsonl_json_schema()).validate(last)
