@@ -16,6 +16,7 @@ field                                   NVML call
 ``driver_version``                      ``nvmlSystemGetDriverVersion``
 ``firmware_version``                    ``nvmlDeviceGetVbiosVersion`` (VBIOS)
 ``utilization_ratio``                   ``nvmlDeviceGetUtilizationRates().gpu`` / 100
+``counters["memory_activity_percent"]`` ``nvmlDeviceGetUtilizationRates().memory`` (%)
 ``memory_used_bytes``                   ``nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)``
                                         ``used + reserved``; v1 ``used`` on older drivers
 ``memory_total_bytes``                  same call, ``total``
@@ -1102,6 +1103,9 @@ class NvidiaCollector(Collector):
         util = call("nvmlDeviceGetUtilizationRates", handle)
         if util is not _MISSING:
             rec.utilization_ratio = int(util.gpu) / 100.0
+            if getattr(util, "memory", None) is not None:
+                # the share of the sample period device memory was read or written
+                rec.counters["memory_activity_percent"] = int(util.memory)
         self._temperature(handle, reader)
         power = call("nvmlDeviceGetPowerUsage", handle)
         if power is not _MISSING:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import select
 import signal
@@ -37,6 +38,8 @@ from hetpatrol.exporters.state import read_state, write_atomic, write_state
 from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
 from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock
+from hetpatrol.slurm.admin_comment import AdminCommenter
+from hetpatrol.slurm.card_jobs import CardJobs
 from hetpatrol.slurm.drain import DrainPolicy
 
 log = get_logger("hetpatrol.daemon")
@@ -52,6 +55,19 @@ def describe_change(change: dict) -> str:
     before = change.get("from") or "new"
     after = change.get("to") or "gone"
     return f"{what} {before} -> {after}"
+
+
+def card_jobs_for(config: Config, replay_dir: Path | None) -> CardJobs | None:
+    """The Slurm jobs of each card (``squeue --json``, :mod:`hetpatrol.slurm.card_jobs`)
+    while ``slurm.enabled``; None in a replay (recorded pids belong to another host) or
+    with Slurm off: stray processes are then not judged, fault events carry the jobs of
+    the card's processes only."""
+    if replay_dir is not None or not config.slurm.enabled:
+        return None
+    slurm = config.slurm
+    # squeue is read-only and runs as the daemon's user: beside the breaker's sinfo (the
+    # scontrol prefix may be the root helper, which runs no squeue)
+    return CardJobs(slurm.drain.breaker.sinfo, slurm.slurm_node(config.node), slurm.timeout_seconds)
 
 
 class Daemon:
@@ -79,9 +95,12 @@ class Daemon:
         self.replay_dir = replay_dir
         self.patroller = Patroller(self.config, replay_dir=replay_dir)
         self.patroller.post_boot_grace = True  # the daemon counts the patrols of a boot
+        self.patroller.card_jobs = card_jobs_for(self.config, replay_dir)
         self.stats = ExporterStats(interval_seconds=self.config.interval_seconds)
         #: Slurm drain / resume after each report (a no-op unless slurm.drain.enabled)
         self.drain_policy = DrainPolicy()
+        #: card faults to the jobs' AdminComment (a no-op unless slurm.admin_comment)
+        self.admin_commenter = AdminCommenter()
         self.stats.slurm_events = self.drain_policy.counts
         self.exposition = Exposition(
             self._collector_names(), self.stats, user_labels=self.config.metrics_user_labels
@@ -167,6 +186,8 @@ class Daemon:
             self.patroller = replacement
         else:
             self.patroller.config = new
+        if new.slurm != self.config.slurm or new.node != self.config.node:
+            self.patroller.card_jobs = card_jobs_for(new, self.replay_dir)
         if new.jsonl_path != self.config.jsonl_path and self.sink is not None:
             self.sink.close()
         self.config = new
@@ -203,6 +224,12 @@ class Daemon:
                 except OSError as exc:
                     self._state_failures.failed(history_path(self.config.state_path), exc)
         events = self.drain_policy.on_report(report, self.config)  # JSONL event lines
+        if self.config.slurm.enabled and self.config.slurm.admin_comment and report.event_lines:
+            self.admin_commenter.on_events(
+                [json.loads(line) for line in report.event_lines],
+                self.config.slurm,
+                self.config.slurm.slurm_node(self.config.node),
+            )
         drains = self.config.slurm.enabled and self.config.slurm.drain.enabled
         self.stats.drain_breaker_open = self.drain_policy.breaker_open if drains else None
         if events:

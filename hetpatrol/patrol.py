@@ -34,6 +34,8 @@ from hetpatrol.boot import BootWatch, learn_links, read_boot
 from hetpatrol.bounded import HANG_MARGIN_SECONDS, BoundedCollector
 from hetpatrol.checks import kernel_events
 from hetpatrol.checks import pci_census as census_check
+from hetpatrol.checks import stray_process as stray_check
+from hetpatrol.checks.card_hung import HungWatch
 from hetpatrol.checks.environment import EnvironmentCheck
 from hetpatrol.checks.facts import BootFacts, NodeCheck
 from hetpatrol.collector import (
@@ -60,6 +62,7 @@ from hetpatrol.schema import (
     HEALTH_CRITICAL,
     HEALTH_OK,
     HEALTH_UNKNOWN,
+    SEVERITY_INFO,
     CardRecord,
     Finding,
     rfc3339,
@@ -219,6 +222,13 @@ class Patroller:
         #: boots each card's critical fault families were seen in (restored and written
         #: by the daemon: reboot-history.json beside the state file)
         self.reboot_history = RebootHistory(config.actions.reboot_survival)
+        #: busy-but-stuck clocks by card identity (hetpatrol.checks.card_hung)
+        self.hung_watch = HungWatch()
+        #: stray processes by card identity and pid (hetpatrol.checks.stray_process)
+        self.stray_watch = stray_check.StrayWatch()
+        #: the Slurm jobs of each card (hetpatrol.slurm.card_jobs.CardJobs: refresh(cards),
+        #: jobs_of(card)); set by the daemon where Slurm is on, else None
+        self.card_jobs: Any = None
         self._lock = threading.Lock()
         #: the monotonic clock escalation spans are checked against (a test's may follow
         #: the wall times it passes)
@@ -272,6 +282,9 @@ class Patroller:
         self.hung_tools = previous.hung_tools
         self.hung_tools.patrols = self.config.hung_tool_patrols
         self.escalation = previous.escalation
+        self.hung_watch = previous.hung_watch
+        self.stray_watch = previous.stray_watch
+        self.card_jobs = previous.card_jobs
         self.escalation.rules = self.config.actions.escalation
         self.reboot_history = previous.reboot_history
         self.reboot_history.rule = self.config.actions.reboot_survival
@@ -367,6 +380,20 @@ class Patroller:
                 )
             self._last_collector_state[result.collector] = result.state
         statuses.extend(CollectorStatus(n, STATE_DISABLED, 0, 0.0) for n in disabled)
+        self.hung_watch.observe(cards, self.config, self.monotonic())
+        if self.card_jobs is not None:
+            self.card_jobs.refresh(cards)
+            self.stray_watch.observe(
+                cards, self.card_jobs.jobs_of, self.config.top[stray_check.NAME]
+            )
+            if self.card_jobs.error:
+                node_findings.append(
+                    Finding(
+                        "card_jobs_unread",
+                        SEVERITY_INFO,
+                        f"the Slurm jobs of the cards: {self.card_jobs.error}",
+                    )
+                )
 
         kernel = kernel_events.patrol_kernel_log(
             self.kernel_log,
@@ -379,6 +406,7 @@ class Patroller:
             boot_time=self.boot.boot_time if self.boot.boot_id is not None else None,
         )
         node_findings.extend(kernel.findings)
+        self._jobs_on_events(cards, kernel.events)
         changes.extend(self._apply_recovery(cards))
         check_data: dict[str, Any] = {}
         for check in self.node_checks:
@@ -501,6 +529,42 @@ class Patroller:
             self.boot.patrols if self.post_boot_grace else 0,
             self.boot.learned_links.get(card_identity(rec), {}),
         )
+
+    def _jobs_on_events(self, cards: Sequence[CardRecord], events: Sequence[Any]) -> None:
+        """Each card fault event read this patrol gets ``jobs``: the Slurm jobs on its
+        card then (the card's allocation, where read, and the jobs of its processes),
+        matched by UUID or bus id, else by the vendor and index the kernel-log reader gave
+        the event (a GPU lost before this patrol read its identity); ``None`` when the card
+        is not one of this patrol's."""
+        for event in events:
+            card = next(
+                (
+                    c
+                    for c in cards
+                    if (event.get("uuid") and c.uuid == event.get("uuid"))
+                    or (event.get("bus_id") and c.bus_id == event.get("bus_id"))
+                ),
+                None,
+            ) or next(  # a card lost before it was read whole: as the kernel log matched it
+                (
+                    c
+                    for c in cards
+                    if event.get("vendor") == c.vendor
+                    and event.get("index") is not None
+                    and event.get("index") == c.index
+                    and event.get("chip") == c.chip
+                ),
+                None,
+            )
+            if card is None:
+                event.setdefault("jobs", None)
+                continue
+            jobs = {p.job_id for p in card.processes if p.job_id}
+            if self.card_jobs is not None:
+                jobs |= self.card_jobs.jobs_of(card) or set()
+            if event.get("job_id"):
+                jobs.add(str(event["job_id"]))
+            event["jobs"] = sorted(jobs)
 
     def _read_census(self, now: float) -> dict[str, CollectResult]:
         """This patrol's census (re-read by the reader at its own interval), kept for the

@@ -672,6 +672,9 @@ def kernel_event_properties() -> dict[str, Any]:
         "process": string,
         "user": string,
         "job_id": string,
+        #: the Slurm jobs on the card when the fault was read: its allocation (squeue
+        #: --json) and the jobs of the processes on it; null when not known
+        "jobs": {"type": ["array", "null"], "items": {"type": "string"}},
         "nvlink_unit": string,
         "fatal": {"type": ["boolean", "null"]},
         "link": integer,

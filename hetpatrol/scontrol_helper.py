@@ -23,7 +23,16 @@ The helper accepts only what hetpatrol needs, whatever the caller asks:
   hetpatrol's reason prefix, and only while the node has no reason of anyone else's
   (and is not drained without a reason);
 - ``update NodeName=<this node> State=UNDRAIN``: only while the node is drained with a
-  reason that starts with hetpatrol's prefix.
+  reason that starts with hetpatrol's prefix;
+- ``reboot ASAP nextstate=DOWN reason=hetpatrol:... <this node>`` (``slurm.drain.reboot``):
+  under the drain's rules (no reason of anyone else's, a state the table drains in);
+- ``update JobId=<n> AdminComment=<v>`` (``slurm.admin_comment``): only for a job that
+  ran on this node, and only when ``v`` keeps the job's current AdminComment and appends
+  one ``hetpatrol:`` note (both read from ``squeue --json``);
+- ``update NodeName=<this node> State=RESUME``: only while the node is DOWN, with no
+  flag, after a reboot hetpatrol asked for (its reason ends in Slurm's ``: reboot
+  complete``; :func:`hetpatrol.slurm.states.rebooted_by_us`). ``RESUME`` of any other
+  node is refused: it would bring up a node Slurm or an admin set DOWN.
 
 Both also only in a Slurm state the daemon would act in (:mod:`hetpatrol.slurm.states`):
 the helper applies the daemon's rules itself, for every request, reading the node's
@@ -77,6 +86,8 @@ EXIT_UNREACHABLE = 1
 _READ_FLAGS = {"-o", "--oneliner", "-d", "--details", "-a", "--all"}
 _DRAIN_STATES = {"DRAIN"}
 _RESUME_STATES = {"UNDRAIN"}
+#: RESUME only for a node DOWN after the reboot hetpatrol asked for (check_node)
+_REBOOT_RESUME_STATES = {"RESUME"}
 
 
 class Refused(Exception):
@@ -127,6 +138,15 @@ def check_request(argv: Sequence[str], nodes: Sequence[str]) -> tuple[str, str |
         return "read", None
     if len(words) in (2, 3) and words[0] == "show" and words[1] in ("node", "nodes"):
         return "read", None
+    if words and words[0] == "reboot" and not flags:
+        return _check_reboot(words, nodes)
+    if len(words) == 3 and words[0] == "update" and not flags:
+        key, _, job = words[1].partition("=")
+        akey, asep, _value = words[2].partition("=")
+        if key.lower() == "jobid" and akey.lower() == "admincomment" and asep:
+            if not (job.isascii() and job.isdigit()):
+                raise Refused(f"JobId={job!r} is not a job number")
+            return "admin_comment", job
     if not words or words[0] != "update" or flags:
         raise Refused(f"only 'show node', 'ping' and drain/resume of this node: {list(argv)}")
     fields: dict[str, str] = {}
@@ -147,11 +167,30 @@ def check_request(argv: Sequence[str], nodes: Sequence[str]) -> tuple[str, str |
         if not fields.get("reason", "").startswith(REASON_PREFIX):
             raise Refused(f"a drain reason must start with {REASON_PREFIX!r}")
         return "drain", node
-    if state in _RESUME_STATES:
+    if state in _RESUME_STATES | _REBOOT_RESUME_STATES:
         if "reason" in fields:
             raise Refused("a resume takes no Reason=")
-        return "resume", node
-    raise Refused(f"State={fields.get('state')} is neither DRAIN nor UNDRAIN")
+        return ("resume" if state in _RESUME_STATES else "resume_reboot"), node
+    raise Refused(f"State={fields.get('state')} is neither DRAIN, UNDRAIN nor RESUME")
+
+
+def _check_reboot(words: Sequence[str], nodes: Sequence[str]) -> tuple[str, str | None]:
+    """The one reboot form the daemon sends (:func:`hetpatrol.slurm.drain.reboot_args`):
+    ``reboot ASAP nextstate=DOWN reason=hetpatrol:... <this node>``; anything else
+    (``ALL``, another node, ``nextstate=RESUME``, no ``ASAP``, a reason not ours) is
+    refused."""
+    from hetpatrol.slurm.states import REASON_PREFIX
+
+    if len(words) != 5 or words[1] != "ASAP" or words[2] != "nextstate=DOWN":
+        raise Refused(f"a reboot must be 'reboot ASAP nextstate=DOWN reason=... NODE': {words}")
+    key, _, reason = words[3].partition("=")
+    if key != "reason" or not reason.startswith(REASON_PREFIX):
+        raise Refused(f"a reboot reason must be reason={REASON_PREFIX}...")
+    node = words[4]
+    if node not in nodes:
+        known = ", ".join(printable(n) for n in nodes) or "none known"
+        raise Refused(f"reboot of {node} is not of this node ({known})")
+    return "reboot", node
 
 
 def allowed_nodes(config_path: str | None) -> list[str]:
@@ -192,9 +231,14 @@ def check_node(kind: str, info: NodeInfo) -> None:
     """The daemon's rules, on the node as it is now: :class:`Refused` when ``kind``
     (``drain`` or ``resume``) would replace or clear a reason hetpatrol did not set, or
     act in a Slurm state hetpatrol does not act in."""
-    from hetpatrol.slurm.states import DRAIN, RESUME, foreign_reason, may, ours
+    from hetpatrol.slurm.states import DRAIN, RESUME, foreign_reason, may, ours, rebooted_by_us
 
-    if kind == "drain":
+    if kind == "resume_reboot":
+        why = rebooted_by_us(info)
+        if why is not None:
+            raise Refused(f"node {info.name}: not DOWN after hetpatrol's reboot ({why}): no RESUME")
+        return
+    if kind in ("drain", "reboot"):
         why = foreign_reason(info)
         if why is not None:
             raise Refused(f"node {info.name}: {why}")
@@ -203,9 +247,29 @@ def check_node(kind: str, info: NodeInfo) -> None:
             f"node {info.name} state {info.state} reason {info.reason!r} is not a drain of "
             "hetpatrol's: not resumed"
         )
-    why = may(info, DRAIN if kind == "drain" else RESUME)
+    why = may(info, DRAIN if kind in ("drain", "reboot") else RESUME)
     if why is not None:
         raise Refused(f"node {info.name}: {why}")
+
+
+def _check_admin_comment(
+    scontrol: str, job: str, value: str, nodes: Sequence[str], timeout: float
+) -> None:
+    """:class:`Refused` unless ``job`` ran on this node and ``value`` is its current
+    AdminComment with one hetpatrol note appended (read from ``squeue --json``:
+    :func:`hetpatrol.slurm.admin_comment.check_append`)."""
+    from hetpatrol.slurm.admin_comment import check_append, job_on_node_argv, job_records
+
+    res = _run(list(job_on_node_argv(scontrol)), timeout)
+    if res["rc"] != 0:
+        raise Refused(f"cannot read the job: {res['stderr'].strip()}")
+    record = job_records(res["stdout"]).get(job)
+    if record is None:
+        raise Refused(f"squeue --json does not list job {job}")
+    reasons = [check_append(record, n, value) for n in nodes]
+    if not nodes or all(r is not None for r in reasons):
+        why = next((r for r in reasons if r), "no node known")
+        raise Refused(f"AdminComment of job {job}: {why}")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -253,7 +317,10 @@ def handle(
     try:
         argv = parse_request(request)
         kind, node = check_request(argv, nodes)
-        if kind in ("drain", "resume"):
+        if kind == "admin_comment":
+            assert node is not None  # the job id
+            _check_admin_comment(scontrol, node, argv[-1].partition("=")[2], nodes, timeout)
+        if kind in ("drain", "resume", "reboot", "resume_reboot"):
             assert node is not None
             check_node(kind, _current(scontrol, node, timeout))
     except Refused as exc:

@@ -39,6 +39,11 @@ NODE = "gpu-a01"
         (["update", f"nodename={NODE}", "state=drain", "reason=hetpatrol: x"], "drain"),
         (["update", f"NodeName={NODE}", "State=UNDRAIN"], "resume"),
         (["update", f"NodeName={NODE}", "state=undrain"], "resume"),
+        # reboot through Slurm (slurm.drain.reboot); RESUME is then checked on the node
+        (["reboot", "ASAP", "nextstate=DOWN", "reason=hetpatrol: reboot_node x", NODE], "reboot"),
+        (["update", f"NodeName={NODE}", "State=RESUME"], "resume_reboot"),
+        # a fault note to a job's AdminComment (slurm.admin_comment), checked on the job
+        (["update", "JobId=42", "AdminComment=hetpatrol: xid 79 nvidia/6 t"], "admin_comment"),
     ],
 )
 def test_allowed(argv, kind):
@@ -53,7 +58,17 @@ def test_allowed(argv, kind):
         ["update", f"NodeName={NODE}", "State=DRAIN", "Reason=maintenance"],
         ["update", f"NodeName={NODE}", "State=DOWN", "Reason=hetpatrol: x"],
         ["update", f"NodeName={NODE}", "State=UNDRAIN", "Reason=hetpatrol: x"],
-        ["update", f"NodeName={NODE}", "State=RESUME"],  # would clear FAIL/DOWN too
+        ["update", f"NodeName={NODE}", "State=RESUME", "Reason=hetpatrol: x"],
+        ["reboot", "ASAP", "nextstate=DOWN", "reason=hetpatrol: x", "ALL"],
+        ["update", "JobId=42_1", "AdminComment=hetpatrol: x"],
+        ["update", "JobId=42", "Comment=hetpatrol: x"],
+        ["update", "JobId=42", "AdminComment=hetpatrol: x", "TimeLimit=1"],
+        ["reboot", "ASAP", "nextstate=DOWN", "reason=hetpatrol: x", "other-node"],
+        ["reboot", "ASAP", "nextstate=RESUME", "reason=hetpatrol: x", NODE],
+        ["reboot", "nextstate=DOWN", "reason=hetpatrol: x", NODE],
+        ["reboot", "ASAP", "nextstate=DOWN", "reason=admin: x", NODE],
+        ["reboot", "ASAP", "nextstate=DOWN", NODE],
+        ["reboot", "ASAP", "nextstate=DOWN", "reason=hetpatrol: x\rforged", NODE],
         ["update", f"NodeName={NODE}", "State=DRAIN", "Reason=hetpatrol: x", "Weight=1"],
         ["update", f"NodeName={NODE}", f"NodeName={NODE}", "State=UNDRAIN"],
         ["update", "PartitionName=gpu", "State=DOWN"],
@@ -444,3 +459,52 @@ def test_every_refused_request_is_answered_and_audited(helper_socket, fake_scont
     assert audit.isprintable()  # no raw CR or ESC reaches the journal
     assert served[-1].returncode == 0
     assert not calls.exists()  # nothing run, not even the read of the node
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "allowed"),
+    [
+        # Slurm's reason after `scontrol reboot ... nextstate=DOWN` completed (22.05.8)
+        ("DOWN", "hetpatrol: reboot_node x : reboot issued : reboot complete", True),
+        ("DOWN", "hetpatrol: reboot_node x : reboot issued", False),  # not back yet
+        ("DOWN+DRAIN+REBOOT_ISSUED", "hetpatrol: x : reboot issued", False),
+        ("DOWN", "admin: PSU : reboot complete", False),  # an admin's DOWN
+        ("DOWN*", "hetpatrol: x : reboot complete", False),  # not responding
+        ("IDLE+DRAIN", "hetpatrol: x : reboot complete", False),  # not DOWN: UNDRAIN's job
+        ("DOWN", None, False),
+    ],
+)
+def test_resume_only_after_a_reboot_of_ours(state, reason, allowed):
+    from hetpatrol.scontrol_helper import check_node
+    from hetpatrol.slurm.gres import find_node
+
+    line = f"NodeName={NODE} State={state}" + (
+        f" Reason={reason} [root@2026-12-01T20:27:33]" if reason else ""
+    )
+    info = find_node(line + "\n", NODE)
+    if allowed:
+        check_node("resume_reboot", info)
+    else:
+        with pytest.raises(Refused):
+            check_node("resume_reboot", info)
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "why"),
+    [
+        ("IDLE+DRAIN", "admin: DIMM swap", "node already has a reason set"),
+        ("IDLE+DRAIN", None, "drained without a reason"),
+        ("IDLE+RESERVED", None, "no drain in RESERVED"),
+        ("DOWN", None, "no drain in DOWN"),
+    ],
+)
+def test_reboot_follows_the_drain_rules(state, reason, why):
+    from hetpatrol.scontrol_helper import check_node
+    from hetpatrol.slurm.gres import find_node
+
+    line = f"NodeName={NODE} State={state}" + (
+        f" Reason={reason} [root@2026-12-01T20:27:33]" if reason else ""
+    )
+    with pytest.raises(Refused, match=why):
+        check_node("reboot", find_node(line + "\n", NODE))
+    check_node("reboot", find_node(f"NodeName={NODE} State=MIXED\n", NODE))

@@ -60,6 +60,7 @@ from hetpatrol.actions.vocabulary import (
     REBOOT_NODE,
     REPLACE_CARD,
     RESET_CARD,
+    RESTART_JOB,
     WATCH,
     ActionVerdict,
     worst_verdict,
@@ -93,6 +94,12 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     # deep_health.py
     "baseline_drift": {"*": WATCH},
     "clock_event_reasons": {"*": WATCH},
+    # checks/card_hung.py: busy but stuck, the job hangs; the card itself may be fine
+    "card_hung": {"*": RESTART_JOB},
+    # checks/stray_process.py: a user's process outside the card's job; patrol.py: the
+    # jobs of the cards could not be read (squeue --json)
+    "stray_process": {"*": WATCH},
+    "card_jobs_unread": {"*": WATCH},
     "pcie_downtrained": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     "nvlink_down": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
     "nvlink_errors": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from hetpatrol.checks import (
     baseline,
+    card_hung,
     card_thresholds,
     clocks,
     environment,
@@ -16,9 +17,10 @@ from hetpatrol.checks import (
     interconnect,
     kernel_events,
     pci_census,
+    stray_process,
 )
 
 #: card check families: each declares PROFILE_SCHEMA, build_profile() and evaluate()
-CARD_CHECKS = (card_thresholds, baseline, clocks, fault_codes, interconnect)
+CARD_CHECKS = (card_thresholds, baseline, clocks, fault_codes, interconnect, card_hung)
 #: families with top-level config keys: each declares TOP_SCHEMA and build_top()
-TOP_SECTIONS = (kernel_events, baseline, environment, pci_census)
+TOP_SECTIONS = (kernel_events, baseline, environment, pci_census, stray_process)

@@ -5,6 +5,7 @@
   hetpatrol ledger quota  [--start T] [--end T] [--quota-file F] [--textfile P]
   hetpatrol ledger spans  [--start T] [--end T] [--format text|json]
   hetpatrol ledger capacity [--start T] [--end T] [--by day|week] [--html FILE]
+  hetpatrol ledger faults JSONL... [--format text|json]
 
 Times: ``now``, ``now-7days`` (units minutes, hours, days, weeks), or local
 ``YYYY-MM-DD[THH:MM[:SS]]``. Exit codes: usage 0; audit 0 fine / 1 warnings / 2 per-type
@@ -31,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from hetpatrol.ledger import audit as audit_mod
-from hetpatrol.ledger import capacity, capacity_report, quotas, report
+from hetpatrol.ledger import capacity, capacity_report, faults, quotas, report
 from hetpatrol.ledger import efficiency as eff_mod
 from hetpatrol.ledger.sacct_stream import (
     SacctDataError,
@@ -221,6 +222,7 @@ def add_ledger_parser(sub) -> None:
     e.add_argument("--format", choices=("table", "json"), default="table")
     e.set_defaults(func=cmd_efficiency)
     _add_capacity(lsub)
+    faults.add_parser(lsub)
 
 
 def _window(args) -> tuple[float, float, float]:

@@ -59,15 +59,22 @@ def parse_sinfo(text: str) -> list[NodeRow]:
     return list(rows.values())
 
 
+def out_of_service(state: str) -> bool:
+    """True for the sinfo states (``%T``) of a node taken out: ``drained``/``draining``,
+    and, after ``scontrol reboot ASAP nextstate=DOWN``, ``reboot`` / ``reboot^`` (reboot
+    requested / issued, seen on slurmctld 22.05.8) and ``down`` (the reboot done)."""
+    return "drain" in state or state.startswith(("reboot", "down"))
+
+
 def recent_drains_of_ours(rows: Iterable[NodeRow], now: float, window: float) -> list[str]:
-    """Nodes drained (``drained``/``draining``) with hetpatrol's reason set within
+    """Nodes drained (:func:`out_of_service`) with hetpatrol's reason set within
     ``window`` seconds before ``now``. A reason time more than
     :data:`CLOCK_SKEW_SECONDS` after ``now`` (slurmctld's clock or this node's was
     stepped) is not recent: counted, it would hold every drain until that time came."""
     return [
         r.name
         for r in rows
-        if "drain" in r.state
+        if out_of_service(r.state)
         and ours(r.reason)
         and r.reason_time is not None
         and -CLOCK_SKEW_SECONDS <= now - r.reason_time <= window

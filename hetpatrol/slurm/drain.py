@@ -21,6 +21,16 @@ Rules (``slurm.enabled`` and ``slurm.drain.enabled``, both off by default):
   clears the DRAIN flag only, where ``RESUME`` would also clear FAIL and REBOOT flags and
   bring a DOWN node up, should one of those appear after we looked). An
   ``unknown`` patrol (a hung tool) neither drains nor counts as healthy.
+- Reboot through Slurm (``slurm.drain.reboot``, off by default): when the highest action
+  is ``reboot_node`` the node is not drained but ``scontrol reboot ASAP nextstate=DOWN
+  reason="hetpatrol: ..." <node>`` (scontrol(1), ``reboot``: ASAP adds the DRAIN flag,
+  RebootProgram runs once the node is idle, the node stays DOWN after it). The same
+  rules as a drain come first: never over anyone else's reason or drain, only in the
+  states of the table, held by the circuit breaker (which counts our rebooting and
+  rebooted nodes as drained). Once Slurm says ``... : reboot complete`` (DOWN, our
+  reason) the node is brought back with ``State=RESUME`` (the one command that ends
+  DOWN) after ``resume_after_patrols`` healthy patrols that all started after the
+  node's ``BootTime`` (the new boot, as slurmd reported it).
 - ``dry_run`` logs every decision (``dry_run: true``) and runs no ``scontrol update``.
 
 Every decision is a ``kind: "event"`` line (schema ``hetpatrol.event/1``, see
@@ -32,14 +42,21 @@ call runs through the configured argv prefix under ``timeout_seconds``.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hetpatrol.actions.apply import drain_reason as action_drain_reason
 from hetpatrol.actions.findings import why_text
-from hetpatrol.actions.vocabulary import DEFAULT_DRAIN_ACTIONS, ActionVerdict, rank
+from hetpatrol.actions.vocabulary import (
+    DEFAULT_DRAIN_ACTIONS,
+    REBOOT_NODE,
+    ActionVerdict,
+    rank,
+)
 from hetpatrol.logs import get_logger
 from hetpatrol.schema import (
     EVENT_SCHEMA,
@@ -52,7 +69,15 @@ from hetpatrol.slurm.breaker import SINFO_FORMAT, hold_reason, parse_sinfo
 from hetpatrol.slurm.gres import NodeInfo, find_node
 from hetpatrol.slurm.inventory import Runner, run_scontrol, tool_error
 from hetpatrol.slurm.settings import SlurmSettings
-from hetpatrol.slurm.states import DRAIN, REASON_PREFIX, RESUME, foreign_reason, may, ours
+from hetpatrol.slurm.states import (
+    DRAIN,
+    REASON_PREFIX,
+    RESUME,
+    foreign_reason,
+    may,
+    ours,
+    rebooted_by_us,
+)
 from hetpatrol.tool import run_tool
 
 if TYPE_CHECKING:
@@ -71,6 +96,8 @@ EVENT_RESUME_SKIPPED = "resume_skipped"
 EVENT_DRAIN_FAILED = "drain_failed"
 EVENT_RESUME_FAILED = "resume_failed"
 EVENT_DRAIN_HELD = "drain_held"
+EVENT_REBOOT = "reboot"
+EVENT_REBOOT_FAILED = "reboot_failed"
 _RESUME_EVENTS = (EVENT_RESUME, EVENT_RESUME_SKIPPED, EVENT_RESUME_FAILED)
 EVENTS = (
     EVENT_DRAIN,
@@ -80,6 +107,8 @@ EVENTS = (
     EVENT_RESUME_SKIPPED,
     EVENT_DRAIN_FAILED,
     EVENT_RESUME_FAILED,
+    EVENT_REBOOT,
+    EVENT_REBOOT_FAILED,
 )
 
 
@@ -129,6 +158,23 @@ def drain_reason(report: PatrolReport, drain_on: frozenset[str] = DEFAULT_DRAIN_
     return text + more
 
 
+def reboot_args(node: str, reason: str) -> list[str]:
+    """The scontrol arguments of a reboot through Slurm (scontrol(1), ``reboot [ASAP]
+    [nextstate={RESUME|DOWN}] [reason=<reason>] {ALL|<NodeList>}``): the root helper
+    (:mod:`hetpatrol.scontrol_helper`) takes exactly this form."""
+    return ["reboot", "ASAP", "nextstate=DOWN", f"reason={reason}", node]
+
+
+def boot_epoch(info: NodeInfo) -> float | None:
+    """The node's ``BootTime`` (``scontrol show node``: the boot time slurmd reported,
+    local time ``YYYY-MM-DDTHH:MM:SS``) as epoch seconds; None when absent or unreadable."""
+    text = info.fields.get("BootTime")
+    try:
+        return dt.datetime.fromisoformat(text).timestamp() if text else None
+    except ValueError:
+        return None
+
+
 def encode_event(event: dict[str, Any]) -> str:
     """One JSONL line (with its newline), encoded as the patrol lines are."""
     return json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
@@ -155,6 +201,8 @@ class DrainPolicy:
         #: True while a drain is held by the circuit breaker (exported as a gauge)
         self.breaker_open = False
         self._last_quiet: tuple[str, str] | None = None
+        #: start times (epoch s) of the last healthy patrols of the current streak
+        self._healthy_starts: deque[float] = deque(maxlen=64)
 
     # --------------------------------------------------------------------- entry
     def on_report(self, report: PatrolReport, config: Config) -> list[str]:
@@ -188,14 +236,17 @@ class DrainPolicy:
     ) -> list[dict[str, Any]]:
         if drain_needs(report, self.drain_on):
             self.healthy_streak = 0
+            self._healthy_starts.clear()
             if self._last_quiet is not None and self._last_quiet[0] in _RESUME_EVENTS:
                 self._last_quiet = None  # a critical patrol ends the episode of resume events
             return self._on_critical(report, settings, node)
         # unknown (no verdict) or critical without a drain action: no healthy patrol
         if report.health not in (HEALTH_OK, HEALTH_WARNING):
             self.healthy_streak = 0
+            self._healthy_starts.clear()
             return []
         self.healthy_streak += 1
+        self._healthy_starts.append(report.started)
         self.breaker_open = False
         if self._last_quiet is not None and self._last_quiet[0] not in _RESUME_EVENTS:
             self._last_quiet = None  # a healthy patrol ends the episode of drain events
@@ -224,17 +275,21 @@ class DrainPolicy:
         if held is not None:
             return self._quiet(report, node, EVENT_DRAIN_HELD, reason, info, detail=held)
         argv = [*settings.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
+        done, failed = EVENT_DRAIN, EVENT_DRAIN_FAILED
+        if settings.drain.reboot and drain_needs(report, self.drain_on)[0][1].action == REBOOT_NODE:
+            # scontrol(1) reboot: ASAP drains at once and reboots when idle; nextstate=DOWN
+            # keeps the node out after the reboot until hetpatrol has patrolled it
+            argv = [*settings.scontrol, *reboot_args(node, reason)]
+            done, failed = EVENT_REBOOT, EVENT_REBOOT_FAILED
         if settings.drain.dry_run:
             self.simulated_drain = reason
-            return self._quiet(report, node, EVENT_DRAIN, reason, info, command=argv, dry=True)
+            return self._quiet(report, node, done, reason, info, command=argv, dry=True)
         _, error = run_scontrol(settings, argv[len(settings.scontrol) :], self.runner)
         if error is not None:
-            return self._quiet(
-                report, node, EVENT_DRAIN_FAILED, reason, info, command=argv, detail=error
-            )
+            return self._quiet(report, node, failed, reason, info, command=argv, detail=error)
         self.maybe_ours = True
         self._last_quiet = None
-        return [self._event(report, node, EVENT_DRAIN, reason, info, command=argv)]
+        return [self._event(report, node, done, reason, info, command=argv)]
 
     def _on_healthy(
         self, report: PatrolReport, settings: SlurmSettings, node: str
@@ -254,6 +309,8 @@ class DrainPolicy:
         info, error = self._query(settings, node)
         if info is None:
             return self._quiet(report, node, EVENT_RESUME_SKIPPED, None, None, detail=error)
+        if settings.drain.reboot and rebooted_by_us(info) is None:
+            return self._resume_after_reboot(report, settings, node, info)
         if not (info.drained and ours(info.reason)):
             self.maybe_ours = False  # nothing of ours to resume: stop asking
             return []
@@ -273,6 +330,35 @@ class DrainPolicy:
             )
         self.maybe_ours = False
         return [self._event(report, node, EVENT_RESUME, reason, info, command=argv)]
+
+    def _resume_after_reboot(
+        self, report: PatrolReport, settings: SlurmSettings, node: str, info: NodeInfo
+    ) -> list[dict[str, Any]]:
+        """``State=RESUME`` of a node DOWN after the reboot we asked for, once the last
+        ``resume_after_patrols`` healthy patrols all started after its ``BootTime``."""
+        needed = settings.drain.resume_after_patrols
+        boot = boot_epoch(info)
+        starts = list(self._healthy_starts)[-needed:]
+        if boot is None or len(starts) < needed or min(starts) < boot:
+            when = info.fields.get("BootTime", "unknown")
+            detail = (
+                f"rebooted (BootTime {when}): waiting for {needed} healthy patrols of the new boot"
+            )
+            return self._quiet(report, node, EVENT_RESUME_SKIPPED, info.reason, info, detail=detail)
+        argv = [*settings.scontrol, "update", f"NodeName={node}", "State=RESUME"]
+        reason = f"healthy for {len(starts)} patrols since the reboot"
+        detail = f"Slurm rebooted the node (BootTime {info.fields.get('BootTime')})"
+        if settings.drain.dry_run:
+            return self._quiet(
+                report, node, EVENT_RESUME, reason, info, command=argv, detail=detail, dry=True
+            )
+        _, error = run_scontrol(settings, argv[len(settings.scontrol) :], self.runner)
+        if error is not None:
+            return self._quiet(
+                report, node, EVENT_RESUME_FAILED, reason, info, command=argv, detail=error
+            )
+        self.maybe_ours = False
+        return [self._event(report, node, EVENT_RESUME, reason, info, command=argv, detail=detail)]
 
     # -------------------------------------------------------------------- helpers
     def _breaker(self, settings: SlurmSettings, node: str, info: NodeInfo) -> str | None:

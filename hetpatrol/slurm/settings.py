@@ -9,10 +9,12 @@
       timeout_seconds: 10            # each scontrol call is killed after this long
       gres_conf: /etc/slurm/gres.conf   # fallback when scontrol cannot answer; null = none
       registration_cache_seconds: 300   # re-read the registration at most this often
+      admin_comment: false           # card faults appended to the jobs' AdminComment
       drain:
         enabled: false               # drain on critical, resume our own drains
         dry_run: false               # log the decisions, change nothing
         resume_after_patrols: 3      # consecutive healthy patrols before a resume
+        reboot: false                # reboot_node: scontrol reboot ASAP nextstate=DOWN
         breaker:                     # hold a drain when many nodes are drained already
           enabled: true
           max_share: 0.10            # of the nodes of this node's partitions ...
@@ -48,6 +50,7 @@ SLURM_SCHEMA: dict[str, Any] = {
         "timeout_seconds": {"type": "number", "exclusiveMinimum": 0},
         "gres_conf": {"type": ["string", "null"], "minLength": 1},
         "registration_cache_seconds": {"type": "number", "minimum": 0},
+        "admin_comment": {"type": "boolean"},
         "drain": {
             "type": ["object", "null"],
             "additionalProperties": False,
@@ -55,6 +58,7 @@ SLURM_SCHEMA: dict[str, Any] = {
                 "enabled": {"type": "boolean"},
                 "dry_run": {"type": "boolean"},
                 "resume_after_patrols": {"type": "integer", "minimum": 1},
+                "reboot": {"type": "boolean"},
                 "breaker": {
                     "type": ["object", "null"],
                     "additionalProperties": False,
@@ -92,6 +96,8 @@ class DrainSettings:
     enabled: bool = False
     dry_run: bool = False
     resume_after_patrols: int = 3
+    #: reboot_node through Slurm (``scontrol reboot ASAP nextstate=DOWN``), opt-in
+    reboot: bool = False
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
 
 
@@ -105,6 +111,8 @@ class SlurmSettings:
     timeout_seconds: float = 10.0
     gres_conf: Path | None = Path(DEFAULT_GRES_CONF)
     registration_cache_seconds: float = 300.0
+    #: append each card fault to the AdminComment of the jobs on the card (opt-in)
+    admin_comment: bool = False
     drain: DrainSettings = field(default_factory=DrainSettings)
 
     def slurm_node(self, node: str) -> str:
@@ -127,10 +135,12 @@ def build_slurm_settings(
         timeout_seconds=float(data.get("timeout_seconds", 10.0)),
         gres_conf=expand(gres_conf) if gres_conf else None,
         registration_cache_seconds=float(data.get("registration_cache_seconds", 300.0)),
+        admin_comment=bool(data.get("admin_comment", False)),
         drain=DrainSettings(
             enabled=bool(drain.get("enabled", False)),
             dry_run=bool(drain.get("dry_run", False)),
             resume_after_patrols=int(drain.get("resume_after_patrols", 3)),
+            reboot=bool(drain.get("reboot", False)),
             breaker=_breaker(drain.get("breaker") or {}),
         ),
     )

@@ -117,3 +117,24 @@ def may(info: NodeInfo, action: str) -> str | None:
     if unknown:
         why.append("unknown to hetpatrol: " + "/".join(unknown))
     return f"Slurm state {info.state or '(none)'} is not one hetpatrol acts on ({'; '.join(why)})"
+
+
+#: What slurmctld appends to the reason of a node rebooted with ``nextstate=DOWN`` once
+#: it registers after the reboot (scontrol(1), ``reboot``: 'The reason will be appended
+#: with: "reboot issued" when the reboot is issued; "reboot complete" when the node
+#: registers and has a "nextstate" of "DOWN"'; seen on slurmctld 22.05.8 as
+#: ``<reason> : reboot issued : reboot complete``).
+REBOOT_COMPLETE = ": reboot complete"
+
+
+def rebooted_by_us(info: NodeInfo) -> str | None:
+    """None when the node is DOWN after a reboot hetpatrol asked for and Slurm has said
+    it is complete (``DOWN``, no flag, our reason ending in :data:`REBOOT_COMPLETE`):
+    the one DOWN node hetpatrol may bring back (``State=RESUME``). Else why not."""
+    if not ours(info.reason):
+        return f"reason {info.reason!r} is not hetpatrol's"
+    if info.base_state != "DOWN" or info.flags:
+        return f"Slurm state {info.state} is not DOWN after a completed reboot"
+    if not (info.reason or "").endswith(REBOOT_COMPLETE):
+        return f"Slurm has not said the reboot is complete (reason {info.reason!r})"
+    return None
