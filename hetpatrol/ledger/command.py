@@ -42,7 +42,7 @@ from hetpatrol.ledger.sacct_stream import (
     sacct_argv,
     stream_sacct,
 )
-from hetpatrol.ledger.slurm_state import SlurmQueryError, read_node_gres, run
+from hetpatrol.ledger.slurm_state import SlurmQueryError, node_gres_types, read_node_gres, run
 from hetpatrol.ledger.usage import GROUP_FIELDS, aggregate
 from hetpatrol.node_view import printable
 
@@ -119,7 +119,16 @@ def _add_window(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="read saved `sacct -P -n -o <fields>` output instead of running sacct ('-' = stdin)",
+        help="read saved sacct -P output instead of running sacct ('-' = stdin): with a "
+        "header line, or -n with the ledger's -o fields or ledger capacity's "
+        "(fixtures/ledger-sample/sacct.txt)",
+    )
+    p.add_argument(
+        "--nodes-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="saved `scontrol show node -o` instead of asking scontrol",
     )
     p.add_argument(
         "--no-node-types",
@@ -253,11 +262,19 @@ def _runs(args, start: float, end: float):
     yield from stream_sacct(argv, timeout=args.timeout)
 
 
+def _node_gres(args):
+    """The nodes' GRES types: from ``--nodes-file`` (a saved ``scontrol show node -o``)
+    or scontrol."""
+    if args.nodes_file is not None:
+        return node_gres_types(_read_saved(args.nodes_file))
+    return read_node_gres(shlex.split(args.scontrol))
+
+
 def _ledger(args, by: tuple[str, ...]):
     start, end, now = _window(args)
     node_gres = None
     if not args.no_node_types:
-        node_gres = read_node_gres(shlex.split(args.scontrol))
+        node_gres = _node_gres(args)
     return aggregate(_runs(args, start, end), (start, end), now, by, node_gres)
 
 
@@ -300,7 +317,7 @@ def cmd_spans(args) -> int:
     if args.no_node_types:
         raise LedgerUsageError("spans needs the nodes' GRES types: drop --no-node-types")
     start, end, _now = _window(args)
-    node_gres = read_node_gres(shlex.split(args.scontrol))
+    node_gres = _node_gres(args)
     names = {p.gres for p in load_config(args.config).profiles if p.gres}
     jobs = spanning_jobs(_runs(args, start, end), node_gres, names)
     if args.format == "json":
@@ -452,13 +469,6 @@ def _add_capacity(lsub) -> None:
     c.add_argument("--sacctmgr", default="sacctmgr", help="sacctmgr argv prefix (shell words)")
     c.add_argument("--sreport", default="sreport", help="sreport argv prefix (shell words)")
     c.add_argument("--no-sreport", action="store_true", help="do not compare with sreport")
-    c.add_argument(
-        "--nodes-file",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="saved `scontrol show node -o` instead of asking scontrol",
-    )
     c.add_argument(
         "--events-file",
         type=Path,

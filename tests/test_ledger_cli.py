@@ -1,0 +1,116 @@
+"""``hetpatrol ledger`` as a new user meets it: the shipped sample
+(fixtures/ledger-sample/, recorded by tests/record_ledger_sample.py) read by ``usage``,
+``spans`` and ``quota`` as well as ``capacity``; saved sacct output read by its header;
+errors of a host without Slurm's configuration; the wording of quota and capacity.
+
+Figures read off the sample by hand (tests/test_ledger_capacity.py has the derivation):
+A100 card-seconds physics 8 x 5 + 6 x 4 = 64, chemistry 4 x 4 = 16; 910B chemistry
+2 x 2 + 1 x 2 = 6; six records (five jobs and the pending H100 job); drained by an admin
+20:02:09..20:02:12 (3 s x 8 cards = 24 card-seconds, 0.007 h), by hetpatrol 4 s x 8 = 32
+(0.009 h).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import HETPATROL, REPO
+
+from hetpatrol.ledger.capacity import CAPACITY_FIELDS
+from hetpatrol.ledger.sacct_stream import FIELDS
+
+SAMPLE = REPO / "fixtures" / "ledger-sample"
+START, END = (SAMPLE / "window.txt").read_text().split()
+WINDOW = ["--start", START, "--end", END]
+NODES = ["--nodes-file", str(SAMPLE / "nodes.txt")]
+
+
+def ledger(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*HETPATROL, "ledger", *args], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+
+
+def usage_json(sacct: Path, *extra: str) -> dict:
+    res = ledger("usage", "--sacct-file", str(sacct), *NODES, *WINDOW, "--format", "json",
+                 *extra)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def seconds(doc: dict) -> dict[tuple[str, str], float]:
+    return {(r["account"], r["gres"]): r["card_seconds"] for r in doc["rows"]}
+
+
+def test_usage_reads_the_capacity_sample_and_its_node_list():
+    doc = usage_json(SAMPLE / "sacct.txt")
+    assert doc["records"] == 6
+    assert seconds(doc) == {
+        ("physics", "gpu:a100"): 64,
+        ("chemistry", "gpu:a100"): 16,
+        ("chemistry", "ascend:910b"): 6,
+    }
+
+
+def test_saved_sacct_is_read_by_its_header_in_any_order(tmp_path):
+    # the sample's fields as `sacct -P -o <another order>` without -n prints them: the
+    # header names the fields, the values move with it
+    order = list(reversed(CAPACITY_FIELDS))
+    at = [CAPACITY_FIELDS.index(f) for f in order]
+    lines = [line.split("|") for line in (SAMPLE / "sacct.txt").read_text().splitlines()]
+    saved = tmp_path / "sacct.txt"
+    saved.write_text("\n".join("|".join(r) for r in [order, *([p[i] for i in at]
+                               for p in lines)]) + "\n")  # fmt: skip
+    assert seconds(usage_json(saved)) == seconds(usage_json(SAMPLE / "sacct.txt"))
+    # a header without a field the ledger needs: said which, with the -o to use
+    saved.write_text("JobIDRaw|User|Account\n1|u|a\n")
+    res = ledger("usage", "--sacct-file", str(saved), "--no-node-types", *WINDOW)
+    assert res.returncode == 65
+    assert "a header without JobID,Partition,QOS,NodeList" in res.stderr
+    assert f"-o {','.join(FIELDS)}" in res.stderr
+
+
+def test_a_line_of_no_known_layout_says_what_is_expected(tmp_path):
+    saved = tmp_path / "sacct.txt"
+    saved.write_text("1|2|3\n")
+    res = ledger("usage", "--sacct-file", str(saved), "--no-node-types", *WINDOW)
+    assert res.returncode == 65
+    assert "sacct line 1: 3 fields, expected 13 fields (JobIDRaw,JobID," in res.stderr
+    assert "or 15 (those, ReqTRES,TimelimitRaw: ledger capacity's)" in res.stderr
+    assert "or a header line naming them (sacct -P without -n)" in res.stderr
+
+
+def test_spans_reads_the_sample():
+    res = ledger("spans", "--sacct-file", str(SAMPLE / "sacct.txt"), *NODES, *WINDOW)
+    assert (res.returncode, res.stdout) == (0, "ok: no job ran on nodes of two card classes\n")
+
+
+def test_capacity_reads_a_header_in_its_own_order_and_refuses_another(tmp_path):
+    saved = tmp_path / "sacct.txt"
+    body = (SAMPLE / "sacct.txt").read_text()
+    saved.write_text("|".join(CAPACITY_FIELDS) + "\n" + body)
+    args = ["capacity", "--sacct-file", str(saved), *NODES, "--events-file",
+            str(SAMPLE / "events.txt"), "--no-sreport", *WINDOW, "--format", "json"]  # fmt: skip
+    res = ledger(*args)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["records"] == 6
+    saved.write_text("|".join(reversed(CAPACITY_FIELDS)) + "\n" + body)
+    res = ledger(*args)
+    assert res.returncode == 65
+    assert "a header other than JobIDRaw,JobID," in res.stderr
+
+
+def test_a_user_named_like_a_field_does_not_make_a_header(tmp_path):
+    lines = (SAMPLE / "sacct.txt").read_text().splitlines()
+    first = lines[0].split("|")
+    first[2] = "JobIDRaw"  # a user name is chosen by people
+    saved = tmp_path / "sacct.txt"
+    saved.write_text("\n".join(["|".join(first), *lines[1:]]) + "\n")
+    doc = usage_json(saved, "--by", "user")
+    assert {(r["user"], r["gres"]): r["card_seconds"] for r in doc["rows"]} == {
+        ("JobIDRaw", "gpu:a100"): 40,  # job 1: 8 A100 x 5 s
+        ("hpalice", "gpu:a100"): 24,
+        ("hpbob", "gpu:a100"): 16,
+        ("hpbob", "ascend:910b"): 6,
+    }
