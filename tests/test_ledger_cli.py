@@ -13,10 +13,12 @@ A100 card-seconds physics 8 x 5 + 6 x 4 = 64, chemistry 4 x 4 = 16; 910B chemist
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
-from conftest import HETPATROL, REPO
+import pytest
+from conftest import HETPATROL, REPO, require_program
 
 from hetpatrol.ledger.capacity import CAPACITY_FIELDS
 from hetpatrol.ledger.sacct_stream import FIELDS
@@ -99,6 +101,45 @@ def test_capacity_reads_a_header_in_its_own_order_and_refuses_another(tmp_path):
     res = ledger(*args)
     assert res.returncode == 65
     assert "a header other than JobIDRaw,JobID," in res.stderr
+
+
+#: what Debian 12's scontrol (Slurm 22.05.8) prints on a host with no slurm.conf and no
+#: DNS SRV record (recorded on the project's build host)
+NO_CONF = [
+    "scontrol: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host",
+    "scontrol: error: fetch_config: DNS SRV lookup failed",
+    "scontrol: error: _establish_config_source: failed to fetch config",
+    "scontrol: fatal: Could not establish a configuration source",
+]
+
+
+def test_a_host_without_slurm_conf_gets_lines_and_a_hint(tmp_path):
+    require_program("scontrol", package="slurm-client")
+    if Path("/etc/slurm/slurm.conf").exists():
+        pytest.skip("this host has /etc/slurm/slurm.conf")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["HOME"] = str(tmp_path)
+    res = ledger("usage", *WINDOW, env=env)
+    assert res.returncode == 69
+    err = res.stderr.splitlines()
+    assert "\\n" not in res.stderr
+    assert err[0].startswith("hetpatrol ledger: scontrol show node -o exited with 1: scontrol:")
+    # each of scontrol's lines on its own line (the last is what every version prints)
+    assert err[-2] == "  scontrol: fatal: Could not establish a configuration source"
+    assert err[-1] == "hint: no slurm.conf found: set SLURM_CONF or pass --scontrol/--nodes-file"
+
+
+def test_error_lines_stay_escaped(tmp_path):
+    fake = tmp_path / "scontrol"  # stands in for the recorded answer, with a control added
+    fake.write_text("#!/bin/sh\n" + "".join(f"echo '{line}' >&2\n" for line in NO_CONF)
+                    + "printf 'evil \\033[2J\\n' >&2\nexit 1\n")  # fmt: skip
+    fake.chmod(0o755)
+    res = ledger("usage", "--scontrol", str(fake), *WINDOW)
+    assert res.returncode == 69
+    err = res.stderr.splitlines()
+    assert err[1:5] == [f"  {line}" for line in NO_CONF[1:]] + ["  evil \\x1b[2J"]
+    assert "\x1b" not in res.stderr
+    assert err[-1].startswith("hint: no slurm.conf found")
 
 
 def test_a_user_named_like_a_field_does_not_make_a_header(tmp_path):

@@ -278,9 +278,22 @@ def _ledger(args, by: tuple[str, ...]):
     return aggregate(_runs(args, start, end), (start, end), now, by, node_gres)
 
 
+#: what Slurm's commands print on a host without a slurm.conf (nor DNS SRV records):
+#: slurm_conf_init() in src/common/read_config.c, "Could not establish a configuration
+#: source" (the last of those lines with Debian 12's Slurm 22.05.8)
+_NO_CONF = "Could not establish a configuration source"
+
+
 def _error(exc: BaseException) -> None:
-    # sacct's / Prometheus's text, escaped: it must not drive the operator's terminal
-    print(f"hetpatrol ledger: {printable(str(exc))}", file=sys.stderr)
+    # sacct's / Prometheus's text, escaped: it must not drive the operator's terminal;
+    # its lines stay lines (each escaped on its own, so no control reaches the terminal)
+    first, *rest = str(exc).strip("\n").split("\n")
+    print(f"hetpatrol ledger: {printable(first)}", file=sys.stderr)
+    for line in rest:
+        print(f"  {printable(line)}", file=sys.stderr)
+    if _NO_CONF in str(exc):
+        flags = "--sacct/--sacct-file" if isinstance(exc, SacctError) else "--scontrol/--nodes-file"
+        print(f"hint: no slurm.conf found: set SLURM_CONF or pass {flags}", file=sys.stderr)
 
 
 def _guard(fn):
