@@ -88,6 +88,19 @@ def test_spans_reads_the_sample():
     assert (res.returncode, res.stdout) == (0, "ok: no job ran on nodes of two card classes\n")
 
 
+def test_quota_shows_a_use_below_the_limit_below_it(tmp_path):
+    qf = tmp_path / "q.yaml"
+    qf.write_text("quotas:\n  - {account: physics, gres: gpu:a100, card_hours: 0.02}\n")
+    res = ledger("quota", "--sacct-file", str(SAMPLE / "sacct.txt"), *NODES, *WINDOW,
+                 "--quota-file", str(qf))  # fmt: skip
+    assert res.returncode == 1, res.stderr  # 64 / 72 card-seconds: 89 %, a warning
+    # used below the limit reads below it: 0.0178 card-hours is 0.018, not 0.02
+    assert res.stdout.splitlines()[1].split() == [
+        "physics", "-", "gpu:a100", "card_hours", "0.018", "0.02", "card_hours", "89%",
+        "warning",
+    ]  # fmt: skip
+
+
 def test_capacity_reads_a_header_in_its_own_order_and_refuses_another(tmp_path):
     saved = tmp_path / "sacct.txt"
     body = (SAMPLE / "sacct.txt").read_text()
@@ -101,6 +114,14 @@ def test_capacity_reads_a_header_in_its_own_order_and_refuses_another(tmp_path):
     res = ledger(*args)
     assert res.returncode == 65
     assert "a header other than JobIDRaw,JobID," in res.stderr
+
+
+def test_capacity_names_drains_by_others():
+    res = ledger("capacity", "--sacct-file", str(SAMPLE / "sacct.txt"), *NODES, "--events-file",
+                 str(SAMPLE / "events.txt"), "--no-sreport", *WINDOW, "--by", "minute")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "  down 0.000, drained by others 0.007, drained by hetpatrol 0.009 card-hours" in lines
 
 
 #: what Debian 12's scontrol (Slurm 22.05.8) prints on a host with no slurm.conf and no

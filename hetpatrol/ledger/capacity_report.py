@@ -165,8 +165,8 @@ def to_table(report: CapacityReport) -> str:
             lines.append(f"  top accounts (card-hours): {top}")
         if c.drained_by_hetpatrol or c.drained or c.down:
             lines.append(
-                f"  down {c.down / 3600:.3f}, drained {c.drained / 3600:.3f}, drained by "
-                f"hetpatrol {c.drained_by_hetpatrol / 3600:.3f} card-hours"
+                f"  down {c.down / 3600:.3f}, drained by others {c.drained / 3600:.3f}, "
+                f"drained by hetpatrol {c.drained_by_hetpatrol / 3600:.3f} card-hours"
             )
         if c.sreport_note:
             lines.append(f"  sreport: {printable(c.sreport_note)}")

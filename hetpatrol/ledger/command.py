@@ -360,6 +360,16 @@ def cmd_audit(args) -> int:
     return audit_mod.exit_code(findings)
 
 
+def _used_text(used: float, limit: float) -> str:
+    """``used`` with two decimals, or as many more (up to six) as it takes for a use
+    below the limit not to read as the limit itself (0.0178 of 0.02 is ``0.018``)."""
+    for digits in range(2, 7):
+        text = f"{used:.{digits}f}"
+        if used >= limit or float(text) < limit:
+            return text
+    return text
+
+
 @_guard
 def cmd_quota(args) -> int:
     if args.quota_file is not None:
@@ -384,7 +394,7 @@ def cmd_quota(args) -> int:
                     printable(lim.user or "-"),
                     printable(lim.gres),
                     lim.kind,
-                    f"{r.used:.2f}",
+                    _used_text(r.used, lim.value),
                     f"{lim.value:g} {quotas.KINDS[lim.kind]}",
                     f"{100 * r.ratio:.0f}%",
                     r.status,
