@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,25 @@ def test_capacity_names_drains_by_others():
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert "  down 0.000, drained by others 0.007, drained by hetpatrol 0.009 card-hours" in lines
+
+
+def test_html_without_matplotlib_prints_the_table_and_says_how_to_install(tmp_path):
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"  # as an install without the extra
+        "from hetpatrol.cli import main; sys.exit(main(sys.argv[1:]))\n"
+    )
+    page = tmp_path / "capacity.html"
+    res = subprocess.run(
+        [sys.executable, "-c", code, "ledger", "capacity", "--sacct-file",
+         str(SAMPLE / "sacct.txt"), *NODES, "--events-file", str(SAMPLE / "events.txt"),
+         "--no-sreport", *WINDOW, "--html", str(page)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 69
+    assert any(line.split()[:2] == ["gpu:h100", "4"] for line in res.stdout.splitlines())
+    assert "pip install -e '.[report]'" in res.stderr
+    assert "pip install 'hetpatrol[report]'" in res.stderr
+    assert not page.exists()
 
 
 #: what Debian 12's scontrol (Slurm 22.05.8) prints on a host with no slurm.conf and no

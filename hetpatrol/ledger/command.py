@@ -598,6 +598,10 @@ def cmd_capacity(args) -> int:
             return capacity.parse_sreport_utilization(out)
 
         capacity.reconcile(report, capacity.tracked_tres(config_text), query, span)
+    # the report first: a page that cannot be written (no matplotlib, a bad path) still
+    # leaves the figures read, then the exit code says the page is missing
+    sys.stdout.write(capacity_report.render(report, args.format))
+    sys.stdout.flush()
     if args.html is not None:
         from hetpatrol.ledger import capacity_html
 
@@ -608,5 +612,4 @@ def cmd_capacity(args) -> int:
             return EX_UNAVAILABLE
         except OSError as exc:
             raise LedgerUsageError(f"--html {args.html}: {exc.strerror or exc}") from None
-    sys.stdout.write(capacity_report.render(report, args.format))
     return 0
