@@ -43,8 +43,9 @@ from hetpatrol.ledger.sacct_stream import (
     stream_sacct,
 )
 from hetpatrol.ledger.slurm_state import SlurmQueryError, node_gres_types, read_node_gres, run
+from hetpatrol.ledger.table import fit, wrap
 from hetpatrol.ledger.usage import GROUP_FIELDS, aggregate
-from hetpatrol.node_view import printable
+from hetpatrol.node_view import printable, terminal_width
 
 EX_USAGE, EX_DATAERR, EX_UNAVAILABLE = 64, 65, 69
 
@@ -284,6 +285,11 @@ def _ledger(args, by: tuple[str, ...]):
 _NO_CONF = "Could not establish a configuration source"
 
 
+def _width(args) -> int | None:
+    """The terminal's columns for a table or text (None: a pipe, or csv/json)."""
+    return terminal_width(sys.stdout) if args.format in ("table", "text") else None
+
+
 def _error(exc: BaseException) -> None:
     # sacct's / Prometheus's text, escaped: it must not drive the operator's terminal;
     # its lines stay lines (each escaped on its own, so no control reaches the terminal)
@@ -317,7 +323,7 @@ def _guard(fn):
 @_guard
 def cmd_usage(args) -> int:
     ledger = _ledger(args, args.by)
-    sys.stdout.write(report.render(ledger, args.format))
+    sys.stdout.write(report.render(ledger, args.format, _width(args)))
     return 0
 
 
@@ -336,7 +342,10 @@ def cmd_spans(args) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps([j.to_dict() for j in jobs], indent=2) + "\n")
     else:
-        sys.stdout.write(render_text(jobs, printable))
+        width = _width(args)
+        text = render_text(jobs, printable)
+        sys.stdout.write("".join(f"{ln}\n" for line in text.splitlines()
+                                 for ln in wrap(line, width)))  # fmt: skip
     return 1 if jobs else 0
 
 
@@ -353,10 +362,11 @@ def cmd_audit(args) -> int:
     elif not findings:
         print("ok: every card type on the nodes is tracked and priced apart")
     else:
+        width = _width(args)
         for f in findings:  # node names and GRES text come from scontrol: no controls
-            print(printable(f"{f.severity}: {f.message}"))
+            print("\n".join(wrap(printable(f"{f.severity}: {f.message}"), width)))
             if f.fix:
-                print(printable(f"  fix: {f.fix}"))
+                print("\n".join(wrap(printable(f"fix: {f.fix}"), width, indent=2)))
     return audit_mod.exit_code(findings)
 
 
@@ -400,9 +410,8 @@ def cmd_quota(args) -> int:
                     r.status,
                 )
             )
-        widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-        for row in table:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        for line in fit(head, table[1:], _width(args), labels=3, left=head):
+            print(line)
         if not rows:
             print("(no card limits)")
     for n in notes:
@@ -436,20 +445,24 @@ def cmd_efficiency(args) -> int:
                       f"{e.allocated_card_seconds / 3600:.3f}", f"{e.busy_card_seconds / 3600:.3f}",
                       "-" if eff is None else f"{100 * eff:.0f}%",
                       "-" if e.idle_cards is None else str(e.idle_cards), e.status))  # fmt: skip
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    for r in table:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    width = _width(args)
+    for line in fit(head, table[1:], width, labels=3, left=head, drop=("BUSY_H",)):
+        print(line)
     if idle:
-        print(f"held cards idle (efficiency < {args.idle_below:g} or no process seen): "
-              + ", ".join(printable(e.job_id) for e in idle))  # fmt: skip
+        ids = ", ".join(printable(e.job_id) for e in idle)
+        text = f"held cards idle (efficiency < {args.idle_below:g} or no process seen): {ids}"
+        print("\n".join(wrap(text, width)))
     for e in found:
         if e.reason:
-            print(f"note: job {printable(e.job_id)} unknown: {printable(e.reason)}")
+            text = f"note: job {printable(e.job_id)} unknown: {printable(e.reason)}"
         elif e.dropped_samples:
-            print(
+            text = (
                 f"note: job {printable(e.job_id)}: {e.dropped_samples} sample(s) dropped "
                 "(utilization not a ratio in 0..1, or memory not a finite number >= 0)"
             )
+        else:
+            continue
+        print("\n".join(wrap(text, width)))
     return code
 
 
@@ -600,7 +613,7 @@ def cmd_capacity(args) -> int:
         capacity.reconcile(report, capacity.tracked_tres(config_text), query, span)
     # the report first: a page that cannot be written (no matplotlib, a bad path) still
     # leaves the figures read, then the exit code says the page is missing
-    sys.stdout.write(capacity_report.render(report, args.format))
+    sys.stdout.write(capacity_report.render(report, args.format, _width(args)))
     sys.stdout.flush()
     if args.html is not None:
         from hetpatrol.ledger import capacity_html
