@@ -196,3 +196,14 @@ def test_a_user_named_like_a_field_does_not_make_a_header(tmp_path):
         ("hpbob", "gpu:a100"): 16,
         ("hpbob", "ascend:910b"): 6,
     }
+
+
+def test_a_saved_file_that_cannot_be_opened_is_named_by_its_own_option(tmp_path):
+    res = ledger("usage", "--sacct-file", str(SAMPLE / "sacct.txt"), "--nodes-file",
+                 str(tmp_path / "none.txt"), *WINDOW)  # fmt: skip
+    assert res.returncode == 64
+    assert f"--nodes-file {tmp_path / 'none.txt'}: No such file or directory" in res.stderr
+    res = ledger("spans", "--sacct-file", str(SAMPLE / "sacct.txt"), "--nodes-file",
+                 str(tmp_path), *WINDOW)  # fmt: skip
+    assert res.returncode == 64
+    assert f"--nodes-file {tmp_path}: a directory (save the command's output" in res.stderr

@@ -237,20 +237,21 @@ def _window(args) -> tuple[float, float, float]:
     return start, end, now
 
 
-def _open_sacct_file(path: Path):
-    """``--sacct-file``: a regular file, opened without blocking (a FIFO or a device is
-    refused at once, never waited on nor read without end), as a binary stream."""
+def _open_sacct_file(path: Path, flag: str = "--sacct-file"):
+    """``--sacct-file`` (or the option ``flag``): a regular file, opened without blocking
+    (a FIFO or a device is refused at once, never waited on nor read without end), as a
+    binary stream; errors name ``flag``."""
     if str(path) == "-":
         return sys.stdin.buffer
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise LedgerUsageError(f"--sacct-file {path}: {exc.strerror}") from None
+        raise LedgerUsageError(f"{flag} {path}: {exc.strerror}") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
         what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise LedgerUsageError(f"--sacct-file {path}: {what} (save sacct's output to a file)")
+        raise LedgerUsageError(f"{flag} {path}: {what} (save the command's output to a file)")
     return os.fdopen(fd, "rb")
 
 
@@ -267,7 +268,7 @@ def _node_gres(args):
     """The nodes' GRES types: from ``--nodes-file`` (a saved ``scontrol show node -o``)
     or scontrol."""
     if args.nodes_file is not None:
-        return node_gres_types(_read_saved(args.nodes_file))
+        return node_gres_types(_read_saved(args.nodes_file, "--nodes-file"))
     return read_node_gres(shlex.split(args.scontrol))
 
 
@@ -536,8 +537,8 @@ def _add_capacity(lsub) -> None:
     c.set_defaults(func=cmd_capacity)
 
 
-def _read_saved(path: Path) -> str:
-    with _open_sacct_file(path) as handle:
+def _read_saved(path: Path, flag: str) -> str:
+    with _open_sacct_file(path, flag) as handle:
         return handle.read(64 << 20).decode("utf-8", errors="replace")
 
 
@@ -552,13 +553,13 @@ def cmd_capacity(args) -> int:
         raise LedgerUsageError(f"--config: {exc}") from None
     sc = shlex.split(args.scontrol)
     if args.nodes_file is not None:
-        nodes_text = _read_saved(args.nodes_file)
+        nodes_text = _read_saved(args.nodes_file, "--nodes-file")
         inventory_time = None  # when it was saved is not known
     else:
         nodes_text, inventory_time = run([*sc, "show", "node", "-o"]), now
     inventory = capacity.read_inventory(nodes_text)
     if args.events_file is not None:
-        events_text = _read_saved(args.events_file)
+        events_text = _read_saved(args.events_file, "--events-file")
     else:
         argv = capacity.events_argv(_local(start), _local(end), shlex.split(args.sacctmgr))
         events_text = run(argv)
@@ -601,7 +602,7 @@ def cmd_capacity(args) -> int:
     report.inventory_time = inventory_time
     if not args.no_sreport:
         if args.config_file is not None:
-            config_text = _read_saved(args.config_file)
+            config_text = _read_saved(args.config_file, "--config-file")
         else:
             config_text = run([*sc, "show", "config"])
         sr = shlex.split(args.sreport)
