@@ -162,14 +162,14 @@ def read_lines(handle: BinaryIO, max_line: int = MAX_LINE_BYTES) -> Iterator[byt
         yield raw
 
 
-#: the sacct fields of the capacity pass (``ledger capacity``'s sacct (its recorded sample,
+#: the sacct fields of ``ledger capacity`` (and of its recorded sample,
 #: fixtures/ledger-sample/sacct.txt): :data:`FIELDS`, then the request and time limit
 CAPACITY_FIELDS = (*FIELDS, "ReqTRES", "TimelimitRaw")
 #: positional layouts a saved file without a header may have (by field count)
 _LAYOUTS = {len(FIELDS): FIELDS, len(CAPACITY_FIELDS): CAPACITY_FIELDS}
 
 
-def _header(parts: list[str]) -> list[int] | None:
+def _header(parts: list[str], lineno: int) -> list[int] | None:
     """The positions of :data:`FIELDS` when ``parts`` is sacct's header line (``sacct -P``
     or ``-p`` without ``-n`` prints the ``--format`` field names first, sacct(1)
     "--noheader"); None when it is not a header. ``SacctDataError`` when it is one that
@@ -182,7 +182,7 @@ def _header(parts: list[str]) -> list[int] | None:
     missing = [f for f in FIELDS if f.lower() not in names]
     if missing:
         raise SacctDataError(
-            f"sacct line 1: a header without {','.join(missing)}: save sacct's output "
+            f"sacct line {lineno}: a header without {','.join(missing)}: save sacct's output "
             f"with -o {','.join(FIELDS)}"
         )
     return [names.index(f.lower()) for f in FIELDS]
@@ -228,7 +228,7 @@ def parse_lines(lines: Iterable[str | bytes]) -> Iterator[JobRun]:
         if n is None:
             if not raw.strip():
                 continue
-            where = _header(q)
+            where = _header(q, lineno)
             if where is not None:
                 at, n = where, len(q)
                 continue
