@@ -3,7 +3,8 @@
 
 Run as root from the repository root (it starts MariaDB, slurmdbd, slurmctld and slurmd on
 loopback, as tests/slurm_accounting.py does, runs :func:`scenario`, records what
-``hetpatrol ledger capacity`` reads, and stops everything)::
+``hetpatrol ledger capacity`` reads, and stops everything; ``ledger usage``, ``spans``
+and ``quota`` read its sacct.txt and nodes.txt too, tests/test_ledger_cli.py)::
 
     python tests/record_ledger_sample.py [DEST]     # default fixtures/ledger-sample
 

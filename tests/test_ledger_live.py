@@ -369,3 +369,23 @@ def test_untyped_records_take_the_type_of_the_live_node(accounting_cluster, jobs
                        "--no-node-types")  # fmt: skip
     assert {r["gres"] for r in bare["rows"]} == {"gpu", "ascend"}
     assert [n.split(":")[0] for n in bare["notes"]] == ["ascend", "gpu"]
+
+
+def test_saved_sacct_with_its_header_reads_as_the_live_run(accounting_cluster, jobs, tmp_path):
+    # the real sacct's header (-P without -n) in another field order: read by its names
+    # a fixed end: a job still running counts to it in both readings
+    now = time.time()
+    start, end = (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) for t in (now - 7200, now))
+    argv = sacct_argv(start, end)
+    fields = argv[argv.index("-o") + 1].split(",")
+    argv[argv.index("-o") + 1] = ",".join(reversed(fields))
+    argv.remove("-n")
+    out = accounting_cluster.run(*argv).stdout
+    assert out.splitlines()[0] == "|".join(reversed(fields))  # sacct names them as -o did
+    saved = tmp_path / "sacct.txt"
+    saved.write_text(out)
+    window = ("--start", start, "--end", end, "--by", "account,user")
+    live = ledger_json(accounting_cluster, *window)
+    read = ledger_json(accounting_cluster, *window, "--sacct-file", str(saved))
+    assert read["records"] == live["records"] > 0
+    assert read["rows"] == live["rows"]

@@ -48,14 +48,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from hetpatrol.ledger.sacct_stream import FIELDS, JobRun, SacctDataError, parse_lines
+from hetpatrol.ledger.sacct_stream import (
+    CAPACITY_FIELDS,
+    JobRun,
+    SacctDataError,
+    parse_lines,
+)
 from hetpatrol.ledger.tres import gres_tres, label
 from hetpatrol.ledger.usage import aggregate, node_types_of
 from hetpatrol.slurm.gres import parse_scontrol_nodes
 from hetpatrol.slurm.states import ours
 
-#: the sacct fields of the capacity pass: the ledger's, then the request and time limit
-CAPACITY_FIELDS = (*FIELDS, "ReqTRES", "TimelimitRaw")
 #: ``sacctmgr show event`` fields (sacctmgr(1), "LIST/SHOW EVENT FORMAT OPTIONS")
 EVENT_FIELDS = ("NodeName", "Start", "End", "State", "Reason", "User")
 BUCKETS = ("minute", "hour", "day", "week")
@@ -108,12 +111,15 @@ def split_capacity_lines(
     The last two fields are cut off (neither ``ReqTRES`` nor ``TimelimitRaw`` can hold a
     ``|``) and the rest read by :func:`.sacct_stream.parse_lines`; its errors
     (:class:`SacctDataError`, with the line number) pass through. A line with fewer
-    fields raises :class:`CapacityDataError`."""
+    fields raises :class:`CapacityDataError`, as does a first line that is sacct's header
+    (saved without ``-n``) naming other fields than :data:`CAPACITY_FIELDS` in order (that
+    one is skipped)."""
     side: deque[Request] = deque()
     lineno = 0
+    seen = False  # a line read: only the first may be sacct's header
 
     def heads() -> Iterator[str]:
-        nonlocal lineno
+        nonlocal lineno, seen
         for raw in lines:
             lineno += 1
             if isinstance(raw, bytes):
@@ -126,6 +132,16 @@ def split_capacity_lines(
             text = raw.rstrip("\n")
             if not text.strip():
                 continue
+            if not seen:  # the first line may be sacct's header (saved without -n)
+                seen = True
+                names = [f.strip().lower() for f in text.split("|")]
+                if "jobidraw" in names and not any(f.isdigit() for f in names):
+                    if names != [f.lower() for f in CAPACITY_FIELDS]:
+                        raise CapacityDataError(
+                            f"sacct line {lineno}: a header other than "
+                            f"{','.join(CAPACITY_FIELDS)}: {text[:200]!r}"
+                        )
+                    continue
             parts = text.rsplit("|", 2)
             if len(parts) != 3:
                 raise CapacityDataError(

@@ -36,7 +36,10 @@ def _pyplot():
         matplotlib.use("svg", force=True)
         import matplotlib.pyplot as plt
     except ImportError:
-        raise MissingExtra("--html needs matplotlib: pip install 'hetpatrol[report]'") from None
+        raise MissingExtra(
+            "--html needs matplotlib (the 'report' extra): pip install 'hetpatrol[report]'"
+            ", or in a checkout pip install -e '.[report]'"
+        ) from None
     # text as paths: no font is fetched or needed by the browser; a fixed hash salt
     # makes the same report give the same page
     matplotlib.rcParams.update({"svg.fonttype": "path", "svg.hashsalt": "hetpatrol",

@@ -14,6 +14,7 @@ import json
 from datetime import datetime, timezone
 
 from hetpatrol.ledger.capacity import SERIES, CapacityReport, ClassReport
+from hetpatrol.ledger.table import fit, wrap
 from hetpatrol.node_view import printable
 
 #: the CSV columns, in order (the table shows the first ones under short names)
@@ -131,7 +132,15 @@ def _num(x: float | None, fmt: str = ".3f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def to_table(report: CapacityReport) -> str:
+#: a narrow terminal: shorter headers first, then these columns go, least useful first
+#: (the counts behind a share, then the median wait: the share and p90 stay)
+_SHORT = {"WAIT_P50_H": "P50_H", "WAIT_P90_H": "P90_H", "BY_NAME/ANY": "NAMED"}
+_DROP = ("BY_NAME/ANY", "WAIT_P50_H", "CAP_H", "ALLOC_H", "PEND_H")
+
+
+def to_table(report: CapacityReport, width: int | None = None) -> str:
+    """The table and a few lines per class for a person; ``width``: the terminal's
+    columns (None: a pipe, every column and line whole), see :mod:`.table`."""
     head = ("CLASS", "CARDS", "CAP_H", "ALLOC_H", "ALLOC", "BUSY", "DOWN", "WAIT_P50_H",
             "WAIT_P90_H", "PEND_H", "BY_NAME/ANY", "VERDICT")  # fmt: skip
     body = []
@@ -144,36 +153,36 @@ def to_table(report: CapacityReport) -> str:
             _pct(c.down_share), _num(r["wait_median_hours"]), _num(r["wait_p90_hours"]),
             _num(r["pending_card_hours"]), f"{c.jobs_by_name}/{c.jobs_any_type}", c.verdict,
         ))  # fmt: skip
-    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h)
-              for i, h in enumerate(head)]  # fmt: skip
-    lines = [
+    lines = wrap(
         f"window {_iso(report.window[0])} .. {_iso(report.window[1])} by {report.bucket}, "
-        f"{report.records} sacct records, nodes {_nodes_when(report)}"
-    ]
-    for row in (head, *body):
-        lines.append("  ".join(
-            cell.ljust(w) if i in (0, len(head) - 1) else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip())  # fmt: skip
+        f"{report.records} sacct records, nodes {_nodes_when(report)}",
+        width,
+    )
+    lines += fit(head, body, width, labels=1, left=("VERDICT",), short=_SHORT, drop=_DROP)
     if not body:
         lines.append("(no card class on the nodes nor in the jobs)")
     for lab in sorted(report.classes):
         c = report.classes[lab]
-        lines.append(f"{printable(lab)}: {c.verdict}: {printable(c.why)}")
+        lines += wrap(f"{printable(lab)}: {c.verdict}: {printable(c.why)}", width)
         top = ", ".join(f"{printable(a)} {s / 3600:.3f}" for a, s in c.top_accounts(3))
         if top:
-            lines.append(f"  top accounts (card-hours): {top}")
+            lines += wrap(f"top accounts (card-hours): {top}", width, indent=2)
         if c.drained_by_hetpatrol or c.drained or c.down:
-            lines.append(
-                f"  down {c.down / 3600:.3f}, drained {c.drained / 3600:.3f}, drained by "
-                f"hetpatrol {c.drained_by_hetpatrol / 3600:.3f} card-hours"
+            lines += wrap(
+                f"down {c.down / 3600:.3f}, drained by others {c.drained / 3600:.3f}, "
+                f"drained by hetpatrol {c.drained_by_hetpatrol / 3600:.3f} card-hours",
+                width,
+                indent=2,
             )
         if c.sreport_note:
-            lines.append(f"  sreport: {printable(c.sreport_note)}")
-    lines.extend(f"note: {printable(n)}" for n in report.notes)
+            lines += wrap(f"sreport: {printable(c.sreport_note)}", width, indent=2)
+    lines.extend(ln for n in report.notes for ln in wrap(f"note: {printable(n)}", width))
     return "\n".join(lines) + "\n"
 
 
-def render(report: CapacityReport, fmt: str) -> str:
-    """``fmt`` one of ``table``, ``csv``, ``json``."""
-    return {"table": to_table, "csv": to_csv, "json": to_json}[fmt](report)
+def render(report: CapacityReport, fmt: str, width: int | None = None) -> str:
+    """``fmt`` one of ``table``, ``csv``, ``json``; ``width`` fits the table to a
+    terminal (:mod:`.table`)."""
+    if fmt == "table":
+        return to_table(report, width)
+    return {"csv": to_csv, "json": to_json}[fmt](report)

@@ -43,9 +43,10 @@ from hetpatrol.ledger.sacct_stream import (
     sacct_argv,
     stream_sacct,
 )
-from hetpatrol.ledger.slurm_state import SlurmQueryError, read_node_gres, run
+from hetpatrol.ledger.slurm_state import SlurmQueryError, node_gres_types, read_node_gres, run
+from hetpatrol.ledger.table import fit, wrap
 from hetpatrol.ledger.usage import GROUP_FIELDS, aggregate
-from hetpatrol.node_view import printable
+from hetpatrol.node_view import printable, terminal_width
 from hetpatrol.progress import progress
 
 EX_USAGE, EX_DATAERR, EX_UNAVAILABLE = 64, 65, 69
@@ -121,7 +122,16 @@ def _add_window(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="read saved `sacct -P -n -o <fields>` output instead of running sacct ('-' = stdin)",
+        help="read saved sacct -P output instead of running sacct ('-' = stdin): with a "
+        "header line, or -n with the ledger's -o fields or ledger capacity's "
+        "(fixtures/ledger-sample/sacct.txt)",
+    )
+    p.add_argument(
+        "--nodes-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="saved `scontrol show node -o` instead of asking scontrol",
     )
     p.add_argument(
         "--no-node-types",
@@ -236,20 +246,21 @@ def _window(args) -> tuple[float, float, float]:
     return start, end, now
 
 
-def _open_sacct_file(path: Path):
-    """``--sacct-file``: a regular file, opened without blocking (a FIFO or a device is
-    refused at once, never waited on nor read without end), as a binary stream."""
+def _open_sacct_file(path: Path, flag: str = "--sacct-file"):
+    """``--sacct-file`` (or the option ``flag``): a regular file, opened without blocking
+    (a FIFO or a device is refused at once, never waited on nor read without end), as a
+    binary stream; errors name ``flag``."""
     if str(path) == "-":
         return sys.stdin.buffer
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise LedgerUsageError(f"--sacct-file {path}: {exc.strerror}") from None
+        raise LedgerUsageError(f"{flag} {path}: {exc.strerror}") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
         what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise LedgerUsageError(f"--sacct-file {path}: {what} (save sacct's output to a file)")
+        raise LedgerUsageError(f"{flag} {path}: {what} (save the command's output to a file)")
     return os.fdopen(fd, "rb")
 
 
@@ -274,17 +285,43 @@ def _counted(records, update, every: int = 1000):
             update(f"{n} records")
 
 
+def _node_gres(args):
+    """The nodes' GRES types: from ``--nodes-file`` (a saved ``scontrol show node -o``)
+    or scontrol."""
+    if args.nodes_file is not None:
+        return node_gres_types(_read_saved(args.nodes_file, "--nodes-file"))
+    return read_node_gres(shlex.split(args.scontrol))
+
+
 def _ledger(args, by: tuple[str, ...]):
     start, end, now = _window(args)
     node_gres = None
     if not args.no_node_types:
-        node_gres = read_node_gres(shlex.split(args.scontrol))
+        node_gres = _node_gres(args)
     return aggregate(_runs(args, start, end), (start, end), now, by, node_gres)
 
 
+#: what Slurm's commands print on a host without a slurm.conf (nor DNS SRV records):
+#: slurm_conf_init() in src/common/read_config.c, "Could not establish a configuration
+#: source" (the last of those lines with Debian 12's Slurm 22.05.8)
+_NO_CONF = "Could not establish a configuration source"
+
+
+def _width(args) -> int | None:
+    """The terminal's columns for a table or text (None: a pipe, or csv/json)."""
+    return terminal_width(sys.stdout) if args.format in ("table", "text") else None
+
+
 def _error(exc: BaseException) -> None:
-    # sacct's / Prometheus's text, escaped: it must not drive the operator's terminal
-    print(f"hetpatrol ledger: {printable(str(exc))}", file=sys.stderr)
+    # sacct's / Prometheus's text, escaped: it must not drive the operator's terminal;
+    # its lines stay lines (each escaped on its own, so no control reaches the terminal)
+    first, *rest = str(exc).strip("\n").split("\n")
+    print(f"hetpatrol ledger: {printable(first)}", file=sys.stderr)
+    for line in rest:
+        print(f"  {printable(line)}", file=sys.stderr)
+    if _NO_CONF in str(exc):
+        flags = "--sacct/--sacct-file" if isinstance(exc, SacctError) else "--scontrol/--nodes-file"
+        print(f"hint: no slurm.conf found: set SLURM_CONF or pass {flags}", file=sys.stderr)
 
 
 def _guard(fn):
@@ -308,7 +345,7 @@ def _guard(fn):
 @_guard
 def cmd_usage(args) -> int:
     ledger = _ledger(args, args.by)
-    sys.stdout.write(report.render(ledger, args.format))
+    sys.stdout.write(report.render(ledger, args.format, _width(args)))
     return 0
 
 
@@ -321,13 +358,16 @@ def cmd_spans(args) -> int:
     if args.no_node_types:
         raise LedgerUsageError("spans needs the nodes' GRES types: drop --no-node-types")
     start, end, _now = _window(args)
-    node_gres = read_node_gres(shlex.split(args.scontrol))
+    node_gres = _node_gres(args)
     names = {p.gres for p in load_config(args.config).profiles if p.gres}
     jobs = spanning_jobs(_runs(args, start, end), node_gres, names)
     if args.format == "json":
         sys.stdout.write(json.dumps([j.to_dict() for j in jobs], indent=2) + "\n")
     else:
-        sys.stdout.write(render_text(jobs, printable))
+        width = _width(args)
+        text = render_text(jobs, printable)
+        sys.stdout.write("".join(f"{ln}\n" for line in text.splitlines()
+                                 for ln in wrap(line, width)))  # fmt: skip
     return 1 if jobs else 0
 
 
@@ -366,11 +406,22 @@ def cmd_audit(args) -> int:
     elif not findings:
         print("ok: every card type on the nodes is tracked and priced apart")
     else:
+        width = _width(args)
         for f in findings:  # node names and GRES text come from scontrol: no controls
-            print(printable(f"{f.severity}: {f.message}"))
+            print("\n".join(wrap(printable(f"{f.severity}: {f.message}"), width)))
             if f.fix:
-                print(printable(f"  fix: {f.fix}"))
+                print("\n".join(wrap(printable(f"fix: {f.fix}"), width, indent=2)))
     return audit_mod.exit_code(findings)
+
+
+def _used_text(used: float, limit: float) -> str:
+    """``used`` with two decimals, or as many more (up to six) as it takes for a use
+    below the limit not to read as the limit itself (0.0178 of 0.02 is ``0.018``)."""
+    for digits in range(2, 7):
+        text = f"{used:.{digits}f}"
+        if used >= limit or float(text) < limit:
+            return text
+    return text
 
 
 @_guard
@@ -397,15 +448,14 @@ def cmd_quota(args) -> int:
                     printable(lim.user or "-"),
                     printable(lim.gres),
                     lim.kind,
-                    f"{r.used:.2f}",
+                    _used_text(r.used, lim.value),
                     f"{lim.value:g} {quotas.KINDS[lim.kind]}",
                     f"{100 * r.ratio:.0f}%",
                     r.status,
                 )
             )
-        widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-        for row in table:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        for line in fit(head, table[1:], _width(args), labels=3, left=head):
+            print(line)
         if not rows:
             print("(no card limits)")
     for n in notes:
@@ -439,20 +489,24 @@ def cmd_efficiency(args) -> int:
                       f"{e.allocated_card_seconds / 3600:.3f}", f"{e.busy_card_seconds / 3600:.3f}",
                       "-" if eff is None else f"{100 * eff:.0f}%",
                       "-" if e.idle_cards is None else str(e.idle_cards), e.status))  # fmt: skip
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    for r in table:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    width = _width(args)
+    for line in fit(head, table[1:], width, labels=3, left=head, drop=("BUSY_H",)):
+        print(line)
     if idle:
-        print(f"held cards idle (efficiency < {args.idle_below:g} or no process seen): "
-              + ", ".join(printable(e.job_id) for e in idle))  # fmt: skip
+        ids = ", ".join(printable(e.job_id) for e in idle)
+        text = f"held cards idle (efficiency < {args.idle_below:g} or no process seen): {ids}"
+        print("\n".join(wrap(text, width)))
     for e in found:
         if e.reason:
-            print(f"note: job {printable(e.job_id)} unknown: {printable(e.reason)}")
+            text = f"note: job {printable(e.job_id)} unknown: {printable(e.reason)}"
         elif e.dropped_samples:
-            print(
+            text = (
                 f"note: job {printable(e.job_id)}: {e.dropped_samples} sample(s) dropped "
                 "(utilization not a ratio in 0..1, or memory not a finite number >= 0)"
             )
+        else:
+            continue
+        print("\n".join(wrap(text, width)))
     return code
 
 
@@ -496,13 +550,6 @@ def _add_capacity(lsub) -> None:
     c.add_argument("--sreport", default="sreport", help="sreport argv prefix (shell words)")
     c.add_argument("--no-sreport", action="store_true", help="do not compare with sreport")
     c.add_argument(
-        "--nodes-file",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="saved `scontrol show node -o` instead of asking scontrol",
-    )
-    c.add_argument(
         "--events-file",
         type=Path,
         default=None,
@@ -533,8 +580,8 @@ def _add_capacity(lsub) -> None:
     c.set_defaults(func=cmd_capacity)
 
 
-def _read_saved(path: Path) -> str:
-    with _open_sacct_file(path) as handle:
+def _read_saved(path: Path, flag: str) -> str:
+    with _open_sacct_file(path, flag) as handle:
         return handle.read(64 << 20).decode("utf-8", errors="replace")
 
 
@@ -549,13 +596,13 @@ def cmd_capacity(args) -> int:
         raise LedgerUsageError(f"--config: {exc}") from None
     sc = shlex.split(args.scontrol)
     if args.nodes_file is not None:
-        nodes_text = _read_saved(args.nodes_file)
+        nodes_text = _read_saved(args.nodes_file, "--nodes-file")
         inventory_time = None  # when it was saved is not known
     else:
         nodes_text, inventory_time = run([*sc, "show", "node", "-o"]), now
     inventory = capacity.read_inventory(nodes_text)
     if args.events_file is not None:
-        events_text = _read_saved(args.events_file)
+        events_text = _read_saved(args.events_file, "--events-file")
     else:
         argv = capacity.events_argv(_local(start), _local(end), shlex.split(args.sacctmgr))
         events_text = run(argv)
@@ -598,7 +645,7 @@ def cmd_capacity(args) -> int:
     report.inventory_time = inventory_time
     if not args.no_sreport:
         if args.config_file is not None:
-            config_text = _read_saved(args.config_file)
+            config_text = _read_saved(args.config_file, "--config-file")
         else:
             config_text = run([*sc, "show", "config"])
         sr = shlex.split(args.sreport)
@@ -608,6 +655,10 @@ def cmd_capacity(args) -> int:
             return capacity.parse_sreport_utilization(out)
 
         capacity.reconcile(report, capacity.tracked_tres(config_text), query, span)
+    # the report first: a page that cannot be written (no matplotlib, a bad path) still
+    # leaves the figures read, then the exit code says the page is missing
+    sys.stdout.write(capacity_report.render(report, args.format, _width(args)))
+    sys.stdout.flush()
     if args.html is not None:
         from hetpatrol.ledger import capacity_html
 
@@ -618,5 +669,4 @@ def cmd_capacity(args) -> int:
             return EX_UNAVAILABLE
         except OSError as exc:
             raise LedgerUsageError(f"--html {args.html}: {exc.strerror or exc}") from None
-    sys.stdout.write(capacity_report.render(report, args.format))
     return 0

@@ -13,6 +13,7 @@ import io
 import json
 from datetime import datetime, timezone
 
+from hetpatrol.ledger.table import fit, wrap
 from hetpatrol.ledger.usage import Ledger, Totals
 from hetpatrol.node_view import printable
 
@@ -82,7 +83,14 @@ def to_csv(ledger: Ledger) -> str:
     return buf.getvalue()
 
 
-def to_table(ledger: Ledger) -> str:
+#: a narrow terminal: shorter headers first, then these columns go, least useful first
+_SHORT = {"CARD_HOURS": "CARD_H", "MEAN_WAIT_HOURS": "WAIT_H", "MAX_CARDS": "MAX"}
+_DROP = ("RUNS", "MAX_CARDS", "MEAN_WAIT_HOURS")
+
+
+def to_table(ledger: Ledger, width: int | None = None) -> str:
+    """The table for a person; ``width``: the terminal's columns (None: a pipe, every
+    column whole), see :mod:`.table`."""
     header = [*ledger.by, *COLUMNS]
     body = []
     for row in rows(ledger):
@@ -96,27 +104,23 @@ def to_table(ledger: Ledger) -> str:
             else:  # account and user names are chosen by people: no control characters
                 cells.append(printable(str(v)))
         body.append(cells)
-    widths = [
-        max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)
-    ]
-    lines = [
+    lines = wrap(
         f"window {_iso(ledger.window[0])} .. {_iso(ledger.window[1])}, "
-        f"{ledger.records} sacct records"
-    ]
-    lines.append("  ".join(h.upper().ljust(w) for h, w in zip(header, widths, strict=True)))
-    for r in body:
-        lines.append(
-            "  ".join(
-                c.rjust(w) if header[i] not in ledger.by and header[i] != "gres" else c.ljust(w)
-                for i, (c, w) in enumerate(zip(r, widths, strict=True))
-            ).rstrip()
-        )
+        f"{ledger.records} sacct records",
+        width,
+    )
+    lines += fit([h.upper() for h in header], body, width, labels=len(ledger.by) + 1,
+                 short=_SHORT, drop=_DROP)  # fmt: skip
     if not body:
         lines.append("(no card time in the window)")
-    lines.extend(f"note: {printable(n)}" for n in notes(ledger))
+    for n in notes(ledger):
+        lines += wrap(f"note: {printable(n)}", width)
     return "\n".join(lines) + "\n"
 
 
-def render(ledger: Ledger, fmt: str) -> str:
-    """``fmt`` one of ``table``, ``csv``, ``json``."""
-    return {"table": to_table, "csv": to_csv, "json": to_json}[fmt](ledger)
+def render(ledger: Ledger, fmt: str, width: int | None = None) -> str:
+    """``fmt`` one of ``table``, ``csv``, ``json``; ``width`` fits the table to a
+    terminal (:mod:`.table`)."""
+    if fmt == "table":
+        return to_table(ledger, width)
+    return {"csv": to_csv, "json": to_json}[fmt](ledger)

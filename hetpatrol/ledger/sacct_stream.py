@@ -162,18 +162,57 @@ def read_lines(handle: BinaryIO, max_line: int = MAX_LINE_BYTES) -> Iterator[byt
         yield raw
 
 
+#: the sacct fields of ``ledger capacity`` (and of its recorded sample,
+#: fixtures/ledger-sample/sacct.txt): :data:`FIELDS`, then the request and time limit
+CAPACITY_FIELDS = (*FIELDS, "ReqTRES", "TimelimitRaw")
+#: positional layouts a saved file without a header may have (by field count)
+_LAYOUTS = {len(FIELDS): FIELDS, len(CAPACITY_FIELDS): CAPACITY_FIELDS}
+
+
+def _header(parts: list[str], lineno: int) -> list[int] | None:
+    """The positions of :data:`FIELDS` when ``parts`` is sacct's header line (``sacct -P``
+    or ``-p`` without ``-n`` prints the ``--format`` field names first, sacct(1)
+    "--noheader"); None when it is not a header. ``SacctDataError`` when it is one that
+    lacks a field the ledger needs."""
+    names = [p.strip().lower() for p in parts]
+    # a record always has digits-only fields (JobIDRaw, ElapsedRaw): a user or account
+    # named "JobIDRaw" does not make its line a header
+    if "jobidraw" not in names or any(p.isdigit() for p in names):
+        return None
+    missing = [f for f in FIELDS if f.lower() not in names]
+    if missing:
+        raise SacctDataError(
+            f"sacct line {lineno}: a header without {','.join(missing)}: save sacct's output "
+            f"with -o {','.join(FIELDS)}"
+        )
+    return [names.index(f.lower()) for f in FIELDS]
+
+
+def _expected() -> str:
+    return (
+        f"expected {len(FIELDS)} fields ({','.join(FIELDS)}), or {len(CAPACITY_FIELDS)} "
+        f"(those, ReqTRES,TimelimitRaw: ledger capacity's), or a header line naming them "
+        f"(sacct -P without -n)"
+    )
+
+
 def parse_lines(lines: Iterable[str | bytes]) -> Iterator[JobRun]:
     """``sacct -P -n -o`` :data:`FIELDS` lines -> :class:`JobRun`, lazily.
 
+    Saved output is read by its header when it has one (``sacct -P`` without ``-n``: the
+    field names, in any order, others among them ignored), else by position: the
+    :data:`FIELDS` layout or ``ledger capacity``'s :data:`CAPACITY_FIELDS` (its two extra
+    fields last, ignored here), told apart by the field count.
     Lines may be text or bytes; bytes must be UTF-8 (sacct writes what the database
     holds: invalid bytes mean the input is not sacct output). Blank lines are skipped.
     A line that is not UTF-8, has the wrong number of fields or an unreadable time raises
-    :class:`SacctDataError` with its line number and raw text (a job name or other free
-    text with ``|`` in it is not among the fields, so this means the output is not what
-    was asked for).
+    :class:`SacctDataError` with its line number, the fields expected and the raw text (a
+    job name or other free text with ``|`` in it is not among the fields, so this means
+    the output is not what was asked for).
     """
     pt = TimeParser()
-    n = len(FIELDS)
+    n = None  # fields a line has: set by the header or the first record
+    at = None  # where each of FIELDS is in a line: set by a header, else in order
     lineno = 0
     for raw in lines:
         lineno += 1
@@ -185,14 +224,22 @@ def parse_lines(lines: Iterable[str | bytes]) -> Iterator[JobRun]:
                     f"sacct line {lineno}: not UTF-8 ({exc.reason} at byte {exc.start}): "
                     f"{raw.rstrip()[:200]!r}"
                 ) from None
-        p = raw.rstrip("\n").split("|")
-        if len(p) != n:
+        q = raw.rstrip("\n").split("|")
+        if n is None:
+            if not raw.strip():
+                continue
+            where = _header(q, lineno)
+            if where is not None:
+                at, n = where, len(q)
+                continue
+            n = len(q) if len(q) in _LAYOUTS else len(FIELDS)
+        if len(q) != n:
             if not raw.strip():
                 continue
             raise SacctDataError(
-                f"sacct line {lineno}: {len(p)} fields, expected {n} "
-                f"({','.join(FIELDS)}): {raw.rstrip()[:200]!r}"
+                f"sacct line {lineno}: {len(q)} fields, {_expected()}: {raw.rstrip()[:200]!r}"
             )
+        p = q if at is None else [q[i] for i in at]
         try:
             state = p[11]
             yield JobRun(
