@@ -45,6 +45,7 @@ def test_once_table_escapes_a_tools_control_and_bidi_characters(tmp_path):
         "node findings:",
         f"  unknown collector_failed: ascend: npu-smi info exited with code 3: "
         f"npu-smi info: output: {shown}",
+        "    action watch: kept in service and watched, no drain",
     ]
 
 

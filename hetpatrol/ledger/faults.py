@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hetpatrol.node_view import printable
+from hetpatrol.output import plain_help
 
 FAULT_EVENTS = ("xid", "kernel")
 #: the longest line looked at (a patrol line of a big node is far below it)
@@ -130,8 +131,8 @@ def add_parser(lsub: Any) -> None:
     p = lsub.add_parser(
         "faults",
         help="the jobs that ran on a card that faulted (from the daemon's JSONL)",
-        description=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        # argparse's own formatter wraps it to the terminal (every --help fits 80 columns)
+        description=plain_help(__doc__.split("\n\n", 1)[1]),
     )
     p.add_argument("jsonl", nargs="+", help="patrol.jsonl and its rotated copies")
     p.add_argument("--format", choices=("text", "json"), default="text")
