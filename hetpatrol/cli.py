@@ -37,6 +37,15 @@ def _load(args: argparse.Namespace, loader: Callable[..., Config] = load_config)
     """The config, with the node name from ``--node`` or else the replay's scenario."""
     config = loader(args.config)
     node = getattr(args, "node", None)
+    if getattr(args, "replay", None) is not None:
+        from hetpatrol.replay import scenario_boots
+
+        boots = scenario_boots(args.replay)
+        if boots:  # its own directory holds no recording: it would read as no card
+            raise ValueError(
+                f"{args.replay} is a scenario of {len(boots)} boots (scenario.yaml boots:): "
+                f"replay one of them, e.g. --replay {boots[0]}"
+            )
     if node is None and getattr(args, "replay", None) is not None:
         node = load_scenario(args.replay).get("node")
     if getattr(args, "baseline", None) is not None:  # once --baseline FILE

@@ -264,3 +264,30 @@ def test_bad_boots_list_is_a_clear_error(tmp_path, boots):
     (tmp_path / "scenario.yaml").write_text(f"boots: {json.dumps(boots)}\n")
     with pytest.raises(ValueError, match="scenario.yaml"):
         scenario_boots(tmp_path)
+
+
+def test_once_on_a_multi_boot_scenario_names_a_boot_to_replay():
+    """The scenario's own directory holds no recording (each boot has its own): replayed
+    whole it read as a node without cards (exit 3, `no_cards`); it is refused instead,
+    naming the first boot's directory."""
+    import subprocess
+
+    from conftest import HETPATROL, NODES
+
+    res = subprocess.run(
+        [*HETPATROL, "once", "--replay", str(NODES / "reboot-links-late")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 78, res.stdout + res.stderr
+    assert "is a scenario of 2 boots" in res.stderr
+    assert f"--replay {NODES / 'reboot-links-late' / 'boots' / '1'}" in res.stderr
+    one = subprocess.run(
+        [*HETPATROL, "once", "--replay", str(NODES / "reboot-links-late" / "boots" / "2")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # boot 2's first patrol: the links train late, within the post-boot grace a warning
+    assert one.returncode == 1, one.stdout + one.stderr

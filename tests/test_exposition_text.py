@@ -30,9 +30,18 @@ from hetpatrol.exporters.text_format import (
     format_value,
 )
 from hetpatrol.patrol import Patroller
-from hetpatrol.replay import load_scenario
+from hetpatrol.replay import (
+    load_scenario,
+    scenario_boots,  # noqa: E402
+)
 
-SCENARIOS = sorted(p.name for p in NODES.iterdir() if p.is_dir())
+# every scenario, a multi-boot one by each of its boots (its own directory reads no card)
+SCENARIOS = [
+    b.relative_to(NODES).as_posix() if boots else p.name
+    for p in sorted(x for x in NODES.iterdir() if x.is_dir())
+    for boots in [scenario_boots(p)]
+    for b in (boots or [p])
+]
 
 
 def _report(name: str):

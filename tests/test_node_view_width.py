@@ -11,7 +11,19 @@ import subprocess
 import pytest
 from conftest import HETPATROL, NODES
 
-SCENARIOS = sorted(p.name for p in NODES.iterdir() if p.is_dir())
+
+def _scenarios() -> list[str]:
+    """Every scenario, a multi-boot one by each of its boots (replayed one at a time)."""
+    from hetpatrol.replay import scenario_boots
+
+    out = []
+    for p in sorted(x for x in NODES.iterdir() if x.is_dir()):
+        boots = scenario_boots(p)
+        out += [b.relative_to(NODES).as_posix() for b in boots] if boots else [p.name]
+    return out
+
+
+SCENARIOS = _scenarios()
 
 
 def _once(scenario: str, columns: str | None, *extra: str) -> list[str]:
