@@ -626,3 +626,21 @@ def test_check_against_the_real_slurmctld(slurm_cluster, tmp_path, capsys):
                 f"    fix: NodeName={slurm_cluster.node} Gres=ascend:910b:8,gpu:a100:6 "
                 "Features=910b,a100\n"
             )
+
+
+def test_no_card_read_writes_no_empty_gres_line():
+    """npu-smi fails (DCMI -8005): no card was read, so there is no line to write; an
+    empty ``Gres=`` would tell Slurm the node has none."""
+    import subprocess
+
+    from conftest import HETPATROL, NODES
+
+    res = subprocess.run(
+        [*HETPATROL, "gres-conf", "--replay", str(NODES / "ascend-dcmi-error")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert res.stdout == ""
+    assert "no card was read on" in res.stderr and "ascend failed" in res.stderr

@@ -626,6 +626,15 @@ def cmd_gres_conf(args: argparse.Namespace, patrol: Callable[[argparse.Namespace
     elif root is None and (Path(args.replay) / "root").is_dir():
         root = Path(args.replay) / "root"
     plan = build_plan(report.cards, config, node, root)
+    if not args.check and not plan.cards:
+        # no card read: an empty `Gres=` / `GresTypes=` pasted into slurm.conf would
+        # say the node has none; say why instead (each collector's state)
+        states = ", ".join(f"{s.name} {s.state}" for s in report.collectors)
+        print(
+            f"hetpatrol gres-conf: no card was read on {node} ({states}): no line to write",
+            file=sys.stderr,
+        )
+        return EXIT_UNKNOWN
     if not args.check:
         text, code = render(plan)
         sys.stdout.write(text)
