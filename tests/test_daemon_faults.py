@@ -210,7 +210,12 @@ def test_sighup_storm_does_not_starve_patrols(tmp_path, fake_npu_smi):
             proc.send_signal(signal.SIGHUP)
             time.sleep(0.005)
         after = scrape(port)["hetpatrol_patrols_total"][0].value
-        assert after >= before + 3  # 0.3 s interval: about 6 patrols in 2 s
+        # 0.3 s interval: about 6 patrols in 2 s unhindered; a starved loop makes none.
+        # Each reload checks the config in a child (an interpreter start) and, with every
+        # plugin on, loads nine plugins' profiles: on a loaded 2-core machine 2 or 3 of the
+        # 6 remain (CI saw 3.0 >= 4 fail once), so 2 is the bar that still tells "patrols
+        # go on" from "starved"
+        assert after >= before + 2
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=15)
