@@ -177,7 +177,13 @@ class Patroller:
                 vendor_ids=vendor_ids,
             )
             if node_checks is None:
-                self.node_checks.insert(0, census_check.PciCensusCheck(lambda: self._patrol_census))
+                # unlisted counts by bus id live with the boot (state file, reload)
+                self.node_checks.insert(
+                    0,
+                    census_check.PciCensusCheck(
+                        lambda: self._patrol_census, lambda: self.boot.unlisted_patrols
+                    ),
+                )
                 for check in self.node_checks:
                     if isinstance(check, GresCheck):
                         check.census = lambda: self._patrol_census
