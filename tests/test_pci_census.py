@@ -4,11 +4,13 @@ gpu-unlisted). The lspci files are in tests/fixtures/lspci/ with their sources."
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import jsonschema
 import pytest
 from conftest import NODES
 
@@ -17,6 +19,7 @@ from hetpatrol.cli import main
 from hetpatrol.config import ConfigError, load_config
 from hetpatrol.patrol import Patroller, plugin_pci_rules
 from hetpatrol.pci_census import CensusReader, parse_lspci, read_census, read_sysfs
+from hetpatrol.schema import patrol_json_schema
 
 LSPCI = Path(__file__).parent / "fixtures" / "lspci"
 RULES = plugin_pci_rules()
@@ -287,6 +290,10 @@ def test_three_patrols_in_a_row_are_critical_reset_card(tmp_path):
     (need,) = drain_needs(reports[2], load_config().actions.drain_on)
     assert (need[0], need[1].action, need[1].code) == ("node", "reset_card", "check:pci_unwatched")
     assert reports[3].node_checks["boot"]["unlisted_patrols"] == {E8: 4}
+    line = json.loads(reports[3].patrol_line)
+    jsonschema.validate(line, patrol_json_schema())
+    assert line["boot"]["unlisted_patrols"] == {E8: 4}
+    assert line["pci_census"]["unwatched"][0]["patrols"] == 4
     # the number of patrols is the config's
     cfg = tmp_path / "c.yaml"
     cfg.write_text("pci_census:\n  unlisted_patrols: 5\n")
@@ -412,6 +419,10 @@ def test_the_count_survives_a_restart_within_the_boot_never_a_new_boot(tmp_path)
     assert unlisted(report) == [(E8, "warning", "watch")]
     assert "1 of 3 patrols" in unlisted_message(report)
     assert read_state(state)["boot"]["unlisted_patrols"] == {E8: 1}
+    # the same in one process whose boot id changes (a replay of boot 1 then boot 2)
+    reports = patrol_each([first, first, second, second])
+    assert [unlisted(r)[0][1] for r in reports] == ["warning"] * 4
+    assert "1 of 3 patrols" in unlisted_message(reports[2])
 
 
 def test_no_driver_bound_is_a_warning(tmp_path):
