@@ -239,19 +239,21 @@ def nvml_fails(d: Path) -> None:
 
 
 def patrol_each(dirs, config=None):
-    """One patrol of each replay directory, in order, each by a new Patroller on the boot
-    of the one before (as a reload's adopt() carries it): a card's state across patrols."""
+    """One patrol of each replay directory, in order, each by a new Patroller that
+    adopts the state of the one before (as a reload does: boot, held findings, last
+    cards), with the census of its own directory: a card's state across patrols."""
     config = replace(config or load_config(), node="n1")
-    reports, boot = [], None
+    reports, before = [], None
     for d in dirs:
         p = Patroller(config, replay_dir=Path(d))
-        if boot is not None:
-            p.boot = boot
-        try:
-            reports.append(p.run())
-        finally:
-            p.close()
-        boot = p.boot
+        if before is not None:
+            reader = p.census_reader  # adopt() keeps the old reader: not this bus's
+            p.adopt(before)
+            before.close()
+            p.census_reader = reader
+        reports.append(p.run())
+        before = p
+    before.close()
     return reports
 
 
@@ -377,6 +379,31 @@ def test_two_bus_ids_are_counted_apart(tmp_path):
     reports = patrol_each([two, two, LOST])
     assert [sorted(unlisted(r)) for r in reports][2] == [(E8, "critical", "reset_card")]
     assert reports[2].node_checks["boot"]["unlisted_patrols"] == {E8: 3}
+
+
+def moves_db_to_e8(d: Path) -> None:
+    """NVML lists the DB GPU's element at E8: E8 is read again, DB is not listed."""
+    (d / XML).write_text((d / XML).read_text().replace("00000000:DB:00.0", "00000000:E8:00.0"))
+
+
+def test_a_critical_card_listed_again_is_held_by_its_bus_id(tmp_path):
+    """The hold of a critical node finding (recovery_patrols, 3) after E8 is listed
+    again is E8's: DB's warning of the same check neither ends it nor takes its place."""
+    back = variant(tmp_path, "back", lists_e8)
+    moved = variant(tmp_path, "moved", moves_db_to_e8)
+    reports = patrol_each([LOST, LOST, LOST, back, back, back])
+    assert [unlisted(r) for r in reports][3:] == [
+        [(E8, "critical", "reset_card")],  # held 1 of 3
+        [(E8, "critical", "reset_card")],
+        [],
+    ]
+    assert "(not raised for 1 of 3 patrols: held)" in unlisted_message(reports[3])
+    reports = patrol_each([LOST, LOST, LOST, moved])
+    assert sorted(unlisted(reports[3])) == [
+        (DB, "warning", "watch"),  # 1 of 3: nothing inherited from E8
+        (E8, "critical", "reset_card"),  # held
+    ]
+    assert reports[3].action == "reset_card"
 
 
 def with_boot(tmp_path: Path, name: str, boot: Path) -> Path:
