@@ -11,8 +11,10 @@ replay without them has no boot (``boot_id`` null, said in ``error``), as a host
 :class:`BootWatch` counts the patrols of the current boot (the post-boot grace of the
 interconnect checks is counted on it) and keeps, per card identity, the link count of the
 first healthy patrol after boot (the expected links of a card class whose profile gives
-none). Both start again when the boot id changes; a daemon restarted within one boot goes
-on from the state file (:meth:`BootWatch.restore`).
+none), and, per PCI bus id, the patrols in a row its tool did not list a card the bus
+holds (``unlisted_patrols``, counted by :mod:`hetpatrol.checks.pci_census`). All start
+again when the boot id changes (a card's count never crosses a reboot); a daemon
+restarted within one boot goes on from the state file (:meth:`BootWatch.restore`).
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ class BootWatch:
     patrols: int = 0
     #: card identity -> {link kind: links up in the first healthy patrol of this boot}
     learned_links: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: PCI bus id -> patrols in a row its tool did not list the card there (the
+    #: ``pci_unwatched`` count of :mod:`hetpatrol.checks.pci_census`)
+    unlisted_patrols: dict[str, int] = field(default_factory=dict)
     error: str | None = None
 
     def note(self, info: BootInfo) -> int:
@@ -89,6 +94,7 @@ class BootWatch:
             self.boot_id = info.boot_id
             self.patrols = 0
             self.learned_links = {}
+            self.unlisted_patrols = {}
         if info.boot_time is not None:
             self.boot_time = info.boot_time
         self.patrols += 1
@@ -96,20 +102,24 @@ class BootWatch:
 
     def summary(self) -> dict[str, Any]:
         """The ``boot`` object of the patrol line and the state file: ``boot_id``,
-        ``boot_time`` (epoch seconds), ``patrols`` (of this boot), ``error`` and
-        ``learned_links`` (card identity -> {link kind: links up})."""
+        ``boot_time`` (epoch seconds), ``patrols`` (of this boot), ``error``,
+        ``learned_links`` (card identity -> {link kind: links up}) and
+        ``unlisted_patrols`` (bus id -> patrols in a row its tool did not list it; only
+        the bus ids unlisted in the last patrol, so no more than the census's cards)."""
         return {
             "boot_id": self.boot_id,
             "boot_time": self.boot_time,
             "patrols": self.patrols,
             "error": self.error,
             "learned_links": {k: dict(v) for k, v in sorted(self.learned_links.items())},
+            "unlisted_patrols": dict(sorted(self.unlisted_patrols.items())),
         }
 
     def restore(self, doc: Any, info: BootInfo) -> None:
         """Go on from a state file's ``boot`` object when it names the boot ``info``
         reads now (a daemon restarted within the boot); another boot, or a damaged
-        object, leaves the count at 0."""
+        object, leaves the counts at 0 (a damaged ``unlisted_patrols`` entry is left
+        out: that card counts from 0 again)."""
         if not isinstance(doc, dict) or info.boot_id is None:
             return
         if doc.get("boot_id") != info.boot_id:
@@ -124,6 +134,13 @@ class BootWatch:
                 str(k): {str(kind): n for kind, n in v.items() if isinstance(n, int)}
                 for k, v in learned.items()
                 if isinstance(v, dict)
+            }
+        unlisted = doc.get("unlisted_patrols")
+        if isinstance(unlisted, dict):
+            self.unlisted_patrols = {
+                str(bus): n
+                for bus, n in unlisted.items()
+                if isinstance(n, int) and not isinstance(n, bool) and n > 0
             }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import re
 import threading
 import time
 import uuid
@@ -177,7 +178,13 @@ class Patroller:
                 vendor_ids=vendor_ids,
             )
             if node_checks is None:
-                self.node_checks.insert(0, census_check.PciCensusCheck(lambda: self._patrol_census))
+                # unlisted counts by bus id live with the boot (state file, reload)
+                self.node_checks.insert(
+                    0,
+                    census_check.PciCensusCheck(
+                        lambda: self._patrol_census, lambda: self.boot.unlisted_patrols
+                    ),
+                )
                 for check in self.node_checks:
                     if isinstance(check, GresCheck):
                         check.census = lambda: self._patrol_census
@@ -206,9 +213,9 @@ class Patroller:
         #: per collector, the cards missing at the last patrol or listed again since and
         #: still held: identity -> (card, severity of its finding, good patrols since back)
         self._missing: dict[str, dict[tuple, tuple[CardRecord, str, int]]] = {}
-        #: critical node findings of the last patrols, held after they go: check ->
-        #: (finding, patrols since it was last seen)
-        self._held_node: dict[str, tuple[Finding, int]] = {}
+        #: critical node findings of the last patrols, held after they go: (check, bus
+        #: id of the card it names or None) -> (finding, patrols since it was last seen)
+        self._held_node: dict[tuple[str, str | None], tuple[Finding, int]] = {}
         #: the cards gone from their collector's list in this patrol (for escalation)
         self._gone_now: list[CardRecord] = []
         #: published verdict and recovery streak of every card, by identity (UUID,
@@ -765,13 +772,16 @@ class Patroller:
         ``recovery_patrols`` patrols in a row have gone without it: the hysteresis a
         bad card's verdict has (``_apply_recovery``), for the node findings that drain.
         Not for ``card_missing`` (held per card, by identity: ``_missing_finding``) nor
-        the kernel log's (held by their window)."""
+        the kernel log's (held by their window). A finding that names one card by its
+        PCI bus id (``pci_unwatched``) is held per bus id: another card's finding of the
+        same check neither ends nor replaces its hold."""
         need = self.config.recovery_patrols
-        raised = {f.check for f in findings}
+        raised = {_hold_key(f) for f in findings}
         out = list(findings)
-        held: dict[str, tuple[Finding, int]] = {}
-        for check, (finding, streak) in self._held_node.items():
-            if check in raised:
+        held: dict[tuple[str, str | None], tuple[Finding, int]] = {}
+        for key, (finding, streak) in self._held_node.items():
+            check = key[0]
+            if key in raised:
                 continue  # raised again (critical: held anew below), or no longer critical
             streak += 1
             if streak < need:
@@ -784,10 +794,10 @@ class Patroller:
                         threshold=finding.threshold,
                     )
                 )
-                held[check] = (finding, streak)
+                held[key] = (finding, streak)
         for f in findings:
             if f.severity == HEALTH_CRITICAL and f.check not in _OWN_HOLD:
-                held[f.check] = (f, 0)
+                held[_hold_key(f)] = (f, 0)
         self._held_node = held
         return out
 
@@ -855,6 +865,19 @@ class _Tracked:
             "from": before,
             "to": after,
         }
+
+
+#: a PCI bus id as a node finding names one card in ``value`` (``0000:e8:00.0``)
+_BUS_ID_VALUE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def _hold_key(f: Finding) -> tuple[str, str | None]:
+    """What a critical node finding is held by (``_hold_node_findings``): its check, and
+    the bus id of the one card it names (``pci_unwatched``'s ``value``), else None."""
+    value = f.value
+    if isinstance(value, str) and _BUS_ID_VALUE.match(value):
+        return (f.check, value)
+    return (f.check, None)
 
 
 def _missing_name(c: CardRecord) -> str:

@@ -590,7 +590,9 @@ def patrol_json_schema() -> dict[str, Any]:
             "boot": {
                 "description": "the boot this patrol ran in (hetpatrol.boot): the kernel's "
                 "boot id and boot time (null when unread, error says why), the patrols of "
-                "this boot, the links each card had up in its first healthy patrol of it",
+                "this boot, the links each card had up in its first healthy patrol of it, "
+                "and per PCI bus id the patrols in a row its tool did not list the card "
+                "there (pci_unwatched)",
                 "type": "object",
                 "properties": {
                     "boot_id": {"type": ["string", "null"]},
@@ -598,6 +600,10 @@ def patrol_json_schema() -> dict[str, Any]:
                     "patrols": {"type": "integer", "minimum": 0},
                     "error": {"type": ["string", "null"]},
                     "learned_links": {"type": "object"},
+                    "unlisted_patrols": {
+                        "type": "object",
+                        "additionalProperties": {"type": "integer", "minimum": 1},
+                    },
                 },
             },
         },

@@ -105,12 +105,32 @@ def test_a_narrow_terminal_drops_power_then_bus_id_never_health():
 @pytest.mark.parametrize("columns", ["60", None])
 def test_a_node_finding_says_its_action(columns):
     """fixtures/nodes/gpu-unlisted: lspci lists an H100 at 0000:e8:00.0 that
-    nvidia-smi does not; the header says "action reset_card" and the node finding's
-    own line says what it is for (the card tables are all ok)."""
+    nvidia-smi does not. ``once`` is one patrol: the header says "action watch" and the
+    node finding's own line says it is watched, no drain (pci_census.unlisted_patrols:
+    critical only after 3 patrols in a row); the third patrol's view says
+    "action reset_card" and names the card (the card tables are all ok)."""
+    from dataclasses import replace
+
+    from hetpatrol.cli import format_table
+    from hetpatrol.config import load_config
+    from hetpatrol.patrol import Patroller
+
     lines = _once("gpu-unlisted", columns)
+    assert lines[0].startswith("node mixed-unlisted-01  WARNING   action watch")
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("  warning pci_unwatched: "))
+    action = next(ln for ln in lines[at + 1 :] if not ln.startswith("          "))
+    assert action == "    action watch: kept in service and watched, no drain"
+    assert all(len(ln) <= int(columns or 1000) for ln in lines)
+    config = replace(load_config(), node="mixed-unlisted-01")
+    p = Patroller(config, replay_dir=NODES / "gpu-unlisted")
+    try:
+        report = [p.run() for _ in range(3)][-1]
+    finally:
+        p.close()
+    width = int(columns) if columns else None
+    lines = format_table(report, verbose=True, width=width).splitlines()
     assert lines[0].startswith("node mixed-unlisted-01  CRITICAL   action reset_card")
     at = next(i for i, ln in enumerate(lines) if ln.startswith("  critical pci_unwatched: "))
-    after = lines[at + 1 :]
-    action = next(ln for ln in after if not ln.startswith("           "))
+    action = next(ln for ln in lines[at + 1 :] if not ln.startswith("           "))
     assert action == "    action reset_card: the card at 0000:e8:00.0"
     assert all(len(ln) <= int(columns or 1000) for ln in lines)

@@ -4,19 +4,22 @@ gpu-unlisted). The lspci files are in tests/fixtures/lspci/ with their sources."
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import jsonschema
 import pytest
 from conftest import NODES
 
 from hetpatrol import pci_census
 from hetpatrol.cli import main
-from hetpatrol.config import load_config
+from hetpatrol.config import ConfigError, load_config
 from hetpatrol.patrol import Patroller, plugin_pci_rules
 from hetpatrol.pci_census import CensusReader, parse_lspci, read_census, read_sysfs
+from hetpatrol.schema import patrol_json_schema
 
 LSPCI = Path(__file__).parent / "fixtures" / "lspci"
 RULES = plugin_pci_rules()
@@ -165,14 +168,288 @@ def test_bundled_config_shows_all_24_cards_of_the_three_vendor_node(capsys):
     assert "hygon k100_ai (gres dcu)  8 cards: 8 ok" in capsys.readouterr().out
 
 
-def test_card_on_the_bus_no_tool_lists_is_named_by_bus_id():
+# ---------------------------------------- a card its tool does not list, over patrols
+# fixtures/nodes/gpu-unlisted: NVML (nvidia-smi-q.xml) lists 8 H100 at 19, 3b, 4c, 5d,
+# 9b, bb, cb, db; the bus (lspci-Dnn-vmm.txt) holds a ninth at 0000:e8:00.0, driver nvidia
+LOST = NODES / "gpu-unlisted"
+E8 = "0000:e8:00.0"
+DB = "0000:db:00.0"
+XML = "nvidia-smi-q.xml"
+
+
+def unlisted(report) -> list[tuple[str, str, str]]:
+    """(bus id, severity, action) of each pci_unwatched finding of ``report``."""
+    return [
+        (f.value, f.severity, f.action) for f in report.node_findings if f.check == "pci_unwatched"
+    ]
+
+
+def variant(tmp_path: Path, name: str, edit) -> Path:
+    """A copy of gpu-unlisted with ``edit(directory)`` applied."""
+    d = tmp_path / name
+    shutil.copytree(LOST, d)
+    edit(d)
+    return d
+
+
+def lists_e8(d: Path) -> None:
+    """NVML lists a ninth GPU at E8 (a copy of the DB GPU's element, with its own bus id,
+    UUID, serial and minor number): the card is read again."""
+    text = (d / XML).read_text()
+    start = text.index('    <gpu id="00000000:DB:00.0">')
+    block = text[start : text.index("</gpu>", start) + len("</gpu>\n")]
+    ninth = (
+        block.replace("DB:00.0", "E8:00.0")
+        .replace(
+            "GPU-004dc5e2-7c1d-cc17-c721-e63ad8f75bae", "GPU-004dc5e2-7c1d-cc17-c721-e63ad8f75bb0"
+        )
+        .replace("<serial>9458441022271<", "<serial>9458441022288<")
+        .replace("<minor_number>7<", "<minor_number>8<")
+    )
+    text = text.replace("<attached_gpus>8<", "<attached_gpus>9<")
+    (d / XML).write_text(text.replace("</nvidia_smi_log>", ninth + "</nvidia_smi_log>"))
+
+
+def drops_db(d: Path) -> None:
+    """NVML no longer lists the DB GPU either: two bus ids unlisted."""
+    text = (d / XML).read_text()
+    start = text.index('    <gpu id="00000000:DB:00.0">')
+    end = text.index("</gpu>", start) + len("</gpu>\n")
+    text = text.replace("<attached_gpus>8<", "<attached_gpus>7<")
+    (d / XML).write_text(text[:start] + text[end:])
+
+
+def e8_off_the_bus(d: Path) -> None:
+    """The bus no longer holds E8 (hot-unplugged, or fell off the bus)."""
+    path = d / "lspci-Dnn-vmm.txt"
+    records = path.read_text().split("\n\n")
+    path.write_text("\n\n".join(r for r in records if f"Slot:\t{E8}" not in r))
+
+
+def e8_without_driver(d: Path) -> None:
+    """E8 with no driver bound (what a driver reload passes through)."""
+    path = d / "lspci-Dnn-vmm.txt"
+    head, block, tail = path.read_text().partition(f"Slot:\t{E8}")
+    path.write_text(head + block + tail.replace("Driver:\tnvidia\n", "", 1))
+
+
+def nvml_fails(d: Path) -> None:
+    """nvidia-smi-q.xml garbled: the nvidia collector fails (no answer about any card)."""
+    (d / XML).write_text("<nvidia_smi_log><gpu")
+
+
+def patrol_each(dirs, config=None):
+    """One patrol of each replay directory, in order, each by a new Patroller that
+    adopts the state of the one before (as a reload does: boot, held findings, last
+    cards), with the census of its own directory: a card's state across patrols."""
+    config = replace(config or load_config(), node="n1")
+    reports, before = [], None
+    for d in dirs:
+        p = Patroller(config, replay_dir=Path(d))
+        if before is not None:
+            reader = p.census_reader  # adopt() keeps the old reader: not this bus's
+            p.adopt(before)
+            before.close()
+            p.census_reader = reader
+        reports.append(p.run())
+        before = p
+    before.close()
+    return reports
+
+
+def test_one_patrol_of_a_card_its_tool_does_not_list_is_a_warning_never_a_drain(capsys):
+    from hetpatrol.slurm.drain import drain_needs
+
     report, _ = run_patrol("gpu-unlisted")
-    found = [f for f in report.node_findings if f.check == "pci_unwatched"]
-    assert [(f.severity, f.value) for f in found] == [("critical", "0000:e8:00.0")]
-    assert "nvidia h100 [10de:2330] at 0000:e8:00.0" in found[0].message
-    assert "does not list it" in found[0].message
-    assert found[0].action == "reset_card"  # actions/findings.py: a GPU the driver lost
-    assert main(["once", "--replay", str(NODES / "gpu-unlisted")]) == 2
+    (found,) = [f for f in report.node_findings if f.check == "pci_unwatched"]
+    assert (found.severity, found.value, found.action) == ("warning", E8, "watch")
+    assert "nvidia h100 [10de:2330] at 0000:e8:00.0" in found.message
+    assert "the nvidia tool does not list it (1 of 3 patrols" in found.message
+    assert "as hetpatrol once or the Epilog's, never drains for it" in found.message
+    assert (report.health, report.action) == ("warning", "watch")
+    assert drain_needs(report, load_config().actions.drain_on) == []
+    assert report.node_checks["pci_census"]["unwatched"][0]["patrols"] == 1
+    assert main(["once", "--replay", str(LOST)]) == 1  # one patrol: WARNING, never 2
+    out = capsys.readouterr().out
+    assert "WARNING" in out.splitlines()[0] and "1 of 3 patrols" in out
+
+
+def test_three_patrols_in_a_row_are_critical_reset_card(tmp_path):
+    from hetpatrol.slurm.drain import drain_needs
+
+    reports = run_patrols("gpu-unlisted", 4)
+    assert [unlisted(r) for r in reports] == [
+        [(E8, "warning", "watch")],
+        [(E8, "warning", "watch")],
+        [(E8, "critical", "reset_card")],
+        [(E8, "critical", "reset_card")],
+    ]
+    assert "2 of 3 patrols" in reports[1].node_findings[0].message
+    third = next(f for f in reports[2].node_findings if f.check == "pci_unwatched")
+    assert "does not list it in 3 patrols in a row (pci_census.unlisted_patrols 3)" in (
+        third.message
+    )
+    (need,) = drain_needs(reports[2], load_config().actions.drain_on)
+    assert (need[0], need[1].action, need[1].code) == ("node", "reset_card", "check:pci_unwatched")
+    assert reports[3].node_checks["boot"]["unlisted_patrols"] == {E8: 4}
+    line = json.loads(reports[3].patrol_line)
+    jsonschema.validate(line, patrol_json_schema())
+    assert line["boot"]["unlisted_patrols"] == {E8: 4}
+    assert line["pci_census"]["unwatched"][0]["patrols"] == 4
+    # the number of patrols is the config's
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("pci_census:\n  unlisted_patrols: 5\n")
+    reports = run_patrols("gpu-unlisted", 5, load_config(cfg))
+    assert [unlisted(r)[0][1] for r in reports] == ["warning"] * 4 + ["critical"]
+    assert "4 of 5 patrols" in unlisted_message(reports[3])
+    # one patrol's answer is never enough: 1 is refused, naming the key
+    cfg.write_text("pci_census:\n  unlisted_patrols: 1\n")
+    with pytest.raises(ConfigError, match="unlisted_patrols"):
+        load_config(cfg)
+
+
+def unlisted_message(report) -> str:
+    return next(f.message for f in report.node_findings if f.check == "pci_unwatched")
+
+
+def run_patrols(name, n, config=None):
+    config = config or load_config()
+    p = Patroller(replace(config, node="n1"), replay_dir=Path(NODES / name))
+    try:
+        return [p.run() for _ in range(n)]
+    finally:
+        p.close()
+
+
+def test_the_card_listed_again_starts_its_count_again(tmp_path):
+    back = variant(tmp_path, "back", lists_e8)
+    reports = patrol_each([LOST, LOST, back, LOST, LOST, LOST])
+    assert [unlisted(r) for r in reports] == [
+        [(E8, "warning", "watch")],
+        [(E8, "warning", "watch")],
+        [],  # NVML lists E8 again: the count is gone
+        [(E8, "warning", "watch")],  # 1 of 3 again, not 3
+        [(E8, "warning", "watch")],
+        [(E8, "critical", "reset_card")],
+    ]
+    assert "1 of 3 patrols" in unlisted_message(reports[3])
+    assert reports[2].node_checks["boot"]["unlisted_patrols"] == {}
+
+
+def test_a_card_gone_from_the_bus_or_unbound_starts_again_a_failed_tool_keeps_it(tmp_path):
+    gone = variant(tmp_path, "gone", e8_off_the_bus)
+    unbound = variant(tmp_path, "unbound", e8_without_driver)
+    failed = variant(tmp_path, "failed", nvml_fails)
+    reports = patrol_each([LOST, LOST, gone, LOST, LOST, unbound, LOST])
+    assert [unlisted(r) for r in reports] == [
+        [(E8, "warning", "watch")],
+        [(E8, "warning", "watch")],
+        [],  # off the bus
+        [(E8, "warning", "watch")],
+        [(E8, "warning", "watch")],
+        [(E8, "warning", "watch")],  # no driver bound: its own warning, not counted
+        [(E8, "warning", "watch")],
+    ]
+    assert "1 of 3 patrols" in unlisted_message(reports[3])
+    assert "no driver bound" in unlisted_message(reports[5])
+    assert "1 of 3 patrols" in unlisted_message(reports[6])
+    # a patrol in which NVML gave no answer at all tells nothing: kept, not counted
+    reports = patrol_each([LOST, LOST, failed, LOST])
+    assert [unlisted(r) for r in reports] == [
+        [(E8, "warning", "watch")],
+        [(E8, "warning", "watch")],
+        [],  # collector_failed says it
+        [(E8, "critical", "reset_card")],
+    ]
+    assert reports[2].node_checks["boot"]["unlisted_patrols"] == {E8: 2}
+
+
+def test_two_bus_ids_are_counted_apart(tmp_path):
+    two = variant(tmp_path, "two", drops_db)
+    reports = patrol_each([LOST, LOST, two, two, two])
+    assert [sorted(unlisted(r)) for r in reports] == [
+        [(E8, "warning", "watch")],
+        [(E8, "warning", "watch")],
+        [(DB, "warning", "watch"), (E8, "critical", "reset_card")],  # DB inherits nothing
+        [(DB, "warning", "watch"), (E8, "critical", "reset_card")],
+        [(DB, "critical", "reset_card"), (E8, "critical", "reset_card")],
+    ]
+    assert reports[3].node_checks["boot"]["unlisted_patrols"] == {DB: 2, E8: 4}
+    # NVML lists the DB GPU again and not E8: DB's count goes, E8's goes on
+    reports = patrol_each([two, two, LOST])
+    assert [sorted(unlisted(r)) for r in reports][2] == [(E8, "critical", "reset_card")]
+    assert reports[2].node_checks["boot"]["unlisted_patrols"] == {E8: 3}
+
+
+def moves_db_to_e8(d: Path) -> None:
+    """NVML lists the DB GPU's element at E8: E8 is read again, DB is not listed."""
+    (d / XML).write_text((d / XML).read_text().replace("00000000:DB:00.0", "00000000:E8:00.0"))
+
+
+def test_a_critical_card_listed_again_is_held_by_its_bus_id(tmp_path):
+    """The hold of a critical node finding (recovery_patrols, 3) after E8 is listed
+    again is E8's: DB's warning of the same check neither ends it nor takes its place."""
+    back = variant(tmp_path, "back", lists_e8)
+    moved = variant(tmp_path, "moved", moves_db_to_e8)
+    reports = patrol_each([LOST, LOST, LOST, back, back, back])
+    assert [unlisted(r) for r in reports][3:] == [
+        [(E8, "critical", "reset_card")],  # held 1 of 3
+        [(E8, "critical", "reset_card")],
+        [],
+    ]
+    assert "(not raised for 1 of 3 patrols: held)" in unlisted_message(reports[3])
+    reports = patrol_each([LOST, LOST, LOST, moved])
+    assert sorted(unlisted(reports[3])) == [
+        (DB, "warning", "watch"),  # 1 of 3: nothing inherited from E8
+        (E8, "critical", "reset_card"),  # held
+    ]
+    assert reports[3].action == "reset_card"
+
+
+def with_boot(tmp_path: Path, name: str, boot: Path) -> Path:
+    """gpu-unlisted with the proc/ (boot id, btime) of ``boot``."""
+    return variant(tmp_path, name, lambda d: shutil.copytree(boot / "proc", d / "proc"))
+
+
+def test_the_count_survives_a_restart_within_the_boot_never_a_new_boot(tmp_path):
+    from hetpatrol.daemon import Daemon
+    from hetpatrol.exporters.state import read_state
+    from hetpatrol.healthcheck import check
+    from hetpatrol.replay import scenario_boots
+
+    # boots/1 and boots/2 of reboot-links-late: two boot ids (see its scenario.yaml)
+    boot1, boot2 = scenario_boots(NODES / "reboot-links-late")
+    first, second = with_boot(tmp_path, "b1", boot1), with_boot(tmp_path, "b2", boot2)
+    state = tmp_path / "state" / "state.json"
+    config = replace(load_config(), node="n1", jsonl_path=None, state_path=state)
+
+    def daemon_patrols(replay: Path, n: int):
+        d = Daemon(config, replay_dir=replay)
+        try:
+            d.restore_escalation()
+            return [d.patrol_once() for _ in range(n)]
+        finally:
+            d.shutdown()
+
+    assert [unlisted(r) for r in daemon_patrols(first, 2)] == [[(E8, "warning", "watch")]] * 2
+    doc = read_state(state)
+    assert doc["boot"]["unlisted_patrols"] == {E8: 2}
+    code, line = check(state)
+    assert code == 1 and "node pci_unwatched" in line and "2 of 3 patrols" in line, line
+    # the daemon restarted within the same boot goes on: its first patrol is the third
+    (report,) = daemon_patrols(first, 1)
+    assert unlisted(report) == [(E8, "critical", "reset_card")]
+    code, line = check(state)
+    assert code == 2 and "in 3 patrols in a row" in line, line
+    # after a reboot (another boot id) the count starts again
+    (report,) = daemon_patrols(second, 1)
+    assert unlisted(report) == [(E8, "warning", "watch")]
+    assert "1 of 3 patrols" in unlisted_message(report)
+    assert read_state(state)["boot"]["unlisted_patrols"] == {E8: 1}
+    # the same in one process whose boot id changes (a replay of boot 1 then boot 2)
+    reports = patrol_each([first, first, second, second])
+    assert [unlisted(r)[0][1] for r in reports] == ["warning"] * 4
+    assert "1 of 3 patrols" in unlisted_message(reports[2])
 
 
 def test_no_driver_bound_is_a_warning(tmp_path):
@@ -187,6 +464,7 @@ def test_no_driver_bound_is_a_warning(tmp_path):
     found = [f for f in report.node_findings if f.check == "pci_unwatched"]
     assert [(f.severity, f.value) for f in found] == [("warning", "0000:e8:00.0")]
     assert "no driver bound" in found[0].message
+    assert report.node_checks["pci_census"]["unwatched"][0]["patrols"] is None
 
 
 def test_plugin_not_enabled_names_each_card(tmp_path):

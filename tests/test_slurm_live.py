@@ -180,6 +180,34 @@ def test_drain_on_critical_then_resume_when_healthy(slurm_node, replays, tmp_pat
             daemon.shutdown()
 
 
+def test_a_gpu_its_tool_does_not_list_drains_only_from_the_third_patrol(slurm_node, tmp_path):
+    """fixtures/nodes/gpu-unlisted (an H100 at 0000:e8:00.0 on the bus, driver bound, that
+    NVML does not list): patrols 1 and 2 are a pci_unwatched warning (watch) and Slurm's
+    node stays idle; the third in a row is critical reset_card and slurmctld drains the
+    node with hetpatrol's reason (pci_census.unlisted_patrols 3)."""
+    with slurm_node.explain():
+        daemon = Daemon(slurm_config(slurm_node, tmp_path), replay_dir=NODES / "gpu-unlisted")
+        try:
+            for n in (1, 2):
+                report = daemon.patrol_once()
+                (f,) = [f for f in report.node_findings if f.check == "pci_unwatched"]
+                assert (f.severity, f.action) == ("warning", "watch")
+                assert f"{n} of 3 patrols" in f.message
+                assert slurm_node.state() == "idle"
+            assert events(tmp_path / "patrol.jsonl") == []
+            report = daemon.patrol_once()
+            assert report.action == "reset_card"
+            line = slurm_node.wait_for(lambda s: "drain" in s.split(" ")[1], what="drained")
+            reason = line.split(" ", 2)[2]
+            assert reason.startswith(
+                "hetpatrol: reset_card node pci_unwatched nvidia h100 [10de:2330] at 0000:e8:00.0"
+            ), reason
+            (drain,) = events(tmp_path / "patrol.jsonl")
+            assert drain["event"] == "drain" and drain["reason"] == reason
+        finally:
+            daemon.shutdown()
+
+
 def test_admin_drain_is_never_replaced_or_resumed(slurm_node, replays, tmp_path):
     with slurm_node.explain():
         slurm_node.admin_drain("admin: DIMM swap, ticket 4711")

@@ -109,7 +109,8 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     "library_path_mix": {"*": WATCH},
     "global_ld_library_path": {"*": WATCH},
     # checks/pci_census.py: critical is a card on the bus with its driver bound that
-    # its tool no longer lists (NVIDIA: a GPU the driver lost, recovered by a GPU reset);
+    # its tool no longer lists, pci_census.unlisted_patrols patrols in a row (NVIDIA: a
+    # GPU the driver lost, recovered by a GPU reset; one patrol's answer is a warning);
     # a plugin off, no driver, or an unreadable bus: watched
     "pci_unwatched": {"critical": RESET_CARD, "*": WATCH},
     "pci_census": {"*": WATCH},

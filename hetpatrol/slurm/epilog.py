@@ -31,6 +31,14 @@ node be, as the prolog does):
 No state file, no card of the job, nothing bad: exit 0. Held cards no collector read
 (NVML absent, a vendor tool failing) are named with the collector's state and error, still
 exit 0 and no drain. Prints one line.
+
+Node findings of the patrol are not judged here: the Epilog's patrol is a single patrol,
+the first of its own counts. In particular a card on the PCI bus that its tool does not
+list (``pci_unwatched``, :mod:`hetpatrol.checks.pci_census`) is critical only after
+``pci_census.unlisted_patrols`` patrols in a row of the daemon (one answer may be an
+``nvidia-smi -r`` in progress); in this one patrol it is "1 of N", never a drain. Such a
+card is no card the job held (its tool never listed it); a held card its tool stops
+listing is the ``card_missing`` rule above.
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@ allocated to the job, and fails only when
   in the future is not trusted), or
 - an allocated card's action is in ``block_on`` (default: reset_card, reboot_node,
   isolate_card, replace_card), or any card or node finding says ``reboot_node`` and the
-  job holds at least one card of the node.
+  job holds at least one card of the node. Other node findings let the job through:
+  ``pci_unwatched`` (a card on the PCI bus its tool does not list, ``reset_card`` only
+  after ``pci_census.unlisted_patrols`` daemon patrols in a row) names a card no job
+  can be given through its tool; the daemon's drain acts on it.
 
 Which cards (Slurm facts, checked in slurm.conf(5) of Slurm 22.05, section "Prolog and
 Epilog Scripts", and in recorded outputs, fixtures/slurm):
