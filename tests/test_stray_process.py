@@ -7,6 +7,13 @@ RUNNING on hp-gpu01 with ``gpu:a100:1(IDX:0),ascend:910b:1(IDX:0)``; its name, c
 and work directory forge ``GRES=ascend:910b:1(IDX:3)``). Processes: the pids and memory
 of ../shared/vendor-samples/nvidia/nvidia-smi-query-compute-apps_H200_590.48.01_load.csv
 (10291 memhog 2566 MiB, 10293 memhog 1542 MiB, 10309 gpu_burn 28234 MiB).
+fixtures/slurm/scontrol-show-config-22.05-{linuxproc,cgroup}.txt: ProctrackType.
+
+On the real daemons: the session cluster (proctrack/linuxproc: its jobs have no cgroup,
+only cards with no job are judged) and a cluster of its own with Slurm's job cgroups
+(proctrack/cgroup, cgroup v1), both patrolled through an ``npu-smi info`` stand-in
+replaying fixtures/vendor-outputs/ascend/npu-smi-info_910B3_8card_AICore-busy_procs_
+v24.1.rc2.1.txt (8 x 910B3, a ``python`` process per NPU) with the real pids.
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ from hetpatrol.tool import ToolOutput
 REPO = Path(__file__).resolve().parent.parent
 SQUEUE = (REPO / "fixtures" / "slurm" / "squeue-json-22.05-hostile.json").read_text()
 MIB = 1024 * 1024
+# scontrol show config of the same daemons, ProctrackType linuxproc and cgroup
+SHOW_CONFIG = {
+    name: (REPO / "fixtures" / "slurm" / f"scontrol-show-config-22.05-{name}.txt").read_text()
+    for name in ("linuxproc", "cgroup")
+}
 
 
 def cards():
@@ -113,7 +125,8 @@ def test_card_jobs_runs_squeue_beside_scontrol_and_caches():
 
     def runner(argv, timeout):
         calls.append(list(argv))
-        return ToolOutput(tuple(argv), SQUEUE, "", 0, False, 0.01)
+        text = SHOW_CONFIG["cgroup"] if argv[-1] == "config" else SQUEUE
+        return ToolOutput(tuple(argv), text, "", 0, False, 0.01)
 
     clock = [0.0]
     cj = CardJobs(
@@ -124,12 +137,53 @@ def test_card_jobs_runs_squeue_beside_scontrol_and_caches():
     )
     cs = cards()
     cj.refresh(cs)
-    assert calls == [["env", "SLURM_CONF=/x", "/usr/bin/squeue", "--json"]]
+    assert calls == [
+        ["env", "SLURM_CONF=/x", "/usr/bin/scontrol", "show", "config"],
+        ["env", "SLURM_CONF=/x", "/usr/bin/squeue", "--json"],
+    ]
     assert cj.jobs_of(cs[0]) == frozenset({"1"}) and cj.jobs_of(cs[1]) == frozenset()
     clock[0] = 30
     cj.refresh(cs)
-    assert len(calls) == 1  # cached for 60 s
+    assert len(calls) == 2  # cached for 60 s
     assert cj.jobs_of(CardRecord("nvidia", 0)) is None  # not one of this patrol's cards
+    clock[0] = 90
+    cj.refresh(cs)
+    assert [c[2] for c in calls[2:]] == ["/usr/bin/squeue"]  # the config: for 600 s
+
+
+@pytest.mark.parametrize(
+    "config, proctrack, judged",
+    [
+        (SHOW_CONFIG["cgroup"], "proctrack/cgroup", True),
+        (SHOW_CONFIG["linuxproc"], "proctrack/linuxproc", False),
+        (None, None, False),  # scontrol show config failed
+        ("Configuration data as of 2026-12-01T22:50:00\n", None, False),  # no such line
+    ],
+)
+def test_a_jobs_card_is_judged_only_under_proctrack_cgroup(config, proctrack, judged):
+    """ProctrackType from the recorded ``scontrol show config`` of real 22.05 daemons:
+    with proctrack/cgroup the cards a job holds are judged; otherwise only cards with
+    no job are, and ``stray_note`` says why."""
+
+    def runner(argv, timeout):
+        if argv[-1] == "config":
+            if config is None:
+                return ToolOutput(tuple(argv), "", "slurm_load_ctl_conf error", 1, False, 0.01)
+            return ToolOutput(tuple(argv), config, "", 0, False, 0.01)
+        return ToolOutput(tuple(argv), SQUEUE, "", 0, False, 0.01)
+
+    cj = CardJobs(["/usr/bin/sinfo"], "hp-gpu01", runner=runner)
+    cs = cards()
+    cj.refresh(cs)
+    assert cj.proctrack == proctrack
+    assert cj.jobs_of(cs[0]) == frozenset({"1"})  # the jobs themselves: always
+    assert cj.stray_jobs_of(cs[0]) == (frozenset({"1"}) if judged else None)
+    assert cj.stray_jobs_of(cs[1]) == frozenset()  # no job: judged
+    if judged:
+        assert cj.stray_note is None
+    else:
+        assert "processes on the cards a job holds are not judged stray" in cj.stray_note
+        assert (proctrack or "ProctrackType unknown") in cj.stray_note
 
 
 def test_jobs_on_fault_events():
@@ -209,7 +263,11 @@ def test_the_patrol_writes_stray_process_with_action_watch(base_config):
 
     p = make_patroller(base_config, {"scripted": WithProcess()})
     p.card_jobs = SimpleNamespace(
-        refresh=lambda cards: None, error=None, jobs_of=lambda card: frozenset({"1"})
+        refresh=lambda cards: None,
+        error=None,
+        jobs_of=lambda card: frozenset({"1"}),
+        stray_jobs_of=lambda card: frozenset({"1"}),
+        stray_note=None,
     )
     try:
         lines = [p.run().card_lines[0] for _ in range(3)]
@@ -340,12 +398,12 @@ def replayed_npu_smi(pids: dict[int, int]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _job_pids(c, job: str, timeout: float = 60) -> dict[str, int]:
+def _job_pids(c, job: str, steps: int = 2, timeout: float = 60) -> dict[str, int]:
     """``{step: pid}`` of the job's ``sleep`` processes from ``scontrol listpids`` (the
-    pids Slurm's proctrack/cgroup tracks) once both steps (batch, 0) run one."""
+    pids Slurm's proctrack plugin tracks) once ``steps`` steps run one."""
     deadline = time.monotonic() + timeout
     found: dict[str, int] = {}
-    while len(found) < 2:
+    while len(found) < steps:
         if time.monotonic() > deadline:
             raise AssertionError(f"job {job} never ran its sleeps: listpids {found}")
         time.sleep(0.3)
@@ -538,3 +596,66 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
         while any(p.exists() for p in gone):
             assert time.monotonic() < deadline, f"job cgroups left: {gone}"
             time.sleep(0.2)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_no_cgroup_tracking_judges_no_process_on_a_jobs_card(slurm_node, tmp_path):
+    """The session cluster runs ProctrackType=proctrack/linuxproc: its job's ``sleep``
+    is in no Slurm cgroup, so nothing can tell it from an escaped process. Its card is
+    not judged (an ``info`` node finding names the ProctrackType, read from the real
+    ``scontrol show config``); a card with no job still is."""
+    import subprocess
+
+    from hetpatrol.daemon import Daemon
+
+    c = slurm_node
+    table = tmp_path / "npu-smi-info.txt"
+    table.write_text(replayed_npu_smi({}))
+    tool = tmp_path / "npu-smi"
+    tool.write_text(f"#!/bin/sh\nexec cat '{table}'\n")
+    tool.chmod(0o755)
+    daemon = stray = job = None
+    with c.explain():
+        try:
+            out = c.run(
+                "sbatch",
+                "--parsable",
+                "--gres=ascend:910b:1",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "exec sleep 300",
+            ).stdout
+            job = out.strip().split(";")[0]
+            pid = _job_pids(c, job, steps=1)["batch"]
+            assert "slurm" not in Path(f"/proc/{pid}/cgroup").read_text()
+            daemon = Daemon(_stray_config(c, tmp_path, tool))
+            report = daemon.patrol_once()
+            recs = {r.index: r for r in report.cards if r.vendor == "ascend"}
+            jobs = {i: daemon.patroller.card_jobs.jobs_of(r) for i, r in recs.items()}
+            (held,) = [i for i, js in jobs.items() if js == frozenset({job})]
+            free = min(i for i, js in jobs.items() if js == frozenset())
+            stray = subprocess.Popen(["sleep", "300"])
+            table.write_text(replayed_npu_smi({held: pid, free: stray.pid}))
+            for _ in range(2):
+                report = daemon.patrol_once()
+            recs = {r.index: r for r in report.cards if r.vendor == "ascend"}
+            (proc,) = recs[held].processes
+            assert (proc.pid, proc.job_id) == (pid, None)
+            found = {
+                i: [f.value["pid"] for f in r.findings if f.check == "stray_process"]
+                for i, r in recs.items()
+            }
+            assert {i: v for i, v in found.items() if v} == {free: [stray.pid]}
+            (note,) = [f for f in report.node_findings if f.check == "stray_process_unjudged"]
+            assert note.severity == "info"
+            assert "ProctrackType=proctrack/linuxproc" in note.message
+        finally:
+            if daemon is not None:
+                daemon.shutdown()
+            if stray is not None:
+                stray.kill()
+                stray.wait(timeout=10)
+            if job:
+                c.run("scancel", job, check=False)
