@@ -404,8 +404,13 @@ def _job_pids(c, job: str, steps: int = 2, timeout: float = 60) -> dict[str, int
     deadline = time.monotonic() + timeout
     found: dict[str, int] = {}
     while len(found) < steps:
+        # a job slurmd could not launch (its cgroups, say) ends or is held at once:
+        # fail then, the daemons' logs printed by explain()
+        state = c.run("squeue", "-h", "-j", job, "-o", "%T %r", check=False).stdout.strip()
+        if state.split(" ")[0] not in ("PENDING", "CONFIGURING", "RUNNING"):
+            raise AssertionError(f"job {job} is {state or 'gone'}, its sleeps never ran")
         if time.monotonic() > deadline:
-            raise AssertionError(f"job {job} never ran its sleeps: listpids {found}")
+            raise AssertionError(f"job {job} never ran its sleeps: {state}, listpids {found}")
         time.sleep(0.3)
         out = c.run("scontrol", "listpids", job, check=False).stdout
         for line in out.splitlines()[1:]:
