@@ -307,6 +307,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: npu-smi 24.1.rc2.1, 8 x 910B3, one `python` process per NPU (SOURCES.md beside it)
 NPU_SMI = REPO / "fixtures" / "vendor-outputs" / "ascend"
 NPU_SMI = NPU_SMI / "npu-smi-info_910B3_8card_AICore-busy_procs_v24.1.rc2.1.txt"
+#: its Process memory(MB) column, NPU 0 to 7 (read off the file)
+RECORDED_MIB = dict(enumerate([54601, 54603, 54561, 54603, 54819, 54560, 54653, 54561]))
 
 
 def cgroup_v1_unusable() -> str | None:
@@ -473,11 +475,13 @@ def _stray_config(c, tmp_path: Path, tool: Path):
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
-    """A real job (``--gres=ascend:910b:3``: its batch script's ``sleep`` and its
-    ``srun sleep``) in the cgroups slurmstepd made for it; an ``npu-smi info`` stand-in
-    replaying a recorded process table with the real pids. The job's processes on its
-    cards are not stray; a ``sleep`` of the test on one of the job's NPUs and one on an
-    NPU with no job are, after 2 patrols; each finding goes with its process."""
+    """A real job of user ``nobody`` (``--gres=ascend:910b:3``: its batch script's
+    ``sleep`` and its ``srun sleep``) in the cgroups slurmstepd made for it; an
+    ``npu-smi info`` stand-in replaying a recorded process table with the real pids.
+    The job's processes on its cards are not stray; a ``sleep`` of the same user outside
+    the job on one of its NPUs and a root ``sleep`` on an NPU with no job are, after 2
+    patrols; each finding goes with its process."""
+    import pwd
     import subprocess
 
     from hetpatrol.daemon import Daemon
@@ -489,6 +493,7 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
     tool = tmp_path / "npu-smi"  # the stand-in: prints this patrol's table
     tool.write_text(f"#!/bin/sh\nexec cat '{table}'\n")
     tool.chmod(0o755)
+    user = pwd.getpwnam("nobody")
     strays: list[subprocess.Popen] = []
     daemon = None
     job = None
@@ -503,7 +508,7 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
     with c.explain():
         try:
             out = c.run(
-                "sbatch",
+                *("runuser", "-u", user.pw_name, "--", "sbatch", "--chdir=/tmp"),
                 "--parsable",
                 "--gres=ascend:910b:3",
                 "-o",
@@ -525,8 +530,9 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
                 for controller in CGROUP_V1_CONTROLLERS:
                     prefix, _, rest = paths[controller].partition("/uid_")
                     assert prefix in prepends, paths
-                    assert rest == f"0/job_{job}/step_{step}", paths
-                assert job_from_cgroup(text, uid=0) == job
+                    assert rest == f"{user.pw_uid}/job_{job}/step_{step}", paths
+                assert job_from_cgroup(text, uid=user.pw_uid) == job
+                assert job_from_cgroup(text, uid=0) is None  # uid_<n> is the owner's
 
             daemon = Daemon(_stray_config(c, tmp_path, tool))
             recs, found = patrol()  # no process yet: which NPUs the job holds
@@ -536,7 +542,12 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
             assert len(held) == 3 and len(free) == 5, jobs
             in_job = {held[0]: pids["batch"], held[1]: pids["0"]}
             escaped, no_job = held[2], free[0]
-            strays = [subprocess.Popen(["sleep", "300"]) for _ in range(2)]
+            # the job's user, outside the job (a setsid + nohup leftover); root's
+            as_user = ("setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}")
+            strays = [
+                subprocess.Popen([*as_user, "--clear-groups", "sleep", "300"]),
+                subprocess.Popen(["sleep", "300"]),
+            ]
             table.write_text(
                 replayed_npu_smi({**in_job, escaped: strays[0].pid, no_job: strays[1].pid})
             )
@@ -545,11 +556,10 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
             # the job's processes, credited to the job from their real cgroups
             for npu, pid in in_job.items():
                 (proc,) = recs[npu].processes
-                assert (proc.pid, proc.job_id, proc.user) == (pid, job, "root")
-                # Process memory(MB) of the recorded rows of NPU 0, 1, 2
-                assert proc.memory_bytes == {0: 54601, 1: 54603, 2: 54561}[npu] * MIB
+                assert (proc.pid, proc.job_id, proc.user) == (pid, job, "nobody")
+                assert proc.memory_bytes == RECORDED_MIB[npu] * MIB
             (outside,) = recs[escaped].processes
-            assert (outside.pid, outside.job_id, outside.user) == (strays[0].pid, None, "root")
+            assert (outside.pid, outside.job_id, outside.user) == (strays[0].pid, None, "nobody")
 
             recs, found = patrol()
             assert sorted(found) == sorted([escaped, no_job]), found
@@ -560,10 +570,16 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
                 None,
             )
             assert f.value["card_jobs"] == [job]
-            assert f"on a card allocated to job {job} for 2 patrols" in f.message
+            assert (
+                f"pid {strays[0].pid} (nobody, no Slurm job) holds {RECORDED_MIB[escaped]} "
+                f"MiB on a card allocated to job {job} for 2 patrols"
+            ) in f.message
             (g,) = found[no_job]
             assert (g.value["pid"], g.value["card_jobs"]) == (strays[1].pid, [])
-            assert "on a card with no job for 2 patrols" in g.message
+            assert (
+                f"pid {strays[1].pid} (root, no Slurm job) holds {RECORDED_MIB[no_job]} "
+                "MiB on a card with no job for 2 patrols"
+            ) in g.message
             lines = [json.loads(x) for x in (tmp_path / "patrol.jsonl").read_text().splitlines()]
             card_lines = [x for x in lines if x["kind"] == "card" and x["index"] == escaped]
             assert card_lines[-1]["action"] == "watch"
@@ -593,7 +609,7 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
         # slurmstepd removes the job's cgroups when the job ends (cgroup_v1.c,
         # cgroup_p_step_destroy)
         gone = [
-            CGROUP_ROOT / n / pre.lstrip("/") / "uid_0" / f"job_{job}"
+            CGROUP_ROOT / n / pre.lstrip("/") / f"uid_{user.pw_uid}" / f"job_{job}"
             for n in CGROUP_V1_CONTROLLERS
             for pre in prepends
         ]
