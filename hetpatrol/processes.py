@@ -31,7 +31,9 @@ else the line credits no job. Debian's slurmd is such a build: with one slurmd,
 proctrack/cgroup + task/cgroup (22.05.8) put a job's tasks in ``6:freezer:/slurm_
 <NodeName>/uid_0/job_<id>/step_batch`` (and ``step_0``...; the same in ``cpuset`` with
 ConstrainCores, no ``task_`` level), the slurmstepd in the job's freezer directory
-(tests/test_stray_process.py, on the real daemons).
+(tests/test_stray_process.py, on the real daemons). Other sites report the same:
+``/sys/fs/cgroup/cpuacct/slurm_<host>`` (ceems-dev/ceems#284), ``nodename_slurmstepd.
+scope`` on v2 with 22.05 on Debian 12 (plazonic/cgroup_exporter#8).
 
 ``/proc/<pid>/environ`` is never read: ``SLURM_JOB_ID`` there is whatever the process
 (its user) set, so a process outside Slurm's cgroups has no job, and a SLUID directory

@@ -295,6 +295,9 @@ def test_the_patrol_writes_stray_process_with_action_watch(base_config):
 # with "fatal: Hybrid mode is not supported", src/plugins/cgroup/v2/cgroup_v2.c) and
 # ConstrainCores=yes (the cpuset controller: a second line of the job's layout).
 # ConstrainDevices stays off: the GRES File= are plain files here, not device nodes.
+# (cgroup.conf(5) of 22.05.8: https://manpages.ubuntu.com/manpages/lunar/en/man5/
+# cgroup.conf.5.html; "Hybrid mode ... is not supported": https://slurm.schedmd.com/
+# cgroups.html)
 CGROUP_CONF = """# written by tests/test_stray_process.py (cgroup.conf(5), Slurm 22.05)
 CgroupPlugin=cgroup/v1
 CgroupMountpoint=/sys/fs/cgroup
