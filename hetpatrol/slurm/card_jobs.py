@@ -53,11 +53,12 @@ CGROUP_PROCTRACK = "proctrack/cgroup"
 
 def proctrack_type(text: str) -> str | None:
     """``ProctrackType`` of ``scontrol show config`` (``ProctrackType           =
-    proctrack/cgroup``), lower-case; None when the output names none."""
+    proctrack/cgroup``), lower-case, printable and at most 64 characters (it goes into a
+    message); None when the output names none."""
     for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep and key.strip().lower() == "proctracktype" and value.strip():
-            return value.strip().lower()
+            return "".join(ch for ch in value.strip().lower() if ch.isprintable())[:64]
     return None
 
 
@@ -153,7 +154,9 @@ class CardJobs:
         self._cards: list[CardRecord] = []
 
     def refresh(self, cards: Sequence[CardRecord]) -> None:
-        """Read squeue if the cache is old, then map this patrol's ``cards``."""
+        """Read ``ProctrackType`` (``scontrol show config``) every
+        ``config_cache_seconds``, every ``cache_seconds`` while it is unknown; squeue if
+        its cache is old; then map this patrol's ``cards``."""
         now = self.clock()
         if self._config_read_at is None or now - self._config_read_at >= (
             self.config_cache_seconds if self.proctrack else self.cache_seconds
