@@ -632,6 +632,7 @@ def test_no_cgroup_tracking_judges_no_process_on_a_jobs_card(slurm_node, tmp_pat
     import subprocess
 
     from hetpatrol.daemon import Daemon
+    from hetpatrol.processes import job_from_cgroup
 
     c = slurm_node
     table = tmp_path / "npu-smi-info.txt"
@@ -653,7 +654,7 @@ def test_no_cgroup_tracking_judges_no_process_on_a_jobs_card(slurm_node, tmp_pat
             ).stdout
             job = out.strip().split(";")[0]
             pid = _job_pids(c, job, steps=1)["batch"]
-            assert "slurm" not in Path(f"/proc/{pid}/cgroup").read_text()
+            assert job_from_cgroup(Path(f"/proc/{pid}/cgroup").read_text(), uid=0) is None
             daemon = Daemon(_stray_config(c, tmp_path, tool))
             report = daemon.patrol_once()
             recs = {r.index: r for r in report.cards if r.vendor == "ascend"}
