@@ -391,8 +391,12 @@ class Patroller:
         if self.card_jobs is not None:
             self.card_jobs.refresh(cards)
             self.stray_watch.observe(
-                cards, self.card_jobs.jobs_of, self.config.top[stray_check.NAME]
+                cards, self.card_jobs.stray_jobs_of, self.config.top[stray_check.NAME]
             )
+            if self.card_jobs.stray_note and self.config.top[stray_check.NAME].enabled:
+                node_findings.append(
+                    Finding("stray_process_unjudged", SEVERITY_INFO, self.card_jobs.stray_note)
+                )
             if self.card_jobs.error:
                 node_findings.append(
                     Finding(

@@ -23,10 +23,17 @@ v2: Slurm's cgroup/v2 plugin (``src/plugins/cgroup/v2/cgroup_v2.c``,
 container), and a job's processes in ``job_<id>/step_<s>/user/task_<n>`` (its hierarchy
 comment: ``user`` holds the tasks, ``task_special`` included; ``slurm`` beside it holds
 the slurmstepds, never credited). Only the unified line (``0::``) is read for it.
-v1: ``CgroupPrepend`` (``/slurm``, ``/slurm_%n`` with several slurmd; not settable in
-cgroup.conf) then ``uid_<uid>/job_<id>/step_<s>`` in each controller's hierarchy
-(``src/plugins/cgroup/v1/cgroup_v1.c``); the ``uid_<uid>`` must be the process's own
-real uid, else the line credits no job.
+v1: ``CgroupPrepend`` (``/slurm``, or ``/slurm_%n`` in a ``MULTIPLE_SLURMD`` build,
+``src/common/cgroup.c``; not settable in cgroup.conf) then ``uid_<uid>/job_<id>/
+step_<s>`` in each controller's hierarchy (``src/plugins/cgroup/v1/xcgroup.c``,
+``xcgroup_create_hierarchy``); the ``uid_<uid>`` must be the process's own real uid,
+else the line credits no job. Debian's slurmd is such a build: with one slurmd,
+proctrack/cgroup + task/cgroup (22.05.8) put a job's tasks in ``6:freezer:/slurm_
+<NodeName>/uid_0/job_<id>/step_batch`` (and ``step_0``...; the same in ``cpuset`` with
+ConstrainCores, no ``task_`` level), the slurmstepd in the job's freezer directory
+(tests/test_stray_process.py, on the real daemons). Other sites report the same:
+``/sys/fs/cgroup/cpuacct/slurm_<host>`` (ceems-dev/ceems#284), ``nodename_slurmstepd.
+scope`` on v2 with 22.05 on Debian 12 (plazonic/cgroup_exporter#8).
 
 ``/proc/<pid>/environ`` is never read: ``SLURM_JOB_ID`` there is whatever the process
 (its user) set, so a process outside Slurm's cgroups has no job, and a SLUID directory
@@ -63,7 +70,8 @@ _V2_TASK = r"/step_[^/]+/user/task_[^/]+(?:/|$)"
 _CGROUP_V2_JOB_RE = re.compile(_V2_SCOPE + r"job_(\d+)" + _V2_TASK)
 # 26.05 SLUID directory in place of job_<id>
 _CGROUP_SLUID_RE = re.compile(_V2_SCOPE + r"(s[0-9A-Za-z]{8,})" + _V2_TASK)
-# v1: CgroupPrepend (/slurm, /slurm_<node>) at the hierarchy's root (cgroup_v1.c)
+# v1: CgroupPrepend (/slurm, /slurm_<node>) at the hierarchy's root (src/common/cgroup.c),
+# then uid_<uid>/job_<id>/step_<s> (src/plugins/cgroup/v1/xcgroup.c)
 _CGROUP_V1_JOB_RE = re.compile(r"/slurm(?:_[^/]+)?/uid_(\d+)/job_(\d+)/step_[^/]+(?:/|$)")
 _UID_RE = re.compile(r"^Uid:\s+(\d+)", re.MULTILINE)
 _PPID_RE = re.compile(r"^PPid:\s+(\d+)", re.MULTILINE)

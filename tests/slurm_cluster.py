@@ -245,6 +245,7 @@ def _write_configs(
     extra_conf: str = "",
     node_gres: str | None = None,
     gres_conf_text: str | None = None,
+    cgroup_conf: str | None = None,
 ) -> tuple[Path, Path]:
     host = socket.gethostname().split(".")[0]
     dev = root / "dev"
@@ -264,6 +265,8 @@ def _write_configs(
         else gres_conf_text.replace("{dev}", str(dev)).replace("{node}", node)
     )
     (root / "plugstack.conf").write_text("")
+    if cgroup_conf is not None:  # read from slurm.conf's directory (cgroup.conf(5))
+        (root / "cgroup.conf").write_text(cgroup_conf)
     # Prolog/Epilog: run a test's hook when one is installed (see install_hook), else pass
     for name in ("prolog", "epilog"):
         script = root / name
@@ -336,6 +339,8 @@ def start_cluster(
     node_gres: str | None = None,
     gres_conf_text: str | None = None,
     wait_idle: bool = True,
+    cgroup_conf: str | None = None,
+    node: str = NODE_NAME,
 ) -> SlurmCluster:
     """Start munged, slurmctld, slurmd; return once the node is idle. Raises on failure.
 
@@ -349,14 +354,18 @@ def start_cluster(
     ``node_gres``: the node's ``Gres=`` value ("": none); ``gres_conf_text``: the whole gres.conf
     (``{dev}`` is the directory of the stand-in device files, ``{node}`` the node name);
     ``wait_idle=False`` returns once the node has registered in any state (a test of
-    what Slurm makes of a config reads it then). All default to the plain cluster.
+    what Slurm makes of a config reads it then). ``cgroup_conf``: the text of a
+    cgroup.conf beside slurm.conf (with ``ProctrackType=proctrack/cgroup`` in
+    ``overrides``: the job cgroups of tests/test_stray_process.py); ``node``: the NodeName
+    (Slurm's v1 cgroups sit under ``/slurm_<NodeName>`` in Debian's build: a name of its
+    own keeps two runs apart). All default to the plain cluster.
     """
     root = Path(tempfile.mkdtemp(prefix="hetpatrol-slurm-"))
     root.chmod(0o755)  # munged: every directory above its socket must be searchable
     conf, gres_conf = _write_configs(
-        root, NODE_NAME, overrides, extra_conf, node_gres, gres_conf_text
+        root, node, overrides, extra_conf, node_gres, gres_conf_text, cgroup_conf
     )
-    cluster = SlurmCluster(root, conf, gres_conf, NODE_NAME)
+    cluster = SlurmCluster(root, conf, gres_conf, node)
     log = root / "log"
     try:
         key = root / "munge.key"
@@ -394,7 +403,7 @@ def start_cluster(
         if after_munge is not None:
             after_munge(cluster)
         spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(conf)])
-        spawn("slurmd", ["slurmd", "-D", "-N", NODE_NAME, "-f", str(conf)])
+        spawn("slurmd", ["slurmd", "-D", "-N", node, "-f", str(conf)])
         state = ""
 
         def exited() -> None:
@@ -406,7 +415,7 @@ def start_cluster(
             exited()
             try:
                 out = subprocess.run(
-                    ["sinfo", "-h", "-N", "-n", NODE_NAME, "-o", "%T"],
+                    ["sinfo", "-h", "-N", "-n", node, "-o", "%T"],
                     env=cluster.env,
                     capture_output=True,
                     text=True,
@@ -423,7 +432,7 @@ def start_cluster(
             if not wait_idle and state and "unknown" not in state and "*" not in state:
                 return cluster
             time.sleep(0.1)
-        raise RuntimeError(f"node {NODE_NAME} not idle after {START_TIMEOUT:.0f} s: {state!r}")
+        raise RuntimeError(f"node {node} not idle after {START_TIMEOUT:.0f} s: {state!r}")
     except BaseException as exc:
         logs = cluster.logs()
         cluster.stop()

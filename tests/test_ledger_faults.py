@@ -30,6 +30,8 @@ def _patrol_jsonl(tmp_path: Path) -> tuple[Path, list[dict]]:
             error=None,
             # GPU 6 fell off the bus: NVML no longer gives its UUID or bus id
             jobs_of=lambda card: frozenset({"4242"}) if card.index == 6 else frozenset(),
+            stray_jobs_of=lambda card: None,
+            stray_note=None,
         )
         report = p.run()
     finally:

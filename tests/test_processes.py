@@ -249,3 +249,40 @@ def test_the_stepd_scope_sits_under_pid_1s_cgroup_directory(tmp_path):
     (tmp_path / "1" / "cgroup").write_text("0::/init.scope\n")  # a host: the root
     assert lookup(51, tmp_path)[1] == "4"
     assert lookup(50, tmp_path)[1] is None
+
+
+# /proc/<pid>/cgroup as slurmd 22.05.8 (Debian 12 package 22.05.8-4+deb12u3) made it:
+# ProctrackType=proctrack/cgroup, TaskPlugin=task/cgroup, cgroup.conf CgroupPlugin=
+# cgroup/v1 + ConstrainCores=yes, NodeName hp-gpu01, a root job 734001 (`sbatch --wrap
+# "sleep 300 & srun sleep 300; wait"`), in a container with the v1 controllers and an
+# empty cgroup2 at /sys/fs/cgroup/unified; recorded by the real-daemon test in
+# tests/test_stray_process.py. Debian builds Slurm with MULTIPLE_SLURMD: the prepend is
+# /slurm_<NodeName> (src/common/cgroup.c) even with one slurmd; steps have no task_ level
+# in freezer/cpuset (src/plugins/cgroup/v1/xcgroup.c, xcgroup_create_hierarchy).
+_REAL_22_05_V1 = (
+    "9:name=systemd:/\n8:pids:/\n7:blkio:/\n6:freezer:{freezer}\n5:devices:/\n"
+    "4:memory:/process_api/65aeb37a384eade2374e50b22ec4a69f\n3:cpuset:{cpuset}\n"
+    "2:cpuacct:/\n1:cpu:/\n0::/\n"
+)
+_JOB = "/slurm_hp-gpu01/uid_0/job_734001"
+
+
+@pytest.mark.parametrize(
+    "freezer, cpuset, job",
+    [
+        (f"{_JOB}/step_batch", f"{_JOB}/step_batch", "734001"),  # the batch script's sleep
+        (f"{_JOB}/step_0", f"{_JOB}/step_0", "734001"),  # srun's sleep
+        # slurmstepd [734001.batch]: the job level in freezer, its step in cpuset
+        (_JOB, f"{_JOB}/step_batch", "734001"),
+        # a process the test started beside the job: Slurm's tree nowhere
+        ("/", "/", None),
+    ],
+)
+def test_the_cgroups_real_slurmd_22_05_makes_on_v1(tmp_path, freezer, cpuset, job):
+    text = _REAL_22_05_V1.format(freezer=freezer, cpuset=cpuset)
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "cgroup").write_text(_REAL_22_05_V1.format(freezer="/", cpuset="/"))
+    make_proc(tmp_path, 17093, text, uid=0)
+    assert lookup(17093, tmp_path) == (ROOT_NAME, job)
+    make_proc(tmp_path, 17094, text, uid=1000)  # another uid in uid_0's tree: no job
+    assert lookup(17094, tmp_path)[1] is None

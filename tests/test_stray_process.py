@@ -7,11 +7,21 @@ RUNNING on hp-gpu01 with ``gpu:a100:1(IDX:0),ascend:910b:1(IDX:0)``; its name, c
 and work directory forge ``GRES=ascend:910b:1(IDX:3)``). Processes: the pids and memory
 of ../shared/vendor-samples/nvidia/nvidia-smi-query-compute-apps_H200_590.48.01_load.csv
 (10291 memhog 2566 MiB, 10293 memhog 1542 MiB, 10309 gpu_burn 28234 MiB).
+fixtures/slurm/scontrol-show-config-22.05-{linuxproc,cgroup}.txt: ProctrackType.
+
+On the real daemons: the session cluster (proctrack/linuxproc: its jobs have no cgroup,
+only cards with no job are judged) and a cluster of its own with Slurm's job cgroups
+(proctrack/cgroup, cgroup v1), both patrolled through an ``npu-smi info`` stand-in
+replaying fixtures/vendor-outputs/ascend/npu-smi-info_910B3_8card_AICore-busy_procs_
+v24.1.rc2.1.txt (8 x 910B3, a ``python`` process per NPU) with the real pids.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +35,11 @@ from hetpatrol.tool import ToolOutput
 REPO = Path(__file__).resolve().parent.parent
 SQUEUE = (REPO / "fixtures" / "slurm" / "squeue-json-22.05-hostile.json").read_text()
 MIB = 1024 * 1024
+# scontrol show config of the same daemons, ProctrackType linuxproc and cgroup
+SHOW_CONFIG = {
+    name: (REPO / "fixtures" / "slurm" / f"scontrol-show-config-22.05-{name}.txt").read_text()
+    for name in ("linuxproc", "cgroup")
+}
 
 
 def cards():
@@ -110,7 +125,8 @@ def test_card_jobs_runs_squeue_beside_scontrol_and_caches():
 
     def runner(argv, timeout):
         calls.append(list(argv))
-        return ToolOutput(tuple(argv), SQUEUE, "", 0, False, 0.01)
+        text = SHOW_CONFIG["cgroup"] if argv[-1] == "config" else SQUEUE
+        return ToolOutput(tuple(argv), text, "", 0, False, 0.01)
 
     clock = [0.0]
     cj = CardJobs(
@@ -121,12 +137,53 @@ def test_card_jobs_runs_squeue_beside_scontrol_and_caches():
     )
     cs = cards()
     cj.refresh(cs)
-    assert calls == [["env", "SLURM_CONF=/x", "/usr/bin/squeue", "--json"]]
+    assert calls == [
+        ["env", "SLURM_CONF=/x", "/usr/bin/scontrol", "show", "config"],
+        ["env", "SLURM_CONF=/x", "/usr/bin/squeue", "--json"],
+    ]
     assert cj.jobs_of(cs[0]) == frozenset({"1"}) and cj.jobs_of(cs[1]) == frozenset()
     clock[0] = 30
     cj.refresh(cs)
-    assert len(calls) == 1  # cached for 60 s
+    assert len(calls) == 2  # cached for 60 s
     assert cj.jobs_of(CardRecord("nvidia", 0)) is None  # not one of this patrol's cards
+    clock[0] = 90
+    cj.refresh(cs)
+    assert [c[2] for c in calls[2:]] == ["/usr/bin/squeue"]  # the config: for 600 s
+
+
+@pytest.mark.parametrize(
+    "config, proctrack, judged",
+    [
+        (SHOW_CONFIG["cgroup"], "proctrack/cgroup", True),
+        (SHOW_CONFIG["linuxproc"], "proctrack/linuxproc", False),
+        (None, None, False),  # scontrol show config failed
+        ("Configuration data as of 2026-12-01T22:50:00\n", None, False),  # no such line
+    ],
+)
+def test_a_jobs_card_is_judged_only_under_proctrack_cgroup(config, proctrack, judged):
+    """ProctrackType from the recorded ``scontrol show config`` of real 22.05 daemons:
+    with proctrack/cgroup the cards a job holds are judged; otherwise only cards with
+    no job are, and ``stray_note`` says why."""
+
+    def runner(argv, timeout):
+        if argv[-1] == "config":
+            if config is None:
+                return ToolOutput(tuple(argv), "", "slurm_load_ctl_conf error", 1, False, 0.01)
+            return ToolOutput(tuple(argv), config, "", 0, False, 0.01)
+        return ToolOutput(tuple(argv), SQUEUE, "", 0, False, 0.01)
+
+    cj = CardJobs(["/usr/bin/sinfo"], "hp-gpu01", runner=runner)
+    cs = cards()
+    cj.refresh(cs)
+    assert cj.proctrack == proctrack
+    assert cj.jobs_of(cs[0]) == frozenset({"1"})  # the jobs themselves: always
+    assert cj.stray_jobs_of(cs[0]) == (frozenset({"1"}) if judged else None)
+    assert cj.stray_jobs_of(cs[1]) == frozenset()  # no job: judged
+    if judged:
+        assert cj.stray_note is None
+    else:
+        assert "processes on the cards a job holds are not judged stray" in cj.stray_note
+        assert (proctrack or "ProctrackType unknown") in cj.stray_note
 
 
 def test_jobs_on_fault_events():
@@ -153,7 +210,6 @@ def test_real_squeue_names_the_job_of_each_card(slurm_node):
     """A running job with ``--gres=gpu:a100:2,ascend:910b:1`` on the real slurmctld:
     CardJobs (real ``squeue --json`` beside the configured scontrol) gives it GPU 0 and
     1 and NPU 0, nothing else; after the job, no card has a job."""
-    import time
 
     c = slurm_node
     cs = [CardRecord("nvidia", i, gres="gpu", uuid=f"GPU-{i}") for i in range(8)]
@@ -207,7 +263,11 @@ def test_the_patrol_writes_stray_process_with_action_watch(base_config):
 
     p = make_patroller(base_config, {"scripted": WithProcess()})
     p.card_jobs = SimpleNamespace(
-        refresh=lambda cards: None, error=None, jobs_of=lambda card: frozenset({"1"})
+        refresh=lambda cards: None,
+        error=None,
+        jobs_of=lambda card: frozenset({"1"}),
+        stray_jobs_of=lambda card: frozenset({"1"}),
+        stray_note=None,
     )
     try:
         lines = [p.run().card_lines[0] for _ in range(3)]
@@ -223,3 +283,404 @@ def test_the_patrol_writes_stray_process_with_action_watch(base_config):
     from hetpatrol.schema import jsonl_json_schema
 
     jsonschema.Draft202012Validator(jsonl_json_schema()).validate(last)
+
+
+# ------------------------------------------- real slurmd, its own job cgroups (v1)
+# The session cluster runs proctrack/linuxproc: its jobs have no cgroup. This one runs
+# ProctrackType=proctrack/cgroup (slurm.conf(5): "Uses linux cgroups to constrain and
+# track processes"; "see man cgroup.conf") with TaskPlugin=task/cgroup, and a
+# cgroup.conf beside slurm.conf (cgroup.conf(5), 22.05: "always located in the same
+# directory as the slurm.conf"): CgroupPlugin=cgroup/v1 (the legacy per-controller
+# hierarchies this machine mounts; Slurm 22.05's cgroup/v2 plugin stops a hybrid host
+# with "fatal: Hybrid mode is not supported", src/plugins/cgroup/v2/cgroup_v2.c) and
+# ConstrainCores=yes (the cpuset controller: a second line of the job's layout).
+# ConstrainDevices stays off: the GRES File= are plain files here, not device nodes.
+# (cgroup.conf(5) of 22.05.8: https://manpages.ubuntu.com/manpages/lunar/en/man5/
+# cgroup.conf.5.html; "Hybrid mode ... is not supported": https://slurm.schedmd.com/
+# cgroups.html)
+CGROUP_CONF = """# written by tests/test_stray_process.py (cgroup.conf(5), Slurm 22.05)
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainCores=yes
+"""
+#: the v1 controllers slurmd uses with the settings above: freezer (proctrack/cgroup,
+#: g_cg_name[CG_TRACK]) and cpuset (ConstrainCores), src/plugins/cgroup/v1/cgroup_v1.c
+CGROUP_V1_CONTROLLERS = ("freezer", "cpuset")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: npu-smi 24.1.rc2.1, 8 x 910B3, one `python` process per NPU (SOURCES.md beside it)
+NPU_SMI = REPO / "fixtures" / "vendor-outputs" / "ascend"
+NPU_SMI = NPU_SMI / "npu-smi-info_910B3_8card_AICore-busy_procs_v24.1.rc2.1.txt"
+#: its Process memory(MB) column, NPU 0 to 7 (read off the file)
+RECORDED_MIB = dict(enumerate([54601, 54603, 54561, 54603, 54819, 54560, 54653, 54561]))
+
+
+def cgroup_v1_unusable() -> str | None:
+    """Why Slurm's cgroup/v1 job hierarchies cannot be made on this machine (each
+    controller of :data:`CGROUP_V1_CONTROLLERS` mounted under /sys/fs/cgroup, a
+    directory made and removed in it), or None when they can."""
+    for name in CGROUP_V1_CONTROLLERS:
+        base = CGROUP_ROOT / name
+        if not (base / "cgroup.procs").is_file():
+            return f"no cgroup v1 {name} hierarchy mounted at {base} (Slurm's cgroup/v1)"
+        probe = base / f"hetpatrol-probe-{os.getpid()}"
+        try:
+            probe.mkdir()
+            probe.rmdir()
+        except OSError as exc:
+            return f"cannot create a cgroup in {base}: {exc}"
+    return None
+
+
+def _remove_cgroups(node: str) -> None:
+    """rmdir what Slurm left of this cluster's own ``/slurm_<node>`` trees (empty
+    directories only: a cgroup with a process in it stays, EBUSY)."""
+    for name in CGROUP_V1_CONTROLLERS:
+        top = CGROUP_ROOT / name / f"slurm_{node}"
+        if not top.is_dir():
+            continue
+        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+
+
+@pytest.fixture(scope="module")
+def cgroup_cluster():
+    """A cluster of its own (NodeName ``hp-cg<pid>``, so its cgroups are apart from any
+    other run's) with Slurm's job cgroups; skipped only where cgroups cannot be made."""
+    import secrets
+    import shutil
+
+    missing = [b for b in cluster.BINARIES if shutil.which(b) is None]
+    if missing:
+        cluster._fail_or_skip(f"not installed: {', '.join(missing)} (Debian: slurmd)")
+    if os.geteuid() != 0:
+        cluster._fail_or_skip("the Slurm test cluster runs SlurmUser=root: run as root")
+    why = cgroup_v1_unusable()
+    if why is not None:
+        pytest.skip(f"Slurm's job cgroups cannot be created on this machine: {why}")
+    node = f"hp-cg{os.getpid()}"
+    try:
+        c = cluster.start_cluster(
+            overrides={
+                "ProctrackType": "proctrack/cgroup",
+                "TaskPlugin": "task/cgroup",
+                # job ids of their own: a build without MULTIPLE_SLURMD puts every
+                # cluster's jobs under /slurm/uid_<uid>/ (src/common/cgroup.c)
+                "FirstJobId": str(100_000 + secrets.randbelow(50_000_000)),
+            },
+            cgroup_conf=CGROUP_CONF,
+            node=node,
+        )
+    except RuntimeError as exc:  # the daemons' own logs are in the message
+        pytest.fail(str(exc))
+    try:
+        yield c
+    finally:
+        c.stop()
+        _remove_cgroups(node)
+        shutil.rmtree(c.root, ignore_errors=True)
+
+
+def replayed_npu_smi(pids: dict[int, int]) -> str:
+    """The recorded ``npu-smi info`` with each process row's pid replaced: NPU n's row
+    gets ``pids[n]``; the row of an NPU not in ``pids`` becomes npu-smi's own "No
+    running processes found in NPU n" row (as fixtures/nodes/sick-mixed records it)."""
+    out = []
+    for line in NPU_SMI.read_text().splitlines():
+        cells = line.split("|")
+        # | NPU Chip | Process id | Process name | Process memory(MB) |
+        if len(cells) == 6 and cells[2].strip().isdigit() and cells[1].split()[0].isdigit():
+            npu = int(cells[1].split()[0])
+            if npu in pids:
+                cells[2] = f" {pids[npu]}".ljust(len(cells[2]))
+                line = "|".join(cells)
+            else:
+                text = f"| No running processes found in NPU {npu}"
+                line = text.ljust(len(line) - 1) + "|"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _job_pids(c, job: str, steps: int = 2, timeout: float = 60) -> dict[str, int]:
+    """``{step: pid}`` of the job's ``sleep`` processes from ``scontrol listpids`` (the
+    pids Slurm's proctrack plugin tracks) once ``steps`` steps run one."""
+    deadline = time.monotonic() + timeout
+    found: dict[str, int] = {}
+    while len(found) < steps:
+        # a job slurmd could not launch (its cgroups, say) ends or is held at once:
+        # fail then, the daemons' logs printed by explain()
+        state = c.run("squeue", "-h", "-j", job, "-o", "%T %r", check=False).stdout.strip()
+        if state.split(" ")[0] not in ("PENDING", "CONFIGURING", "RUNNING"):
+            raise AssertionError(f"job {job} is {state or 'gone'}, its sleeps never ran")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job} never ran its sleeps: {state}, listpids {found}")
+        time.sleep(0.3)
+        out = c.run("scontrol", "listpids", job, check=False).stdout
+        for line in out.splitlines()[1:]:
+            pid, _job, step = line.split()[:3]
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                    found[step] = int(pid)
+    return found
+
+
+def _cgroup_paths(pid: int) -> dict[str, str]:
+    """controller -> path of ``/proc/<pid>/cgroup`` (``""`` for the unified line)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _hid, controllers, path = line.split(":", 2)
+        out[controllers] = path
+    return out
+
+
+def _stray_config(c, tmp_path: Path, tool: Path):
+    """Only the Ascend plugin (``npu-smi info`` = ``tool``, no detail commands), Slurm on
+    for cluster ``c`` (squeue beside its sinfo), stray after 2 patrols, no kernel log
+    or PCI census (this host's, not the replayed node's)."""
+    import shutil
+    from dataclasses import replace
+
+    from hetpatrol.config import CollectorConfig, load_config
+    from hetpatrol.slurm.settings import BreakerSettings, DrainSettings, SlurmSettings
+
+    base = load_config()
+    return replace(
+        base,
+        node="cgroup-node",
+        listen=None,
+        jsonl_path=tmp_path / "patrol.jsonl",
+        state_path=tmp_path / "state.json",
+        collectors=(CollectorConfig("ascend", options={"command": [str(tool)], "detail": False}),),
+        top={
+            **base.top,
+            "stray_process": replace(base.top["stray_process"], patrols=2),
+            "kernel_events": replace(base.top["kernel_events"], enabled=False),
+            "pci_census": replace(base.top["pci_census"], enabled=False),
+        },
+        slurm=SlurmSettings(
+            enabled=True,
+            node_name=c.node,
+            scontrol=tuple(c.scontrol_argv),
+            timeout_seconds=30,
+            gres_conf=c.gres_conf,
+            drain=DrainSettings(
+                enabled=False,
+                breaker=BreakerSettings(
+                    sinfo=("env", f"SLURM_CONF={c.conf}", shutil.which("sinfo") or "sinfo")
+                ),
+            ),
+        ),
+    )
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
+    """A real job of user ``nobody`` (``--gres=ascend:910b:3``: its batch script's
+    ``sleep`` and its ``srun sleep``) in the cgroups slurmstepd made for it; an
+    ``npu-smi info`` stand-in replaying a recorded process table with the real pids.
+    The job's processes on its cards are not stray; a ``sleep`` of the same user outside
+    the job on one of its NPUs and a root ``sleep`` on an NPU with no job are, after 2
+    patrols; each finding goes with its process."""
+    import pwd
+    import subprocess
+
+    from hetpatrol.daemon import Daemon
+    from hetpatrol.processes import job_from_cgroup
+
+    c = cgroup_cluster
+    table = tmp_path / "npu-smi-info.txt"
+    table.write_text(replayed_npu_smi({}))
+    tool = tmp_path / "npu-smi"  # the stand-in: prints this patrol's table
+    tool.write_text(f"#!/bin/sh\nexec cat '{table}'\n")
+    tool.chmod(0o755)
+    user = pwd.getpwnam("nobody")
+    strays: list[subprocess.Popen] = []
+    daemon = None
+    job = None
+
+    def patrol():
+        report = daemon.patrol_once()
+        recs = {r.index: r for r in report.cards if r.vendor == "ascend"}
+        assert sorted(recs) == list(range(8))
+        found = {i: [f for f in r.findings if f.check == "stray_process"] for i, r in recs.items()}
+        return recs, {i: fs for i, fs in found.items() if fs}
+
+    with c.explain():
+        try:
+            out = c.run(
+                *("runuser", "-u", user.pw_name, "--", "sbatch", "--chdir=/tmp"),
+                "--parsable",
+                "--gres=ascend:910b:3",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "sleep 300 & srun sleep 300; wait",
+            ).stdout
+            job = out.strip().split(";")[0]
+            pids = _job_pids(c, job)
+            # Slurm's own layout (src/plugins/cgroup/v1/xcgroup.c,
+            # xcgroup_create_hierarchy: "%s/uid_%u", "%s/job_%u", "%s/step_%s" under
+            # the prepend of xcgroup_create_slurm_cg: "/slurm", or "/slurm_%n" in a
+            # MULTIPLE_SLURMD build such as Debian's, src/common/cgroup.c)
+            prepends = {"/slurm", f"/slurm_{c.node}"}
+            for step, pid in pids.items():
+                text = Path(f"/proc/{pid}/cgroup").read_text()
+                print(f"job {job} step {step} pid {pid} /proc/{pid}/cgroup:\n{text}")
+                paths = _cgroup_paths(pid)
+                for controller in CGROUP_V1_CONTROLLERS:
+                    prefix, _, rest = paths[controller].partition("/uid_")
+                    assert prefix in prepends, paths
+                    assert rest == f"{user.pw_uid}/job_{job}/step_{step}", paths
+                assert job_from_cgroup(text, uid=user.pw_uid) == job
+                assert job_from_cgroup(text, uid=0) is None  # uid_<n> is the owner's
+
+            daemon = Daemon(_stray_config(c, tmp_path, tool))
+            recs, found = patrol()  # no process yet: which NPUs the job holds
+            jobs = {i: daemon.patroller.card_jobs.jobs_of(r) for i, r in recs.items()}
+            held = sorted(i for i, js in jobs.items() if js == frozenset({job}))
+            free = sorted(i for i, js in jobs.items() if js == frozenset())
+            assert len(held) == 3 and len(free) == 5, jobs
+            in_job = {held[0]: pids["batch"], held[1]: pids["0"]}
+            escaped, no_job = held[2], free[0]
+            # the job's user, outside the job (a setsid + nohup leftover); root's
+            as_user = ("setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}")
+            strays = [
+                subprocess.Popen([*as_user, "--clear-groups", "sleep", "300"]),
+                subprocess.Popen(["sleep", "300"]),
+            ]
+            table.write_text(
+                replayed_npu_smi({**in_job, escaped: strays[0].pid, no_job: strays[1].pid})
+            )
+            recs, found = patrol()
+            assert found == {}  # 1 of 2 patrols
+            # the job's processes, credited to the job from their real cgroups
+            for npu, pid in in_job.items():
+                (proc,) = recs[npu].processes
+                assert (proc.pid, proc.job_id, proc.user) == (pid, job, "nobody")
+                assert proc.memory_bytes == RECORDED_MIB[npu] * MIB
+            (outside,) = recs[escaped].processes
+            assert (outside.pid, outside.job_id, outside.user) == (strays[0].pid, None, "nobody")
+
+            recs, found = patrol()
+            assert sorted(found) == sorted([escaped, no_job]), found
+            (f,) = found[escaped]
+            assert (f.severity, f.value["pid"], f.value["job_id"]) == (
+                "warning",
+                strays[0].pid,
+                None,
+            )
+            assert f.value["card_jobs"] == [job]
+            assert (
+                f"pid {strays[0].pid} (nobody, no Slurm job) holds {RECORDED_MIB[escaped]} "
+                f"MiB on a card allocated to job {job} for 2 patrols"
+            ) in f.message
+            (g,) = found[no_job]
+            assert (g.value["pid"], g.value["card_jobs"]) == (strays[1].pid, [])
+            assert (
+                f"pid {strays[1].pid} (root, no Slurm job) holds {RECORDED_MIB[no_job]} "
+                "MiB on a card with no job for 2 patrols"
+            ) in g.message
+            lines = [json.loads(x) for x in (tmp_path / "patrol.jsonl").read_text().splitlines()]
+            card_lines = [x for x in lines if x["kind"] == "card" and x["index"] == escaped]
+            assert card_lines[-1]["action"] == "watch"
+
+            # the escaped process goes: npu-smi lists it no more, and its finding goes
+            strays[0].kill()
+            strays[0].wait(timeout=10)
+            table.write_text(replayed_npu_smi({**in_job, no_job: strays[1].pid}))
+            recs, found = patrol()
+            assert sorted(found) == [no_job]
+            assert "for 3 patrols" in found[no_job][0].message
+            strays[1].kill()
+            strays[1].wait(timeout=10)
+            table.write_text(replayed_npu_smi(in_job))
+            recs, found = patrol()
+            assert found == {}
+            assert daemon.patroller.stray_watch.seen == {}
+        finally:
+            if daemon is not None:
+                daemon.shutdown()
+            for p in strays:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(timeout=10)
+            if job:
+                c.run("scancel", job, check=False)
+        # slurmstepd removes the job's cgroups when the job ends (cgroup_v1.c,
+        # cgroup_p_step_destroy)
+        gone = [
+            CGROUP_ROOT / n / pre.lstrip("/") / f"uid_{user.pw_uid}" / f"job_{job}"
+            for n in CGROUP_V1_CONTROLLERS
+            for pre in prepends
+        ]
+        deadline = time.monotonic() + 60
+        while any(p.exists() for p in gone):
+            assert time.monotonic() < deadline, f"job cgroups left: {gone}"
+            time.sleep(0.2)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_no_cgroup_tracking_judges_no_process_on_a_jobs_card(slurm_node, tmp_path):
+    """The session cluster runs ProctrackType=proctrack/linuxproc: its job's ``sleep``
+    is in no Slurm cgroup, so nothing can tell it from an escaped process. Its card is
+    not judged (an ``info`` node finding names the ProctrackType, read from the real
+    ``scontrol show config``); a card with no job still is."""
+    import subprocess
+
+    from hetpatrol.daemon import Daemon
+    from hetpatrol.processes import job_from_cgroup
+
+    c = slurm_node
+    table = tmp_path / "npu-smi-info.txt"
+    table.write_text(replayed_npu_smi({}))
+    tool = tmp_path / "npu-smi"
+    tool.write_text(f"#!/bin/sh\nexec cat '{table}'\n")
+    tool.chmod(0o755)
+    daemon = stray = job = None
+    with c.explain():
+        try:
+            out = c.run(
+                "sbatch",
+                "--parsable",
+                "--gres=ascend:910b:1",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "exec sleep 300",
+            ).stdout
+            job = out.strip().split(";")[0]
+            pid = _job_pids(c, job, steps=1)["batch"]
+            assert job_from_cgroup(Path(f"/proc/{pid}/cgroup").read_text(), uid=0) is None
+            daemon = Daemon(_stray_config(c, tmp_path, tool))
+            report = daemon.patrol_once()
+            recs = {r.index: r for r in report.cards if r.vendor == "ascend"}
+            jobs = {i: daemon.patroller.card_jobs.jobs_of(r) for i, r in recs.items()}
+            (held,) = [i for i, js in jobs.items() if js == frozenset({job})]
+            free = min(i for i, js in jobs.items() if js == frozenset())
+            stray = subprocess.Popen(["sleep", "300"])
+            table.write_text(replayed_npu_smi({held: pid, free: stray.pid}))
+            for _ in range(2):
+                report = daemon.patrol_once()
+            recs = {r.index: r for r in report.cards if r.vendor == "ascend"}
+            (proc,) = recs[held].processes
+            assert (proc.pid, proc.job_id) == (pid, None)
+            found = {
+                i: [f.value["pid"] for f in r.findings if f.check == "stray_process"]
+                for i, r in recs.items()
+            }
+            assert {i: v for i, v in found.items() if v} == {free: [stray.pid]}
+            (note,) = [f for f in report.node_findings if f.check == "stray_process_unjudged"]
+            assert note.severity == "info"
+            assert "ProctrackType=proctrack/linuxproc" in note.message
+        finally:
+            if daemon is not None:
+                daemon.shutdown()
+            if stray is not None:
+                stray.kill()
+                stray.wait(timeout=10)
+            if job:
+                c.run("scancel", job, check=False)

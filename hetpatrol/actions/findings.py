@@ -97,9 +97,11 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     # checks/card_hung.py: busy but stuck, the job hangs; the card itself may be fine
     "card_hung": {"*": RESTART_JOB},
     # checks/stray_process.py: a user's process outside the card's job; patrol.py: the
-    # jobs of the cards could not be read (squeue --json)
+    # jobs of the cards could not be read (squeue --json), or their processes cannot be
+    # told from others (ProctrackType not proctrack/cgroup)
     "stray_process": {"*": WATCH},
     "card_jobs_unread": {"*": WATCH},
+    "stray_process_unjudged": {"*": WATCH},
     "pcie_downtrained": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     "nvlink_down": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
     "nvlink_errors": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},

@@ -22,7 +22,10 @@ Which processes: every vendor whose plugin lists card processes (``CardRecord.
 processes``: NVML compute/graphics processes, ``npu-smi info`` process table, the
 ``amd-smi``/``hy-smi``/``cnmon``... process lists) with ``memory_bytes`` at least
 ``min_memory_bytes``. A card whose allocation could not be read is not judged (the
-patrol says why in an ``info`` node finding ``card_jobs_unread``); a process whose pid
+patrol says why in an ``info`` node finding ``card_jobs_unread``); nor is a card a job
+holds unless ``ProctrackType=proctrack/cgroup`` (without a job cgroup a job's own
+process cannot be told from an escaped one: ``info`` node finding
+``stray_process_unjudged``, :mod:`hetpatrol.slurm.card_jobs`); a process whose pid
 the host cannot read (another pid namespace) has no job and counts as outside.
 
 Config (top level)::

@@ -14,6 +14,17 @@ the breaker's ``sinfo``, read-only, as its own user) at most once
 per ``cache_seconds`` and answers ``jobs_of(card)``: the job ids (strings) of the card,
 empty for none, None when the allocation could not be read (then nothing is judged on
 it and :attr:`CardJobs.error` says why).
+
+Whether a process is in its job can be told only where Slurm puts every task of a
+step in the step's cgroup: ``ProctrackType=proctrack/cgroup``
+(``src/plugins/proctrack/cgroup/proctrack_cgroup.c``: ``proctrack_p_create`` makes the
+step's cgroup, ``proctrack_p_add`` puts each task in it). ``proctrack/linuxproc`` and
+``proctrack/pgid`` make none (slurm.conf(5): they "can fail to identify all processes
+associated with a job"; a real 22.05 slurmd with linuxproc leaves a job's ``sleep`` in
+no Slurm cgroup, tests/test_stray_process.py). :class:`CardJobs` reads ``ProctrackType``
+from ``scontrol show config`` (beside the same command, every ``config_cache_seconds``):
+:meth:`CardJobs.stray_jobs_of` is then None (not judged) for a card a job holds, and
+:attr:`CardJobs.stray_note` says why.
 """
 
 from __future__ import annotations
@@ -36,6 +47,19 @@ from hetpatrol.tool import run_tool
 
 #: job states in which a job holds its cards (squeue(1), JOB STATE CODES)
 HOLDING_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING"})
+#: the ProctrackType that puts every task of a step in the step's cgroup (see above)
+CGROUP_PROCTRACK = "proctrack/cgroup"
+
+
+def proctrack_type(text: str) -> str | None:
+    """``ProctrackType`` of ``scontrol show config`` (``ProctrackType           =
+    proctrack/cgroup``), lower-case, printable and at most 64 characters (it goes into a
+    message); None when the output names none."""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip().lower() == "proctracktype" and value.strip():
+            return "".join(ch for ch in value.strip().lower() if ch.isprintable())[:64]
+    return None
 
 
 def _states(record: Mapping[str, Any]) -> set[str]:
@@ -108,20 +132,37 @@ class CardJobs:
         cache_seconds: float = 60.0,
         runner: Callable[..., Any] = run_tool,
         clock: Callable[[], float] = time.monotonic,
+        config_cache_seconds: float = 600.0,
     ):
         head = list(scontrol[:-1])
         self.argv = [*head, *squeue_argv(scontrol[-1])]
+        # scontrol beside the same command (squeue_argv's rule), read-only
+        tool_dir, sep, _tail = scontrol[-1].rpartition("/")
+        self.config_argv = [*head, f"{tool_dir}{sep}scontrol", "show", "config"]
         self.node, self.timeout, self.cache_seconds = node, timeout, cache_seconds
+        self.config_cache_seconds = config_cache_seconds
         self.runner, self.clock = runner, clock
         self._text: str | None = None
         self._read_at: float | None = None
         self.error: str | None = None
+        #: ``ProctrackType`` of ``scontrol show config`` (None: not read, see
+        #: :attr:`stray_note`)
+        self.proctrack: str | None = None
+        self._proctrack_error: str | None = "not read yet"
+        self._config_read_at: float | None = None
         self._by_identity: dict[int, frozenset[str]] = {}
         self._cards: list[CardRecord] = []
 
     def refresh(self, cards: Sequence[CardRecord]) -> None:
-        """Read squeue if the cache is old, then map this patrol's ``cards``."""
+        """Read ``ProctrackType`` (``scontrol show config``) every
+        ``config_cache_seconds``, every ``cache_seconds`` while it is unknown; squeue if
+        its cache is old; then map this patrol's ``cards``."""
         now = self.clock()
+        if self._config_read_at is None or now - self._config_read_at >= (
+            self.config_cache_seconds if self.proctrack else self.cache_seconds
+        ):
+            self._config_read_at = now
+            self._read_proctrack()
         if self._read_at is None or now - self._read_at >= self.cache_seconds:
             self._read_at = now
             try:
@@ -136,6 +177,42 @@ class CardJobs:
             self._by_identity = {}
             return
         self._by_identity, self.error = card_jobs(self._text, self.node, self._cards)
+
+    def _read_proctrack(self) -> None:
+        try:
+            out = self.runner(self.config_argv, self.timeout)
+        except OSError as exc:
+            self.proctrack, self._proctrack_error = None, f"{exc.strerror or exc}"
+            return
+        error = tool_error(out)
+        found = None if error else proctrack_type(out.stdout)
+        if error is None and found is None:
+            error = "no ProctrackType line"
+        self.proctrack, self._proctrack_error = found, error
+
+    @property
+    def stray_note(self) -> str | None:
+        """Why processes on the cards a job holds are not judged stray (None: they
+        are): Slurm tracks the job's processes by no cgroup, or that is unknown."""
+        if self.proctrack == CGROUP_PROCTRACK:
+            return None
+        if self.proctrack is None:
+            why = f"ProctrackType unknown (scontrol show config: {self._proctrack_error})"
+        else:
+            why = f"ProctrackType={self.proctrack} (scontrol show config)"
+        return (
+            f"{why}: only proctrack/cgroup puts a job's processes in its cgroup, so "
+            "processes on the cards a job holds are not judged stray; cards with no "
+            "job are"
+        )
+
+    def stray_jobs_of(self, card: CardRecord) -> frozenset[str] | None:
+        """:meth:`jobs_of` for the stray check: None (not judged) also for a card a
+        job holds while the job's processes cannot be told (:attr:`stray_note`)."""
+        jobs = self.jobs_of(card)
+        if jobs and self.proctrack != CGROUP_PROCTRACK:
+            return None
+        return jobs
 
     def jobs_of(self, card: CardRecord) -> frozenset[str] | None:
         """The job ids of ``card`` (one of the last :meth:`refresh`'s cards), empty for
