@@ -19,9 +19,12 @@ SOURCES.md; ../shared/vendor-samples/nvidia):
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from dataclasses import replace
 
+import jsonschema
 import yaml
 from conftest import NODES, samples_dir
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,7 +37,7 @@ from hetpatrol.config import load_config
 from hetpatrol.exporters.prometheus import Exposition
 from hetpatrol.judge import judge
 from hetpatrol.patrol import Patroller
-from hetpatrol.schema import CardRecord
+from hetpatrol.schema import CardRecord, jsonl_json_schema
 
 HEALTHY_XML = NODES / "healthy-mixed" / "nvidia-smi-q.xml"
 PROC = NODES / "reboot-links-late" / "boots" / "1" / "proc"
@@ -95,7 +98,25 @@ def checks(rec: CardRecord) -> dict[str, str]:
     return {f.check: f.severity for f in rec.findings if f.check.startswith("fabric")}
 
 
+def _recorded(name: str, **lines: str) -> None:
+    """The shared recording ``name`` has these Fabric lines (key: value)."""
+    text = (samples_dir("nvidia") / name).read_text(encoding="utf-8")
+    block = text[text.index("    Fabric\n") :]
+    for key, value in lines.items():
+        assert re.search(rf"^\s+{key}\s+: {re.escape(value)}$", block, re.M), (name, key)
+
+
 def test_not_supported_and_na_never_get_a_finding():
+    _recorded(
+        "nvidia-smi-q_H100-80GB-HBM3_590.48.01_idle.txt",
+        State="Completed",
+        Status="Success",
+        CliqueId="0",
+        ClusterUUID="00000000-0000-0000-0000-000000000000",
+        Summary="N/A",
+        Bandwidth="N/A",
+    )
+    _recorded("nvidia-smi-q_L40S_595.80_idle.txt", State="N/A", Status="N/A")
     for overrides in (GB200_NOT_SUPPORTED, PCIE_NA, H100_590):
         rec = judge(gpu0(overrides), load_config())
         assert checks(rec) == {}, overrides
@@ -252,6 +273,23 @@ def test_daemon_patrols_of_a_boot_drain_only_after_the_grace(tmp_path):
     assert reports[2].exit_code == 2
     others = [c for c in reports[2].cards if c.vendor == "nvidia" and c.index != 0]
     assert len(others) == 7 and all(checks(c) == {} for c in others)
+    (line,) = [
+        json.loads(x)
+        for x in reports[2].jsonl_lines()
+        if '"kind": "card"' in x or '"kind":"card"' in x
+        if json.loads(x)["vendor"] == "nvidia" and json.loads(x)["index"] == 0
+    ]
+    assert line["fabric"] == {
+        "state": "In Progress",
+        "status": None,
+        "clique_id": None,
+        "cluster_uuid": None,
+        "health_summary": None,
+        "bandwidth": None,
+    }
+    schema = jsonl_json_schema()
+    for x in reports[2].jsonl_lines():
+        jsonschema.validate(json.loads(x), schema)
     body = Exposition().update(reports[2])
     states = {}
     for fam in text_string_to_metric_families(body.decode()):
