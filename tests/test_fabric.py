@@ -301,3 +301,41 @@ def test_daemon_patrols_of_a_boot_drain_only_after_the_grace(tmp_path):
         ("0", "in_progress"): 1.0,
         ("0", "completed"): 0.0,
     }
+
+
+def test_nvml_struct_values_each_on_its_own():
+    """The struct as the real binding fills it: a status NVML names (999, "Unknown
+    Error" in nvidia-smi, as aws/eks-node-monitoring-agent #141 reports on P5) is its
+    error name; a state NVML does not define nulls the state alone, with the reason."""
+    import pynvml
+
+    from hetpatrol.collectors.nvidia import fabric_from_info
+
+    info = pynvml.c_nvmlGpuFabricInfo_v3_t()
+    info.state, info.status, info.cliqueId = 3, pynvml.NVML_ERROR_UNKNOWN, 7
+    info.healthSummary = 3  # NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY
+    info.healthMask = 1  # DEGRADED_BW_TRUE at shift 0
+    got = fabric_from_info(info, "v3")
+    assert got["status"] == "Unknown" and got["clique_id"] == 7
+    assert (got["health_summary"], got["bandwidth"]) == ("Limited Capacity", "Degraded")
+    rec = CardRecord(vendor="nvidia", index=0, fabric=got)
+    assert checks(judge(rec, load_config())) == {
+        "fabric_error": "warning",
+        "fabric_health": "warning",
+    }
+
+    class Reader:
+        def __init__(self):
+            self.errors = []
+
+        def error(self, source, error):
+            self.errors.append((source, error))
+
+    info.state = 9
+    reader = Reader()
+    got = fabric_from_info(info, "v2", reader)
+    assert got["state"] is None and got["status"] is None and got["bandwidth"] == "Degraded"
+    assert reader.errors == [
+        ("nvmlDeviceGetGpuFabricInfoV", "fabric state 9 is not one NVML defines")
+    ]
+    assert checks(judge(CardRecord(vendor="nvidia", index=0, fabric=got), load_config())) == {}
