@@ -271,7 +271,9 @@ def _roce_patrols(n_failing_after_first=("2",), config=None, grace_patrols=0):
     from hetpatrol.collectors.ascend import AscendCollector
 
     config = config or load_config()
-    collector = AscendCollector({"detail_interval_seconds": 0}, replay_dir=ROCE)
+    collector = AscendCollector(
+        {"detail_interval_seconds": 0, "detail_budget_seconds": 60}, replay_dir=ROCE
+    )
     runner = _FailingHccn()
     collector.runner = runner
     watch = BootWatch()
