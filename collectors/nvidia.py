@@ -38,6 +38,11 @@ field                                   NVML call
 ``processes``                           ``nvmlDeviceGetComputeRunningProcesses`` (pid,
                                         ``usedGpuMemory``; ``_v2`` on drivers before R510);
                                         name from psutil
+``fabric``                              ``nvmlDeviceGetGpuFabricInfoV`` (v3, else v2 struct),
+                                        else ``nvmlDeviceGetGpuFabricInfo``: state,
+                                        status, clique, cluster UUID, health summary and
+                                        bandwidth (:func:`fabric_from_info`); absent where
+                                        NotSupported (PCIe boards)
 ``counters``                            ``ecc_corrected_aggregate``/``ecc_uncorrected_aggregate``
                                         (``NVML_AGGREGATE_ECC``), ``remapped_rows_correctable``
                                         /``_uncorrectable``, ``clocks_event_reasons`` (bitmask of
@@ -93,8 +98,9 @@ Bounded work: ``nvmlInit`` once for the collector's life; the device handles, pe
 the identity calls (name, UUID, serial, PCI info, VBIOS, max PCIe link) and the driver
 version are read once per NVML session and cached, so a steady patrol costs
 ``1 + 17 x GPUs`` calls at most (ECC enabled, recovery action supported, no fallback),
-``1 + 11 x GPUs`` for consumer cards without ECC (the recovery action NotSupported is
-asked once per NVML session). A lost GPU costs one call per patrol.
+one more per GPU whose fabric registration is read (NVSwitch systems), ``1 + 11 x
+GPUs`` for consumer cards without ECC (the recovery action and the fabric info
+NotSupported are asked once per NVML session). A lost GPU costs one call per patrol.
 
 NVLink (``links``): ``nvmlDeviceGetNvLinkState`` and four
 ``nvmlDeviceGetNvLinkErrorCounter`` calls (DL replay, recovery, CRC flit, CRC data) per
@@ -106,10 +112,12 @@ NotSupported (PCIe cards) costs one call per NVML session.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import re
 import sys
 import threading
 import time
+import uuid as uuid_lib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -134,6 +142,7 @@ from hetpatrol.logs import get_logger
 from hetpatrol.pci_census import CLASS_3D, CLASS_VGA, PciCards
 from hetpatrol.replay import load_scenario
 from hetpatrol.schema import (
+    FABRIC_STATES,
     HEALTH_CRITICAL,
     HEALTH_WARNING,
     SEVERITY_INFO,
@@ -223,6 +232,25 @@ log = get_logger("hetpatrol.collectors.nvidia")
 #: constant, the number is what the driver is asked for.
 FI_DEV_GET_GPU_RECOVERY_ACTION = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)
 RECOVERY_ACTION_SOURCE = "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"
+
+#: The source named in a fabric read's error entries.
+FABRIC_SOURCE = "nvmlDeviceGetGpuFabricInfoV"
+#: The fabric info calls, newest first: (struct version, NVML function, pynvml struct).
+#: ``nvmlGpuFabricInfo_v3_t`` adds ``healthSummary`` to v2's ``healthMask``; a driver
+#: that predates a version answers ``ArgumentVersionMismatch``, one that predates
+#: ``nvmlDeviceGetGpuFabricInfoV`` has only the deprecated ``nvmlDeviceGetGpuFabricInfo``
+#: (pynvml.py: "DEPRECATED: Use nvmlDeviceGetGpuFabricInfoV instead").
+_FABRIC_CALLS = (
+    ("v3", "nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v3_t"),
+    ("v2", "nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t"),
+    ("v1", "nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
+)
+#: ``NVML_GPU_FABRIC_HEALTH_SUMMARY_*`` (1 healthy, 2 unhealthy, 3 limited capacity; 0
+#: not supported) as nvidia-smi prints them
+_FABRIC_SUMMARY = {1: "Healthy", 2: "Unhealthy", 3: "Limited Capacity"}
+#: ``NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_*`` (1 true, 2 false; 0 not supported)
+_FABRIC_BANDWIDTH = {1: "Degraded", 2: "Full"}
+_FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 
 #: ``nvmlFieldValue_t.valueType`` (``NVML_VALUE_TYPE_*``) -> member of the value union.
 _FIELD_VALUE_MEMBER = {
@@ -477,6 +505,45 @@ def _psutil_process_name(pid: int) -> str | None:
         return None
 
 
+def fabric_from_info(info: Any, version: str, reader: _Reader | None = None) -> dict[str, Any]:
+    """The record's ``fabric`` from an ``nvmlGpuFabricInfo`` struct (``version`` v1, v2
+    or v3), each value on its own (:func:`hetpatrol.schema.fabric_json_schema`):
+
+    - ``state``: ``NVML_GPU_FABRIC_STATE_*`` (0 Not Supported, 1 Not Started, 2 In
+      Progress, 3 Completed) in nvidia-smi's words; a number NVML does not define is
+      None with an error entry naming it;
+    - ``status``, ``clique_id``, ``cluster_uuid`` only when completed (nvml.h: the status
+      "Must be checked only if Probe state returns complete"): ``Success`` or the NVML
+      error name of ``status`` (``InsufficientResources``, ``Unknown``...);
+      ``clusterUuid``'s 16 bytes as a dashed UUID;
+    - ``bandwidth`` (v2, v3: ``healthMask`` bits ``DEGRADED_BW``) and ``health_summary``
+      (v3: ``healthSummary``): None where the driver says "not supported".
+    """
+    state_n = int(info.state)
+    out: dict[str, Any] = dict.fromkeys(
+        ("state", "status", "clique_id", "cluster_uuid", "health_summary", "bandwidth")
+    )
+    if 0 <= state_n < len(FABRIC_STATES):
+        out["state"] = FABRIC_STATES[state_n]
+    elif reader is not None:
+        reader.error(FABRIC_SOURCE, f"fabric state {state_n} is not one NVML defines")
+    if state_n == _FABRIC_COMPLETED:
+        status = int(info.status)
+        out["status"] = (
+            "Success" if status == pynvml.NVML_SUCCESS else _error_name(pynvml.NVMLError(status))
+        )
+        out["clique_id"] = int(info.cliqueId)
+        out["cluster_uuid"] = str(uuid_lib.UUID(bytes=bytes(info.clusterUuid)))
+    if version in ("v2", "v3"):
+        mask = int(info.healthMask)
+        shift = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
+        width = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW
+        out["bandwidth"] = _FABRIC_BANDWIDTH.get((mask >> shift) & width)
+    if version == "v3":
+        out["health_summary"] = _FABRIC_SUMMARY.get(int(info.healthSummary))
+    return out
+
+
 #: /dev/nvidiaN per GPU: an HGX/DGX board carries 8; 16 leaves room (the device group
 #: allows them all anyway).
 NVIDIA_MAX_GPUS = 16
@@ -610,6 +677,8 @@ class NvidiaCollector(Collector):
         self._no_recovery_action: set[int] = set()  # field NotSupported on this GPU
         self._nvlink_cache: dict[int, tuple[float, list[dict[str, Any]]]] = {}
         self._no_nvlink: set[int] = set()  # link 0 NotSupported: no NVLink on this GPU
+        self._fabric_call = 0  # index in _FABRIC_CALLS of the call this driver answers
+        self._no_fabric: set[int] = set()  # fabric info NotSupported on this GPU
         # (GPU instance id, compute instance id) of each process last read, in order
         self._proc_instances: list[tuple[Any, Any]] = []
 
@@ -969,6 +1038,44 @@ class NvidiaCollector(Collector):
         member = _FIELD_VALUE_MEMBER.get(int(field.valueType), "uiVal")
         rec.counters["gpu_recovery_action"] = int(getattr(field.value, member))
 
+    def _fabric(self, handle: Any, reader: _Reader) -> None:
+        """``fabric``: the GPU's registration with the NVLink fabric, read every patrol
+        (it moves from Not Started through In Progress to Completed after a boot) with
+        ``nvmlDeviceGetGpuFabricInfoV`` (struct v3, else v2 on a driver answering
+        ``ArgumentVersionMismatch``), else the deprecated ``nvmlDeviceGetGpuFabricInfo``;
+        the call that works is kept for the NVML session and each fallback logged once.
+        A GPU answering NotSupported (PCIe boards) is not asked again in this session and
+        has no ``fabric``; with no call left (a driver before fabric info) there is none
+        either. See :func:`fabric_from_info` for the values."""
+        rec = reader.record
+        if rec.index in self._no_fabric:
+            return
+        quiet = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_ArgumentVersionMismatch)
+        while self._fabric_call < len(_FABRIC_CALLS):
+            version, fname, struct_name = _FABRIC_CALLS[self._fabric_call]
+            struct = getattr(pynvml, struct_name, None)
+            info = struct() if struct is not None else None
+            try:
+                if info is None:
+                    raise _Fallback(f"{struct_name} is not in this nvidia-ml-py")
+                got = reader.call(
+                    fname, handle, ctypes.byref(info), source=FABRIC_SOURCE,
+                    fallback=True, quiet=quiet,
+                )  # fmt: skip
+            except (_Fallback, pynvml.NVMLError_ArgumentVersionMismatch) as exc:
+                self._fabric_call += 1
+                reason = exc.reason if isinstance(exc, _Fallback) else _error_name(exc)
+                left = self._fabric_call < len(_FABRIC_CALLS)
+                used = _FABRIC_CALLS[self._fabric_call][1] if left else "none"
+                self._note_fallback(f"{fname} {version}", reason, used)
+                continue
+            except pynvml.NVMLError_NotSupported:
+                self._no_fabric.add(rec.index)
+                return
+            if got is not _MISSING:
+                rec.fabric = fabric_from_info(info, version, reader)
+            return
+
     def _nvlink(self, handle: Any, reader: _Reader) -> None:
         """NVLink state and DL error counters of every link, at most every
         ``nvlink_interval_seconds`` (up to 18 links x 5 calls); the last read is attached
@@ -1122,6 +1229,7 @@ class NvidiaCollector(Collector):
         self._clock_reasons(handle, reader)
         self._memory_errors(handle, reader)
         self._recovery_action(handle, reader)
+        self._fabric(handle, reader)
         self._nvlink(handle, reader)
         gen = call("nvmlDeviceGetCurrPcieLinkGeneration", handle)
         if gen is not _MISSING:

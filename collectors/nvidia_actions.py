@@ -95,6 +95,26 @@ ACTIONS = VendorActions(
         "nvml_field_error": {"critical": RESET_CARD, "*": WATCH},
         # MIG enabled without MIG devices, or a MIG mode change pending: a layout to fix
         "mig_layout": {"*": WATCH},
+        # hetpatrol.checks.fabric: critical only after the post-boot grace and N patrols
+        # in a row. The fabric manager registers the GPUs with the NVLink fabric when it
+        # starts at boot (nvidia-fabricmanager.service); a GPU that did not register
+        # "will lose its NVLink peer-to-peer capability" and CUDA fails with
+        # cudaErrorSystemNotReady until it is ("The CUDA initialization process can only
+        # begin after the GPUs complete their registration process with the NVLink
+        # fabric": NVIDIA Fabric Manager User Guide, docs.nvidia.com/datacenter/tesla/
+        # fabric-manager-user-guide/, "NVSwitch and NVLink Initialization"). Starting or
+        # restarting the fabric manager on a running node is not enough: outside its
+        # resiliency ("restart") mode it initialises the fabric from a reset state, i.e.
+        # after the GPUs and NVSwitches were reset (same guide, "Fabric Manager Restart
+        # Mode", "CUDA Jobs Behavior When the Fabric Manager Service is Stopped or
+        # Terminated"); on an 8-GPU baseboard that is every GPU of the node, so the
+        # operator's step is reboot_node (the service starts at boot and trains the fabric
+        # afresh). A GPU still failing after reboots is taken out by the reboot-survival
+        # rule (isolate_card).
+        "fabric_not_ready": {"critical": REBOOT_NODE, "*": WATCH},
+        "fabric_error": {"critical": REBOOT_NODE, "*": WATCH},
+        # a degraded fabric (health summary Unhealthy / Limited Capacity) still works
+        "fabric_health": {"*": WATCH},
     },
     # the words of NvidiaCollector.vendor_info.health_words (VH_* in nvidia.py)
     health_actions={

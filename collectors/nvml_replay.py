@@ -75,6 +75,7 @@ import copy
 import io
 import re
 import time
+import uuid as uuid_lib
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -1178,6 +1179,68 @@ class ReplayNvml:
             memorySizeMB=mig.integer("fb_memory_usage/total", unit="MiB"),
         )
 
+    def _fabric(self, fname: str, handle: Any, info: Any, version: str) -> int:
+        """Fill a ``c_nvmlGpuFabricInfo*`` struct (passed as pynvml's callers pass it,
+        ``byref(struct)``, or the struct itself) from ``<fabric>``. No ``<fabric>``, or a
+        state of ``N/A`` (the PCIe boards' dumps): NotSupported. A dump whose ``<fabric>``
+        has no ``<cliqueId>`` (drivers before R550 print State and Status only) comes
+        from a driver without ``nvmlDeviceGetGpuFabricInfoV``: FunctionNotFound; one
+        without ``<health><summary>`` answers the v3 struct with
+        ``ArgumentVersionMismatch``. Values a dump prints as ``N/A`` stay 0 (NVML leaves
+        them unset until the state is Completed)."""
+        gpu = self._device(fname, handle)
+        node = gpu.find("fabric")
+        if node is None:
+            raise pynvml.NVMLError_NotSupported()
+        if version != "v1" and node.find("cliqueId") is None:
+            raise pynvml.NVMLError_FunctionNotFound()
+        if version == "v3" and node.find("health/summary") is None:
+            raise pynvml.NVMLError_ArgumentVersionMismatch()
+        # "Not Supported" is a state NVML answers (NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
+        # as gpud prints it for a GB200); N/A or no state: NotSupported
+        state = (node.findtext("state") or "").strip()
+        if state.lower() != "not supported":
+            state = gpu.text("fabric/state")
+        if state.lower() not in _FABRIC_STATE:
+            raise ReplayFormatError(f"{self.source}: fabric state {state!r} is no NVML state")
+        obj = getattr(info, "_obj", info)
+        obj.state = _FABRIC_STATE[state.lower()]
+        try:
+            obj.status = _fabric_status(gpu.text("fabric/status"), self.source)
+        except pynvml.NVMLError_NotSupported:
+            obj.status = pynvml.NVML_SUCCESS
+        try:
+            obj.cliqueId = gpu.integer("fabric/cliqueId")
+        except pynvml.NVMLError_NotSupported:
+            obj.cliqueId = 0
+        try:
+            raw = uuid_lib.UUID(gpu.text("fabric/clusterUuid")).bytes
+        except pynvml.NVMLError_NotSupported:
+            raw = bytes(16)
+        except ValueError:
+            raise ReplayFormatError(f"{self.source}: fabric clusterUuid is no UUID") from None
+        for i, byte in enumerate(raw):
+            obj.clusterUuid[i] = byte
+        if version == "v1":
+            return pynvml.NVML_SUCCESS
+        mask = 0
+        bandwidth = gpu.find("fabric/health/bandwidth")
+        if bandwidth is not None:
+            mask |= _FABRIC_BANDWIDTH.get((bandwidth.text or "").strip().lower(), 0)
+        obj.healthMask = mask << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
+        if version == "v3":
+            summary = (node.findtext("health/summary") or "").strip().lower()
+            obj.healthSummary = _FABRIC_SUMMARY.get(summary, 0)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any) -> int:
+        obj = getattr(info, "_obj", info)
+        version = "v3" if getattr(obj, "version", None) == pynvml.nvmlGpuFabricInfo_v3 else "v2"
+        return self._fabric("nvmlDeviceGetGpuFabricInfoV", handle, info, version)
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info: Any) -> int:
+        return self._fabric("nvmlDeviceGetGpuFabricInfo", handle, info, "v1")
+
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         gpu = self._device("nvmlDeviceGetMigMode", handle)
         current = _bool_feature(gpu.text("mig_mode/current_mig"))
@@ -1186,6 +1249,30 @@ class ReplayNvml:
         except pynvml.NVMLError_NotSupported:
             pending = current
         return [current, pending]
+
+
+#: ``<fabric><state>`` as nvidia-smi writes it -> ``NVML_GPU_FABRIC_STATE_*``
+_FABRIC_STATE = {"not supported": 0, "not started": 1, "in progress": 2, "completed": 3}
+#: ``<fabric><health><summary>`` -> ``NVML_GPU_FABRIC_HEALTH_SUMMARY_*``
+_FABRIC_SUMMARY = {"healthy": 1, "unhealthy": 2, "limited capacity": 3}
+#: ``<fabric><health><bandwidth>`` -> ``NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_*``
+_FABRIC_BANDWIDTH = {"degraded": 1, "full": 2}
+
+
+def _fabric_status(text: str, where: str) -> int:
+    """nvidia-smi's word for a fabric status (``Success``, ``Insufficient Resources``,
+    ``Unknown Error``: NVML's error strings) -> the ``nvmlReturn_t`` it prints; the
+    error classes of pynvml name the codes (``NVMLError_InsufficientResources``)."""
+    word = "".join(text.split())
+    if word.lower() == "success":
+        return pynvml.NVML_SUCCESS
+    codes = {cls: code for code, cls in pynvml.NVMLError._valClassMapping.items()}
+    for name in (word, word.removesuffix("Error")):
+        try:
+            return codes[nvml_error_class(name)]
+        except (ValueError, KeyError):
+            continue
+    raise ReplayFormatError(f"{where}: fabric status {text!r} is no NVML status")
 
 
 def _decode(data: bytes) -> str:

@@ -38,6 +38,7 @@ from hetpatrol.checks import pci_census as census_check
 from hetpatrol.checks import stray_process as stray_check
 from hetpatrol.checks.card_hung import HungWatch
 from hetpatrol.checks.environment import EnvironmentCheck
+from hetpatrol.checks.fabric import FabricWatch
 from hetpatrol.checks.facts import BootFacts, NodeCheck
 from hetpatrol.collector import (
     STATE_ABSENT,
@@ -231,6 +232,8 @@ class Patroller:
         self.reboot_history = RebootHistory(config.actions.reboot_survival)
         #: busy-but-stuck clocks by card identity (hetpatrol.checks.card_hung)
         self.hung_watch = HungWatch()
+        #: fabric registration streaks by card identity (hetpatrol.checks.fabric)
+        self.fabric_watch = FabricWatch()
         #: stray processes by card identity and pid (hetpatrol.checks.stray_process)
         self.stray_watch = stray_check.StrayWatch()
         #: the Slurm jobs of each card (hetpatrol.slurm.card_jobs.CardJobs: refresh(cards),
@@ -290,6 +293,7 @@ class Patroller:
         self.hung_tools.patrols = self.config.hung_tool_patrols
         self.escalation = previous.escalation
         self.hung_watch = previous.hung_watch
+        self.fabric_watch = previous.fabric_watch
         self.stray_watch = previous.stray_watch
         self.card_jobs = previous.card_jobs
         self.escalation.rules = self.config.actions.escalation
@@ -388,6 +392,7 @@ class Patroller:
             self._last_collector_state[result.collector] = result.state
         statuses.extend(CollectorStatus(n, STATE_DISABLED, 0, 0.0) for n in disabled)
         self.hung_watch.observe(cards, self.config, self.monotonic())
+        self.fabric_watch.observe(cards, self.config, lambda rec: self._boot_facts(rec).patrols)
         if self.card_jobs is not None:
             self.card_jobs.refresh(cards)
             self.stray_watch.observe(

@@ -278,6 +278,10 @@ class CardRecord:
     #: interconnect links: NVLink (``kind: "nvlink"``) or the Ascend RoCE port
     #: (``kind: "roce"``), see :func:`link_json_schema`
     links: list[dict[str, Any]] = field(default_factory=list)
+    #: the GPU's registration with its NVLink fabric (NVSwitch systems), see
+    #: :func:`fabric_json_schema`; None when the plugin read none (a GPU or driver
+    #: without it, another vendor)
+    fabric: dict[str, Any] | None = None
     #: ``npu-smi info -t health``: {status, codes, info, ts}; None when not read
     health_detail: dict[str, Any] | None = None
     #: the card's partitions (MIG devices, vNPUs), see :class:`PartitionInfo`; empty on
@@ -344,6 +348,8 @@ class CardRecord:
         out["errors"] = [dict(item) for item in self.errors]
         out["counters"] = dict(self.counters)
         out["partitions"] = [item.to_dict() for item in self.partitions]
+        if self.fabric is not None:
+            out["fabric"] = dict(self.fabric)
         return out
 
 
@@ -463,6 +469,7 @@ def card_json_schema() -> dict[str, Any]:
         },
         "counters": {"type": "object", "additionalProperties": {"type": "integer"}},
         "links": {"type": "array", "items": link_json_schema()},
+        "fabric": fabric_json_schema(),
         "partitions": {"type": "array", "items": partition},
         "health_detail": {
             "type": ["object", "null"],
@@ -780,6 +787,36 @@ def link_json_schema() -> dict[str, Any]:
             "optical": {"type": ["object", "null"]},
             "ts": {"type": "string"},
             "errors": {"type": "array"},
+        },
+    }
+
+
+#: the registration states of a GPU with its fabric, as nvidia-smi prints them (NVML
+#: ``NVML_GPU_FABRIC_STATE_NOT_SUPPORTED`` 0 .. ``_COMPLETED`` 3)
+FABRIC_STATES = ("Not Supported", "Not Started", "In Progress", "Completed")
+
+
+def fabric_json_schema() -> dict[str, Any]:
+    """A card's ``fabric`` object (or null): its registration with the NVLink fabric.
+
+    ``state``: one of :data:`FABRIC_STATES` (null when not read); ``status``: the
+    registration's error status, ``Success`` or the NVML error name
+    (``InsufficientResources``, ``Unknown``...), null unless ``state`` is ``Completed``
+    (NVML: "Must be checked only if Probe state returns complete"); ``clique_id`` and
+    ``cluster_uuid``: the fabric clique and cluster (null unless completed);
+    ``health_summary`` (``Healthy``, ``Unhealthy``, ``Limited Capacity``) and
+    ``bandwidth`` (``Full``, ``Degraded``), null where the driver does not say.
+    """
+    text = {"type": ["string", "null"]}
+    return {
+        "type": ["object", "null"],
+        "properties": {
+            "state": {"enum": [*FABRIC_STATES, None]},
+            "status": text,
+            "clique_id": {"type": ["integer", "null"], "minimum": 0},
+            "cluster_uuid": text,
+            "health_summary": text,
+            "bandwidth": text,
         },
     }
 

@@ -236,3 +236,105 @@ def test_recorded_downtrained_dump_reads_current_and_max_apart():
         nvml = load_replay_nvml(samples_dir("nvidia") / name)
         (rec,) = NvidiaCollector({}, nvml=nvml).collect().records
         assert (rec.pcie_link_width, rec.pcie_link_width_max) == (8, 16)
+
+
+# ------------------------------------------------------------------ RoCE expected ports
+
+ROCE = NODES / "ascend-roce-alarm"
+
+
+class _FailingHccn:
+    """The ascend-roce-alarm recordings, with every hccn_tool command of the chips in
+    ``failing`` answering exit 255 (a port the tool no longer lists)."""
+
+    def __init__(self):
+        from hetpatrol.tool import ReplayTool
+
+        self.replay = ReplayTool(ROCE)
+        self.failing: set[str] = set()
+
+    def __call__(self, argv, timeout):
+        from hetpatrol.tool import ToolOutput
+
+        if argv[0] == "hccn_tool" and argv[2] in self.failing:
+            return ToolOutput(tuple(argv), "", "Failed to get dev info\n", 255, False, 0.01)
+        return self.replay.run(argv, timeout)
+
+
+def _roce_patrols(n_failing_after_first=("2",), config=None, grace_patrols=0):
+    """Two reads of the recorded 910B4 node (detail every patrol): the first learns each
+    chip's ports as the patrol does (BootWatch.learned_links: ports up in the first
+    healthy patrol of the boot), the second fails ``hccn_tool`` on some chips."""
+    from hetpatrol.actions.escalation import card_identity
+    from hetpatrol.boot import BootInfo, BootWatch, learn_links
+    from hetpatrol.checks.facts import BootFacts
+    from hetpatrol.collectors.ascend import AscendCollector
+
+    config = config or load_config()
+    collector = AscendCollector(
+        {"detail_interval_seconds": 0, "detail_budget_seconds": 60}, replay_dir=ROCE
+    )
+    runner = _FailingHccn()
+    collector.runner = runner
+    watch = BootWatch()
+    out = []
+    for patrol in (1, 2):
+        watch.note(BootInfo("3f1b0c2e-8d4a-4c47-9a51-6e2f7d0b9c13", 1.0))
+        if patrol == 2:
+            runner.failing = set(n_failing_after_first)
+        records = collector.collect().records
+        for rec in records:
+            ident = card_identity(rec)
+            boot = BootFacts(grace_patrols and watch.patrols, watch.learned_links.get(ident, {}))
+            judge(rec, config, boot)
+            learn_links(watch, ident, rec.links)
+        out.append({r.index: r for r in records})
+    return out
+
+
+def test_roce_port_no_longer_listed_is_roce_link_down():
+    """NPU 2's port was UP in the first patrol (hccn_tool_-i_2_-link_-g.txt: "link
+    status: UP"); when hccn_tool stops answering for it, the port is no longer listed:
+    roce_link_down critical, naming the count and the tool's error. NPU 5's port was
+    DOWN from the start (never learned): its finding is the recorded DOWN, as before."""
+    first, second = _roce_patrols()
+    assert [f.check for f in first[2].findings] == []
+    assert first[2].links[0]["state"] == "up"
+    assert second[2].links == []
+    (f,) = [f for f in second[2].findings if f.check == "roce_link_down"]
+    assert f.severity == "critical" and f.threshold == 1
+    assert f.value == {"listed": 0, "up": 0}
+    assert "0 of 1 port(s) up (expected from its first healthy patrol of this boot)" in (f.message)
+    assert "exit 255: Failed to get dev info" in f.message
+    assert [g.message for g in second[5].findings if g.check == "roce_link_down"] == [
+        "RoCE port 5 link is DOWN (hccn_tool -link): check the cable, optical module and "
+        "switch port"
+    ]
+    assert all(
+        not [g for g in second[i].findings if g.check == "roce_link_down"]
+        for i in (0, 1, 3, 4, 6, 7)
+    )
+
+
+def test_roce_missing_port_has_the_post_boot_grace():
+    _, second = _roce_patrols(grace_patrols=6)
+    (f,) = [f for f in second[2].findings if f.check == "roce_link_down"]
+    assert f.severity == "warning" and "post-boot grace 2 of 6" in f.message
+
+
+def test_roce_expected_ports_from_the_profile(tmp_path):
+    """A profile count counts even without a learned one: 2 ports expected on the
+    910B class, 1 listed up on every chip: each chip is one port short; 0 (the 310P
+    class's bundled value) means no RoCE port at all: no RoCE finding, even for a port
+    listed DOWN."""
+    site = tmp_path / "hetpatrol.yaml"
+    site.write_text("profiles:\n  - name: ascend-910b\n    roce: {expected_links: 2}\n")
+    first, _ = _roce_patrols(config=load_config(site))
+    (f,) = [f for f in first[0].findings if f.check == "roce_link_down"]
+    assert "1 of 2 port(s) up (expected from its profile): 1 port(s) no longer" in f.message
+    site.write_text("profiles:\n  - name: ascend-910b\n    roce: {expected_links: 0}\n")
+    first, second = _roce_patrols(config=load_config(site))
+    assert not [f for f in first[5].findings if f.check.startswith("roce")]
+    assert not [f for f in second[2].findings if f.check.startswith("roce")]
+    bundled = load_config().profile_for("ascend", "310p", "310P3").checks["interconnect"]
+    assert bundled.roce_expected_links == 0

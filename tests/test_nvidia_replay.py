@@ -674,8 +674,9 @@ def test_one_init_bounded_calls_and_close():
     # init, count, driver once; per GPU handle + 8 identity (the minor number among them)
     # + 16 + 1 NVLink probe (link 0 NotSupported: no NVLink, not asked again in this
     # session) + 1 recovery-action field (NotSupported in this dump: not asked again either)
-    # + 1 MIG mode (Disabled here: no MIG device calls)
-    assert first <= 3 + 8 * 28
+    # + 1 MIG mode (Disabled here: no MIG device calls) + 1 fabric info (NotSupported
+    # in this dump, no <fabric>: not asked again)
+    assert first <= 3 + 8 * 29
     assert steady <= 1 + 8 * 17  # count + 17 state calls per ECC GPU; handles, identity cached
     assert nvml.calls["nvmlDeviceGetMigMode"] == 16
     assert "nvmlDeviceGetMaxMigDeviceCount" not in nvml.calls

@@ -11,6 +11,7 @@ not understood is refused with what was seen.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from hetpatrol.collectors.enflame import parse_efsmi
 from hetpatrol.collectors.gaudi import GaudiCollector, parse_hl_smi
 from hetpatrol.collectors.iluvatar import parse_ixsmi
 from hetpatrol.collectors.kunlunxin import parse_xpu_smi
+from hetpatrol.collectors.nvidia import NvidiaCollector
+from hetpatrol.collectors.nvml_replay import load_replay_nvml
 from hetpatrol.collectors.rocm_family import parse_rocm_smi, to_record
 from hetpatrol.config import load_config
 from hetpatrol.judge import judge
@@ -30,6 +33,7 @@ from hetpatrol.schema import CardRecord
 from hetpatrol.tool import ToolOutput
 
 OUT = Path(__file__).resolve().parent.parent / "fixtures" / "vendor-outputs"
+HEALTHY_XML = OUT.parent / "nodes" / "healthy-mixed" / "nvidia-smi-q.xml"
 MIB = 1 << 20
 
 
@@ -621,3 +625,87 @@ def test_950_layout_reaches_the_roce_port_and_an_unmapped_chip_is_said():
         "NPU 2 chip 0 has no logic id in the map (RoCE checks not run)"
     )
     assert "npu-smi info -m" not in errors(recs[0])
+
+
+# ---------------------------------------------------------------- NVIDIA fabric registration
+
+#: ``nvidia-smi -q`` key -> the element of ``nvidia-smi -q -x`` it prints (the v13 dumps
+#: in ../shared: fabric/state, status, cliqueId, clusterUuid, health/summary, bandwidth)
+_FABRIC_XML = {
+    "State": "fabric/state",
+    "Status": "fabric/status",
+    "CliqueId": "fabric/cliqueId",
+    "ClusterUUID": "fabric/clusterUuid",
+    "Summary": "fabric/health/summary",
+    "Bandwidth": "fabric/health/bandwidth",
+}
+_NONE = dict.fromkeys(
+    ("state", "status", "clique_id", "cluster_uuid", "health_summary", "bandwidth")
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "lines", "fabric"),
+    [
+        (  # NVIDIA/gpu-operator #2511: the fabric manager never registered this GPU
+            "nvidia-smi-q_Fabric_In-Progress_580.159.04_FRAGMENT.txt",
+            {"State": "In Progress", "Status": "N/A", "CliqueId": "N/A",
+             "ClusterUUID": "N/A", "Summary": "N/A", "Bandwidth": "N/A"},
+            {**_NONE, "state": "In Progress"},
+        ),
+        (  # Azure/azhpc-images #506: registered with an error
+            "nvidia-smi-q_Fabric_Completed_Insufficient-Resources_FRAGMENT.txt",
+            {"State": "Completed", "Status": "Insufficient Resources", "CliqueId": "0",
+             "ClusterUUID": "00000000-0000-0000-0000-000000000000"},
+            {**_NONE, "state": "Completed", "status": "InsufficientResources",
+             "clique_id": 0, "cluster_uuid": "00000000-0000-0000-0000-000000000000"},
+        ),
+        (  # kubernetes-sigs/dra-driver-nvidia-gpu #626: registered, fabric unhealthy
+            "nvidia-smi-q_Fabric_Completed_Health-Unhealthy_grep-C3.txt",
+            {"State": "Completed", "Status": "Success", "CliqueId": "2",
+             "ClusterUUID": "dc6e40c4-d722-4357-9ba6-5291dd461278", "Summary": "Unhealthy",
+             "Bandwidth": "Full"},
+            {"state": "Completed", "status": "Success", "clique_id": 2,
+             "cluster_uuid": "dc6e40c4-d722-4357-9ba6-5291dd461278",
+             "health_summary": "Unhealthy", "bandwidth": "Full"},
+        ),
+    ],
+)  # fmt: skip
+def test_nvidia_fabric_recordings_read_key_by_key(name, lines, fabric):
+    """Each recorded Fabric block holds these lines (by key name, each value on its
+    own); the same values in a dump's <fabric> reach the record through the NVML calls
+    the collector makes (v3 struct; v1 where the dump, like drivers before R550, has no
+    CliqueId), one N/A nulling one value."""
+    recorded = text("nvidia", name)
+    for key, value in lines.items():
+        assert re.search(rf"^\s*{key}\s+: {re.escape(value)}$", recorded, re.M), (key, value)
+    overrides = {_FABRIC_XML[k]: v for k, v in lines.items()}
+    nvml = load_replay_nvml(HEALTHY_XML, {"gpus": {0: {"xml_overrides": overrides}}})
+    collector = NvidiaCollector({}, nvml=nvml)
+    try:
+        rec = collector.collect().records[0]
+    finally:
+        collector.close()
+    assert rec.fabric == fabric
+    assert not [e for e in rec.errors if "Fabric" in e["source"]]
+
+
+def test_nvidia_fabric_state_not_supported_as_gpud_reads_it_on_gb200():
+    """gpud's NVML table of a GB200 (leptonai/gpud #1108): State Not Supported with
+    Status Success and Clique ID 0; the record keeps the state and nothing that only a
+    completed registration gives, and no fabric finding is made."""
+    recorded = text("nvidia", "gpud-fabric-state_GB200_NVML_Not-Supported.txt")
+    assert re.search(r"^\| State\s+\| Not Supported\s+\|$", recorded, re.M)
+    assert re.search(r"^\| Clique ID\s+\| 0\s+\|$", recorded, re.M)
+    overrides = {"fabric/state": "Not Supported", "fabric/status": "Success",
+                 "fabric/cliqueId": "0", "fabric/health/summary": "Not Supported",
+                 "fabric/health/bandwidth": "Not Supported"}  # fmt: skip
+    nvml = load_replay_nvml(HEALTHY_XML, {"gpus": {0: {"xml_overrides": overrides}}})
+    collector = NvidiaCollector({}, nvml=nvml)
+    try:
+        rec = collector.collect().records[0]
+    finally:
+        collector.close()
+    assert rec.fabric == {**_NONE, "state": "Not Supported"}
+    judge(rec, load_config())
+    assert not [f for f in rec.findings if f.check.startswith("fabric")]

@@ -9,14 +9,21 @@ plugin wrote them.
 Config section (each profile and ``defaults``): ``pcie_downtrained`` (severity),
 ``busy_utilization_ratio`` (shared with :mod:`hetpatrol.checks.clocks`), ``nvlink:
 {link_down, errors_total: {warning, critical}, expected_links}``, ``roce: {link_down,
-net_health, link_flaps: {warning, critical}, flap_window_seconds, optical}``,
-``post_boot_grace_patrols``.
+net_health, link_flaps: {warning, critical}, flap_window_seconds, optical,
+expected_links}``, ``post_boot_grace_patrols``.
 
 Links a card class has: ``nvlink.expected_links`` of its profile (0: a PCIe board with no
 NVLink, which never gets an NVLink finding, whatever NVML answers), else the links up in
 the card's first healthy patrol of this boot (:class:`hetpatrol.checks.facts.BootFacts`),
 else the links NVML lists (a GPU answering NotSupported lists none: no finding). Fewer
 links up than expected is ``nvlink_down`` (links listed down, and links no longer listed).
+
+RoCE ports likewise: ``roce.expected_links`` of the profile (0: a card class without a
+RoCE port, which never gets a RoCE finding), else the ports up in the card's first
+healthy patrol of this boot (the Ascend plugin lists one port per chip, ``hccn_tool -i
+<logic id>``), else the ports listed now. A port listed DOWN is ``roce_link_down`` as
+before; a port no longer listed (every ``hccn_tool`` read of the chip failed: the
+record's errors say why) is ``roce_link_down`` too, naming how many are missing.
 
 Post-boot grace (``post_boot_grace_patrols``, per card class): links train after a boot
 and the fabric manager starts late, so in the first N patrols of a boot a link-down
@@ -66,6 +73,7 @@ PROFILE_SCHEMA: dict[str, Any] = {
             "link_flaps": LEVELS_SCHEMA,
             "flap_window_seconds": {"type": "number", "exclusiveMinimum": 0},
             "optical": SEVERITY_OR_OFF,
+            "expected_links": {"type": ["integer", "null"], "minimum": 0, "maximum": 64},
         },
     },
 }
@@ -86,6 +94,8 @@ class InterconnectSettings:
     roce_optical: str | None = HEALTH_WARNING
     #: NVLink links of this card class (None: learned, see the module docstring; 0: none)
     nvlink_expected_links: int | None = None
+    #: RoCE ports of this card class (None: learned, see the module docstring; 0: none)
+    roce_expected_links: int | None = None
     #: patrols after a boot in which a link-down finding stays below critical
     post_boot_grace_patrols: int = 6
 
@@ -114,7 +124,7 @@ def build_profile(
                 nv["errors_total"], kw.get("nvlink_errors_total", base.nvlink_errors_total)
             )
         roce = section.get("roce") or {}
-        for key in ("link_down", "net_health", "optical"):
+        for key in ("link_down", "net_health", "optical", "expected_links"):
             if key in roce:
                 kw[f"roce_{key}"] = roce[key]
         if "link_flaps" in roce:
@@ -227,8 +237,55 @@ def _nvlink_findings(
     return out
 
 
-def _roce_findings(record: CardRecord, th: InterconnectSettings) -> list[Finding]:
-    out: list[Finding] = []
+def expected_roce_ports(
+    record: CardRecord, th: InterconnectSettings, boot: BootFacts
+) -> tuple[int, str]:
+    """(RoCE ports the card should list up, where that number comes from): the profile's
+    ``roce.expected_links``, the first healthy patrol of this boot, or the ports listed
+    now."""
+    if th.roce_expected_links is not None:
+        return th.roce_expected_links, "its profile"
+    learned = boot.learned_links.get("roce")
+    listed = sum(1 for lk in record.links if lk.get("kind") == "roce")
+    if learned is not None and learned > listed:
+        return learned, "its first healthy patrol of this boot"
+    return listed, "hccn_tool"
+
+
+def _roce_missing(record: CardRecord, th: InterconnectSettings, boot: BootFacts) -> list[Finding]:
+    """``roce_link_down`` for ports no longer listed: fewer listed than expected."""
+    if not record.read_ok or th.roce_link_down is None:
+        return []
+    ports = [lk for lk in record.links if lk.get("kind") == "roce"]
+    expected, source = expected_roce_ports(record, th, boot)
+    missing = expected - len(ports)
+    if missing <= 0:
+        return []
+    up = sum(1 for lk in ports if lk.get("state") == "up")
+    why = "; ".join(
+        f"{e['source']}: {e['error']}" for e in record.errors if "hccn_tool" in e["source"]
+    )
+    return [
+        Finding(
+            "roce_link_down",
+            th.roce_link_down,
+            f"RoCE {up} of {expected} port(s) up (expected from {source}): {missing} "
+            "port(s) no longer listed by hccn_tool"
+            + (f" ({why[:200]})" if why else "")
+            + ": check the NPU's network port, its driver and hccn_tool",
+            value={"listed": len(ports), "up": up},
+            threshold=expected,
+        )
+    ]
+
+
+def _roce_findings(
+    record: CardRecord, th: InterconnectSettings, boot: BootFacts | None = None
+) -> list[Finding]:
+    boot = boot or BootFacts()
+    if th.roce_expected_links == 0:
+        return []  # a card class without a RoCE port
+    out: list[Finding] = _roce_missing(record, th, boot)
     for link in record.links:
         if link.get("kind") != "roce":
             continue
@@ -309,12 +366,15 @@ def _roce_findings(record: CardRecord, th: InterconnectSettings) -> list[Finding
 
 
 def evaluate(record: CardRecord, settings: InterconnectSettings, facts: CardFacts) -> list[Finding]:
-    """PCIe and NVLink findings of a card that was read, then its RoCE port findings."""
+    """PCIe and NVLink findings of a card that was read, then its RoCE port findings
+    (ports listed down, and ports no longer listed of a card that was read)."""
     findings: list[Finding] = []
     if record.read_ok:
         findings += _pcie_findings(record, settings)
         findings += _nvlink_findings(record, settings, facts.boot)
-    return post_boot_grace(findings + _roce_findings(record, settings), settings, facts.boot)
+    return post_boot_grace(
+        findings + _roce_findings(record, settings, facts.boot), settings, facts.boot
+    )
 
 
 def post_boot_grace(

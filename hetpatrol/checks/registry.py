@@ -13,6 +13,7 @@ from hetpatrol.checks import (
     card_thresholds,
     clocks,
     environment,
+    fabric,
     fault_codes,
     interconnect,
     kernel_events,
@@ -21,6 +22,6 @@ from hetpatrol.checks import (
 )
 
 #: card check families: each declares PROFILE_SCHEMA, build_profile() and evaluate()
-CARD_CHECKS = (card_thresholds, baseline, clocks, fault_codes, interconnect, card_hung)
+CARD_CHECKS = (card_thresholds, baseline, clocks, fault_codes, interconnect, fabric, card_hung)
 #: families with top-level config keys: each declares TOP_SCHEMA and build_top()
 TOP_SECTIONS = (kernel_events, baseline, environment, pci_census, stray_process)

@@ -1,8 +1,9 @@
-"""Prometheus families of the deep health checks: XIDs, the kernel log, links.
+"""Prometheus families of the deep health checks: XIDs, the kernel log, links, fabric.
 
 Rendered from the report like every other family (nothing is read on a scrape). Labels
 stay bounded: the card labels plus ``xid`` (a number), ``kind``/``link`` (at most 18
-NVLink links per GPU, one RoCE port per NPU chip).
+NVLink links per GPU, one RoCE port per NPU chip), the fabric state set (three states
+per GPU with a fabric).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from hetpatrol.exporters.text_format import (
     CounterFamily,
     Family,
     GaugeFamily,
+    StateSetFamily,
 )
+from hetpatrol.schema import FABRIC_STATES
 
 if TYPE_CHECKING:
     from hetpatrol.report import PatrolReport
@@ -67,3 +70,25 @@ def deep_metrics(report: PatrolReport) -> Iterable[Family]:
             link_errors.add_metric([*labels, name], value)
     yield link_up
     yield link_errors
+    yield fabric_state(report)
+
+
+#: the fabric states a GPU with a fabric can be in (``Not Supported``: no series)
+_FABRIC_SET = {state: state.lower().replace(" ", "_") for state in FABRIC_STATES[1:]}
+
+
+def fabric_state(report: PatrolReport) -> Family:
+    """``hetpatrol_card_fabric_state``: a state set (``not_started``, ``in_progress``,
+    ``completed``) per GPU whose fabric registration was read with one of those states
+    (the record's ``fabric.state``); no series for a card without a fabric."""
+    family = StateSetFamily(
+        "hetpatrol_card_fabric_state",
+        "GPU fabric registration state (NVSwitch systems; nvmlDeviceGetGpuFabricInfoV): "
+        "CUDA work waits for completed.",
+        labels=list(CARD_LABELS),
+    )
+    for card in report.cards:
+        state = (card.fabric or {}).get("state")
+        if state in _FABRIC_SET:
+            family.add_metric(card_labels(card), {v: k == state for k, v in _FABRIC_SET.items()})
+    return family
