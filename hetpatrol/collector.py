@@ -15,10 +15,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hetpatrol.pci_census import PciCards
 from hetpatrol.schema import CardRecord, Finding
+
+if TYPE_CHECKING:
+    from hetpatrol.actions.escalation import DurationRule, FrequencyRule
 
 #: Collector states, as exported in ``hetpatrol_collector_up`` and the patrol line.
 STATE_OK = "ok"  #: the vendor stack answered and the output was understood
@@ -133,6 +136,11 @@ class VendorActions:
     - ``code_keys``: check name -> ``fn(code, levels) -> iterable of str``: the escalation
       keys one code of such a finding holds while present (any severity;
       :func:`hetpatrol.actions.apply.state_keys`), ``levels`` the caller's code table.
+    - ``frequency_rules`` / ``duration_rules``: the escalation rules over the vendor's
+      keys (:class:`hetpatrol.actions.escalation.FrequencyRule` /
+      :class:`~hetpatrol.actions.escalation.DurationRule`, each citing its source),
+      defaults of :class:`~hetpatrol.actions.escalation.EscalationRules` before the
+      core's own (a config's ``actions.escalation`` list replaces them all).
 
     Functions must not raise on odd codes or values (they give ``watch``).
     """
@@ -143,6 +151,8 @@ class VendorActions:
     check_actions: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     health_actions: Mapping[str, str] = field(default_factory=dict)
     code_keys: Mapping[str, Callable[[str, Mapping[str, str]], Any]] = field(default_factory=dict)
+    frequency_rules: tuple[FrequencyRule, ...] = ()
+    duration_rules: tuple[DurationRule, ...] = ()
 
 
 @dataclass(frozen=True)
