@@ -77,6 +77,7 @@ from hetpatrol.collector import (
     CollectResult,
     DeviceNode,
     GresDevice,
+    JobEnvVar,
     VendorInfo,
 )
 from hetpatrol.collectors.ascend_actions import ACTIONS as ASCEND_ACTIONS
@@ -957,6 +958,20 @@ class AscendCollector(Collector):
         ),
         # npu-smi error code -> MindCluster level -> action word
         actions=ASCEND_ACTIONS,
+        # the job's chips: ASCEND_VISIBLE_DEVICES (Ascend Docker Runtime: the device IDs
+        # given to a container, dlruntime_ug_004 above), else ASCEND_RT_VISIBLE_DEVICES
+        # (the CANN runtime's visible logical devices, envref_07_0028 above): numbers of
+        # the NPUs in (index, chip) order, the first set and readable one wins
+        job_env=(
+            JobEnvVar(
+                "ASCEND_VISIBLE_DEVICES",
+                doc="https://www.hiascend.com/document/detail/zh/mindcluster/730/clustersched/dlug/dlruntime_ug_004.html",
+            ),
+            JobEnvVar(
+                "ASCEND_RT_VISIBLE_DEVICES",
+                doc="https://www.hiascend.com/document/detail/en/canncommercial/850/maintenref/envvar/envref_07_0028.html",
+            ),
+        ),
     )
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):

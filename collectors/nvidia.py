@@ -126,6 +126,7 @@ from hetpatrol.collector import (
     CollectResult,
     DeviceNode,
     GresDevice,
+    JobEnvVar,
     VendorInfo,
 )
 from hetpatrol.collectors.nvidia_actions import ACTIONS as NVIDIA_ACTIONS
@@ -566,6 +567,20 @@ class NvidiaCollector(Collector):
         ),
         # XID catalog, NVRM reasons, NVML recovery action -> action words
         actions=NVIDIA_ACTIONS,
+        # the job's cards: CUDA_VISIBLE_DEVICES lists GPU indexes or UUIDs ("GPU-...",
+        # MIG devices "MIG-...": CUDA C++ Programming Guide, "CUDA Environment
+        # Variables"); it is not set in the Prolog, and in a step cgroup device
+        # constraints may renumber it, so its numbers (the gpu GRES IDX) are read only
+        # when Slurm's SLURM_JOB_GPUS / SLURM_STEP_GPUS is not there; UUIDs are exact
+        job_env=(
+            JobEnvVar(
+                "CUDA_VISIBLE_DEVICES",
+                ids="gres_idx",
+                gres="gpu",
+                uuid_prefixes=("GPU-", "MIG-"),
+                doc="https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#env-vars",
+            ),
+        ),
     )
 
     def __init__(

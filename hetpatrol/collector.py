@@ -106,6 +106,39 @@ class GresDevice:
     note: str | None = None
 
 
+#: what the numbers of a :class:`JobEnvVar` are
+JOB_ENV_IDS = ("vendor_order", "gres_idx")
+
+
+@dataclass(frozen=True)
+class JobEnvVar:
+    """One variable of a job's environment (Prolog, Epilog, task) that says which of the
+    vendor's cards the job holds, read by :func:`hetpatrol.slurm.jobguard.parse_job_env`
+    (the daemon writes every plugin's rows into its state file, ``job_env``, so the
+    Prolog imports no plugin: :func:`job_env_declarations`).
+
+    - ``name``: the variable (``ASCEND_VISIBLE_DEVICES``), its value a comma-separated
+      list of numbers or ranges (``0,2-3``);
+    - ``ids``: what its numbers are: ``"vendor_order"``, the vendor's cards of the
+      verdict in (index, chip) order (the first of the vendor's such variables that is
+      set and readable wins); ``"gres_idx"``, the IDX of GRES ``gres``, read only when no
+      earlier source (Slurm's ``SLURM_JOB_GPUS``) gave that GRES;
+    - ``uuid_prefixes``: entries starting with one of these (any case) are card UUIDs
+      (matched to the cards' ``uuid``; the numbers are then not read);
+    - ``doc``: where the vendor defines the variable.
+    """
+
+    name: str
+    ids: str = "vendor_order"
+    gres: str | None = None
+    uuid_prefixes: tuple[str, ...] = ()
+    doc: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.ids not in JOB_ENV_IDS or (self.ids == "gres_idx") != bool(self.gres):
+            raise ValueError(f"job env {self.name}: ids in {JOB_ENV_IDS}, gres with gres_idx")
+
+
 #: ``fn(code, severity, message, levels, overrides) -> ActionVerdict``: the action of one
 #: code of a code finding (see :class:`VendorActions`)
 CodeAction = Callable[
@@ -181,6 +214,9 @@ class VendorInfo:
     - ``actions``: its fault tables, a :class:`VendorActions` (XID, recovery action,
       fault code -> action word); None: its findings take the generic rows of
       :mod:`hetpatrol.actions.findings`.
+    - ``job_env``: the :class:`JobEnvVar` rows of the variables that name the job's cards
+      of this vendor, in the order they are read (empty: Slurm's own ``SLURM_JOB_GPUS``
+      and ``squeue --json`` alone).
     """
 
     health_words: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
@@ -192,6 +228,7 @@ class VendorInfo:
     gres: GresDevice | None = None
     pci: PciCards | None = None
     actions: VendorActions | None = None
+    job_env: tuple[JobEnvVar, ...] = ()
 
 
 #: Characters of a tool's raw output kept in a patrol line and the state file: the first
@@ -317,6 +354,43 @@ def discover() -> dict[str, type[Collector]]:
     for ep in entry_points(group="hetpatrol.collectors"):
         found[ep.name] = ep  # type: ignore[assignment]
     return found  # values are EntryPoint objects until loaded by load_collector()
+
+
+_job_env_cache: tuple[tuple, list[dict[str, Any]]] | None = None
+
+
+def job_env_declarations() -> list[dict[str, Any]]:
+    """Every installed plugin's :attr:`VendorInfo.job_env` rows, JSON-ready:
+    ``[{"vendor", "name", "ids", "gres", "uuid_prefixes"}]`` (``vendor``: the collector's
+    name, as the cards' ``vendor``), plugins in name order, each's rows in its order.
+    Plugins are loaded on the first call and again only when ``sys.path`` changes; one
+    that cannot be imported is left out. Never raises. The daemon writes this list into
+    its state file (``job_env``) for the Prolog."""
+    import sys
+
+    global _job_env_cache
+    key = tuple(sys.path)  # plugins come and go with the import path
+    if _job_env_cache is not None and _job_env_cache[0] == key:
+        return [dict(row) for row in _job_env_cache[1]]
+    rows: list[dict[str, Any]] = []
+    for ep in sorted(entry_points(group="hetpatrol.collectors"), key=lambda e: e.name):
+        try:
+            cls = load_collector(ep.name)
+            declared = tuple(cls.vendor_info.job_env)
+        except Exception:  # a broken plugin is reported where it is configured
+            continue
+        for var in declared:
+            rows.append(
+                {
+                    "vendor": cls.name or ep.name,
+                    "name": var.name,
+                    "ids": var.ids,
+                    "gres": var.gres,
+                    "uuid_prefixes": list(var.uuid_prefixes),
+                }
+            )
+    _job_env_cache = (key, rows)
+    return [dict(row) for row in rows]
 
 
 def load_collector(name: str) -> type[Collector]:
