@@ -76,12 +76,14 @@ from hetpatrol.collector import (
     CollectorError,
     CollectResult,
     DeviceNode,
+    FaultCodes,
     GresDevice,
     JobEnvVar,
     VendorInfo,
 )
 from hetpatrol.collectors.ascend_actions import ACTIONS as ASCEND_ACTIONS
 from hetpatrol.collectors.ascend_detail import DetailReader
+from hetpatrol.collectors.ascend_levels import lookup_code
 from hetpatrol.pci_census import CLASS_PROCESSING_ACCELERATOR, PciCards
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
@@ -962,6 +964,9 @@ class AscendCollector(Collector):
         # given to a container, dlruntime_ug_004 above), else ASCEND_RT_VISIBLE_DEVICES
         # (the CANN runtime's visible logical devices, envref_07_0028 above): numbers of
         # the NPUs in (index, chip) order, the first set and readable one wins
+        # npu-smi info -t health's Error Codes: the MindCluster classes of
+        # ascend_fault_codes.yaml (severity, action prose), judged by the fault_codes check
+        fault_codes=FaultCodes("ascend_fault_code", "npu-smi -t health", lookup_code),
         job_env=(
             JobEnvVar(
                 "ASCEND_VISIBLE_DEVICES",

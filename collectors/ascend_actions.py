@@ -5,7 +5,7 @@ them without naming the vendor):
 - ``ascend_fault_code`` findings (``value``: ``{"<8 hex digits>": count}``): each npu-smi
   error code by its MindCluster level, :func:`hetpatrol.collectors.ascend_levels.code_action`,
   in the caller's code table or, given none, the bundled
-  ``config/ascend_fault_codes.yaml`` (read once, on first use, with ``yaml``); an
+  ``collectors/ascend_fault_codes.yaml`` (read once, on first use, with ``yaml``); an
   override ``ascend:<CODE>`` wins;
 - the RoCE checks of :mod:`hetpatrol.collectors.ascend_detail` (``roce_link_down``,
   ``roce_net_health``, ``roce_optical``) critical -> isolate_card: cables and optics

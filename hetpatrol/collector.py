@@ -139,6 +139,25 @@ class JobEnvVar:
             raise ValueError(f"job env {self.name}: ids in {JOB_ENV_IDS}, gres with gres_idx")
 
 
+@dataclass(frozen=True)
+class FaultCodes:
+    """The error codes a vendor's cards list in their own health report
+    (:attr:`hetpatrol.schema.CardRecord.health_detail`: ``{"status", "codes", "info"}``),
+    as the core's :mod:`hetpatrol.checks.fault_codes` judges them.
+
+    - ``check``: the finding's name (``ascend_fault_code``);
+    - ``report``: what the codes were read from, the head of the finding's message
+      (``npu-smi -t health``);
+    - ``lookup``: ``fn(code) -> (severity, class, action text)`` of one code by the
+      plugin's table, ``(None, None, None)`` for a code it does not list (may read the
+      table on first call; raises OSError / ValueError when it cannot be read).
+    """
+
+    check: str
+    report: str
+    lookup: Callable[[str], tuple[str | None, str | None, str | None]]
+
+
 #: ``fn(code, severity, message, levels, overrides) -> ActionVerdict``: the action of one
 #: code of a code finding (see :class:`VendorActions`)
 CodeAction = Callable[
@@ -214,6 +233,8 @@ class VendorInfo:
     - ``actions``: its fault tables, a :class:`VendorActions` (XID, recovery action,
       fault code -> action word); None: its findings take the generic rows of
       :mod:`hetpatrol.actions.findings`.
+    - ``fault_codes``: how its cards' own error codes are judged, a :class:`FaultCodes`
+      (None: its records carry no ``health_detail`` codes).
     - ``job_env``: the :class:`JobEnvVar` rows of the variables that name the job's cards
       of this vendor, in the order they are read (empty: Slurm's own ``SLURM_JOB_GPUS``
       and ``squeue --json`` alone).
@@ -229,6 +250,7 @@ class VendorInfo:
     pci: PciCards | None = None
     actions: VendorActions | None = None
     job_env: tuple[JobEnvVar, ...] = ()
+    fault_codes: FaultCodes | None = None
 
 
 #: Characters of a tool's raw output kept in a patrol line and the state file: the first
