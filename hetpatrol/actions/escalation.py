@@ -183,17 +183,48 @@ def default_duration_rules() -> tuple[DurationRule, ...]:
     return vendor_rules()[1] + CORE_DURATION_RULES
 
 
-@dataclass(frozen=True)
 class EscalationRules:
-    """The rule set: frequency and duration rules (defaults: the plugins' and the
-    core's, :func:`default_frequency_rules` / :func:`default_duration_rules`)."""
+    """The rule set: frequency and duration rules. A list not given is the default
+    (:func:`default_frequency_rules` / :func:`default_duration_rules`: the plugins' and the
+    core's), looked up on first use, not when the rules are made: a config is read, and
+    checked by a reload's child, without importing a plugin for them. Compared by value."""
 
-    frequency: tuple[FrequencyRule, ...] = field(default_factory=default_frequency_rules)
-    duration: tuple[DurationRule, ...] = field(default_factory=default_duration_rules)
+    __slots__ = ("_frequency", "_duration")
+
+    def __init__(
+        self,
+        frequency: tuple[FrequencyRule, ...] | None = None,
+        duration: tuple[DurationRule, ...] | None = None,
+    ) -> None:
+        self._frequency = None if frequency is None else tuple(frequency)
+        self._duration = None if duration is None else tuple(duration)
+
+    @property
+    def frequency(self) -> tuple[FrequencyRule, ...]:
+        if self._frequency is None:
+            self._frequency = default_frequency_rules()
+        return self._frequency
+
+    @property
+    def duration(self) -> tuple[DurationRule, ...]:
+        if self._duration is None:
+            self._duration = default_duration_rules()
+        return self._duration
 
     @property
     def longest_window(self) -> float:
         return max((r.window_seconds for r in self.frequency), default=DAY)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EscalationRules):
+            return NotImplemented
+        return (self.frequency, self.duration) == (other.frequency, other.duration)
+
+    def __hash__(self) -> int:
+        return hash((self.frequency, self.duration))
+
+    def __repr__(self) -> str:
+        return f"EscalationRules(frequency={self.frequency!r}, duration={self.duration!r})"
 
 
 def card_identity(card: Any) -> str:
@@ -560,8 +591,7 @@ def rules_from_config(section: Mapping[str, Any] | None) -> EscalationRules:
     action}``. Raises ValueError naming the bad item."""
     if not section:
         return EscalationRules()
-    freq = None if "frequency" in section else default_frequency_rules()
-    dur = None if "duration" in section else default_duration_rules()
+    freq = dur = None  # a list not given: the defaults, looked up on first use
     try:
         if "frequency" in section:
             freq = tuple(
