@@ -960,13 +960,13 @@ class AscendCollector(Collector):
         ),
         # npu-smi error code -> MindCluster level -> action word
         actions=ASCEND_ACTIONS,
+        # npu-smi info -t health's Error Codes: the MindCluster classes of
+        # ascend_fault_codes.yaml (severity, action prose), judged by the fault_codes check
+        fault_codes=FaultCodes("ascend_fault_code", "npu-smi -t health", lookup_code),
         # the job's chips: ASCEND_VISIBLE_DEVICES (Ascend Docker Runtime: the device IDs
         # given to a container, dlruntime_ug_004 above), else ASCEND_RT_VISIBLE_DEVICES
         # (the CANN runtime's visible logical devices, envref_07_0028 above): numbers of
         # the NPUs in (index, chip) order, the first set and readable one wins
-        # npu-smi info -t health's Error Codes: the MindCluster classes of
-        # ascend_fault_codes.yaml (severity, action prose), judged by the fault_codes check
-        fault_codes=FaultCodes("ascend_fault_code", "npu-smi -t health", lookup_code),
         job_env=(
             JobEnvVar(
                 "ASCEND_VISIBLE_DEVICES",
