@@ -71,6 +71,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hetpatrol.collector import (
+    ARGV_SCHEMA,
+    COLLECTOR_COMMON_OPTIONS,
+    SECONDS_SCHEMA,
     STATE_ABSENT,
     Collector,
     CollectorError,
@@ -978,6 +981,20 @@ class AscendCollector(Collector):
             ),
         ),
     )
+
+    #: ``collectors.ascend``: npu-smi's command and the detail sweep (ascend_detail.py)
+    options_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            **COLLECTOR_COMMON_OPTIONS,
+            "detail": {"type": "boolean"},
+            "detail_interval_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
+            "detail_timeout_seconds": SECONDS_SCHEMA,
+            "detail_budget_seconds": SECONDS_SCHEMA,
+            "hccn_tool": ARGV_SCHEMA,
+        },
+    }
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
         super().__init__(options, replay_dir=replay_dir)

@@ -118,6 +118,7 @@ import psutil
 import pynvml
 
 from hetpatrol.collector import (
+    SECONDS_SCHEMA,
     STATE_ABSENT,
     STATE_FAILED,
     STATE_OK,
@@ -582,6 +583,21 @@ class NvidiaCollector(Collector):
             ),
         ),
     )
+
+    #: ``collectors.nvidia``: NVML is a library, so no ``command``
+    options_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "enabled": {"type": "boolean"},
+            "timeout_seconds": SECONDS_SCHEMA,
+            "nvlink": {"type": "boolean"},
+            "nvlink_interval_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
+            # consecutive patrols an NVML field read may answer Unknown before the card is
+            # critical; one patrol's Unknown is a warning
+            "field_error_patrols": {"type": "integer", "minimum": 1, "maximum": 1000},
+        },
+    }
 
     def __init__(
         self,

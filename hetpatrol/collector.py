@@ -332,6 +332,21 @@ class CollectorStatus:
         }
 
 
+#: JSON schema pieces a plugin's :attr:`Collector.options_schema` may use: seconds of a
+#: timeout, a command's argv, and the keys every collector section takes
+SECONDS_SCHEMA: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}
+ARGV_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"type": "string", "minLength": 1},
+}
+COLLECTOR_COMMON_OPTIONS: dict[str, Any] = {
+    "enabled": {"type": "boolean"},
+    "timeout_seconds": SECONDS_SCHEMA,
+    "command": ARGV_SCHEMA,
+}
+
+
 class Collector(abc.ABC):
     """Base class of every vendor collector.
 
@@ -348,6 +363,11 @@ class Collector(abc.ABC):
     name: ClassVar[str] = ""
     #: the vendor words the checks read (see :class:`VendorInfo`)
     vendor_info: ClassVar[VendorInfo] = VendorInfo()
+    #: the JSON schema of its ``collectors.<name>`` config section (an object schema,
+    #: checked by :func:`hetpatrol.config.load_config`, which names the key and line of a
+    #: bad value); None: the keys of :data:`COLLECTOR_COMMON_OPTIONS` are checked and
+    #: any other key is the plugin's own
+    options_schema: ClassVar[Mapping[str, Any] | None] = None
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
         self.options = dict(options)
