@@ -71,16 +71,22 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hetpatrol.collector import (
+    ARGV_SCHEMA,
+    COLLECTOR_COMMON_OPTIONS,
+    SECONDS_SCHEMA,
     STATE_ABSENT,
     Collector,
     CollectorError,
     CollectResult,
     DeviceNode,
+    FaultCodes,
     GresDevice,
+    JobEnvVar,
     VendorInfo,
 )
 from hetpatrol.collectors.ascend_actions import ACTIONS as ASCEND_ACTIONS
 from hetpatrol.collectors.ascend_detail import DetailReader
+from hetpatrol.collectors.ascend_levels import lookup_code
 from hetpatrol.pci_census import CLASS_PROCESSING_ACCELERATOR, PciCards
 from hetpatrol.schema import (
     HEALTH_CRITICAL,
@@ -957,7 +963,38 @@ class AscendCollector(Collector):
         ),
         # npu-smi error code -> MindCluster level -> action word
         actions=ASCEND_ACTIONS,
+        # npu-smi info -t health's Error Codes: the MindCluster classes of
+        # ascend_fault_codes.yaml (severity, action prose), judged by the fault_codes check
+        fault_codes=FaultCodes("ascend_fault_code", "npu-smi -t health", lookup_code),
+        # the job's chips: ASCEND_VISIBLE_DEVICES (Ascend Docker Runtime: the device IDs
+        # given to a container, dlruntime_ug_004 above), else ASCEND_RT_VISIBLE_DEVICES
+        # (the CANN runtime's visible logical devices, envref_07_0028 above): numbers of
+        # the NPUs in (index, chip) order, the first set and readable one wins
+        job_env=(
+            JobEnvVar(
+                "ASCEND_VISIBLE_DEVICES",
+                doc="https://www.hiascend.com/document/detail/zh/mindcluster/730/clustersched/dlug/dlruntime_ug_004.html",
+            ),
+            JobEnvVar(
+                "ASCEND_RT_VISIBLE_DEVICES",
+                doc="https://www.hiascend.com/document/detail/en/canncommercial/850/maintenref/envvar/envref_07_0028.html",
+            ),
+        ),
     )
+
+    #: ``collectors.ascend``: npu-smi's command and the detail sweep (ascend_detail.py)
+    options_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            **COLLECTOR_COMMON_OPTIONS,
+            "detail": {"type": "boolean"},
+            "detail_interval_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
+            "detail_timeout_seconds": SECONDS_SCHEMA,
+            "detail_budget_seconds": SECONDS_SCHEMA,
+            "hccn_tool": ARGV_SCHEMA,
+        },
+    }
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
         super().__init__(options, replay_dir=replay_dir)

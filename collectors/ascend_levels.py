@@ -29,19 +29,23 @@ the node / UnifiedBus levels of the same page (dl_resume_084): ``PreSeparateFaul
 alone: isolating is exactly "do not schedule on it again", and a Slurm drain lets the
 running job finish.
 
-The code -> level table is ``config/ascend_fault_codes.yaml`` (each class carries its
-``level``). A code not in it is ``watch`` with the raw code (issue 13: never ``none``).
+The code -> level table is ``collectors/ascend_fault_codes.yaml`` (shipped with this
+plugin; each class carries its ``level``, its ``severity`` and the ``action`` prose the
+``ascend_fault_code`` finding shows: :func:`fault_code_table`). A code not in it is
+``watch`` with the raw code (issue 13: never ``none``).
 MindCluster itself treats an unlisted code by the driver's alarm grade ("prompt" or
 "minor" -> NotHandleFault, else SeparateNPU, dl_resume_036); hetpatrol does not drain
 on a code it cannot look up.
 
-Importing this module reads nothing; :func:`load_code_levels` reads the YAML (and
-imports ``yaml``) only when called.
+Importing this module reads nothing; :func:`load_code_levels` and
+:func:`fault_code_table` read the YAML (and import ``yaml``) only when called.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -112,16 +116,54 @@ def load_code_levels(path: Path | str | None = None) -> dict[str, str]:
     Raises OSError (unreadable) or ValueError (not a table)."""
     import yaml
 
-    if path is None:
-        from importlib.resources import files
-
-        text = files("hetpatrol.bundled").joinpath(FAULT_CODE_FILE).read_text(encoding="utf-8")
-    else:
-        text = Path(path).read_text(encoding="utf-8")
+    text = bundled_text() if path is None else Path(path).read_text(encoding="utf-8")
     doc = yaml.safe_load(text)
     if not isinstance(doc, Mapping):
         raise ValueError(f"{path or FAULT_CODE_FILE} is not a mapping")
     return code_levels_from_document(doc)
+
+
+def bundled_text() -> str:
+    """The text of the bundled ``ascend_fault_codes.yaml`` (beside this module, package
+    data of ``hetpatrol.collectors``). Raises OSError."""
+    from importlib.resources import files
+
+    return files("hetpatrol.collectors").joinpath(FAULT_CODE_FILE).read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class FaultCodeTable:
+    """Severity per error code, from the bundled ``ascend_fault_codes.yaml``."""
+
+    classes: Mapping[str, Mapping[str, str]]
+    codes: Mapping[str, str]  # code -> class
+
+    def lookup(self, code: str) -> tuple[str | None, str | None, str | None]:
+        """(severity, class, action) of a code; (None, None, None) when not listed."""
+        cls = self.codes.get(code.upper())
+        if cls is None:
+            return None, None, None
+        spec = self.classes.get(cls, {})
+        return spec.get("severity"), cls, spec.get("action")
+
+
+@lru_cache(maxsize=1)
+def fault_code_table() -> FaultCodeTable:
+    """The bundled table, read once (imports yaml). Raises OSError / yaml.YAMLError."""
+    import yaml
+
+    data = yaml.safe_load(bundled_text())
+    codes = {}
+    for cls, listed in (data.get("codes") or {}).items():
+        for code in listed or ():
+            codes[str(code).upper()] = cls
+    return FaultCodeTable(classes=data.get("classes") or {}, codes=codes)
+
+
+def lookup_code(code: str) -> tuple[str | None, str | None, str | None]:
+    """(severity, class, action) of one npu-smi error code by the bundled table
+    (:meth:`FaultCodeTable.lookup`), as ``VendorInfo.fault_codes`` declares it."""
+    return fault_code_table().lookup(code)
 
 
 def code_action(

@@ -126,6 +126,7 @@ import psutil
 import pynvml
 
 from hetpatrol.collector import (
+    SECONDS_SCHEMA,
     STATE_ABSENT,
     STATE_FAILED,
     STATE_OK,
@@ -134,6 +135,7 @@ from hetpatrol.collector import (
     CollectResult,
     DeviceNode,
     GresDevice,
+    JobEnvVar,
     VendorInfo,
 )
 from hetpatrol.collectors.nvidia_actions import ACTIONS as NVIDIA_ACTIONS
@@ -633,7 +635,36 @@ class NvidiaCollector(Collector):
         ),
         # XID catalog, NVRM reasons, NVML recovery action -> action words
         actions=NVIDIA_ACTIONS,
+        # the job's cards: CUDA_VISIBLE_DEVICES lists GPU indexes or UUIDs ("GPU-...",
+        # MIG devices "MIG-...": CUDA C++ Programming Guide, "CUDA Environment
+        # Variables"); it is not set in the Prolog, and in a step cgroup device
+        # constraints may renumber it, so its numbers (the gpu GRES IDX) are read only
+        # when Slurm's SLURM_JOB_GPUS / SLURM_STEP_GPUS is not there; UUIDs are exact
+        job_env=(
+            JobEnvVar(
+                "CUDA_VISIBLE_DEVICES",
+                ids="gres_idx",
+                gres="gpu",
+                uuid_prefixes=("GPU-", "MIG-"),
+                doc="https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#env-vars",
+            ),
+        ),
     )
+
+    #: ``collectors.nvidia``: NVML is a library, so no ``command``
+    options_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "enabled": {"type": "boolean"},
+            "timeout_seconds": SECONDS_SCHEMA,
+            "nvlink": {"type": "boolean"},
+            "nvlink_interval_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
+            # consecutive patrols an NVML field read may answer Unknown before the card is
+            # critical; one patrol's Unknown is a warning
+            "field_error_patrols": {"type": "integer", "minimum": 1, "maximum": 1000},
+        },
+    }
 
     def __init__(
         self,

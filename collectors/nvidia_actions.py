@@ -23,7 +23,9 @@ them without naming the vendor):
   before it can be used again"), ``insufficient_power`` -> isolate_card
   (NVML_ERROR_INSUFFICIENT_POWER: power cable, catalog XID 54: CHECK_MECHANICALS),
   ``unknown_error`` -> reset_card (NVML Unknown on a core call: handle, memory, identity;
-  the card cannot be used).
+  the card cannot be used);
+- escalation rules over the ``xid:<n>`` keys (:data:`FREQUENCY_RULES`), each citing its
+  catalog row.
 
 Standard library only (the Slurm prolog may read these).
 """
@@ -34,9 +36,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from hetpatrol.actions.escalation import DAY, FrequencyRule
 from hetpatrol.actions.vocabulary import (
     ISOLATE_CARD,
     REBOOT_NODE,
+    REPLACE_CARD,
     RESET_CARD,
     WATCH,
     ActionVerdict,
@@ -87,6 +91,57 @@ def recovery_value_action(value: Any) -> ActionVerdict:
     return ActionVerdict(verdict.action, "nvml_recovery", verdict.code, verdict.reason)
 
 
+#: Repeats of XIDs (keys ``xid:<n>``, one per kernel-log record) that raise a card's
+#: action (:mod:`hetpatrol.actions.escalation`), each with its source.
+FREQUENCY_RULES: tuple[FrequencyRule, ...] = (
+    FrequencyRule(
+        "xid48_repeat",
+        frozenset({"xid:48"}),
+        2,
+        DAY,
+        REPLACE_CARD,
+        source="issue 13 (a second double-bit ECC error in 24 h); NVIDIA XID catalog row 48: "
+        "check SRAM DBE thresholds and follow the RMA flow",
+    ),
+    FrequencyRule(
+        "xid_reset_repeat",
+        frozenset({"xid:79", "xid:95", "xid:119", "xid:120", "xid:140", "xid:158"}),
+        2,
+        DAY,
+        ISOLATE_CARD,
+        source="NVIDIA XID catalog, step 3: 'If the issue reoccurs ... the Investigatory "
+        "Action column provides guidance' (CONTACT_SUPPORT / INVESTIGATE_SW for these)",
+    ),
+    FrequencyRule(
+        "xid94_repeat",
+        frozenset({"xid:94"}),
+        3,
+        3600.0,
+        RESET_CARD,
+        source="NVIDIA XID catalog row 94: 'It is recommended to reset the GPU when "
+        "convenient'; hetpatrol's kernel_log.repeat_critical[94] = 3 in the window",
+    ),
+    FrequencyRule(
+        "xid74_repeat",
+        frozenset({"xid:74"}),
+        3,
+        DAY,
+        ISOLATE_CARD,
+        source="NVIDIA XID catalog row 74: 'If this error is seen repeatedly and GPU reset "
+        "or node reboot fails to clear the condition, contact your hardware vendor'",
+    ),
+    FrequencyRule(
+        "xid149_repeat",
+        frozenset({"xid:149"}),
+        2,
+        DAY,
+        ISOLATE_CARD,
+        source="NVIDIA XID catalog, XID 144-150 Decode: NETIR_LINK_DOWN 'REPORT_ISSUE (if "
+        "seen >1 per day)'",
+    ),
+)
+
+
 ACTIONS = VendorActions(
     code_actions={"xid": xid_code_action, "kernel_fault": kernel_code_action},
     value_actions={"gpu_recovery_action": recovery_value_action},
@@ -123,4 +178,5 @@ ACTIONS = VendorActions(
         "insufficient_power": ISOLATE_CARD,
         "unknown_error": RESET_CARD,
     },
+    frequency_rules=FREQUENCY_RULES,
 )

@@ -15,10 +15,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hetpatrol.pci_census import PciCards
 from hetpatrol.schema import CardRecord, Finding
+
+if TYPE_CHECKING:
+    from hetpatrol.actions.escalation import DurationRule, FrequencyRule
 
 #: Collector states, as exported in ``hetpatrol_collector_up`` and the patrol line.
 STATE_OK = "ok"  #: the vendor stack answered and the output was understood
@@ -103,6 +106,58 @@ class GresDevice:
     note: str | None = None
 
 
+#: what the numbers of a :class:`JobEnvVar` are
+JOB_ENV_IDS = ("vendor_order", "gres_idx")
+
+
+@dataclass(frozen=True)
+class JobEnvVar:
+    """One variable of a job's environment (Prolog, Epilog, task) that says which of the
+    vendor's cards the job holds, read by :func:`hetpatrol.slurm.jobguard.parse_job_env`
+    (the daemon writes every plugin's rows into its state file, ``job_env``, so the
+    Prolog imports no plugin: :func:`job_env_declarations`).
+
+    - ``name``: the variable (``ASCEND_VISIBLE_DEVICES``), its value a comma-separated
+      list of numbers or ranges (``0,2-3``);
+    - ``ids``: what its numbers are: ``"vendor_order"``, the vendor's cards of the
+      verdict in (index, chip) order (the first of the vendor's such variables that is
+      set and readable wins); ``"gres_idx"``, the IDX of GRES ``gres``, read only when no
+      earlier source (Slurm's ``SLURM_JOB_GPUS``) gave that GRES;
+    - ``uuid_prefixes``: entries starting with one of these (any case) are card UUIDs
+      (matched to the cards' ``uuid``; the numbers are then not read);
+    - ``doc``: where the vendor defines the variable.
+    """
+
+    name: str
+    ids: str = "vendor_order"
+    gres: str | None = None
+    uuid_prefixes: tuple[str, ...] = ()
+    doc: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.ids not in JOB_ENV_IDS or (self.ids == "gres_idx") != bool(self.gres):
+            raise ValueError(f"job env {self.name}: ids in {JOB_ENV_IDS}, gres with gres_idx")
+
+
+@dataclass(frozen=True)
+class FaultCodes:
+    """The error codes a vendor's cards list in their own health report
+    (:attr:`hetpatrol.schema.CardRecord.health_detail`: ``{"status", "codes", "info"}``),
+    as the core's :mod:`hetpatrol.checks.fault_codes` judges them.
+
+    - ``check``: the finding's name (``ascend_fault_code``);
+    - ``report``: what the codes were read from, the head of the finding's message
+      (``npu-smi -t health``);
+    - ``lookup``: ``fn(code) -> (severity, class, action text)`` of one code by the
+      plugin's table, ``(None, None, None)`` for a code it does not list (may read the
+      table on first call; raises OSError / ValueError when it cannot be read).
+    """
+
+    check: str
+    report: str
+    lookup: Callable[[str], tuple[str | None, str | None, str | None]]
+
+
 #: ``fn(code, severity, message, levels, overrides) -> ActionVerdict``: the action of one
 #: code of a code finding (see :class:`VendorActions`)
 CodeAction = Callable[
@@ -133,6 +188,11 @@ class VendorActions:
     - ``code_keys``: check name -> ``fn(code, levels) -> iterable of str``: the escalation
       keys one code of such a finding holds while present (any severity;
       :func:`hetpatrol.actions.apply.state_keys`), ``levels`` the caller's code table.
+    - ``frequency_rules`` / ``duration_rules``: the escalation rules over the vendor's
+      keys (:class:`hetpatrol.actions.escalation.FrequencyRule` /
+      :class:`~hetpatrol.actions.escalation.DurationRule`, each citing its source),
+      defaults of :class:`~hetpatrol.actions.escalation.EscalationRules` before the
+      core's own (a config's ``actions.escalation`` list replaces them all).
 
     Functions must not raise on odd codes or values (they give ``watch``).
     """
@@ -143,6 +203,8 @@ class VendorActions:
     check_actions: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     health_actions: Mapping[str, str] = field(default_factory=dict)
     code_keys: Mapping[str, Callable[[str, Mapping[str, str]], Any]] = field(default_factory=dict)
+    frequency_rules: tuple[FrequencyRule, ...] = ()
+    duration_rules: tuple[DurationRule, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -171,6 +233,11 @@ class VendorInfo:
     - ``actions``: its fault tables, a :class:`VendorActions` (XID, recovery action,
       fault code -> action word); None: its findings take the generic rows of
       :mod:`hetpatrol.actions.findings`.
+    - ``fault_codes``: how its cards' own error codes are judged, a :class:`FaultCodes`
+      (None: its records carry no ``health_detail`` codes).
+    - ``job_env``: the :class:`JobEnvVar` rows of the variables that name the job's cards
+      of this vendor, in the order they are read (empty: Slurm's own ``SLURM_JOB_GPUS``
+      and ``squeue --json`` alone).
     """
 
     health_words: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
@@ -182,6 +249,8 @@ class VendorInfo:
     gres: GresDevice | None = None
     pci: PciCards | None = None
     actions: VendorActions | None = None
+    job_env: tuple[JobEnvVar, ...] = ()
+    fault_codes: FaultCodes | None = None
 
 
 #: Characters of a tool's raw output kept in a patrol line and the state file: the first
@@ -263,6 +332,21 @@ class CollectorStatus:
         }
 
 
+#: JSON schema pieces a plugin's :attr:`Collector.options_schema` may use: seconds of a
+#: timeout, a command's argv, and the keys every collector section takes
+SECONDS_SCHEMA: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}
+ARGV_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"type": "string", "minLength": 1},
+}
+COLLECTOR_COMMON_OPTIONS: dict[str, Any] = {
+    "enabled": {"type": "boolean"},
+    "timeout_seconds": SECONDS_SCHEMA,
+    "command": ARGV_SCHEMA,
+}
+
+
 class Collector(abc.ABC):
     """Base class of every vendor collector.
 
@@ -279,6 +363,11 @@ class Collector(abc.ABC):
     name: ClassVar[str] = ""
     #: the vendor words the checks read (see :class:`VendorInfo`)
     vendor_info: ClassVar[VendorInfo] = VendorInfo()
+    #: the JSON schema of its ``collectors.<name>`` config section (an object schema,
+    #: checked by :func:`hetpatrol.config.load_config`, which names the key and line of a
+    #: bad value); None: the keys of :data:`COLLECTOR_COMMON_OPTIONS` are checked and
+    #: any other key is the plugin's own
+    options_schema: ClassVar[Mapping[str, Any] | None] = None
 
     def __init__(self, options: Mapping[str, Any], *, replay_dir: Path | None = None):
         self.options = dict(options)
@@ -307,6 +396,43 @@ def discover() -> dict[str, type[Collector]]:
     for ep in entry_points(group="hetpatrol.collectors"):
         found[ep.name] = ep  # type: ignore[assignment]
     return found  # values are EntryPoint objects until loaded by load_collector()
+
+
+_job_env_cache: tuple[tuple, list[dict[str, Any]]] | None = None
+
+
+def job_env_declarations() -> list[dict[str, Any]]:
+    """Every installed plugin's :attr:`VendorInfo.job_env` rows, JSON-ready:
+    ``[{"vendor", "name", "ids", "gres", "uuid_prefixes"}]`` (``vendor``: the collector's
+    name, as the cards' ``vendor``), plugins in name order, each's rows in its order.
+    Plugins are loaded on the first call and again only when ``sys.path`` changes; one
+    that cannot be imported is left out. Never raises. The daemon writes this list into
+    its state file (``job_env``) for the Prolog."""
+    import sys
+
+    global _job_env_cache
+    key = tuple(sys.path)  # plugins come and go with the import path
+    if _job_env_cache is not None and _job_env_cache[0] == key:
+        return [dict(row) for row in _job_env_cache[1]]
+    rows: list[dict[str, Any]] = []
+    for ep in sorted(entry_points(group="hetpatrol.collectors"), key=lambda e: e.name):
+        try:
+            cls = load_collector(ep.name)
+            declared = tuple(cls.vendor_info.job_env)
+        except Exception:  # a broken plugin is reported where it is configured
+            continue
+        for var in declared:
+            rows.append(
+                {
+                    "vendor": cls.name or ep.name,
+                    "name": var.name,
+                    "ids": var.ids,
+                    "gres": var.gres,
+                    "uuid_prefixes": list(var.uuid_prefixes),
+                }
+            )
+    _job_env_cache = (key, rows)
+    return [dict(row) for row in rows]
 
 
 def load_collector(name: str) -> type[Collector]:

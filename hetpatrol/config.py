@@ -26,7 +26,7 @@ from typing import Any
 
 from hetpatrol.actions.settings import ACTIONS_SCHEMA, ActionSettings, parse_actions_section
 from hetpatrol.checks.registry import CARD_CHECKS, TOP_SECTIONS
-from hetpatrol.collector import discover
+from hetpatrol.collector import COLLECTOR_COMMON_OPTIONS, Collector, discover
 from hetpatrol.config_file import (
     EX_CONFIG,
     ConfigError,
@@ -68,38 +68,8 @@ _TOP: dict[str, Any] = {}
 for _check in TOP_SECTIONS:
     _TOP |= _check.TOP_SCHEMA
 
-_SECONDS = {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}
-_ARGV = {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}}
-_COLLECTOR_COMMON: dict[str, Any] = {
-    "enabled": {"type": "boolean"},
-    "timeout_seconds": _SECONDS,
-    "command": _ARGV,
-}
-_NVIDIA_SCHEMA = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "enabled": {"type": "boolean"},
-        "timeout_seconds": _SECONDS,
-        "nvlink": {"type": "boolean"},
-        "nvlink_interval_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
-        # consecutive patrols an NVML field read may answer Unknown before the card is
-        # critical (collectors/nvidia.py); one patrol's Unknown is a warning
-        "field_error_patrols": {"type": "integer", "minimum": 1, "maximum": 1000},
-    },
-}
-_ASCEND_SCHEMA = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        **_COLLECTOR_COMMON,
-        "detail": {"type": "boolean"},
-        "detail_interval_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
-        "detail_timeout_seconds": _SECONDS,
-        "detail_budget_seconds": _SECONDS,
-        "hccn_tool": _ARGV,
-    },
-}
+#: a collector section whose plugin declares no schema (``Collector.options_schema``)
+_COLLECTOR_GENERIC: dict[str, Any] = {"type": "object", "properties": COLLECTOR_COMMON_OPTIONS}
 
 _SHARE = {"type": "number", "minimum": 0, "maximum": 1}
 #: ``hetpatrol ledger capacity`` verdict thresholds (hetpatrol/ledger/capacity.py)
@@ -144,10 +114,10 @@ CONFIG_SCHEMA: dict[str, Any] = {
         },
         "collectors": {
             "type": "object",
-            # the built-in collectors' options are checked key by key; a third-party
-            # plugin's section may carry options of its own
-            "properties": {"nvidia": _NVIDIA_SCHEMA, "ascend": _ASCEND_SCHEMA},
-            "additionalProperties": {"type": "object", "properties": _COLLECTOR_COMMON},
+            # the common keys here; a plugin's section by the schema it declares
+            # (Collector.options_schema), laid in by config_schema() for the sections a
+            # file has
+            "additionalProperties": _COLLECTOR_GENERIC,
         },
         "defaults": {"type": "object", "additionalProperties": False, "properties": _THRESHOLDS},
         "slurm": SLURM_SCHEMA,
@@ -353,7 +323,8 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     if base == "bundled" and src_path != bundled_config_path():
         data = layered(bundled_document(), data)
 
-    errors = sorted(iter_errors(CONFIG_SCHEMA, data), key=lambda e: list(map(str, e.absolute_path)))
+    schema = config_schema(data.get("collectors"))
+    errors = sorted(iter_errors(schema, data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         err = errors[0]
         epath = tuple(err.absolute_path)
@@ -371,6 +342,42 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
         )
     _check_normalised_keys(data, src, lines)
     return _build(data, src, lines)
+
+
+def plugin_options_schema(name: str) -> Mapping[str, Any] | None:
+    """The schema the plugin registered as ``name`` declares for its ``collectors.<name>``
+    section (``Collector.options_schema``); None when it declares none, there is no such
+    plugin or it cannot be imported (then it is reported where it is configured)."""
+    ep = discover().get(name)
+    if ep is None:
+        return None
+    try:
+        cls = ep.load()  # type: ignore[attr-defined]
+        schema = (
+            cls.options_schema if isinstance(cls, type) and issubclass(cls, Collector) else None
+        )
+    except Exception:  # noqa: BLE001 - a broken plugin must not make every config invalid
+        return None
+    return schema if isinstance(schema, Mapping) else None
+
+
+def config_schema(sections: Any) -> dict[str, Any]:
+    """:data:`CONFIG_SCHEMA` with the schemas the plugins declare for the ``collectors:``
+    ``sections`` given that set more than ``enabled`` (a section ``{enabled: true}``
+    imports no plugin: the generic schema checks it as the plugin's would)."""
+    if not isinstance(sections, Mapping):
+        return CONFIG_SCHEMA
+    declared = {}
+    for name, section in sections.items():
+        if isinstance(section, Mapping) and set(section) - {"enabled"}:
+            schema = plugin_options_schema(str(name))
+            if schema is not None:
+                declared[str(name)] = schema
+    if not declared:
+        return CONFIG_SCHEMA
+    props = dict(CONFIG_SCHEMA["properties"])
+    props["collectors"] = {**props["collectors"], "properties": declared}
+    return {**CONFIG_SCHEMA, "properties": props}
 
 
 def bundled_document() -> dict[str, Any]:

@@ -206,7 +206,7 @@ def test_rules_from_config():
     assert rules.frequency == (
         FrequencyRule("r", frozenset({"xid:13"}), 3, 60.0, RESET_CARD, source="config"),
     )
-    assert rules.duration == escalation.DEFAULT_DURATION_RULES
+    assert rules.duration == escalation.default_duration_rules()
     with pytest.raises(ValueError, match="missing or has a bad field"):
         escalation.rules_from_config({"frequency": [{"name": "r"}]})
     with pytest.raises(ValueError, match="not an action word"):
@@ -223,6 +223,27 @@ def test_every_default_rule_cites_its_source():
     rules = EscalationRules()
     for rule in rules.frequency + rules.duration:
         assert rule.source, rule.name
+
+
+def test_the_vendors_rules_come_from_their_plugins_the_core_keeps_its_own_keys():
+    """The XID and Ascend rules are declared in the plugins' fault tables
+    (``VendorInfo.actions``); the core's defaults name only ``check:`` / ``card:`` keys,
+    and the defaults are the plugins' rules then the core's."""
+    from hetpatrol.collectors import ascend_actions, nvidia_actions
+
+    for rule in escalation.CORE_FREQUENCY_RULES + escalation.CORE_DURATION_RULES:
+        assert all(k.startswith(("check:", "card:")) for k in rule.keys), rule.name
+    frequency, duration = escalation.vendor_rules()
+    assert frequency == ascend_actions.FREQUENCY_RULES + nvidia_actions.FREQUENCY_RULES
+    assert duration == ascend_actions.DURATION_RULES
+    rules = EscalationRules()
+    assert rules.frequency == frequency + escalation.CORE_FREQUENCY_RULES
+    assert rules.duration == duration + escalation.CORE_DURATION_RULES
+    names = {r.name for r in rules.frequency}
+    assert {"xid48_repeat", "xid149_repeat", "ascend_twice_a_day", "card_missing_repeat"} <= names
+    (twice,) = [r for r in ascend_actions.FREQUENCY_RULES if r.name == "ascend_twice_a_day"]
+    # faultCustomization.json's FaultFrequency row lists 41 codes, first 80C98000
+    assert len(twice.keys) == 41 and "ascend:80C98000" in twice.keys
 
 
 NPU = "serial:033SDH10N2000021"

@@ -61,6 +61,18 @@ def card(vendor, index, gres, *, action=None, chip=None, uuid=None, findings=())
     return c
 
 
+# the state file's job_env as the daemon writes it: the plugins' VendorInfo.job_env rows
+# (collectors/ascend.py, collectors/nvidia.py), plugins in name order
+JOB_ENV = [
+    {"vendor": "ascend", "name": "ASCEND_VISIBLE_DEVICES", "ids": "vendor_order",
+     "gres": None, "uuid_prefixes": []},
+    {"vendor": "ascend", "name": "ASCEND_RT_VISIBLE_DEVICES", "ids": "vendor_order",
+     "gres": None, "uuid_prefixes": []},
+    {"vendor": "nvidia", "name": "CUDA_VISIBLE_DEVICES", "ids": "gres_idx",
+     "gres": "gpu", "uuid_prefixes": ["GPU-", "MIG-"]},
+]  # fmt: skip
+
+
 def state(cards, *, finished=NOW - 5, interval=10.0, findings=()):
     return {
         "schema": "hetpatrol.state/1",
@@ -73,6 +85,7 @@ def state(cards, *, finished=NOW - 5, interval=10.0, findings=()):
         "collectors": {},
         "findings": list(findings),
         "cards": list(cards),
+        "job_env": JOB_ENV,
     }
 
 
@@ -111,7 +124,12 @@ def test_env_slurm_job_gpus_wins_and_uuids_are_exact():
     a = parse_job_env({"CUDA_VISIBLE_DEVICES": "GPU-BBBB,MIG-x"})
     assert a.uuids == {"gpu-bbbb", "mig-x"}
     a = parse_job_env({"ASCEND_RT_VISIBLE_DEVICES": "1", "ASCEND_VISIBLE_DEVICES": "0,1"})
-    assert a.ascend_ids == {0, 1}
+    assert a.vendor_ids == {"ascend": {0, 1}}
+    assert a.sources == ("ASCEND_VISIBLE_DEVICES",)
+    a = parse_job_env({"ASCEND_VISIBLE_DEVICES": "x", "ASCEND_RT_VISIBLE_DEVICES": "2"})
+    assert a.vendor_ids == {"ascend": {2}} and "is not a list of device IDs" in a.errors[0]
+    a = parse_job_env({"CUDA_VISIBLE_DEVICES": "0,x"})
+    assert a.errors == ("CUDA_VISIBLE_DEVICES='0,x' is not readable",)
     a = parse_job_env({"SLURM_JOB_GPUS": "banana"})
     assert a.by_gres == {} and "banana" in a.errors[0]
     assert parse_job_env({}).empty
@@ -188,7 +206,7 @@ def test_fail_when_an_allocated_card_needs_a_reset():
     assert d.reason == "hetpatrol: isolate_card ascend/1/0"
     d = decide(state(NODE), Allocation(uuids=frozenset({"gpu-bbbb"})), now=NOW)
     assert not d.ok
-    d = decide(state(NODE), Allocation(ascend_ids=frozenset({1})), now=NOW)
+    d = decide(state(NODE), Allocation(vendor_ids={"ascend": frozenset({1})}), now=NOW)
     assert not d.ok
 
 
@@ -322,6 +340,49 @@ def test_the_guard_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_plugins_declare_the_variables_the_state_file_carries_them():
+    """The vendors' variables are the plugins' (VendorInfo.job_env), written by the
+    daemon into the state file; given rows or none read from there, the plugins'
+    otherwise (a state file of an older daemon)."""
+    from hetpatrol.collector import job_env_declarations
+    from hetpatrol.config import load_config
+    from hetpatrol.exporters.state import state_document
+    from hetpatrol.patrol import Patroller
+
+    assert job_env_declarations() == JOB_ENV
+    nodes = Path(__file__).resolve().parents[1] / "fixtures" / "nodes"
+    report = Patroller(load_config(), replay_dir=nodes / "healthy-mixed").run()
+    assert state_document(report, 10.0)["job_env"] == JOB_ENV
+    env = {"ASCEND_VISIBLE_DEVICES": "1"}
+    assert parse_job_env(env, []).vendor_ids == {}
+    assert parse_job_env(env, jobguard.job_env_of(state(NODE))).vendor_ids == {"ascend": {1}}
+    old = state(NODE)
+    del old["job_env"]
+    assert jobguard.job_env_of(old) is None
+    assert parse_job_env(env, jobguard.job_env_of(old)).vendor_ids == {"ascend": {1}}
+    odd = [{"vendor": "x", "name": "X_DEVICES", "ids": "gres_idx"}, 7, {"name": "Y"}]
+    assert jobguard.job_env_of({"job_env": odd}) == []
+
+
+def test_a_prolog_on_a_daemon_state_file_imports_no_plugin(tmp_path):
+    """The Prolog runs before every job: on the daemon's state file (with job_env) it
+    imports no vendor plugin and no yaml, and still reads the vendors' variables."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(state(NODE)))
+    code = (
+        "import sys\n"
+        "from hetpatrol.slurm import jobguard\n"
+        "env = {'SLURM_JOB_ID': '7', 'SLURMD_NODENAME': 'hp-gpu01', "
+        "'ASCEND_VISIBLE_DEVICES': '1'}\n"
+        f"d = jobguard.guard(env, {str(path)!r}, clock=lambda: {NOW!r})\n"
+        "print(d.exit_code, d.reason)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('hetpatrol.collector') "
+        "or m.split('.')[0] == 'yaml'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["1 hetpatrol: isolate_card ascend/1/0", "[]"], out.stderr
 
 
 def test_the_guard_loads_no_vendor_plugin_when_the_daemon_wrote_the_actions(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ Expected values are written by hand from:
   Action)", and the "XID 144-150 Decode" sheet for NVLink5;
 - NVIDIA cuda-python NVML bindings, DeviceGpuRecoveryAction (values 0-7);
 - Huawei MindCluster 7.3, "Fault levels and handling suggestions" (dlug_api_035) and the
-  Ascend Device Plugin faultCode.json classes in config/ascend_fault_codes.yaml.
+  Ascend Device Plugin faultCode.json classes in collectors/ascend_fault_codes.yaml.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def test_ascend_levels(level, action):
 @pytest.mark.parametrize(
     ("code", "action"),
     [
-        # config/ascend_fault_codes.yaml (from faultCode.json): class -> level -> action
+        # collectors/ascend_fault_codes.yaml (from faultCode.json): class -> level -> action
         ("A4025021", NONE),  # NotHandleFaultCodes
         ("81A3880C", WATCH),  # SubHealthFaultCodes
         ("80C98008", RESTART_JOB),  # RestartRequestCodes
@@ -274,7 +274,7 @@ def test_ascend_codes_from_the_bundled_table(code, action):
 
 
 def test_level_column_added_without_breaking_the_existing_table():
-    from hetpatrol.checks.fault_codes import fault_code_table
+    from hetpatrol.collectors.ascend_levels import fault_code_table
 
     # the severity/class/action prose the ascend_fault_code finding uses are unchanged
     assert fault_code_table().lookup("80E3A201") == (

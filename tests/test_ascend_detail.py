@@ -10,13 +10,14 @@ import calendar
 import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import jsonschema
 import pytest
 from conftest import NODES, samples_dir
 
 from hetpatrol.checks.facts import CardFacts
-from hetpatrol.checks.fault_codes import FaultCodeSettings, fault_code_table
+from hetpatrol.checks.fault_codes import FaultCodeSettings
 from hetpatrol.checks.interconnect import InterconnectSettings
 from hetpatrol.collectors.ascend import AscendCollector
 from hetpatrol.collectors.ascend_detail import (
@@ -29,6 +30,7 @@ from hetpatrol.collectors.ascend_detail import (
     parse_net_health,
     parse_optical,
 )
+from hetpatrol.collectors.ascend_levels import fault_code_table
 from hetpatrol.config import load_config
 from hetpatrol.judge import judge
 from hetpatrol.patrol import Patroller
@@ -211,11 +213,31 @@ def test_fault_code_unknown_and_overrides():
     rec = CardRecord(vendor="ascend", index=0, chip=0, card_type="910b")
     rec.health_detail = {"status": "Warning", "codes": ["DEADBEEF", "8C03A000"], "info": []}
     th = FaultCodeSettings(overrides={"8C03A000": "warning"})
-    (f,) = evaluate(rec, th, CardFacts())
+    facts = CardFacts(vendor=AscendCollector.vendor_info)
+    (f,) = evaluate(rec, th, facts)
     assert f.value == {"DEADBEEF": "warning", "8C03A000": "warning"}
     th = FaultCodeSettings(unknown_code=None, overrides={"8C03A000": "info"})
-    (f,) = evaluate(rec, th, CardFacts())
+    (f,) = evaluate(rec, th, facts)
     assert (f.severity, f.value) == ("info", {"8C03A000": "info"})
+    # the table is the plugin's: a vendor that declares none gets no finding here
+    assert evaluate(rec, FaultCodeSettings(), CardFacts()) == []
+
+
+def test_the_fault_code_table_ships_with_the_plugin_and_the_check_names_no_vendor():
+    """The bundled table is the Ascend plugin's file (package data of
+    hetpatrol.collectors), reached by the check through VendorInfo.fault_codes."""
+    from importlib.resources import files
+
+    import hetpatrol.checks.fault_codes as check
+
+    declared = AscendCollector.vendor_info.fault_codes
+    assert (declared.check, declared.report) == ("ascend_fault_code", "npu-smi -t health")
+    assert files("hetpatrol.collectors").joinpath("ascend_fault_codes.yaml").is_file()
+    assert not files("hetpatrol.bundled").joinpath("ascend_fault_codes.yaml").is_file()
+    source = Path(check.__file__).read_text()
+    assert "npu-smi" not in source.split('"""', 2)[2] and "yaml" not in source.split('"""', 2)[2]
+    # MindCluster faultCode.json: 80E3A201 is a SeparateNPU code
+    assert declared.lookup("80e3a201")[:2] == ("critical", "SeparateNPUCodes")
 
 
 def _roce(**kw) -> CardRecord:

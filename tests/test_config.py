@@ -46,6 +46,31 @@ BAD_CONFIGS = [
         "collectors.ascend.timeout_seconds",
         "minimum",
     ),
+    # the plugins' own option schemas (Collector.options_schema): NVML takes no command
+    (
+        "collectors:\n  nvidia:\n    command: [nvidia-smi]\n",
+        3,
+        "collectors.nvidia.command",
+        "unknown key",
+    ),
+    (
+        "collectors:\n  nvidia:\n    field_error_patrols: 0\n",
+        3,
+        "collectors.nvidia.field_error_patrols",
+        "minimum",
+    ),
+    (
+        "collectors:\n  ascend:\n    detail: yes please\n",
+        3,
+        "collectors.ascend.detail",
+        "not of type 'boolean'",
+    ),
+    (
+        "collectors:\n  hygon:\n    timeout_seconds: 0\n",
+        3,
+        "collectors.hygon.timeout_seconds",
+        "minimum",
+    ),
     ("listen: localhost\n", 1, "listen", "host:port"),
     ("node: a\nnode: b\n", 2, "node", "duplicate key"),
     ("recovery_patrols: 0\n", 1, "recovery_patrols", "minimum"),
@@ -425,3 +450,23 @@ def test_nvidia_and_ascend_profiles_ship_with_their_plugins_and_a_site_changes_t
     assert rows["profiles[ascend-910b].gres"] == ("npu", f"{site}:3")
     assert rows["profiles[ascend-910b].model"] == ("^910B", "bundled")
     assert rows["profiles[a100].temperature_celsius.warning"] == (83, "bundled")
+
+
+def test_the_collector_option_schemas_are_the_plugins():
+    """Each plugin declares the schema of its ``collectors.<name>`` section
+    (Collector.options_schema); the config lays in those of the sections it has, and a
+    section of ``enabled`` alone imports no plugin."""
+    from hetpatrol import config as config_module
+    from hetpatrol.collectors.ascend import AscendCollector
+    from hetpatrol.collectors.nvidia import NvidiaCollector
+
+    schema = config_module.config_schema({"nvidia": {"nvlink": True}, "ascend": {"detail": True}})
+    declared = schema["properties"]["collectors"]["properties"]
+    assert declared == {
+        "nvidia": NvidiaCollector.options_schema,
+        "ascend": AscendCollector.options_schema,
+    }
+    assert "nvlink_interval_seconds" in NvidiaCollector.options_schema["properties"]
+    assert "hccn_tool" in AscendCollector.options_schema["properties"]
+    assert config_module.config_schema({"nvidia": {"enabled": True}}) is config_module.CONFIG_SCHEMA
+    assert "properties" not in config_module.CONFIG_SCHEMA["properties"]["collectors"]

@@ -139,6 +139,16 @@ def test_package_holds_venv_units_config_and_rules(built):
         f"{PREFIX}/lib/python3.{_debian_python().rsplit('.', 1)[1]}/site-packages/hetpatrol/cli.py",
     ):
         assert path in e, path
+    # the data files the code reads through importlib.resources: the bundled config and
+    # the plugins' own (profiles, the Ascend fault code table beside its plugin)
+    site = f"{PREFIX}/lib/python3.{_debian_python().rsplit('.', 1)[1]}/site-packages/hetpatrol"
+    for path in (
+        "bundled/hetpatrol.yaml",
+        "collectors/nvidia_profiles.yaml",
+        "collectors/ascend_fault_codes.yaml",
+    ):
+        assert e[f"{site}/{path}"][0] == "-rw-r--r--", path
+    assert f"{site}/bundled/ascend_fault_codes.yaml" not in e
     assert e["/usr/bin/hetpatrol"] == ("lrwxrwxrwx", "../lib/hetpatrol/bin/hetpatrol")
     assert e["/usr/bin/hetpatrol-scontrol"] == (
         "lrwxrwxrwx",

@@ -29,12 +29,17 @@ Two kinds of rules:
   ``FaultRecoverDurationTime > RecoverTimeout``, the time the fault has been
   recovered).
 
-Keys name a code or a class: ``xid:48``, ``ascend:81078603``,
-``ascend_level:RestartRequest``, ``check:collector_hung``, ``card:missing`` (held by a
-card's own identity while it is gone from its vendor's list).
+Keys name a code or a class, ``<kind>:<name>``: the core's ``check:collector_hung``
+(a finding's check), ``card:missing`` (held by a card's own identity while it is gone
+from its vendor's list), and the codes a vendor plugin's findings hold (its
+``VendorActions.code_keys``).
 
-Defaults (:data:`DEFAULT_FREQUENCY_RULES`, :data:`DEFAULT_DURATION_RULES`) and their
-sources are given rule by rule below. Standard library only.
+Default rules: the vendors' are declared with their sources by their plugins, in their
+fault tables (``VendorInfo.actions``: :class:`hetpatrol.collector.VendorActions`
+``frequency_rules`` / ``duration_rules``, loaded by entry point on first use, see
+:func:`vendor_rules`); the core's own (:data:`CORE_FREQUENCY_RULES`,
+:data:`CORE_DURATION_RULES`) follow them, sources given rule by rule. Standard library
+only.
 """
 
 from __future__ import annotations
@@ -47,8 +52,6 @@ from typing import Any
 from hetpatrol.actions.vocabulary import (
     ISOLATE_CARD,
     REBOOT_NODE,
-    REPLACE_CARD,
-    RESET_CARD,
     ActionVerdict,
     parse_action,
 )
@@ -105,121 +108,24 @@ class DurationRule:
             raise ValueError(f"rule {self.name}: durations must be >= 0")
 
 
-# MindCluster, Ascend Device Plugin faultCustomization.json (gitcode.com/Ascend/
-# mind-cluster, component/ascend-device-plugin/build/faultCustomization.json), the
-# "FaultFrequency" defaults: these codes twice in 86400 s -> ManuallySeparateNPU.
-_ASCEND_TWICE_A_DAY = (  # noqa: SIM905 - kept as the JSON rows
-    "80C98000 80B78000 80B58000 80A18008 80A38008 80A58008 80B98000 80B98008 80BB8000 "
-    "80BB8008 80BD8000 80BD8008 80C78008 80C98008 80CB8008 80CD8008 80CF8008 80D98008 "
-    "80DF8008 80DE1801 80E01801 80E18008 80E38008 80E39200 80E3A202 80E3A203 80E78000 "
-    "80E78008 80F18000 80F18008 80F38008 80F78008 81318008 81338008 813B8008 81478008 "
-    "81578008 815F8008 81938008 81958008 81978008"
-).split()
-
-DEFAULT_FREQUENCY_RULES: tuple[FrequencyRule, ...] = (
-    FrequencyRule(
-        "xid48_repeat",
-        frozenset({"xid:48"}),
-        2,
-        DAY,
-        REPLACE_CARD,
-        source="issue 13 (a second double-bit ECC error in 24 h); NVIDIA XID catalog row 48: "
-        "check SRAM DBE thresholds and follow the RMA flow",
-    ),
-    FrequencyRule(
-        "xid_reset_repeat",
-        frozenset({"xid:79", "xid:95", "xid:119", "xid:120", "xid:140", "xid:158"}),
-        2,
-        DAY,
-        ISOLATE_CARD,
-        source="NVIDIA XID catalog, step 3: 'If the issue reoccurs ... the Investigatory "
-        "Action column provides guidance' (CONTACT_SUPPORT / INVESTIGATE_SW for these)",
-    ),
+#: The core's own frequency rules (generic keys: ``card:``, ``check:``); the vendors'
+#: (``xid:``, ``ascend:`` ...) are declared by their plugins (:func:`vendor_rules`).
+CORE_FREQUENCY_RULES: tuple[FrequencyRule, ...] = (
     FrequencyRule(
         "card_missing_repeat",
         frozenset({CARD_MISSING_KEY}),
         2,
         DAY,
         ISOLATE_CARD,
+        # "xid_reset_repeat" is the NVIDIA plugin's rule (collectors/nvidia_actions.py)
         source="a card gone from its vendor's list is a GPU off the bus (XID 79, in "
         "xid_reset_repeat above): gone twice in 24 h, by its identity, it is isolated "
         "until an operator clears it, not drained and resumed at each drop",
     ),
-    FrequencyRule(
-        "xid94_repeat",
-        frozenset({"xid:94"}),
-        3,
-        3600.0,
-        RESET_CARD,
-        source="NVIDIA XID catalog row 94: 'It is recommended to reset the GPU when "
-        "convenient'; hetpatrol's kernel_log.repeat_critical[94] = 3 in the window",
-    ),
-    FrequencyRule(
-        "xid74_repeat",
-        frozenset({"xid:74"}),
-        3,
-        DAY,
-        ISOLATE_CARD,
-        source="NVIDIA XID catalog row 74: 'If this error is seen repeatedly and GPU reset "
-        "or node reboot fails to clear the condition, contact your hardware vendor'",
-    ),
-    FrequencyRule(
-        "xid149_repeat",
-        frozenset({"xid:149"}),
-        2,
-        DAY,
-        ISOLATE_CARD,
-        source="NVIDIA XID catalog, XID 144-150 Decode: NETIR_LINK_DOWN 'REPORT_ISSUE (if "
-        "seen >1 per day)'",
-    ),
-    FrequencyRule(
-        "ascend_twice_a_day",
-        frozenset(f"ascend:{c}" for c in _ASCEND_TWICE_A_DAY),
-        2,
-        DAY,
-        ISOLATE_CARD,
-        source="MindCluster faultCustomization.json FaultFrequency: TimeWindow 86400, "
-        "Times 2, ManuallySeparateNPU",
-    ),
-    FrequencyRule(
-        "ascend_80E18005",
-        frozenset({"ascend:80E18005"}),
-        3,
-        DAY,
-        ISOLATE_CARD,
-        source="MindCluster faultCustomization.json FaultFrequency: 80E18005, TimeWindow "
-        "86400, Times 3, ManuallySeparateNPU",
-    ),
-    FrequencyRule(
-        "ascend_81078603",
-        frozenset({"ascend:81078603"}),
-        5,
-        DAY,
-        ISOLATE_CARD,
-        release_seconds=2 * DAY,
-        source="MindCluster faultCustomization.json FaultFrequency: 81078603, TimeWindow "
-        "86400, Times 5, ManuallySeparateNPU, ReleaseTimeWindow 172800",
-    ),
 )
 
-DEFAULT_DURATION_RULES: tuple[DurationRule, ...] = (
-    DurationRule(
-        "ascend_81078603_lasting",
-        frozenset({"ascend:81078603"}),
-        20.0,
-        ISOLATE_CARD,
-        recover_seconds=60.0,
-        source="MindCluster faultCustomization.json FaultDuration: 81078603, FaultTimeout "
-        "20, RecoverTimeout 60, PreSeparateNPU",
-    ),
-    DurationRule(
-        "ascend_restart_request_lasting",
-        frozenset({"ascend_level:RestartRequest"}),
-        60.0,
-        ISOLATE_CARD,
-        source="MindCluster fault levels (dlug_api_035): a RestartRequest fault that "
-        "lasts more than 60 s isolates the processor",
-    ),
+#: The core's own duration rules.
+CORE_DURATION_RULES: tuple[DurationRule, ...] = (
     DurationRule(
         "collector_hung_lasting",
         frozenset({"check:collector_hung"}),
@@ -231,17 +137,94 @@ DEFAULT_DURATION_RULES: tuple[DurationRule, ...] = (
     ),
 )
 
+_vendor_cache: tuple[tuple, tuple[FrequencyRule, ...], tuple[DurationRule, ...]] | None = None
 
-@dataclass(frozen=True)
+
+def vendor_rules() -> tuple[tuple[FrequencyRule, ...], tuple[DurationRule, ...]]:
+    """``(frequency, duration)``: the escalation rules every installed plugin declares in
+    its fault tables (``VendorInfo.actions.frequency_rules`` / ``duration_rules``, a
+    :class:`hetpatrol.collector.VendorActions`), plugins in name order, each in its own
+    order. Plugins are loaded (by entry point, as :func:`hetpatrol.collector.load_collector`
+    does) on the first call and again only when ``sys.path`` changes; one that cannot be
+    imported, or declares something other than rules, is left out. Never raises."""
+    global _vendor_cache
+    import sys
+    from importlib.metadata import entry_points
+
+    key = tuple(sys.path)  # plugins come and go with the import path
+    if _vendor_cache is not None and _vendor_cache[0] == key:
+        return _vendor_cache[1], _vendor_cache[2]
+    freq: list[FrequencyRule] = []
+    dur: list[DurationRule] = []
+    for ep in sorted(entry_points(group="hetpatrol.collectors"), key=lambda e: e.name):
+        try:
+            declared = ep.load().vendor_info.actions
+            if declared is None:
+                continue
+            f = [r for r in declared.frequency_rules if isinstance(r, FrequencyRule)]
+            d = [r for r in declared.duration_rules if isinstance(r, DurationRule)]
+        except Exception:  # a broken plugin is reported where it is configured
+            continue
+        freq.extend(f)
+        dur.extend(d)
+    _vendor_cache = (key, tuple(freq), tuple(dur))
+    return _vendor_cache[1], _vendor_cache[2]
+
+
+def default_frequency_rules() -> tuple[FrequencyRule, ...]:
+    """The default frequency rules: the plugins' (:func:`vendor_rules`), then the core's
+    (:data:`CORE_FREQUENCY_RULES`)."""
+    return vendor_rules()[0] + CORE_FREQUENCY_RULES
+
+
+def default_duration_rules() -> tuple[DurationRule, ...]:
+    """The default duration rules: the plugins' (:func:`vendor_rules`), then the core's
+    (:data:`CORE_DURATION_RULES`)."""
+    return vendor_rules()[1] + CORE_DURATION_RULES
+
+
 class EscalationRules:
-    """The rule set: frequency and duration rules (defaults above)."""
+    """The rule set: frequency and duration rules. A list not given is the default
+    (:func:`default_frequency_rules` / :func:`default_duration_rules`: the plugins' and the
+    core's), looked up on first use, not when the rules are made: a config is read, and
+    checked by a reload's child, without importing a plugin for them. Compared by value."""
 
-    frequency: tuple[FrequencyRule, ...] = DEFAULT_FREQUENCY_RULES
-    duration: tuple[DurationRule, ...] = DEFAULT_DURATION_RULES
+    __slots__ = ("_frequency", "_duration")
+
+    def __init__(
+        self,
+        frequency: tuple[FrequencyRule, ...] | None = None,
+        duration: tuple[DurationRule, ...] | None = None,
+    ) -> None:
+        self._frequency = None if frequency is None else tuple(frequency)
+        self._duration = None if duration is None else tuple(duration)
+
+    @property
+    def frequency(self) -> tuple[FrequencyRule, ...]:
+        if self._frequency is None:
+            self._frequency = default_frequency_rules()
+        return self._frequency
+
+    @property
+    def duration(self) -> tuple[DurationRule, ...]:
+        if self._duration is None:
+            self._duration = default_duration_rules()
+        return self._duration
 
     @property
     def longest_window(self) -> float:
         return max((r.window_seconds for r in self.frequency), default=DAY)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EscalationRules):
+            return NotImplemented
+        return (self.frequency, self.duration) == (other.frequency, other.duration)
+
+    def __hash__(self) -> int:
+        return hash((self.frequency, self.duration))
+
+    def __repr__(self) -> str:
+        return f"EscalationRules(frequency={self.frequency!r}, duration={self.duration!r})"
 
 
 def card_identity(card: Any) -> str:
@@ -415,7 +398,7 @@ class Escalation:
 
     def observe_present(self, identity: str, keys: Iterable[str], now: float) -> list[str]:
         """One patrol's state keys on card ``identity`` (``check:<name>`` of its findings,
-        ``ascend:<code>`` of the npu-smi health codes, ``ascend_level:<level>``).
+        the codes of its plugins' code findings, :func:`hetpatrol.actions.apply.state_keys`).
 
         Feeds the duration rules (:meth:`observe_conditions`), and counts a key of a
         frequency rule as one occurrence at ``now`` when it was not present at the
@@ -608,8 +591,7 @@ def rules_from_config(section: Mapping[str, Any] | None) -> EscalationRules:
     action}``. Raises ValueError naming the bad item."""
     if not section:
         return EscalationRules()
-    freq = DEFAULT_FREQUENCY_RULES
-    dur = DEFAULT_DURATION_RULES
+    freq = dur = None  # a list not given: the defaults, looked up on first use
     try:
         if "frequency" in section:
             freq = tuple(

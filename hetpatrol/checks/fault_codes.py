@@ -1,7 +1,11 @@
 """Vendor fault codes: the error codes a card's own health report lists.
 
-Today Ascend's ``npu-smi info -t health`` codes (``record.health_detail``), judged by the
-bundled table ``config/ascend_fault_codes.yaml`` (class -> severity and action).
+The codes of ``record.health_detail`` (``{"status", "codes", "info"}``), judged by the
+table of the card's plugin: ``VendorInfo.fault_codes`` (a
+:class:`hetpatrol.collector.FaultCodes`: the finding's name, the report's name and the
+code -> (severity, class, action) lookup; the Ascend plugin's ``npu-smi info -t health``
+codes by its ``collectors/ascend_fault_codes.yaml``). A vendor that declares none gets
+no finding here.
 
 Config section (each profile and ``defaults``): ``ascend_fault_codes: {unknown_code,
 overrides: {CODE: severity}}``.
@@ -11,19 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
-import yaml
-
 from hetpatrol.checks.facts import CardFacts
-from hetpatrol.config_file import SEVERITY_OR_OFF, bundled_data
+from hetpatrol.config_file import SEVERITY_OR_OFF
 from hetpatrol.schema import HEALTH_WARNING, SEVERITY_INFO, CardRecord, Finding, worst
 
 NAME = "fault_codes"
 #: fault codes are read case-folded: 8c03a000 and 8C03A000 are one key
 PROFILE_NORMALISED_KEYS = ((("ascend_fault_codes", "overrides"), str.upper),)
-FAULT_CODE_FILE = "ascend_fault_codes.yaml"
 
 PROFILE_SCHEMA: dict[str, Any] = {
     "ascend_fault_codes": {
@@ -62,43 +62,20 @@ def build_profile(
     return FaultCodeSettings(unknown, overrides)
 
 
-@dataclass(frozen=True)
-class FaultCodeTable:
-    """Severity per error code, from the bundled ``ascend_fault_codes.yaml``."""
-
-    classes: Mapping[str, Mapping[str, str]]
-    codes: Mapping[str, str]  # code -> class
-
-    def lookup(self, code: str) -> tuple[str | None, str | None, str | None]:
-        """(severity, class, action) of a code; (None, None, None) when not listed."""
-        cls = self.codes.get(code.upper())
-        if cls is None:
-            return None, None, None
-        spec = self.classes.get(cls, {})
-        return spec.get("severity"), cls, spec.get("action")
-
-
-@lru_cache(maxsize=1)
-def fault_code_table() -> FaultCodeTable:
-    data = yaml.safe_load(bundled_data(FAULT_CODE_FILE).read_text(encoding="utf-8"))
-    codes = {}
-    for cls, listed in (data.get("codes") or {}).items():
-        for code in listed or ():
-            codes[str(code).upper()] = cls
-    return FaultCodeTable(classes=data.get("classes") or {}, codes=codes)
-
-
 def evaluate(record: CardRecord, settings: FaultCodeSettings, facts: CardFacts) -> list[Finding]:
-    """``ascend_fault_code``: the codes of ``health_detail`` (``npu-smi info -t health``)
-    by the bundled table, an override, or ``unknown_code`` for a code not listed."""
+    """The plugin's finding (``facts.vendor.fault_codes.check``, Ascend's
+    ``ascend_fault_code``): the codes of ``health_detail`` by the plugin's table, an
+    override, or ``unknown_code`` for a code not listed; none when the vendor declares
+    no table. Raises what the table's lookup raises (OSError / ValueError: a bundled
+    table that cannot be read)."""
     th = settings
+    declared = facts.vendor.fault_codes
     detail = record.health_detail
-    if not detail or not detail.get("codes"):
+    if declared is None or not detail or not detail.get("codes"):
         return []
-    table = fault_code_table()
     parts, severities, value = [], [], {}
     for code in detail["codes"]:
-        severity, cls, action = table.lookup(code)
+        severity, cls, action = declared.lookup(code)
         if code.upper() in th.overrides:
             severity = th.overrides[code.upper()]
         elif severity is None:
@@ -116,9 +93,9 @@ def evaluate(record: CardRecord, settings: FaultCodeSettings, facts: CardFacts) 
     info = "; ".join(detail.get("info") or [])
     return [
         Finding(
-            "ascend_fault_code",
+            declared.check,
             overall,
-            f"npu-smi -t health {detail.get('status')}: "
+            f"{declared.report} {detail.get('status')}: "
             + ", ".join(parts)
             + (f"; {info}" if info else ""),
             value=value,

@@ -65,6 +65,11 @@ def state_document(
         # escalation counts by card identity: a restarted daemon goes on from them
         "escalation": report.escalation,
     }
+    from hetpatrol.collector import job_env_declarations  # here: `check` reads, never writes
+
+    # the variables that name a job's cards, as the plugins declare them (VendorInfo.
+    # job_env): the Prolog reads them here and imports no plugin
+    doc["job_env"] = job_env_declarations()
     boot_doc = (getattr(report, "node_checks", None) or {}).get("boot")
     if isinstance(boot_doc, dict):
         # the boot the patrol ran in (hetpatrol.boot): a daemon restarted within it goes

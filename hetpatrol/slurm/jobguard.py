@@ -24,8 +24,12 @@ Epilog Scripts", and in recorded outputs, fixtures/slurm):
   (task environment) is the same for a step. ``CUDA_VISIBLE_DEVICES`` is not set in the
   Prolog; in a step it may be renumbered by cgroup device constraints, so its numbers are
   used only when neither Slurm variable is there (UUID entries ``GPU-...`` are exact).
-- Ascend: ``ASCEND_VISIBLE_DEVICES`` (Ascend Docker Runtime, device IDs) or
-  ``ASCEND_RT_VISIBLE_DEVICES`` (the CANN runtime's visible logical devices).
+- The vendors' own variables (``CUDA_VISIBLE_DEVICES``, Ascend's ``ASCEND_VISIBLE_DEVICES``
+  ...): the plugins declare them (``VendorInfo.job_env``,
+  :class:`hetpatrol.collector.JobEnvVar`, with their sources) and the daemon writes
+  them into the state file (``job_env``), so no plugin is imported here; a state file
+  without that list (an older daemon's) has them read from the plugins
+  (:func:`hetpatrol.collector.job_env_declarations`).
 - Any vendor's GRES: ``squeue --json`` (Slurm 21.08 and later; 22.05 lists every job,
   squeue(1): "All other formatting and filtering arguments will be ignored"): the job's
   record (by ``job_id``), its ``gres_detail`` list (one string per host,
@@ -81,7 +85,6 @@ EXIT_PASS = 0
 EXIT_FAIL = 1
 
 GPU_GRES = "gpu"
-ASCEND = "ascend"
 
 
 # ------------------------------------------------------------------- allocation
@@ -111,50 +114,97 @@ def parse_index_list(text: str | None) -> frozenset[int] | None:
 class Allocation(NamedTuple):
     """The cards of one job on this node, as Slurm names them.
 
-    ``by_gres``: GRES name (lower case) -> IDX numbers; ``uuids``: GPU UUIDs
-    (lower case); ``ascend_ids``: Ascend device IDs; ``sources``: where each part came
-    from (``SLURM_JOB_GPUS``, ``scontrol`` ...); ``errors``: text that could not be read.
+    ``by_gres``: GRES name (lower case) -> IDX numbers; ``uuids``: card UUIDs
+    (lower case); ``vendor_ids``: vendor -> the numbers of its cards in (index, chip)
+    order (a ``vendor_order`` variable, :class:`hetpatrol.collector.JobEnvVar`);
+    ``sources``: where each part came from (``SLURM_JOB_GPUS``, ``scontrol`` ...);
+    ``errors``: text that could not be read; ``uuid_vendors``: the vendors whose
+    variables gave the UUIDs.
     """
 
     by_gres: Mapping[str, frozenset[int]] = {}  # never mutated
     uuids: frozenset[str] = frozenset()
-    ascend_ids: frozenset[int] | None = None
+    vendor_ids: Mapping[str, frozenset[int]] = {}  # never mutated
     sources: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    uuid_vendors: frozenset[str] = frozenset()
 
     @property
     def empty(self) -> bool:
-        return not any(self.by_gres.values()) and not self.uuids and not self.ascend_ids
+        return (
+            not any(self.by_gres.values()) and not self.uuids and not any(self.vendor_ids.values())
+        )
 
     def covers(self, gres: str | None, vendor: str | None) -> bool:
         """True when this allocation says which cards of ``gres`` / ``vendor`` the job
         has (even "none")."""
         if gres and gres.lower() in self.by_gres:
             return True
-        if vendor == ASCEND and self.ascend_ids is not None:
+        if vendor is not None and vendor in self.vendor_ids:
             return True
-        return vendor == "nvidia" and bool(self.uuids)
+        return vendor is not None and vendor in self.uuid_vendors and bool(self.uuids)
 
     def merged(self, other: Allocation) -> Allocation:
-        """This allocation with ``other``'s GRES names added (this one wins per name)."""
+        """This allocation with ``other``'s GRES names and vendors added (this one wins
+        per name)."""
         by = dict(other.by_gres)
         by.update(self.by_gres)
+        ids = dict(other.vendor_ids)
+        ids.update(self.vendor_ids)
         return Allocation(
             by,
             self.uuids | other.uuids,
-            self.ascend_ids if self.ascend_ids is not None else other.ascend_ids,
+            ids,
             self.sources + other.sources,
             self.errors + other.errors,
+            self.uuid_vendors | other.uuid_vendors,
         )
 
 
-def parse_job_env(env: Mapping[str, str]) -> Allocation:
+def job_env_of(doc: Any) -> list[Mapping[str, Any]] | None:
+    """The state document's ``job_env`` rows (the plugins' :class:`~hetpatrol.collector.
+    JobEnvVar` declarations, as :func:`hetpatrol.collector.job_env_declarations` writes
+    them), those of a readable shape; None when the document has no such list."""
+    rows = doc.get("job_env") if isinstance(doc, Mapping) else None
+    if not isinstance(rows, list):
+        return None
+    out = []
+    for row in rows:
+        if not isinstance(row, Mapping):
+            continue
+        name, vendor, ids = row.get("name"), row.get("vendor"), row.get("ids")
+        gres, prefixes = row.get("gres"), row.get("uuid_prefixes") or []
+        if not (isinstance(name, str) and name and isinstance(vendor, str) and vendor):
+            continue
+        if ids not in ("vendor_order", "gres_idx") or not isinstance(prefixes, list):
+            continue
+        if ids == "gres_idx" and not (isinstance(gres, str) and gres):
+            continue
+        if all(isinstance(x, str) and x for x in prefixes):
+            out.append(row)
+    return out
+
+
+def plugin_job_env() -> list[Mapping[str, Any]]:
+    """The installed plugins' ``job_env`` rows (imports them: a state file without its
+    ``job_env`` list only)."""
+    from hetpatrol.collector import job_env_declarations
+
+    return list(job_env_declarations())
+
+
+def parse_job_env(
+    env: Mapping[str, str], job_env: Sequence[Mapping[str, Any]] | None = None
+) -> Allocation:
     """The job's cards from the Prolog / Epilog / task environment (see the module
-    docstring for which variable wins). Never raises; unreadable values go to
-    ``errors``."""
+    docstring for which variable wins): Slurm's ``SLURM_JOB_GPUS`` / ``SLURM_STEP_GPUS``,
+    then the vendors' variables ``job_env`` (rows of :func:`job_env_of`; None: the
+    installed plugins', :func:`plugin_job_env`) in their order. Never raises; unreadable
+    values go to ``errors``."""
     by: dict[str, frozenset[int]] = {}
     uuids: set[str] = set()
-    ascend: frozenset[int] | None = None
+    vendor_ids: dict[str, frozenset[int]] = {}
+    uuid_vendors: set[str] = set()
     sources: list[str] = []
     errors: list[str] = []
     for name in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
@@ -166,30 +216,43 @@ def parse_job_env(env: Mapping[str, str]) -> Allocation:
             by[GPU_GRES] = idx
             sources.append(name)
             break
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None:
-        items = [i.strip() for i in cvd.split(",") if i.strip()]
-        found = [i for i in items if i.upper().startswith(("GPU-", "MIG-"))]
+    for row in job_env_of({"job_env": list(plugin_job_env() if job_env is None else job_env)}):
+        name, vendor = str(row["name"]), str(row["vendor"])
+        text = env.get(name)
+        if text is None:
+            continue
+        prefixes = tuple(p.upper() for p in row.get("uuid_prefixes") or ())
+        items = [i.strip() for i in text.split(",") if i.strip()]
+        found = [i for i in items if prefixes and i.upper().startswith(prefixes)]
         if found:
             uuids.update(i.lower() for i in found)
-            sources.append("CUDA_VISIBLE_DEVICES")
-        elif GPU_GRES not in by:
-            idx = parse_index_list(cvd)
-            if idx is None:
-                errors.append(f"CUDA_VISIBLE_DEVICES={cvd[:80]!r} is not readable")
-            else:
-                by[GPU_GRES] = idx
-                sources.append("CUDA_VISIBLE_DEVICES")
-    for name in ("ASCEND_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"):
-        if name in env:
-            idx = parse_index_list(env[name])
-            if idx is None:
-                errors.append(f"{name}={env[name][:80]!r} is not a list of device IDs")
-                continue
-            ascend = idx
+            uuid_vendors.add(vendor)
             sources.append(name)
-            break
-    return Allocation(by, frozenset(uuids), ascend, tuple(sources), tuple(errors))
+        elif row["ids"] == "gres_idx":
+            gres = str(row["gres"]).lower()
+            if gres in by:  # Slurm's own variable (or an earlier one) said it
+                continue
+            idx = parse_index_list(text)
+            if idx is None:
+                errors.append(f"{name}={text[:80]!r} is not readable")
+            else:
+                by[gres] = idx
+                sources.append(name)
+        elif vendor not in vendor_ids:  # the first of the vendor's variables wins
+            idx = parse_index_list(text)
+            if idx is None:
+                errors.append(f"{name}={text[:80]!r} is not a list of device IDs")
+                continue
+            vendor_ids[vendor] = idx
+            sources.append(name)
+    return Allocation(
+        by,
+        frozenset(uuids),
+        vendor_ids,
+        tuple(sources),
+        tuple(errors),
+        frozenset(uuid_vendors),
+    )
 
 
 _IDX_RE = re.compile(r"\(IDX:(?P<idx>[^)]*)\)")
@@ -362,13 +425,13 @@ def match_cards(
             add(hit[0])
         else:
             missing.append(f"uuid {uuid}")
-    if alloc.ascend_ids:
-        group = sorted((c for c in cards if c.get("vendor") == ASCEND), key=_sort_key)
-        for i in sorted(alloc.ascend_ids):
+    for vendor, ids in sorted(alloc.vendor_ids.items()):
+        group = sorted((c for c in cards if c.get("vendor") == vendor), key=_sort_key)
+        for i in sorted(ids):
             if i < len(group):
                 add(group[i])
             else:
-                missing.append(f"ascend device {i}")
+                missing.append(f"{vendor} device {i}")
     return matched, missing
 
 
@@ -417,6 +480,11 @@ def needs_scontrol(
     return False
 
 
+def _has_schema(doc: Any) -> bool:
+    schema = doc.get("schema") if isinstance(doc, Mapping) else None
+    return isinstance(schema, str) and schema.startswith(STATE_SCHEMA_PREFIX)
+
+
 def decide(
     doc: Mapping[str, Any] | None,
     alloc: Allocation,
@@ -433,8 +501,7 @@ def decide(
     Never raises."""
     # any hetpatrol.state/N: adding fields (the actions) may bump N; a state file from
     # before that has no "action" fields and is judged by its findings
-    schema = doc.get("schema") if isinstance(doc, Mapping) else None
-    if not isinstance(schema, str) or not schema.startswith(STATE_SCHEMA_PREFIX):
+    if not _has_schema(doc):
         why = read_error or "no hetpatrol verdict"
         return GuardDecision(EXIT_FAIL, f"hetpatrol: no verdict: {why}")
     age, stale = verdict_age(doc, now, max_age, boot=boot)
@@ -541,7 +608,9 @@ def guard(
         )
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         error = f"cannot read {state_path}: {getattr(exc, 'strerror', None) or exc}"
-    alloc = parse_job_env(env)
+    # no verdict fails whatever the job holds: its vendors' variables need no plugin then
+    rows = job_env_of(doc) if _has_schema(doc) else []
+    alloc = parse_job_env(env, rows)
     try:
         if needs_scontrol(doc, alloc, block_on):
             job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
@@ -672,7 +741,7 @@ def epilog_cards(
     ``gres_detail`` entry then: every card is looked at, see :mod:`hetpatrol.slurm.epilog`).
     Never raises; returns (cards, the allocation used, whose ``errors`` say what could not
     be read)."""
-    alloc = parse_job_env(env)
+    alloc = parse_job_env(env, job_env_of(doc))
     cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
     uncovered = [
         c for c in cards if not alloc.covers(str(c.get("gres") or "") or None, c.get("vendor"))
