@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import slurm_cluster as _cluster
 from conftest import samples_dir
+from test_task_prolog import plan8
 
 from hetpatrol.cli import main
 from hetpatrol.collectors.gaudi import HL_FIELDS
@@ -496,20 +497,7 @@ def _task_prolog_cluster():
         if os.environ.get("CI") == "true":
             pytest.fail(why)
         pytest.skip(why)
-    plan = Plan(NODE_NAME)
-    for i in range(8):
-        plan.cards.append(
-            CardLine(
-                f"ascend/{i}/0",
-                "ascend",
-                "ascend",
-                "910b",
-                f"/dev/davinci{i}",
-                i,
-                None,
-                visible=(("ASCEND_RT_VISIBLE_DEVICES", 10 + i),),
-            )  # fmt: skip
-        )
+    plan = plan8(NODE_NAME)
     wrapper = (REPO / "packaging" / "slurm" / "taskprolog").read_text()
     assert "\nhetpatrol task-prolog " in wrapper
     cluster = start_cluster(overrides={"TaskProlog": "{root}/taskprolog"})

@@ -156,8 +156,10 @@ def test_the_entry_point_imports_neither_config_nor_collectors():
     assert res.stdout.splitlines()[-1] == "[]", res.stdout
 
 
-def plan8() -> Plan:
-    plan = Plan("hp-gpu01")
+def plan8(node: str = "hp-gpu01") -> Plan:
+    """8 ascend cards in gres.conf order, Slurm's index i -> id 10+i (so that the table,
+    not the index, shows in a variable)."""
+    plan = Plan(node)
     for i in range(8):
         plan.cards.append(
             CardLine(
