@@ -484,11 +484,11 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 # ------------------------------------------------------- the TaskProlog, for real
-def _task_prolog_cluster():
+def _task_prolog_cluster(run: str | None = None):
     """A real cluster (tests/slurm_cluster.py: 8 ascend:910b devices on the node) whose
     TaskProlog= is the script gres-conf writes for 8 ascend cards (index i -> id 10+i,
     so that the table, not the index, shows), its program the packaged wrapper
-    (packaging/slurm/taskprolog) running this checkout's hetpatrol."""
+    (packaging/slurm/taskprolog) running this checkout's hetpatrol (or ``run``)."""
     from slurm_cluster import BINARIES, NODE_NAME, start_cluster
 
     missing = [b for b in (*BINARIES, "srun", "squeue") if shutil.which(b) is None]
@@ -504,7 +504,8 @@ def _task_prolog_cluster():
     program = cluster.root / "hetpatrol-taskprolog"
     program.write_text(
         wrapper.replace(
-            "\nhetpatrol task-prolog ", f"\n{sys.executable} -m hetpatrol.entry task-prolog "
+            "\nhetpatrol task-prolog ",
+            f"\n{run or f'{sys.executable} -m hetpatrol.entry task-prolog'} ",
         )
     )
     program.chmod(0o755)
@@ -531,12 +532,15 @@ def test_task_prolog_sets_the_vendor_variable_from_the_jobs_gres_indices(tmp_pat
     """The generated TaskProlog on the real slurmd: a job's ascend indices become
     ASCEND_RT_VISIBLE_DEVICES through the plan's table, and Slurm itself sets no device
     variable for this GRES. (A job started while another holds devices would get later
-    indices; on this 2-CPU node a second job waits for the first, so one job is shown.)"""
+    indices; on this 2-CPU node a second job waits for the first, so one job is shown.)
+    The job's environment names a PYTHONHOME that is no Python's (every Python fails to
+    start with it): the wrapper drops the user's Python settings."""
     cluster = _task_prolog_cluster()
     try:
         with cluster.explain():
             wrap = 'echo "A=$ASCEND_RT_VISIBLE_DEVICES G=${SLURM_JOB_GPUS-unset}"'
-            text = _job_output(cluster, "job", "--gres=ascend:910b:3", "--wrap", wrap)
+            home = f"--export=ALL,PYTHONHOME={tmp_path}"
+            text = _job_output(cluster, "job", "--gres=ascend:910b:3", home, "--wrap", wrap)
             # IDX 0-2 -> the table's 10, 11, 12; Slurm sets no SLURM_JOB_GPUS for ascend
             assert text.strip() == "A=10,11,12 G=unset"
     finally:
@@ -567,6 +571,39 @@ def test_task_prolog_takes_no_gres_line_from_a_job_name_or_comment(tmp_path):
                 wrap = 'echo "A=${ASCEND_RT_VISIBLE_DEVICES-unset}"'
                 out = _job_output(cluster, f"job{n}", "--gres=ascend:910b:1", *text, "--wrap", wrap)
                 assert out.splitlines() == ["A=10"], (n, out)
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_task_prolog_that_fails_would_fail_the_job_so_ours_never_does(tmp_path):
+    """slurmd 22.05 fails the job when its TaskProlog exits non-zero ("TaskProlog failed
+    status=1", JobState=FAILED); the packaged wrapper turns a hetpatrol that cannot run
+    (here: one that exits 1) into one line of the job's output, and the job runs."""
+    cluster = _task_prolog_cluster(run="false")
+    try:
+        with cluster.explain():
+            out = _job_output(cluster, "ok", "--gres=ascend:910b:1", "--wrap",
+                              'echo "A=${ASCEND_RT_VISIBLE_DEVICES-unset}"')  # fmt: skip
+            assert out.splitlines() == [
+                "hetpatrol TaskProlog: hetpatrol task-prolog exited 1: no device variable set",
+                "A=unset",
+            ]
+            # the same job with a TaskProlog that exits 1 itself
+            script = cluster.root / "taskprolog"
+            script.write_text("#!/bin/sh\nexit 1\n")
+            failed = cluster.root / "failed.out"
+            job = cluster.run("sbatch", "--parsable", "-o", str(failed), "--wrap", "echo A=ran")
+            job_id = job.stdout.strip().split(";")[0]
+            deadline = time.monotonic() + 60
+            while "JobState=FAILED" not in (shown := cluster.scontrol("show", "job", job_id)):
+                assert "JobState=COMPLETED" not in shown, shown
+                assert time.monotonic() < deadline, shown
+                time.sleep(0.2)
+            assert "TaskProlog failed status=1" in failed.read_text()
+            assert "A=ran" not in failed.read_text()
     finally:
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)
