@@ -251,6 +251,12 @@ def _cmd_prolog(args: argparse.Namespace) -> int:
     return cli_main(args.args)
 
 
+def _cmd_task_prolog(args: argparse.Namespace) -> int:
+    from hetpatrol.slurm.task_prolog import cli_main
+
+    return cli_main(args.args)
+
+
 def _epilog_patrol(args: argparse.Namespace):
     """The epilog's one patrol: the command's config and replay, collectors closed after."""
 
@@ -466,6 +472,14 @@ def _add_other_commands(sub: Any) -> None:
     )
     p.add_argument("args", nargs=argparse.REMAINDER, help="hetpatrol prolog --help")
     p.set_defaults(func=_cmd_prolog)
+    p = sub.add_parser(
+        "task-prolog",
+        help="run by the TaskProlog gres-conf writes: the vendors' device variables "
+        "from the job's GRES indices (see docs/slurm.md)",
+        add_help=False,
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER, help="hetpatrol task-prolog --help")
+    p.set_defaults(func=_cmd_task_prolog)
     add_epilog_parser(sub, _epilog_patrol)
     # the cluster-wide commands (hetpatrol/cluster/)
     add_fleet_parser(sub)

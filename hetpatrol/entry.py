@@ -44,6 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hetpatrol.slurm.jobguard import cli_main as prolog_main
 
         return prolog_main(args[1:])
+    if args[:1] == ["task-prolog"]:  # before every task: job_gres's imports only
+        from hetpatrol.slurm.task_prolog import cli_main as task_prolog_main
+
+        return task_prolog_main(args[1:])
     if args[:1] == ["check"]:
         fast = _fast_check_args(args[1:])
         if fast is not None:

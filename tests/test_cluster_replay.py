@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import shutil
 import subprocess
 
 from conftest import HETPATROL, REPO
+from pty_helpers import run_on_pty
 
 MIXED = REPO / "fixtures" / "cluster" / "mixed"
 
@@ -38,23 +38,7 @@ def on_terminal(argv: list[str], columns: int = 80, stream: str = "stdout") -> t
     ``columns`` wide (COLUMNS set, as a shell does) and the other a pipe."""
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     env.update(COLUMNS=str(columns), NO_COLOR="1")
-    main, tty = pty.openpty()
-    where = {"stdout": tty, "stderr": subprocess.DEVNULL}
-    if stream == "stderr":
-        where = {"stdout": subprocess.DEVNULL, "stderr": tty}
-    proc = subprocess.Popen([*HETPATROL, *argv], env=env, **where)
-    os.close(tty)
-    out = bytearray()
-    while True:
-        try:
-            chunk = os.read(main, 65536)
-        except OSError:  # EIO: the other end closed
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(main)
-    return proc.wait(timeout=120), out.decode().replace("\r\n", "\n")
+    return run_on_pty([*HETPATROL, *argv], env, timeout=120, stream=stream)
 
 
 def _cls(doc: dict, vendor: str, card_type: str) -> dict:

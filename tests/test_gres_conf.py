@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import slurm_cluster as _cluster
 from conftest import samples_dir
+from test_task_prolog import plan8
 
 from hetpatrol.cli import main
 from hetpatrol.collectors.gaudi import HL_FIELDS
@@ -145,7 +146,8 @@ def test_healthy_mixed_lines_per_card_class(tmp_path, capsys):
     assert "AutoDetect=nvml" in out  # Slurm could find the GPUs itself
     # the TaskProlog maps Slurm's ascend index to ASCEND_RT_VISIBLE_DEVICES; nothing for
     # gpu (Slurm's gpu plugin sets CUDA_VISIBLE_DEVICES)
-    assert 'echo "export ASCEND_RT_VISIBLE_DEVICES=$ids"' in out
+    assert "  --export ascend ASCEND_RT_VISIBLE_DEVICES 0=0,1=1,2=2,3=3,4=4,5=5,6=6,7=7" in out
+    assert "exec /usr/libexec/hetpatrol/taskprolog" in out
     assert "CUDA_VISIBLE_DEVICES" not in out
 
 
@@ -202,7 +204,7 @@ def test_ascend_chips_whose_phy_ids_are_not_in_order_get_a_line_each():
         "NodeName=n1 Name=ascend Type=910b File=/dev/davinci2 Count=1 Cores=0-1",
     ]
     # Slurm index 2 is davinci3, index 3 davinci2 (gres.conf order)
-    assert "2) echo 3 ;; 3) echo 2 ;;" in plan.task_prolog()
+    assert "--export ascend ASCEND_RT_VISIBLE_DEVICES 0=0,1=1,2=3,3=2" in plan.task_prolog()
 
 
 def test_hygon_without_a_bus_id_has_no_line_and_says_why(tmp_path, capsys):
@@ -482,54 +484,65 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 # ------------------------------------------------------- the TaskProlog, for real
-@pytest.mark.slow
-@pytest.mark.slurm
-def test_task_prolog_sets_the_vendor_variable_from_the_jobs_gres_indices(tmp_path):
-    """A real cluster (tests/slurm_cluster.py: 8 ascend:910b devices on the node) runs the
-    generated TaskProlog: a job's ascend indices become ASCEND_RT_VISIBLE_DEVICES through
-    the plan's table (index i -> id 10+i here, so that the table, not the index, shows),
-    and Slurm itself sets no device variable for this GRES. (A job started while
-    another holds devices would get later indices; on this 2-CPU node a second job
-    waits for the first, so one job is shown.)"""
+def _task_prolog_cluster(run: str | None = None):
+    """A real cluster (tests/slurm_cluster.py: 8 ascend:910b devices on the node) whose
+    TaskProlog= is the script gres-conf writes for 8 ascend cards (index i -> id 10+i,
+    so that the table, not the index, shows), its program the packaged wrapper
+    (packaging/slurm/taskprolog) running this checkout's hetpatrol (or ``run``)."""
     from slurm_cluster import BINARIES, NODE_NAME, start_cluster
 
-    missing = [b for b in (*BINARIES, "srun") if shutil.which(b) is None]
+    missing = [b for b in (*BINARIES, "srun", "squeue") if shutil.which(b) is None]
     if missing or os.geteuid() != 0:
         why = f"not installed: {missing}" if missing else "needs root (SlurmUser=root)"
         if os.environ.get("CI") == "true":
             pytest.fail(why)
         pytest.skip(why)
-    plan = Plan(NODE_NAME)
-    for i in range(8):
-        plan.cards.append(
-            CardLine(
-                f"ascend/{i}/0",
-                "ascend",
-                "ascend",
-                "910b",
-                f"/dev/davinci{i}",
-                i,
-                None,
-                visible=(("ASCEND_RT_VISIBLE_DEVICES", 10 + i),),
-            )  # fmt: skip
-        )
+    plan = plan8(NODE_NAME)
+    wrapper = (REPO / "packaging" / "slurm" / "taskprolog").read_text()
+    assert "\nhetpatrol task-prolog " in wrapper
     cluster = start_cluster(overrides={"TaskProlog": "{root}/taskprolog"})
+    program = cluster.root / "hetpatrol-taskprolog"
+    program.write_text(
+        wrapper.replace(
+            "\nhetpatrol task-prolog ",
+            f"\n{run or f'{sys.executable} -m hetpatrol.entry task-prolog'} ",
+        )
+    )
+    program.chmod(0o755)
+    script = cluster.root / "taskprolog"
+    script.write_text(plan.task_prolog(str(program)))
+    script.chmod(0o755)
+    return cluster
+
+
+def _job_output(cluster, name: str, *sbatch: str, timeout: float = 60) -> str:
+    """Submit one job (``sbatch`` options and ``--wrap``), wait for its output."""
+    out = cluster.root / f"{name}.out"
+    cluster.run("sbatch", "-N1", "-o", str(out), *sbatch)
+    deadline = time.monotonic() + timeout
+    while not (out.exists() and "A=" in out.read_text()):
+        assert time.monotonic() < deadline, f"job {name} never wrote its output"
+        time.sleep(0.2)
+    return out.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_task_prolog_sets_the_vendor_variable_from_the_jobs_gres_indices(tmp_path):
+    """The generated TaskProlog on the real slurmd: a job's ascend indices become
+    ASCEND_RT_VISIBLE_DEVICES through the plan's table, and Slurm itself sets no device
+    variable for this GRES. (A job started while another holds devices would get later
+    indices; on this 2-CPU node a second job waits for the first, so one job is shown.)
+    The job's environment names a PYTHONHOME that is no Python's (every Python fails to
+    start with it): the wrapper drops the user's Python settings."""
+    cluster = _task_prolog_cluster()
     try:
         with cluster.explain():
-            script = cluster.root / "taskprolog"
-            script.write_text(plan.task_prolog())
-            script.chmod(0o755)
-            out = cluster.root / "job.out"
-            cluster.run(
-                "sbatch", "-N1", "--gres=ascend:910b:3", "-o", str(out), "--wrap",
-                'echo "A=$ASCEND_RT_VISIBLE_DEVICES G=${SLURM_JOB_GPUS-unset}"',
-            )  # fmt: skip
-            deadline = time.monotonic() + 30
-            while not (out.exists() and out.read_text().strip()):
-                assert time.monotonic() < deadline, "the job never wrote its output"
-                time.sleep(0.2)
+            wrap = 'echo "A=$ASCEND_RT_VISIBLE_DEVICES G=${SLURM_JOB_GPUS-unset}"'
+            home = f"--export=ALL,PYTHONHOME={tmp_path}"
+            text = _job_output(cluster, "job", "--gres=ascend:910b:3", home, "--wrap", wrap)
             # IDX 0-2 -> the table's 10, 11, 12; Slurm sets no SLURM_JOB_GPUS for ascend
-            assert out.read_text().strip() == "A=10,11,12 G=unset"
+            assert text.strip() == "A=10,11,12 G=unset"
     finally:
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)
@@ -539,56 +552,58 @@ def test_task_prolog_sets_the_vendor_variable_from_the_jobs_gres_indices(tmp_pat
 @pytest.mark.slurm
 def test_task_prolog_takes_no_gres_line_from_a_job_name_or_comment(tmp_path):
     """The real slurmctld prints a job name and comment raw, newlines too: a job name
-    holding '     Nodes=<node> ... GRES=ascend:910b:8(IDX:4-7)' made the TaskProlog
-    export the cards of other jobs (A=14,15,16,17,10 for a job holding IDX 0). Only the
-    lines between Slurm's one NumNodes= and one MinCPUsNode= line are read; a comment
-    that forges those too leaves the variable unset and says so."""
-    from slurm_cluster import BINARIES, NODE_NAME, start_cluster
+    holding '     Nodes=<node> ... GRES=ascend:910b:8(IDX:4-7)' made a TaskProlog that
+    read ``scontrol show job -d`` export the cards of other jobs (A=14,15,16,17,10 for a
+    job holding IDX 0), and one forging Slurm's NumNodes=/MinCPUsNode= lines too left it
+    unset. hetpatrol task-prolog reads squeue --json's gres_detail: each job gets its
+    own IDX 0 (-> 10), whatever its name, comment and both say."""
+    from slurm_cluster import NODE_NAME
 
-    missing = [b for b in (*BINARIES, "srun") if shutil.which(b) is None]
-    if missing or os.geteuid() != 0:
-        why = f"not installed: {missing}" if missing else "needs root (SlurmUser=root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    plan = Plan(NODE_NAME)
-    for i in range(8):
-        plan.cards.append(
-            CardLine(
-                f"ascend/{i}/0",
-                "ascend",
-                "ascend",
-                "910b",
-                f"/dev/davinci{i}",
-                i,
-                None,
-                visible=(("ASCEND_RT_VISIBLE_DEVICES", 10 + i),),
-            )  # fmt: skip
-        )
     fake = f"     Nodes={NODE_NAME} CPU_IDs=0 Mem=0 GRES=ascend:910b:8(IDX:4-7)"
-    cluster = start_cluster(overrides={"TaskProlog": "{root}/taskprolog"})
+    forged = f"c\nNumNodes=1\n{fake}\nMinCPUsNode=1"
+    cluster = _task_prolog_cluster()
     try:
         with cluster.explain():
-            script = cluster.root / "taskprolog"
-            script.write_text(plan.task_prolog())
-            script.chmod(0o755)
-            outputs = []
             for n, text in enumerate(
-                (["-J", f"x\n{fake}"], ["--comment", f"c\nNumNodes=1\n{fake}\nMinCPUsNode=1"])
+                (["-J", f"x\n{fake}"], ["--comment", forged], ["-J", forged, "--comment", forged])
             ):
-                out = cluster.root / f"job{n}.out"
-                cluster.run("sbatch", "-N1", "--gres=ascend:910b:1", *text, "-o", str(out),
-                            "--wrap", 'echo "A=${ASCEND_RT_VISIBLE_DEVICES-unset}"')  # fmt: skip
-                outputs.append(out)
+                # one after the other: each job alone on the node holds IDX 0
+                wrap = 'echo "A=${ASCEND_RT_VISIBLE_DEVICES-unset}"'
+                out = _job_output(cluster, f"job{n}", "--gres=ascend:910b:1", *text, "--wrap", wrap)
+                assert out.splitlines() == ["A=10"], (n, out)
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_task_prolog_that_fails_would_fail_the_job_so_ours_never_does(tmp_path):
+    """slurmd 22.05 fails the job when its TaskProlog exits non-zero ("TaskProlog failed
+    status=1", JobState=FAILED); the packaged wrapper turns a hetpatrol that cannot run
+    (here: one that exits 1) into one line of the job's output, and the job runs."""
+    cluster = _task_prolog_cluster(run="false")
+    try:
+        with cluster.explain():
+            out = _job_output(cluster, "ok", "--gres=ascend:910b:1", "--wrap",
+                              'echo "A=${ASCEND_RT_VISIBLE_DEVICES-unset}"')  # fmt: skip
+            assert out.splitlines() == [
+                "hetpatrol TaskProlog: hetpatrol task-prolog exited 1: no device variable set",
+                "A=unset",
+            ]
+            # the same job with a TaskProlog that exits 1 itself
+            script = cluster.root / "taskprolog"
+            script.write_text("#!/bin/sh\nexit 1\n")
+            failed = cluster.root / "failed.out"
+            job = cluster.run("sbatch", "--parsable", "-o", str(failed), "--wrap", "echo A=ran")
+            job_id = job.stdout.strip().split(";")[0]
             deadline = time.monotonic() + 60
-            while not all(o.exists() and "A=" in o.read_text() for o in outputs):
-                assert time.monotonic() < deadline, "the jobs never wrote their output"
+            while "JobState=FAILED" not in (shown := cluster.scontrol("show", "job", job_id)):
+                assert "JobState=COMPLETED" not in shown, shown
+                assert time.monotonic() < deadline, shown
                 time.sleep(0.2)
-            # IDX 0 -> the table's 10, whatever the job name says
-            assert outputs[0].read_text().strip() == "A=10"
-            lines = outputs[1].read_text().splitlines()
-            assert lines[-1] == "A=unset", lines
-            assert "hetpatrol TaskProlog: scontrol show job -d not read" in lines[0], lines
+            assert "TaskProlog failed status=1" in failed.read_text()
+            assert "A=ran" not in failed.read_text()
     finally:
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)

@@ -211,6 +211,17 @@ def test_malformed_sacct_line_is_a_data_error(tmp_path):
     assert "sacct line 7" in res.stderr
 
 
+def test_non_utf8_capacity_line_is_the_ledgers_data_error():
+    """One decoder for every sacct line (sacct_stream.decode_line): a capacity line that
+    is not UTF-8 names its line and byte as ``ledger usage`` does, as a CapacityDataError."""
+    lines = (SAMPLE / "sacct.txt").read_bytes().splitlines(keepends=True)
+    head = lines[0]
+    bad = head[:10] + b"\xff" + head[11:]
+    with pytest.raises(capacity.CapacityDataError) as exc:
+        list(capacity.split_capacity_lines([head, bad]))
+    assert str(exc.value).startswith("sacct line 2: not UTF-8 (invalid start byte at byte 10): ")
+
+
 # ------------------------------------------------------------------ the page, in Chromium
 def test_html_page_renders_in_headless_chromium(tmp_path):
     chromium = require_program("chromium", "chromium-browser", package="chromium")

@@ -13,11 +13,11 @@ card-seconds (0.002, waits 25 and 27 s: 0.007 h, at most 2 cards).
 from __future__ import annotations
 
 import os
-import pty
 import subprocess
 
 import pytest
 from conftest import HETPATROL, REPO, samples_dir
+from pty_helpers import run_on_pty
 from test_ledger_spans import SACCT
 
 from hetpatrol.ledger.table import fit, wrap
@@ -41,21 +41,9 @@ def ledger(args: list[str], columns: str | None, code: int = 0) -> list[str]:
         assert res.returncode == code, res.stderr
         return res.stdout.splitlines()
     env["COLUMNS"] = columns
-    main, tty = pty.openpty()
-    proc = subprocess.Popen(argv, stdout=tty, stderr=subprocess.DEVNULL, env=env)
-    os.close(tty)
-    out = bytearray()
-    while True:
-        try:
-            chunk = os.read(main, 65536)
-        except OSError:  # EIO: the terminal's other end closed
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(main)
-    assert proc.wait(timeout=120) == code
-    return out.decode().replace("\r\n", "\n").splitlines()
+    rc, out = run_on_pty(argv, env, timeout=120)
+    assert rc == code
+    return out.splitlines()
 
 
 def test_usage_at_80_columns_shortens_headers_then_drops_runs():

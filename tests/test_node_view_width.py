@@ -5,11 +5,11 @@ gets every column whole. Values asserted here are the replays' recorded ones."""
 from __future__ import annotations
 
 import os
-import pty
 import subprocess
 
 import pytest
 from conftest import HETPATROL, NODES
+from pty_helpers import run_on_pty
 
 
 def _scenarios() -> list[str]:
@@ -41,21 +41,9 @@ def _once(scenario: str, columns: str | None, *extra: str) -> list[str]:
         res = subprocess.run(argv, capture_output=True, text=True, env=env)
         assert res.returncode in (0, 1, 2, 3), res.stderr
         return res.stdout.splitlines()
-    main, tty = pty.openpty()
-    proc = subprocess.Popen(argv, stdout=tty, stderr=subprocess.DEVNULL, env=env)
-    os.close(tty)
-    out = bytearray()
-    while True:
-        try:
-            chunk = os.read(main, 65536)
-        except OSError:  # EIO: the terminal's other end closed
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(main)
-    assert proc.wait(timeout=60) in (0, 1, 2, 3)
-    return out.decode().replace("\r\n", "\n").splitlines()
+    code, out = run_on_pty(argv, env, timeout=60)
+    assert code in (0, 1, 2, 3)
+    return out.splitlines()
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -41,7 +41,7 @@ UNITDIR = "/lib/systemd/system"
 UNITS = ("hetpatrol.service", "hetpatrol-scontrol.socket", "hetpatrol-scontrol@.service")
 SCENARIO = "healthy-mixed"
 #: packaging/slurm/<name> -> /usr/libexec/hetpatrol/<name>
-SLURM_ENTRY_POINTS = ("healthcheck", "prolog", "epilog")
+SLURM_ENTRY_POINTS = ("healthcheck", "prolog", "epilog", "taskprolog")
 
 
 def _pyproject_version() -> str:

@@ -142,11 +142,12 @@ def test_installed_into_a_scratch_root_holds_the_repositorys_files(built, tmp_pa
         "usr/libexec/hetpatrol/healthcheck": "packaging/slurm/healthcheck",
         "usr/libexec/hetpatrol/prolog": "packaging/slurm/prolog",
         "usr/libexec/hetpatrol/epilog": "packaging/slurm/epilog",
+        "usr/libexec/hetpatrol/taskprolog": "packaging/slurm/taskprolog",
         "usr/share/hetpatrol/grafana/hetpatrol.json": "config/grafana/hetpatrol.json",
     }
     for path, source in same.items():
         assert (root / path).read_bytes() == (REPO / source).read_bytes(), path
-    for name in ("healthcheck", "prolog", "epilog"):
+    for name in ("healthcheck", "prolog", "epilog", "taskprolog"):
         assert os.access(root / "usr/libexec/hetpatrol" / name, os.X_OK), name
     # the node config: the bundled default with the node paths (packaging/node-config)
     config = (root / "etc/hetpatrol/hetpatrol.yaml").read_text()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import signal
 import subprocess
@@ -12,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pty_helpers
 import pytest
 from conftest import NODES
 from test_end_to_end import HETPATROL, free_port, wait_for
@@ -51,25 +51,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def run_on_pty(args: list[str], env: dict[str, str]) -> tuple[int, str]:
     """Run ``hetpatrol`` with its stdout on a pseudo-terminal; (exit code, output)."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [*HETPATROL, *args], stdout=slave, stderr=subprocess.PIPE, env=env, close_fds=True
-    )
-    os.close(slave)
-    chunks = []
-    try:
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-    finally:
-        os.close(master)
-        rc = proc.wait(timeout=30)
-    return rc, b"".join(chunks).decode().replace("\r\n", "\n")
+    return pty_helpers.run_on_pty([*HETPATROL, *args], env, timeout=30)
 
 
 def run_piped(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -52,6 +52,7 @@ from hetpatrol.ledger.sacct_stream import (
     CAPACITY_FIELDS,
     JobRun,
     SacctDataError,
+    decode_line,
     parse_lines,
 )
 from hetpatrol.ledger.tres import gres_tres, label
@@ -122,14 +123,7 @@ def split_capacity_lines(
         nonlocal lineno, seen
         for raw in lines:
             lineno += 1
-            if isinstance(raw, bytes):
-                try:
-                    raw = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise CapacityDataError(
-                        f"sacct line {lineno}: not UTF-8 ({exc.reason}): {raw[:200]!r}"
-                    ) from None
-            text = raw.rstrip("\n")
+            text = decode_line(raw, lineno, CapacityDataError).rstrip("\n")
             if not text.strip():
                 continue
             if not seen:  # the first line may be sacct's header (saved without -n)

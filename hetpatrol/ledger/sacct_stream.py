@@ -196,6 +196,21 @@ def _expected() -> str:
     )
 
 
+def decode_line(raw: str | bytes, lineno: int, error: type[SacctDataError] | None = None) -> str:
+    """One line of sacct's output as text: bytes must be UTF-8 (sacct writes what the
+    database holds: invalid bytes mean the input is not sacct output). Raises ``error``
+    (default :class:`SacctDataError`) naming line ``lineno``, the byte and the raw text."""
+    if not isinstance(raw, bytes):
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise (error or SacctDataError)(
+            f"sacct line {lineno}: not UTF-8 ({exc.reason} at byte {exc.start}): "
+            f"{raw.rstrip()[:200]!r}"
+        ) from None
+
+
 def parse_lines(lines: Iterable[str | bytes]) -> Iterator[JobRun]:
     """``sacct -P -n -o`` :data:`FIELDS` lines -> :class:`JobRun`, lazily.
 
@@ -216,14 +231,7 @@ def parse_lines(lines: Iterable[str | bytes]) -> Iterator[JobRun]:
     lineno = 0
     for raw in lines:
         lineno += 1
-        if isinstance(raw, bytes):
-            try:
-                raw = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise SacctDataError(
-                    f"sacct line {lineno}: not UTF-8 ({exc.reason} at byte {exc.start}): "
-                    f"{raw.rstrip()[:200]!r}"
-                ) from None
+        raw = decode_line(raw, lineno)
         q = raw.rstrip("\n").split("|")
         if n is None:
             if not raw.strip():

@@ -25,11 +25,12 @@ gres_common.c``):
   socket" (gres.conf(5), Cores; :func:`hetpatrol.sysfs_pci.slurm_cores`);
 - Slurm sets ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES`` only from its gpu plugin
   (``gres_common_gpu_set_env``); a job's GRES indices per node are in ``scontrol show
-  job -d`` (``GRES=ascend:910b:2(IDX:0-1)``), which the TaskProlog reads (only the
-  per-node lines between its one ``NumNodes=`` and ``MinCPUsNode=`` line: a job name
-  is printed raw, newlines too); a TaskProlog's
-  ``export NAME=value`` lines are set in the task's environment (slurm.conf(5),
-  TaskProlog).
+  job -d`` (``GRES=ascend:910b:2(IDX:0-1)``) and, as structured fields, in ``squeue
+  --json`` (``gres_detail`` paired with ``job_resources``' hosts), which the TaskProlog
+  reads through ``hetpatrol task-prolog`` (:mod:`hetpatrol.slurm.task_prolog`; the text
+  of ``scontrol show job -d`` prints a job name or comment raw, newlines too, and is not
+  read); a TaskProlog's ``export NAME=value`` lines are set in the task's environment
+  (slurm.conf(5), TaskProlog).
 
 Exit codes: generate 0 every card has its line, 1 a card's cores could not be read (no
 ``Cores=``), 3 a card has no device file (no line); ``--check`` 0 no difference, 1
@@ -56,6 +57,7 @@ from hetpatrol.slurm.gres import (
     sum_gres,
 )
 from hetpatrol.slurm.inventory import card_gres, run_scontrol
+from hetpatrol.slurm.task_prolog import TASK_PROLOG_PROGRAM, format_table
 from hetpatrol.sysfs_pci import (
     format_ranges,
     read_cpu_cores,
@@ -170,9 +172,11 @@ class Plan:
             node += f" Features={features}"
         return [f"GresTypes={','.join(names)}", node]
 
-    def task_prolog(self) -> str | None:
+    def task_prolog(self, program: str = TASK_PROLOG_PROGRAM) -> str | None:
         """The TaskProlog that sets each vendor's visible-devices variable from the job's
-        GRES indices on this node, or None when Slurm sets every variable itself."""
+        GRES indices on this node, or None when Slurm sets every variable itself. It runs
+        ``program`` (``hetpatrol task-prolog``, :mod:`hetpatrol.slurm.task_prolog`) with
+        one ``--export NAME VAR INDEX=ID,...`` per GRES name and variable."""
         tables: dict[tuple[str, str], list[tuple[int, int]]] = {}
         index: dict[str, int] = {}
         for c in self.placed:  # Slurm's index: the file's position among its name's files
@@ -182,53 +186,28 @@ class Plan:
                 tables.setdefault((c.name, var), []).append((i, ident))
         if not tables:
             return None
+        prog = shlex.quote(program)
+        missing = f"print hetpatrol TaskProlog: {program} is not installed: no device variable set"
         out = [
             "#!/bin/sh",
             f"# Slurm TaskProlog for {self.node}, written by hetpatrol gres-conf. slurmstepd",
             "# sets each 'export NAME=value' line it prints in the task's environment",
             "# (slurm.conf(5), TaskProlog); Slurm sets no device variable for these GRES.",
-            "# The job's GRES indices on this node come from 'scontrol show job -d'",
-            "# (GRES=name:type:N(IDX:0-1)), in gres.conf order.",
-            'node="${SLURMD_NODENAME:?}"',
-            'detail=$(scontrol show job -d "${SLURM_JOB_ID:?}" 2>/dev/null) || exit 0',
-            "# Only Slurm's own per-node lines, between the one NumNodes= line and the one",
-            "# MinCPUsNode= line (slurm_sprint_job_info(), src/api/job_info.c): a job name,",
-            "# comment or path may hold a newline and 'Nodes=... GRES=...(IDX:...)' but is",
-            "# printed before or after them; another NumNodes=/MinCPUsNode= line: none used.",
-            'region=$(printf \'%s\\n\' "$detail" | awk \'{ sub(/^[ \\t]+/, "") }',
-            "  /^NumNodes=/ { n++; inside = 1; next } /^MinCPUsNode=/ { m++; inside = 0; next }",
-            "  inside && /^Nodes=/ { print } END { exit !(n == 1 && m == 1) }') || {",
-            '  echo "print hetpatrol TaskProlog: scontrol show job -d not read (job text looks'
-            ' like its fields): no device variable set"; exit 0; }',
-            "idx() {  # $1: GRES name -> its IDX list on this node (0-1,4)",
-            "  printf '%s\\n' \"$region\" | while read -r line; do",
-            '    case "$line" in Nodes=*" GRES="*) ;; *) continue ;; esac',
-            "    nodes=${line#Nodes=}; nodes=${nodes%% *}",
-            '    scontrol show hostnames "$nodes" 2>/dev/null | grep -qxF "$node" || continue',
-            '    printf \'%s\\n\' "$line" | sed -n "s/.*[= ,]$1:[^(]*(IDX:\\([0-9,-]*\\)).*/\\1/p"',
-            "  done",
-            "}",
-            "expand() {  # 0-1,4 -> one index a line",
-            "  printf '%s\\n' \"$1\" | tr ',' '\\n' | while IFS=- read -r a b; do",
-            '    [ -n "$a" ] && seq "$a" "${b:-$a}"',
-            "  done",
-            "}",
+            "# hetpatrol task-prolog reads the job's GRES indices on this node from Slurm's",
+            "# structured fields (squeue --json: gres_detail paired with job_resources'",
+            "# hosts), never from text a user chose, and maps each index (gres.conf order)",
+            "# to the vendor's id: --export NAME VAR INDEX=ID,...",
+            f"if [ ! -x {prog} ]; then",
+            f"  echo {shlex.quote(missing)}",
+            "  exit 0",
+            "fi",
+            f"exec {prog} \\",
         ]
-        for (name, var), pairs in tables.items():
-            fn = f"id_{_shell_word(name)}_{_shell_word(var)}"
-            cases = " ".join(f"{i}) echo {ident} ;;" for i, ident in pairs)
-            out += [
-                f'{fn}() {{ case "$1" in {cases} esac; }}',
-                f'ids=$(for i in $(expand "$(idx {shlex.quote(name)})"); do {fn} "$i"; done '
-                "| paste -sd, -)",
-                f'[ -n "$ids" ] && echo "export {var}=$ids"',
-            ]
-        out.append("exit 0")
+        items = list(tables.items())
+        for n, ((name, var), pairs) in enumerate(items):
+            words = " ".join(shlex.quote(w) for w in (name, var, format_table(pairs)))
+            out.append(f"  --export {words}" + (" \\" if n < len(items) - 1 else ""))
         return "\n".join(out) + "\n"
-
-
-def _shell_word(text: str) -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in text)
 
 
 def _stem(card: CardLine) -> str | None:

@@ -56,10 +56,8 @@ vendors' fault tables load, with their plugins (``VendorInfo.actions``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -80,291 +78,24 @@ from hetpatrol.healthcheck import (
     stale_limit,
     verdict_age,
 )
+from hetpatrol.slurm.job_gres import (  # noqa: F401 - the Prolog's callers import these here
+    GPU_GRES,
+    SQUEUE_JSON_MAX,
+    Allocation,
+    Runner,
+    _job_nodes,
+    find_scontrol,
+    job_env_of,
+    parse_index_list,
+    parse_job_env,
+    parse_squeue_json,
+    plugin_job_env,
+    run_scontrol,
+    squeue_argv,
+)
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
-
-GPU_GRES = "gpu"
-
-
-# ------------------------------------------------------------------- allocation
-def parse_index_list(text: str | None) -> frozenset[int] | None:
-    """``0,1`` / ``0-3,7`` -> the numbers; ``""``, ``N/A``, ``(null)`` -> empty; None when
-    the text is something else (a UUID list, garbage)."""
-    if text is None:
-        return None
-    body = text.strip()
-    if body.lower() in ("", "n/a", "(null)", "none", "nodevfiles"):
-        return frozenset()
-    out: set[int] = set()
-    for part in body.split(","):
-        part = part.strip()
-        # ASCII digits only: "١" (Arabic-Indic one) is no GPU index
-        m = re.fullmatch(r"([0-9]{1,6})(?:-([0-9]{1,6}))?", part)
-        if not m:
-            return None
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) else lo
-        if hi < lo or hi - lo > 4096:
-            return None
-        out.update(range(lo, hi + 1))
-    return frozenset(out)
-
-
-class Allocation(NamedTuple):
-    """The cards of one job on this node, as Slurm names them.
-
-    ``by_gres``: GRES name (lower case) -> IDX numbers; ``uuids``: card UUIDs
-    (lower case); ``vendor_ids``: vendor -> the numbers of its cards in (index, chip)
-    order (a ``vendor_order`` variable, :class:`hetpatrol.collector.JobEnvVar`);
-    ``sources``: where each part came from (``SLURM_JOB_GPUS``, ``scontrol`` ...);
-    ``errors``: text that could not be read; ``uuid_vendors``: the vendors whose
-    variables gave the UUIDs.
-    """
-
-    by_gres: Mapping[str, frozenset[int]] = {}  # never mutated
-    uuids: frozenset[str] = frozenset()
-    vendor_ids: Mapping[str, frozenset[int]] = {}  # never mutated
-    sources: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
-    uuid_vendors: frozenset[str] = frozenset()
-
-    @property
-    def empty(self) -> bool:
-        return (
-            not any(self.by_gres.values()) and not self.uuids and not any(self.vendor_ids.values())
-        )
-
-    def covers(self, gres: str | None, vendor: str | None) -> bool:
-        """True when this allocation says which cards of ``gres`` / ``vendor`` the job
-        has (even "none")."""
-        if gres and gres.lower() in self.by_gres:
-            return True
-        if vendor is not None and vendor in self.vendor_ids:
-            return True
-        return vendor is not None and vendor in self.uuid_vendors and bool(self.uuids)
-
-    def merged(self, other: Allocation) -> Allocation:
-        """This allocation with ``other``'s GRES names and vendors added (this one wins
-        per name)."""
-        by = dict(other.by_gres)
-        by.update(self.by_gres)
-        ids = dict(other.vendor_ids)
-        ids.update(self.vendor_ids)
-        return Allocation(
-            by,
-            self.uuids | other.uuids,
-            ids,
-            self.sources + other.sources,
-            self.errors + other.errors,
-            self.uuid_vendors | other.uuid_vendors,
-        )
-
-
-def job_env_of(doc: Any) -> list[Mapping[str, Any]] | None:
-    """The state document's ``job_env`` rows (the plugins' :class:`~hetpatrol.collector.
-    JobEnvVar` declarations, as :func:`hetpatrol.collector.job_env_declarations` writes
-    them), those of a readable shape; None when the document has no such list."""
-    rows = doc.get("job_env") if isinstance(doc, Mapping) else None
-    if not isinstance(rows, list):
-        return None
-    out = []
-    for row in rows:
-        if not isinstance(row, Mapping):
-            continue
-        name, vendor, ids = row.get("name"), row.get("vendor"), row.get("ids")
-        gres, prefixes = row.get("gres"), row.get("uuid_prefixes") or []
-        if not (isinstance(name, str) and name and isinstance(vendor, str) and vendor):
-            continue
-        if ids not in ("vendor_order", "gres_idx") or not isinstance(prefixes, list):
-            continue
-        if ids == "gres_idx" and not (isinstance(gres, str) and gres):
-            continue
-        if all(isinstance(x, str) and x for x in prefixes):
-            out.append(row)
-    return out
-
-
-def plugin_job_env() -> list[Mapping[str, Any]]:
-    """The installed plugins' ``job_env`` rows (imports them: a state file without its
-    ``job_env`` list only)."""
-    from hetpatrol.collector import job_env_declarations
-
-    return list(job_env_declarations())
-
-
-def parse_job_env(
-    env: Mapping[str, str], job_env: Sequence[Mapping[str, Any]] | None = None
-) -> Allocation:
-    """The job's cards from the Prolog / Epilog / task environment (see the module
-    docstring for which variable wins): Slurm's ``SLURM_JOB_GPUS`` / ``SLURM_STEP_GPUS``,
-    then the vendors' variables ``job_env`` (rows of :func:`job_env_of`; None: the
-    installed plugins', :func:`plugin_job_env`) in their order. Never raises; unreadable
-    values go to ``errors``."""
-    by: dict[str, frozenset[int]] = {}
-    uuids: set[str] = set()
-    vendor_ids: dict[str, frozenset[int]] = {}
-    uuid_vendors: set[str] = set()
-    sources: list[str] = []
-    errors: list[str] = []
-    for name in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
-        if name in env:
-            idx = parse_index_list(env[name])
-            if idx is None:
-                errors.append(f"{name}={env[name][:80]!r} is not a list of GPU IDs")
-                continue
-            by[GPU_GRES] = idx
-            sources.append(name)
-            break
-    for row in job_env_of({"job_env": list(plugin_job_env() if job_env is None else job_env)}):
-        name, vendor = str(row["name"]), str(row["vendor"])
-        text = env.get(name)
-        if text is None:
-            continue
-        prefixes = tuple(p.upper() for p in row.get("uuid_prefixes") or ())
-        items = [i.strip() for i in text.split(",") if i.strip()]
-        found = [i for i in items if prefixes and i.upper().startswith(prefixes)]
-        if found:
-            uuids.update(i.lower() for i in found)
-            uuid_vendors.add(vendor)
-            sources.append(name)
-        elif row["ids"] == "gres_idx":
-            gres = str(row["gres"]).lower()
-            if gres in by:  # Slurm's own variable (or an earlier one) said it
-                continue
-            idx = parse_index_list(text)
-            if idx is None:
-                errors.append(f"{name}={text[:80]!r} is not readable")
-            else:
-                by[gres] = idx
-                sources.append(name)
-        elif vendor not in vendor_ids:  # the first of the vendor's variables wins
-            idx = parse_index_list(text)
-            if idx is None:
-                errors.append(f"{name}={text[:80]!r} is not a list of device IDs")
-                continue
-            vendor_ids[vendor] = idx
-            sources.append(name)
-    return Allocation(
-        by,
-        frozenset(uuids),
-        vendor_ids,
-        tuple(sources),
-        tuple(errors),
-        frozenset(uuid_vendors),
-    )
-
-
-_IDX_RE = re.compile(r"\(IDX:(?P<idx>[^)]*)\)")
-#: most bytes of ``squeue --json`` looked at (22.05 lists every job of the cluster)
-SQUEUE_JSON_MAX = 64 * 1024 * 1024
-
-
-def squeue_argv(scontrol: str) -> list[str]:
-    """``squeue --json`` beside ``scontrol`` (same directory when it is a path)."""
-    head, sep, _tail = scontrol.rpartition("/")
-    return [f"{head}{sep}squeue" if sep else "squeue", "--json"]
-
-
-def _job_nodes(record: Mapping[str, Any]) -> list[str]:
-    """The job's hosts in Slurm's order of ``gres_detail``: Slurm pairs
-    ``gres_detail_str[i]`` with the i-th host of ``job_resrcs->nodes``
-    (``hostlist_shift`` in ``slurm_sprint_job_info()``, src/api/job_info.c, 22.05; the
-    openapi/v0.0.38 dump copies both lists as they are). 22.05 also names each host in
-    ``job_resources.allocated_nodes[i].nodename``: when both are there they must agree.
-    Raises ValueError when neither is readable or they differ."""
-    from hetpatrol.slurm.gres import expand_hostlist  # the squeue path only
-
-    res = record.get("job_resources")
-    if not isinstance(res, Mapping):
-        raise ValueError("no job_resources (the job holds no node)")
-    nodes = res.get("nodes")
-    if isinstance(nodes, Mapping):  # later data_parser versions: {"list": "n[1-2]", ...}
-        nodes = nodes.get("list")
-    names = expand_hostlist(nodes) if isinstance(nodes, str) and nodes else None
-    listed = res.get("allocated_nodes")
-    if isinstance(listed, list) and listed:
-        named = [
-            n.get("nodename", n.get("name")) if isinstance(n, Mapping) else None for n in listed
-        ]
-        if all(isinstance(n, str) and n for n in named):
-            if names is not None and names != named:
-                raise ValueError(f"job_resources.nodes {nodes!r} and allocated_nodes differ")
-            names = named  # type: ignore[assignment]
-    if not names:
-        raise ValueError("job_resources names no host")
-    return names
-
-
-def parse_squeue_json(text: str, job: str, node: str) -> Allocation:
-    """The GRES indexes that Slurm gave job ``job`` on ``node``, from ``squeue --json``.
-
-    Only Slurm's structured fields are read: the record whose ``job_id`` is ``job``, its
-    ``gres_detail`` (one string per host, ``gpu:a100:2(IDX:0-1),ascend:910b:1(IDX:3)``:
-    the text of ``scontrol show job -d``'s ``GRES=``) and its hosts (:func:`_job_nodes`).
-    Nothing a user chose (job name, comment, work directory: free text that may hold
-    ``Nodes=... GRES=...(IDX:3)`` and even a newline) is looked at. A GRES name on the
-    node's entry without IDX is recorded with no index. Never raises: what cannot be
-    read is in ``errors`` (then the job's cards are unknown, never guessed)."""
-    from hetpatrol.slurm.gres import split_top  # the squeue path only
-
-    def fail(why: str) -> Allocation:
-        return Allocation(sources=("squeue --json",), errors=(f"squeue --json: {why}",))
-
-    if len(text) > SQUEUE_JSON_MAX:
-        return fail(f"output larger than {SQUEUE_JSON_MAX} bytes")
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        return fail(f"not JSON ({type(exc).__name__})")
-    jobs = doc.get("jobs") if isinstance(doc, Mapping) else None
-    if not isinstance(jobs, list):
-        return fail("no jobs list")
-    mine = [
-        j
-        for j in jobs
-        if isinstance(j, Mapping)
-        and not isinstance(j.get("job_id"), bool)
-        and isinstance(j.get("job_id"), int)
-        and str(j["job_id"]) == str(job).strip()
-    ]
-    if len(mine) != 1:
-        return fail(f"{len(mine)} records of job {str(job)[:20]!r}")
-    record = mine[0]
-    detail = record.get("gres_detail")
-    if not isinstance(detail, list) or not all(isinstance(d, str) for d in detail):
-        return fail("gres_detail is not a list of strings")
-    if not detail:  # no GRES at all on any node (22.05 dumps [] then)
-        return Allocation({}, sources=("squeue --json",))
-    try:
-        hosts = _job_nodes(record)
-    except (ValueError, RecursionError) as exc:
-        return fail(str(exc))
-    if len(hosts) != len(detail):
-        return fail(f"{len(detail)} gres_detail entries for {len(hosts)} hosts")
-    by: dict[str, set[int]] = {}
-    errors: list[str] = []
-    for host, gres in zip(hosts, detail, strict=True):
-        if host != node:
-            continue
-        for item in split_top(gres):
-            name = re.split(r"[:(]", item, maxsplit=1)[0].strip().lower()
-            if not name or name in ("(null)", "n/a"):
-                continue
-            slot = by.setdefault(name, set())
-            im = _IDX_RE.search(item)
-            if im is None:
-                continue
-            idx = parse_index_list(im.group("idx"))
-            if idx is None:
-                errors.append(f"GRES item {item[:80]!r}: IDX not readable")
-                continue
-            slot.update(idx)
-    return Allocation(
-        {k: frozenset(v) for k, v in by.items()},
-        sources=("squeue --json",),
-        errors=tuple(errors),
-    )
 
 
 # ---------------------------------------------------------------------- verdict
@@ -561,22 +292,6 @@ def read_state_bounded(path: str | os.PathLike[str]) -> dict[str, Any]:
     ``hetpatrol.state/N`` schema. Raises OSError, ValueError or
     :class:`~hetpatrol.healthcheck.UntrustedStateFile` (a ValueError)."""
     return read_trusted_state(path, accept=STATE_SCHEMA_PREFIX)
-
-
-Runner = Callable[[Sequence[str], float], str]
-
-
-def run_scontrol(argv: Sequence[str], timeout: float) -> str:
-    """Run scontrol (or squeue) with a hard timeout; stdout text (at most
-    :data:`SQUEUE_JSON_MAX` + 1 bytes: one more than :func:`parse_squeue_json` takes, so
-    an overlong output is refused, not cut into something else). Raises OSError /
-    subprocess.SubprocessError (timeout, non-zero exit)."""
-    import subprocess  # only when scontrol is needed: the common pass path skips it
-
-    res = subprocess.run(
-        list(argv), capture_output=True, timeout=timeout, check=True, stdin=subprocess.DEVNULL
-    )
-    return res.stdout[: SQUEUE_JSON_MAX + 1].decode("utf-8", "replace")
 
 
 def guard(
@@ -833,16 +548,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         block_on = frozenset(parse_action(w) for w in args.block_on.split(",") if w.strip())
     except ValueError as exc:
         p.error(f"--block-on: {exc}")
-    scontrol = args.scontrol
-    if scontrol is None:
-        scontrol = next(
-            (
-                f"{d}/scontrol"
-                for d in ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
-                if os.access(f"{d}/scontrol", os.X_OK)
-            ),
-            "scontrol",
-        )
+    scontrol = args.scontrol or find_scontrol()
     return prolog_main(
         os.environ,
         args.state_path,
