@@ -574,24 +574,31 @@ def plugin_profiles_path(name: str) -> Path | None:
     return origin.with_name(origin.stem + PLUGIN_PROFILES_SUFFIX)
 
 
-#: parsed plugin profile files by (path, mtime, size): every shipped plugin is enabled in
-#: the bundled config, and a SIGHUP storm must not parse seven YAML files per reload
-_plugin_documents: dict[tuple[str, int, int], tuple[Any, dict]] = {}
+#: parsed plugin profile files by path: ``(stamp, data, lines)``, the stamp the file's
+#: ``(st_dev, st_ino, st_mtime_ns, st_size)``. Every shipped plugin is enabled in the
+#: bundled config, and a SIGHUP storm must not parse nine YAML files per reload; a file
+#: replaced by a rename (a package upgrade: a new inode, maybe the same size and mtime)
+#: or written in place (a new mtime) is parsed again, and only the latest parse of a
+#: path is kept.
+_plugin_documents: dict[str, tuple[tuple[int, int, int, int], Any, dict]] = {}
 
 
 def _plugin_document(path: Path) -> tuple[Any, dict]:
-    """``(data, lines)`` of a plugin's profile file, parsed once while it is unchanged;
-    ``ConfigError`` naming the file when it cannot be read."""
+    """``(data, lines)`` of a plugin's profile file, parsed once while it is unchanged
+    (its stat stamp, see :data:`_plugin_documents`); ``ConfigError`` naming the file
+    when it cannot be read."""
     src = str(path)
     try:
         st = path.stat()
-        key = (src, st.st_mtime_ns, st.st_size)
-        if key not in _plugin_documents:
+        stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = _plugin_documents.get(src)
+        if cached is None or cached[0] != stamp:
             data, node = parse_document(read_document(path))
-            _plugin_documents[key] = (data, line_map(node, src=src) if node is not None else {})
+            lines = line_map(node, src=src) if node is not None else {}
+            cached = _plugin_documents[src] = (stamp, data, lines)
     except (OSError, DocumentError) as exc:
         raise ConfigError(f"cannot read the plugin's profiles: {exc}", path=src) from None
-    return _plugin_documents[key]
+    return cached[1], cached[2]
 
 
 def plugin_profile_entries(name: str) -> list[dict[str, Any]]:
