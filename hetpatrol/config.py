@@ -355,22 +355,45 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
 
     errors = sorted(iter_errors(CONFIG_SCHEMA, data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
-        err = errors[0]
-        epath = tuple(err.absolute_path)
-        message = err.message
-        if err.validator == "additionalProperties":
-            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
-            if extra:
-                epath = (*epath, extra[0])
-                message = "unknown key"
-        elif isinstance(err.instance, str) and (m := _YAML11_TEXT_FLOAT.fullmatch(err.instance)):
-            exp = m[2] if m[2][0] in "+-" else f"+{m[2]}"
-            message += f" (YAML reads an exponent without a dot as text: write {m[1]}.0e{exp})"
+        epath, message = schema_error(errors[0])
         raise ConfigError(
             message, path=src, line=line_for(lines, epath), key=format_key_path(epath)
         )
     _check_normalised_keys(data, src, lines)
     return _build(data, src, lines)
+
+
+def did_you_mean(word: str, known) -> str:
+    """`` (did you mean 'path'?)`` for the known word nearest ``word``
+    (``difflib.get_close_matches``, its default cutoff 0.6: ``pathh`` -> ``path``,
+    ``colectors`` -> ``collectors``), empty when none is near enough."""
+    import difflib  # only on an error: the daemon loads configs that have none
+
+    near = difflib.get_close_matches(str(word), [str(k) for k in known], n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def schema_error(err: Any) -> tuple[tuple, str]:
+    """(key path, message) of a ``jsonschema.ValidationError`` of a config-shaped file.
+
+    A key the schema does not allow (``additionalProperties``) is named by its own path
+    with ``unknown key`` and the nearest allowed key of that mapping
+    (:func:`did_you_mean`); at the top ``base`` is one (popped before the schema). An
+    exponent YAML 1.1 reads as text (``1e1``) says how to write it."""
+    epath = tuple(err.absolute_path)
+    message = err.message
+    if err.validator == "additionalProperties":
+        allowed = set(err.schema.get("properties", {}))
+        extra = sorted(set(map(str, err.instance)) - allowed)
+        if extra:
+            epath = (*epath, extra[0])
+            if err.schema is CONFIG_SCHEMA:
+                allowed.add("base")
+            message = "unknown key" + did_you_mean(extra[0], sorted(allowed))
+    elif isinstance(err.instance, str) and (m := _YAML11_TEXT_FLOAT.fullmatch(err.instance)):
+        exp = m[2] if m[2][0] in "+-" else f"+{m[2]}"
+        message += f" (YAML reads an exponent without a dot as text: write {m[1]}.0e{exp})"
+    return epath, message
 
 
 def bundled_document() -> dict[str, Any]:
@@ -618,7 +641,8 @@ def plugin_profile_entries(name: str) -> list[dict[str, Any]]:
         "properties": {"profiles": CONFIG_SCHEMA["properties"]["profiles"]},
     }
     for err in iter_errors(schema, data):
-        raise config_error(err.message, src, lines, tuple(err.absolute_path))
+        epath, message = schema_error(err)
+        raise config_error(message, src, lines, epath)
     for i, p in enumerate(data["profiles"]):
         if p["vendor"] != name:
             raise config_error(
@@ -685,7 +709,8 @@ def _build(data: dict, src: str, lines: dict) -> Config:
     for i, p in enumerate(data.get("profiles", []) or []):
         if p["vendor"] not in vendors:
             raise config_error(
-                f"unknown vendor {p['vendor']!r}: a collector's name, one of " + ", ".join(vendors),
+                f"unknown vendor {p['vendor']!r}{did_you_mean(p['vendor'], vendors)}: "
+                "a collector's name, one of " + ", ".join(vendors),
                 src,
                 lines,
                 ("profiles", i, "vendor"),
