@@ -3,7 +3,8 @@
 - Patrols start on a fixed schedule (``start + k * interval``); a patrol that overruns
   skips the missed slots instead of running back to back.
 - SIGTERM / SIGINT: the current patrol finishes (each JSONL line is one ``write()``, so
-  no line is torn), the sinks close, exit code 0.
+  no line is torn), the state file is marked ``stopped`` (time and signal), the sinks
+  close, exit code 0.
 - SIGHUP: reload the configuration (SIGHUPs coalesce: see :meth:`Daemon._wait_until`);
   a reload that fails keeps the running one, says why, and counts it. The JSONL file is
   reopened too (external logrotate).
@@ -36,7 +37,7 @@ from hetpatrol.exporters.history_file import history_path, read_history, sync_hi
 from hetpatrol.exporters.http_server import MetricsServer
 from hetpatrol.exporters.jsonl import JsonlSink
 from hetpatrol.exporters.prometheus import ExporterStats, Exposition
-from hetpatrol.exporters.state import read_state, write_atomic, write_state
+from hetpatrol.exporters.state import mark_stopped, read_state, write_atomic, write_state
 from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
 from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock
@@ -127,6 +128,8 @@ class Daemon:
         self._wake = _Wakeup()  # poked by any signal to end the current wait
         self._stop_requested = False
         self._stop_signal: int | None = None
+        #: what asked the stop (``SIGTERM``), written into the state file's stop mark
+        self._stop_reason: str | None = None
         self._reload = False
         #: monotonic times of the first and the latest SIGHUP not yet reloaded for
         self._reload_first = self._reload_last = -math.inf
@@ -177,9 +180,24 @@ class Daemon:
     def _stopping(self) -> bool:
         """True once a stop was requested (logged once, with the signal that asked)."""
         if self._stop_requested and self._stop_signal is not None:
-            log.info("signal", signal=signal.Signals(self._stop_signal).name, action="stop")
+            self._stop_reason = signal.Signals(self._stop_signal).name
+            log.info("signal", signal=self._stop_reason, action="stop")
             self._stop_signal = None
         return self._stop_requested
+
+    def _mark_stopped(self) -> None:
+        """On a clean stop, say so in the state file (:func:`mark_stopped`): ``status``
+        and ``check`` then tell "stopped at T" from a daemon that died (a verdict that
+        only goes stale). Logged, never raised: the stop goes on."""
+        if self.config.state_path is None or self.patrols == 0:
+            return
+        reason = self._stop_reason or "stop requested"
+        try:
+            mark_stopped(self.config.state_path, reason)
+        except (OSError, ValueError) as exc:
+            log.warning("state_stop_mark_failed", path=str(self.config.state_path), error=str(exc))
+        else:
+            log.info("state_marked_stopped", path=str(self.config.state_path), reason=reason)
 
     def reload(self) -> bool:
         """Reload the config file; keep the running config if it is bad. True if applied."""
@@ -413,6 +431,7 @@ class Daemon:
                     due = epoch + slot * interval
                 if self._wait_until(due):
                     break
+            self._mark_stopped()  # a clean stop only: not on an exception
         finally:
             self.shutdown()
         return 0
