@@ -214,3 +214,48 @@ def test_a_real_slurmd_runs_jobs_on_a_node_whose_daemon_was_stopped(slurm_node, 
         line = c.wait_for(lambda line: "drain" in line.split(" ")[1], what="node drained")
         assert c.reason().startswith("hetpatrol: stale verdict"), line
     c.run("scancel", "--user=root", check=False)
+
+
+@pytest.mark.slurm
+def test_a_real_slurmd_drains_nothing_for_a_stopped_daemons_health_check(slurm_cluster, tmp_path):
+    """``check`` exits 3 at once for a stopped daemon: slurmd 22.05 runs it as
+    HealthCheckProgram (every second here, from its start), logs ``health_check failed:
+    rc:3``, registers the node and leaves it idle without a reason: slurmd drains
+    nothing for a failing health check (slurm.conf(5) of 22.05, HealthCheckProgram: "Any
+    action to be taken must be explicitly performed by the program"; hetpatrol's daemon
+    drains by its own policy). Later Slurm releases run it "repeatedly until it returns
+    an exit code of 0" before slurmd registers (upstream commit b31fa177): there a
+    stopped daemon's node stays unregistered at slurmd's start, as with a stale verdict
+    before the mark."""
+    proc, state = start(tmp_path)  # (slurm_cluster: its checks that Slurm can run here)
+    stop(proc)
+    out = tmp_path / "healthcheck.out"
+    script = tmp_path / "healthcheck"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"{sys.executable} -m hetpatrol.cli check --state-path {state} >> {out} 2>&1\n"
+        f'rc=$?\necho "rc=$rc" >> {out}\nexit $rc\n'
+    )
+    script.chmod(0o755)
+    c = cluster.start_cluster(
+        overrides={
+            "HealthCheckProgram": str(script),
+            "HealthCheckInterval": "1",
+            "HealthCheckNodeState": "ANY",
+        },
+        wait_idle=False,
+    )
+    try:
+        with c.explain():
+            wait_for(lambda: out.exists() and out.read_text().count("rc=3") >= 3, timeout=40)
+            said = out.read_text()
+            assert "HETPATROL UNKNOWN - the hetpatrol daemon was stopped at " in said, said
+            line = c.wait_for(lambda line: line.split(" ")[1] == "idle", what="node idle")
+            assert c.reason() == "none", line
+            assert "rc=0" not in said
+            # slurmd says so in its log, and registered the node all the same
+            slurmd_log = (c.root / "log" / "slurmd.log").read_text(errors="replace")
+            assert "error: health_check failed: rc:3" in slurmd_log, slurmd_log[-2000:]
+    finally:
+        c.stop()
+        shutil.rmtree(c.root, ignore_errors=True)
