@@ -226,8 +226,11 @@ def cmd_validate_config(args: argparse.Namespace) -> int:
     installed = discover()
     unknown = [c.name for c in config.collectors if c.enabled and c.name not in installed]
     if unknown:  # the daemon would report them failed, patrol after patrol
+        from hetpatrol.config import did_you_mean
+
         raise ConfigError(
-            f"no collector plugin named {unknown[0]!r} is installed "
+            f"no collector plugin named {unknown[0]!r} is installed"
+            f"{did_you_mean(unknown[0], sorted(installed))} "
             f"(installed: {', '.join(sorted(installed)) or 'none'})",
             path=config.source,
             line=config.key_lines.get(("collectors", unknown[0])),

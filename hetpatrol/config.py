@@ -326,17 +326,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     schema = config_schema(data.get("collectors"))
     errors = sorted(iter_errors(schema, data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
-        err = errors[0]
-        epath = tuple(err.absolute_path)
-        message = err.message
-        if err.validator == "additionalProperties":
-            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
-            if extra:
-                epath = (*epath, extra[0])
-                message = "unknown key"
-        elif isinstance(err.instance, str) and (m := _YAML11_TEXT_FLOAT.fullmatch(err.instance)):
-            exp = m[2] if m[2][0] in "+-" else f"+{m[2]}"
-            message += f" (YAML reads an exponent without a dot as text: write {m[1]}.0e{exp})"
+        epath, message = schema_error(errors[0])
         raise ConfigError(
             message, path=src, line=line_for(lines, epath), key=format_key_path(epath)
         )
@@ -378,6 +368,41 @@ def config_schema(sections: Any) -> dict[str, Any]:
     props = dict(CONFIG_SCHEMA["properties"])
     props["collectors"] = {**props["collectors"], "properties": declared}
     return {**CONFIG_SCHEMA, "properties": props}
+
+
+def did_you_mean(word: str, known) -> str:
+    """`` (did you mean 'path'?)`` for the known word nearest ``word``
+    (``difflib.get_close_matches``, its default cutoff 0.6: ``pathh`` -> ``path``,
+    ``colectors`` -> ``collectors``), empty when none is near enough."""
+    import difflib  # only on an error: the daemon loads configs that have none
+
+    near = difflib.get_close_matches(str(word), [str(k) for k in known], n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def schema_error(err: Any) -> tuple[tuple, str]:
+    """(key path, message) of a ``jsonschema.ValidationError`` of a config-shaped file.
+
+    A key the schema does not allow (``additionalProperties``) is named by its own path
+    with ``unknown key`` and the nearest allowed key of that mapping
+    (:func:`did_you_mean`); at the top ``base`` is one (popped before the schema). An
+    exponent YAML 1.1 reads as text (``1e1``) says how to write it."""
+    epath = tuple(err.absolute_path)
+    message = err.message
+    if err.validator == "additionalProperties":
+        allowed = set(err.schema.get("properties", {}))
+        extra = sorted(set(map(str, err.instance)) - allowed)
+        if extra:
+            epath = (*epath, extra[0])
+            # the top of a config file (CONFIG_SCHEMA, or config_schema()'s copy of it
+            # with the plugins' collector sections laid in)
+            if not err.absolute_path and "collectors" in allowed:
+                allowed.add("base")
+            message = "unknown key" + did_you_mean(extra[0], sorted(allowed))
+    elif isinstance(err.instance, str) and (m := _YAML11_TEXT_FLOAT.fullmatch(err.instance)):
+        exp = m[2] if m[2][0] in "+-" else f"+{m[2]}"
+        message += f" (YAML reads an exponent without a dot as text: write {m[1]}.0e{exp})"
+    return epath, message
 
 
 def bundled_document() -> dict[str, Any]:
@@ -581,24 +606,31 @@ def plugin_profiles_path(name: str) -> Path | None:
     return origin.with_name(origin.stem + PLUGIN_PROFILES_SUFFIX)
 
 
-#: parsed plugin profile files by (path, mtime, size): every shipped plugin is enabled in
-#: the bundled config, and a SIGHUP storm must not parse seven YAML files per reload
-_plugin_documents: dict[tuple[str, int, int], tuple[Any, dict]] = {}
+#: parsed plugin profile files by path: ``(stamp, data, lines)``, the stamp the file's
+#: ``(st_dev, st_ino, st_mtime_ns, st_size)``. Every shipped plugin is enabled in the
+#: bundled config, and a SIGHUP storm must not parse nine YAML files per reload; a file
+#: replaced by a rename (a package upgrade: a new inode, maybe the same size and mtime)
+#: or written in place (a new mtime) is parsed again, and only the latest parse of a
+#: path is kept.
+_plugin_documents: dict[str, tuple[tuple[int, int, int, int], Any, dict]] = {}
 
 
 def _plugin_document(path: Path) -> tuple[Any, dict]:
-    """``(data, lines)`` of a plugin's profile file, parsed once while it is unchanged;
-    ``ConfigError`` naming the file when it cannot be read."""
+    """``(data, lines)`` of a plugin's profile file, parsed once while it is unchanged
+    (its stat stamp, see :data:`_plugin_documents`); ``ConfigError`` naming the file
+    when it cannot be read."""
     src = str(path)
     try:
         st = path.stat()
-        key = (src, st.st_mtime_ns, st.st_size)
-        if key not in _plugin_documents:
+        stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = _plugin_documents.get(src)
+        if cached is None or cached[0] != stamp:
             data, node = parse_document(read_document(path))
-            _plugin_documents[key] = (data, line_map(node, src=src) if node is not None else {})
+            lines = line_map(node, src=src) if node is not None else {}
+            cached = _plugin_documents[src] = (stamp, data, lines)
     except (OSError, DocumentError) as exc:
         raise ConfigError(f"cannot read the plugin's profiles: {exc}", path=src) from None
-    return _plugin_documents[key]
+    return cached[1], cached[2]
 
 
 def plugin_profile_entries(name: str) -> list[dict[str, Any]]:
@@ -618,7 +650,8 @@ def plugin_profile_entries(name: str) -> list[dict[str, Any]]:
         "properties": {"profiles": CONFIG_SCHEMA["properties"]["profiles"]},
     }
     for err in iter_errors(schema, data):
-        raise config_error(err.message, src, lines, tuple(err.absolute_path))
+        epath, message = schema_error(err)
+        raise config_error(message, src, lines, epath)
     for i, p in enumerate(data["profiles"]):
         if p["vendor"] != name:
             raise config_error(
@@ -685,7 +718,8 @@ def _build(data: dict, src: str, lines: dict) -> Config:
     for i, p in enumerate(data.get("profiles", []) or []):
         if p["vendor"] not in vendors:
             raise config_error(
-                f"unknown vendor {p['vendor']!r}: a collector's name, one of " + ", ".join(vendors),
+                f"unknown vendor {p['vendor']!r}{did_you_mean(p['vendor'], vendors)}: "
+                "a collector's name, one of " + ", ".join(vendors),
                 src,
                 lines,
                 ("profiles", i, "vendor"),

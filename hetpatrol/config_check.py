@@ -13,10 +13,16 @@ baseline file...) are read by both processes: where the parent's bytes differ fr
 child's (a file replaced in between), the parent checks in its own process.
 A child that cannot run or answers nonsense makes the parent check in its own process
 (the answer is then the same; only the memory differs).
+
+The last "ok" is kept: a SIGHUP whose config text is byte for byte the one a child
+passed, and whose files read again here (the baseline file, a plugin's profiles parsed
+again because their stat changed) have bytes that child read, starts no child (an
+interpreter start, ~0.4 s). Any other byte makes a child check it again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -48,32 +54,66 @@ CHILD_TIMEOUT_SECONDS = 5.0
 
 def load_config_isolated(path: str | os.PathLike[str] | None) -> Config:
     """:func:`~hetpatrol.config.load_config` of ``path`` (None: the bundled file), its
-    schema checks run in a child process. Raises :class:`ConfigError` as it does."""
+    schema checks run in a child process. Raises :class:`ConfigError` as it does.
+
+    A child's "ok" is kept for the text it checked and the files it read (their
+    SHA-256): a reload whose config text is the same and whose every file this process
+    reads again has bytes that child read (see :func:`_build_checked`) asks no new child.
+    Only the last "ok" is kept; an error is never kept (the child says it again)."""
     text = None  # the bundled file: read by both processes from the package
     if path is not None:
         try:
             text = read_document(Path(path))
         except Exception:  # noqa: BLE001 - load_config says what is wrong with the file
             return load_config(path)
+    key = (None if path is None else str(path), _digest(text))
+    global _last_ok
+    if _last_ok is not None and _last_ok[0] == key:
+        config = _build_checked(path, text, _last_ok[1])
+        if config is not None:
+            return config
     answer = _ask_child(path, text)
     if answer is None:
         return load_config(path, text=text)
     if "error" in answer:
         e = answer["error"]
         raise ConfigError(e["message"], path=e.get("path"), line=e.get("line"), key=e.get("key"))
-    # The config's own text is the one the child checked; a file it names (the baseline
-    # file, a plugin's profiles) is read again here. Unless each such file read here has
-    # the bytes the child read, the schema is checked here after all: a file replaced in
-    # between must not pass unchecked.
+    config = _build_checked(path, text, answer["reads"])
+    if config is None:  # data the schema would refuse, or a file replaced: check it here
+        return load_config(path, text=text)
+    _last_ok = (key, answer["reads"])
+    return config
+
+
+#: the last child's "ok": ((path, SHA-256 of the text it was given), [[path, sha256],
+#: ...] of the files it read)
+_last_ok: tuple[tuple[str | None, str | None], list] | None = None
+
+
+def _digest(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _build_checked(
+    path: str | os.PathLike[str] | None, text: str | None, reads: list
+) -> Config | None:
+    """The config of ``text`` built here with the schema checks skipped, or None unless
+    each file this process read for it has bytes the child read (``reads``).
+
+    The config's own text is the one the child checked; a file it names (the baseline
+    file, a plugin's profiles) is read again here. Unless each such file read here has
+    the bytes the child read, the schema must be checked here after all: a file replaced
+    in between must not pass unchecked. (A file this process did not read again, the
+    bundled file or a plugin's profiles it keeps parsed while their stat is unchanged,
+    is not compared: the child's list may be longer.) None as well when the build fails
+    (data the schema would have refused)."""
     try:
-        with checked_elsewhere(), recording_reads() as reads:
+        with checked_elsewhere(), recording_reads() as mine:
             config = load_config(path, text=text)
-    except Exception:  # noqa: BLE001 - data the schema would have refused: check it here
-        return load_config(path, text=text)
-    # (a file this process did not read again, the bundled file it keeps from the first
-    # load, is not compared: the child's list may be longer)
-    if any(read not in answer["reads"] for read in reads):
-        return load_config(path, text=text)
+    except Exception:  # noqa: BLE001 - the caller checks it in this process or a child
+        return None
+    if any(read not in reads for read in mine):
+        return None
     return config
 
 

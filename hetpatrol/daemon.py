@@ -3,9 +3,11 @@
 - Patrols start on a fixed schedule (``start + k * interval``); a patrol that overruns
   skips the missed slots instead of running back to back.
 - SIGTERM / SIGINT: the current patrol finishes (each JSONL line is one ``write()``, so
-  no line is torn), the sinks close, exit code 0.
-- SIGHUP: reload the configuration; a reload that fails keeps the running one, says
-  why, and counts it. The JSONL file is reopened too (external logrotate).
+  no line is torn), the state file is marked ``stopped`` (time and signal), the sinks
+  close, exit code 0.
+- SIGHUP: reload the configuration (SIGHUPs coalesce: see :meth:`Daemon._wait_until`);
+  a reload that fails keeps the running one, says why, and counts it. The JSONL file is
+  reopened too (external logrotate).
 - systemd (``Type=notify``): ``READY=1`` after the first patrol, ``RELOADING=1`` /
   ``READY=1`` around a reload, ``STOPPING=1`` on shutdown, and ``WATCHDOG=1`` pings
   while the loop keeps its deadlines (:mod:`hetpatrol.sdnotify`).
@@ -16,6 +18,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import select
 import signal
@@ -34,7 +37,7 @@ from hetpatrol.exporters.history_file import history_path, read_history, sync_hi
 from hetpatrol.exporters.http_server import MetricsServer
 from hetpatrol.exporters.jsonl import JsonlSink
 from hetpatrol.exporters.prometheus import ExporterStats, Exposition
-from hetpatrol.exporters.state import read_state, write_atomic, write_state
+from hetpatrol.exporters.state import mark_stopped, read_state, write_atomic, write_state
 from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
 from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock
@@ -43,6 +46,14 @@ from hetpatrol.slurm.card_jobs import CardJobs
 from hetpatrol.slurm.drain import DrainPolicy
 
 log = get_logger("hetpatrol.daemon")
+
+#: a SIGHUP is acted on once no other came for this long (``systemctl reload`` sends
+#: one; a loop of ``kill -HUP`` or several tools reloading at once, a storm, is then one
+#: reload once it is over)...
+RELOAD_QUIET_SECONDS = 0.2
+#: ...but at the latest this long after the first SIGHUP not yet reloaded for: a stream
+#: of them that never pauses still reloads
+RELOAD_MAX_DEFER_SECONDS = 5.0
 
 
 def describe_change(change: dict) -> str:
@@ -117,7 +128,11 @@ class Daemon:
         self._wake = _Wakeup()  # poked by any signal to end the current wait
         self._stop_requested = False
         self._stop_signal: int | None = None
+        #: what asked the stop (``SIGTERM``), written into the state file's stop mark
+        self._stop_reason: str | None = None
         self._reload = False
+        #: monotonic times of the first and the latest SIGHUP not yet reloaded for
+        self._reload_first = self._reload_last = -math.inf
         self.patrols = 0
         self.last_report: PatrolReport | None = None
 
@@ -145,6 +160,10 @@ class Daemon:
         self._wake.poke()
 
     def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()  # a clock read takes no lock
+        if not self._reload:
+            self._reload_first = now
+        self._reload_last = now
         self._reload = True
         self._wake.poke()  # wake the wait; the loop tells reload from stop
 
@@ -161,9 +180,24 @@ class Daemon:
     def _stopping(self) -> bool:
         """True once a stop was requested (logged once, with the signal that asked)."""
         if self._stop_requested and self._stop_signal is not None:
-            log.info("signal", signal=signal.Signals(self._stop_signal).name, action="stop")
+            self._stop_reason = signal.Signals(self._stop_signal).name
+            log.info("signal", signal=self._stop_reason, action="stop")
             self._stop_signal = None
         return self._stop_requested
+
+    def _mark_stopped(self) -> None:
+        """On a clean stop, say so in the state file (:func:`mark_stopped`): ``status``
+        and ``check`` then tell "stopped at T" from a daemon that died (a verdict that
+        only goes stale). Logged, never raised: the stop goes on."""
+        if self.config.state_path is None or self.patrols == 0:
+            return
+        reason = self._stop_reason or "stop requested"
+        try:
+            mark_stopped(self.config.state_path, reason)
+        except (OSError, ValueError) as exc:
+            log.warning("state_stop_mark_failed", path=str(self.config.state_path), error=str(exc))
+        else:
+            log.info("state_marked_stopped", path=str(self.config.state_path), reason=reason)
 
     def reload(self) -> bool:
         """Reload the config file; keep the running config if it is bad. True if applied."""
@@ -397,6 +431,7 @@ class Daemon:
                     due = epoch + slot * interval
                 if self._wait_until(due):
                     break
+            self._mark_stopped()  # a clean stop only: not on an exception
         finally:
             self.shutdown()
         return 0
@@ -405,31 +440,44 @@ class Daemon:
     def _status_line(report: PatrolReport) -> str:
         return f"patrol {report.seq}: {report.health}, {len(report.cards)} cards"
 
+    def _reload_at(self) -> float:
+        """When the pending reload runs (monotonic): :data:`RELOAD_QUIET_SECONDS` after
+        the latest SIGHUP, at the latest :data:`RELOAD_MAX_DEFER_SECONDS` after the first
+        one not yet reloaded for."""
+        return min(
+            self._reload_last + RELOAD_QUIET_SECONDS,
+            self._reload_first + RELOAD_MAX_DEFER_SECONDS,
+        )
+
     def _wait_until(self, due: float) -> bool:
         """Sleep until ``due``; handle SIGHUP reloads. True when a stop was requested.
 
         A stop request is never lost to a reload, and a storm of SIGHUPs cannot starve
         the patrols: once ``due`` has passed the patrol runs, and a pending reload waits
-        for the next sleep.
+        for the next sleep. SIGHUPs coalesce (:meth:`_reload_at`): a storm of them is
+        one reload once it is over, and one that arrives during a reload makes one more
+        after it (the file may have changed after the reload read it), never none.
         """
         while True:
             if self._stopping():
                 return True
-            remaining = due - time.monotonic()
-            if remaining <= 0:
+            now = time.monotonic()
+            if now >= due:
                 return False
-            self.watchdog.alive_until(max(due, time.monotonic()) + self._patrol_budget())
-            self._wake.wait(remaining)
-            if self._stopping():
-                return True
+            wake = due
             if self._reload:
-                self._reload = False
-                self.notifier.reloading()
-                self.watchdog.alive_for(self._patrol_budget())
-                self.reload()
-                self.notifier.ready(
-                    self._status_line(self.last_report) if self.last_report else None
-                )
+                wake = min(due, self._reload_at())
+                if wake <= now:
+                    self._reload = False
+                    self.notifier.reloading()
+                    self.watchdog.alive_for(self._patrol_budget())
+                    self.reload()
+                    self.notifier.ready(
+                        self._status_line(self.last_report) if self.last_report else None
+                    )
+                    continue
+            self.watchdog.alive_until(max(due, now) + self._patrol_budget())
+            self._wake.wait(wake - now)
 
     def shutdown(self) -> None:
         self.notifier.stopping()

@@ -7,7 +7,9 @@ the health check as root, also before it has registered with slurmctld, and kill
 after ``HealthCheckTimeout``, 60 s before Slurm 26.05).
 
 Prints one line and exits with the Nagios code of the verdict: 0 ok, 1 warning,
-2 critical, 3 unknown. A missing, unreadable or stale state file is 3 with the reason.
+2 critical, 3 unknown. A missing, unreadable or stale state file is 3 with the reason;
+so is the state file of a daemon stopped cleanly (``stopped``, its time and signal, with
+the last verdict), at once.
 A verdict is stale when it is older than ``--max-age`` seconds (default: 3 patrol
 intervals + 10 s, the interval read from the state file).
 """
@@ -188,6 +190,35 @@ def verdict_age(
     return age, age > stale_limit(doc, max_age)
 
 
+#: the stop reasons a daemon writes are signal names (``SIGTERM``) or these words
+_REASON_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _-")
+
+
+def stopped_mark(doc: Mapping[str, Any]) -> tuple[float, str] | None:
+    """(when in s since the epoch, why: ``SIGTERM``) of the clean stop the daemon wrote
+    into its state file (``stopped``, :func:`hetpatrol.exporters.state.mark_stopped`);
+    None when there is none, or none a daemon writes (not a mapping, no finite ``at``:
+    the verdict is then judged as if it had no mark). A reason that is not a short
+    word is shown as ``?``."""
+    mark = doc.get("stopped")
+    if not isinstance(mark, Mapping):
+        return None
+    at = mark.get("at")
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        return None
+    reason = mark.get("reason")
+    ok = isinstance(reason, str) and 0 < len(reason) <= 40 and set(reason) <= _REASON_CHARS
+    return float(at), reason if ok else "?"
+
+
+def utc_text(seconds: float) -> str:
+    """``2026-12-01T22:40:05Z`` of a time in s since the epoch."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    except (OverflowError, ValueError, OSError):
+        return repr(seconds)
+
+
 #: The packaged daemon's user (``User=hetpatrol`` in systemd/hetpatrol.service, made by
 #: systemd/hetpatrol.sysusers and the Debian package): besides root and the reader itself,
 #: the one owner a state file may have.
@@ -322,6 +353,16 @@ def _check(
             f"HETPATROL UNKNOWN - state file {state_path} has an impossible patrol time "
             f"({doc['finished']!r}); is the clock right?"
         )
+    stopped = stopped_mark(doc)
+    if stopped is not None:
+        # nothing watches the cards any more: UNKNOWN at once, not the verdict until it
+        # goes stale (Slurm drains nothing for it, docs/slurm.md), saying who stopped
+        # it and what the last patrol said
+        at, reason = stopped
+        return EXIT_UNKNOWN, (
+            f"HETPATROL UNKNOWN - the hetpatrol daemon was stopped at {utc_text(at)} "
+            f"({reason}); its last verdict, {STATE_WORDS[code]}: {summarize(doc, age)}"
+        )
     if stale:
         limit = stale_limit(doc, max_age)
         return EXIT_UNKNOWN, (
@@ -398,7 +439,8 @@ def add_check_parser(sub: Any) -> None:
             "Slurm's HealthCheckProgram (and a Nagios plugin): one line from the running "
             "daemon's last verdict (its state file), at once: no vendor tool, never scontrol."
             " Exit 0 ok, 1 warning, 2 critical, 3 unknown; 3 when the state file is missing, "
-            "unreadable or older than --max-age (default: 3 patrol intervals + 10 s)."
+            "unreadable or older than --max-age (default: 3 patrol intervals + 10 s), and when "
+            "the daemon was stopped (the file's stop mark: when, by which signal)."
         ),
     )
     p.add_argument(

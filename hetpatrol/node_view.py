@@ -28,7 +28,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
-from hetpatrol.healthcheck import verdict_age
+from hetpatrol.healthcheck import stopped_mark, utc_text, verdict_age
 
 _RESET = "\033[0m"
 _STYLE = {
@@ -370,7 +370,11 @@ def render(
         interval = doc.get("interval_seconds")
         if _finite_number(interval) and interval:
             when += f" (every {float(interval):g} s)"
-        if stale:
+        stopped = stopped_mark(doc)
+        if stopped is not None:  # the daemon's own word: no guess at why it is silent
+            said = f"STOPPED: the daemon was stopped at {utc_text(stopped[0])} ({stopped[1]})"
+            when += "  " + paint(said + ", the verdict is from then", "unknown")
+        elif stale:
             when += "  " + paint("STALE: is the daemon running?", "critical")
     else:
         when = f"exit {doc.get('exit_code')}"

@@ -9,7 +9,9 @@ the verdict is. Health is coloured on a terminal (ANSI), plain when piped or whe
 ``stale`` added, for scripts.
 
 Exit code: the verdict's (0 ok, 1 warning, 2 critical, 3 unknown); 3 as well when the
-verdict is stale or the state file cannot be read.
+verdict is stale, the daemon was stopped (the state file's ``stopped`` mark: the view
+says when and by which signal, and that the verdict is from then) or the state file
+cannot be read.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from hetpatrol.healthcheck import (
     UntrustedStateFile,
     read_trusted_state,
+    stopped_mark,
     verdict_age,
     verdict_code,
 )
@@ -83,7 +86,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         return EXIT_UNKNOWN
     write_stdout(text)  # a reader gone (`| head`) keeps the exit code below
-    if stale:
+    if stale or stopped_mark(doc) is not None:  # as `check`: nothing watches the cards
         return EXIT_UNKNOWN
     code = verdict_code(doc)  # the same verdict as `hetpatrol check`
     if code is None:
@@ -101,7 +104,8 @@ def add_status_parser(sub: Any) -> argparse.ArgumentParser:
             "This node at a glance, from the running daemon's state file (no vendor tool is "
             "run): a table per vendor and card type, findings and processes under each card, "
             "the collectors, how old the verdict is. Exit: the verdict's 0 ok, 1 warning, 2 "
-            "critical, 3 unknown; 3 when the verdict is stale or the file unreadable."
+            "critical, 3 unknown; 3 when the verdict is stale, the daemon was stopped or the file "
+            "unreadable."
         ),
     )
     p.add_argument(

@@ -112,7 +112,8 @@ BAD_CONFIGS = [
         "profiles:\n  - name: a100\n    vendor: nvidai\n",
         3,
         "profiles[0].vendor",
-        "unknown vendor 'nvidai': a collector's name, one of " + ", ".join(sorted(discover())),
+        "unknown vendor 'nvidai' (did you mean 'nvidia'?): a collector's name, one of "
+        + ", ".join(sorted(discover())),
     ),
     (
         "defaults:\n  memory_used_ratio: {warning: 0.9, critical: 95}\n",
@@ -176,6 +177,109 @@ def test_bad_config_names_key_and_line(text, line, key, words):
     assert err.key == key
     assert words in str(err)
     assert str(err).startswith(f"bad.yaml:{line}: {key}: ")
+
+
+#: typos an operator makes, one per level of the file: (text, line, key path, the
+#: key suggested). Real typos: a letter left out, doubled, swapped, a singular for a
+#: plural, another program's spelling (dryrun, timeout_secs).
+TYPOS = [
+    ("colectors: {}\n", 1, "colectors", "collectors"),  # a top section
+    ("bse: none\n", 1, "bse", "base"),  # the layering switch, popped before the schema
+    ("node: a\nintervall_seconds: 5\n", 2, "intervall_seconds", "interval_seconds"),
+    ("node: a\njsonl:\n  pathh: /tmp/x\n", 3, "jsonl.pathh", "path"),
+    # check settings: the defaults' levels, a check family's top section
+    (
+        "defaults:\n  temperature_celsius:\n    warnng: 80\n",
+        3,
+        "defaults.temperature_celsius.warnng",
+        "warning",
+    ),
+    ("kernel_log:\n  xid_severty: {}\n", 2, "kernel_log.xid_severty", "xid_severity"),
+    ("slurm:\n  drain:\n    dryrun: true\n", 3, "slurm.drain.dryrun", "dry_run"),
+    ("actions:\n  drain_onn: [reset_card]\n", 2, "actions.drain_onn", "drain_on"),
+    # profile keys
+    (
+        "profiles:\n  - name: a\n    vendr: nvidia\n",
+        3,
+        "profiles[0].vendr",
+        "vendor",
+    ),
+    (
+        "profiles:\n  - name: a\n    vendor: nvidia\n    card_type: [a100]\n",
+        4,
+        "profiles[0].card_type",
+        "card_types",
+    ),
+    (
+        "profiles:\n  - name: a\n    vendor: nvidia\n    temprature_celsius: {warning: 80}\n",
+        4,
+        "profiles[0].temprature_celsius",
+        "temperature_celsius",
+    ),
+    # collector options
+    (
+        "collectors:\n  nvidia:\n    timeout_secs: 3\n",
+        3,
+        "collectors.nvidia.timeout_secs",
+        "timeout_seconds",
+    ),
+    (
+        "collectors:\n  ascend:\n    hccn_tools: [hccn_tool]\n",
+        3,
+        "collectors.ascend.hccn_tools",
+        "hccn_tool",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "key", "near"), TYPOS)
+def test_an_unknown_key_says_the_nearest_known_one(text, line, key, near):
+    with pytest.raises(ConfigError) as info:
+        load_config("bad.yaml", text=text)
+    assert (info.value.line, info.value.key) == (line, key)
+    assert str(info.value) == f"bad.yaml:{line}: {key}: unknown key (did you mean {near!r}?)"
+
+
+def test_an_unknown_key_near_no_known_one_says_none():
+    with pytest.raises(ConfigError) as info:
+        load_config("bad.yaml", text="node: a\nzebra: 1\n")
+    assert str(info.value) == "bad.yaml:2: zebra: unknown key"
+
+
+def test_a_typo_in_a_plugins_profile_file_says_the_nearest_key(tmp_path, monkeypatch):
+    """A plugin's shipped profiles are checked like the config's, with its own file
+    and line."""
+    from hetpatrol import config
+
+    shipped = tmp_path / "gaudi_profiles.yaml"
+    shipped.write_text("profiles:\n  - name: gaudi3\n    vendor: gaudi\n    modle: HL-325\n")
+    real = config.plugin_profiles_path
+    monkeypatch.setattr(
+        config, "plugin_profiles_path", lambda n: shipped if n == "gaudi" else real(n)
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config("site.yaml", text="base: none\ncollectors:\n  gaudi: {}\n")
+    assert str(info.value) == (
+        f"{shipped}:4: profiles[0].modle: unknown key (did you mean 'model'?)"
+    )
+
+
+def test_validate_config_says_the_nearest_key_and_collector(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("node: a\ncollectors:\n  ascend:\n    timout_seconds: 5\n")
+    res = subprocess.run([*HETPATROL, "validate-config", str(bad)], capture_output=True, text=True)
+    assert res.returncode == EX_CONFIG
+    assert res.stderr == (
+        f"hetpatrol: configuration error: {bad}:4: collectors.ascend.timout_seconds: "
+        "unknown key (did you mean 'timeout_seconds'?)\n"
+    )
+    bad.write_text("node: a\ncollectors:\n  nvidai: {}\n")  # a plugin section: any name
+    res = subprocess.run([*HETPATROL, "validate-config", str(bad)], capture_output=True, text=True)
+    assert res.returncode == EX_CONFIG
+    assert (
+        f"{bad}:3: collectors.nvidai: no collector plugin named 'nvidai' is installed "
+        "(did you mean 'nvidia'?) (installed: " in res.stderr
+    )
 
 
 def test_yaml_syntax_error_has_line():

@@ -234,3 +234,96 @@ def test_a_stalled_child_cannot_hold_a_reload_past_the_watchdogs_allowance(tmp_p
     monkeypatch.setattr(sys, "executable", str(stall))
     monkeypatch.setattr(config_check, "CHILD_TIMEOUT_SECONDS", 0.3)
     assert load_config_isolated(site).interval_seconds == 7.0
+
+
+def _counting_child(monkeypatch):
+    """Count the children asked (the real ones answer); no "ok" kept from before."""
+    from hetpatrol import config_check
+
+    asked = []
+    real_ask = config_check._ask_child
+
+    def ask(path, text):
+        asked.append(path)
+        return real_ask(path, text)
+
+    monkeypatch.setattr(config_check, "_ask_child", ask)
+    monkeypatch.setattr(config_check, "_last_ok", None, raising=False)
+    return asked
+
+
+def test_a_reload_of_unchanged_bytes_starts_no_child(tmp_path, monkeypatch):
+    """The SIGHUP storm's cost: an interpreter start per reload of the same file. The
+    same bytes (a touch, a rewrite of the same text) ask no child; one byte more does."""
+    import os
+
+    asked = _counting_child(monkeypatch)
+    site = _site(tmp_path, "interval_seconds: 7\n")
+    assert load_config_isolated(site).interval_seconds == 7.0
+    assert load_config_isolated(site).interval_seconds == 7.0
+    site.write_text("interval_seconds: 7\n")  # the same bytes, a new mtime
+    os.utime(site, (1, 1))
+    assert load_config_isolated(site).interval_seconds == 7.0
+    assert len(asked) == 1
+    site.write_text("interval_seconds: 7 \n")  # a byte more: checked again
+    assert load_config_isolated(site).interval_seconds == 7.0
+    assert len(asked) == 2
+    site.write_text("interval_seconds: -7\n")  # refused by the child, every time
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="interval_seconds"):
+            load_config_isolated(site)
+    assert len(asked) == 4
+    site.write_text("interval_seconds: 7 \n")  # back to the last checked bytes: no child
+    assert load_config_isolated(site).interval_seconds == 7.0
+    assert len(asked) == 4
+
+
+def test_a_changed_baseline_file_is_checked_again_though_the_config_is_not(tmp_path, monkeypatch):
+    """The config's bytes are unchanged but the baseline file it names is not: the
+    child checks again (and refuses what the schema refuses)."""
+    asked = _counting_child(monkeypatch)
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(BASELINE.read_text())
+    site = _site(tmp_path, f"baseline_file: {baseline}\n")
+    good = load_config_isolated(site)
+    assert load_config_isolated(site) == good
+    assert len(asked) == 1
+    # what only the schema refuses (vendors are written in lower case): the build here,
+    # schema skipped, would take it
+    baseline.write_text(BASELINE.read_text().replace("vendor: nvidia", "vendor: NVIDIA"))
+    with pytest.raises(ConfigError) as child:
+        load_config_isolated(site)
+    with pytest.raises(ConfigError) as here:
+        load_config(site)
+    assert str(child.value) == str(here.value) and child.value.key == "baseline_file"
+    assert len(asked) == 2
+
+
+def test_a_plugins_profiles_are_parsed_again_when_replaced_whatever_their_mtime(
+    tmp_path, monkeypatch
+):
+    """Parsed once while (dev, inode, mtime, size) stays; a package upgrade renames a
+    new file in, maybe of the same size and mtime (``install -p``, rsync -t): its
+    inode tells it. A file written in place has a new mtime."""
+    import os
+
+    from hetpatrol import config
+
+    path = tmp_path / "demo_profiles.yaml"
+    body = "profiles:\n  - {name: demo-a, vendor: demo}\n"
+    path.write_text(body)
+    monkeypatch.setattr(config, "_plugin_documents", {})
+    first = config._plugin_document(path)
+    assert config._plugin_document(path) is not None
+    assert config._plugin_document(path)[0] is first[0]  # parsed once
+    st = path.stat()
+    new = tmp_path / "demo_profiles.yaml.new"
+    new.write_text(body.replace("demo-a", "demo-b"))  # the same size
+    os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))  # and mtime
+    os.replace(new, path)
+    assert config._plugin_document(path)[0]["profiles"][0]["name"] == "demo-b"
+    with path.open("r+") as fh:  # in place, the same size: a new mtime
+        fh.write(body.replace("demo-a", "demo-c"))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert config._plugin_document(path)[0]["profiles"][0]["name"] == "demo-c"
+    assert len(config._plugin_documents) == 1  # one parse kept per file

@@ -168,6 +168,23 @@ def state_bytes(report: PatrolReport, interval_seconds: float) -> bytes:
     return f'{text[:-1]},"cards":[{cards}]}}\n'.encode()
 
 
+def mark_stopped(path: Path, reason: str, *, now: float | None = None) -> None:
+    """Add ``"stopped": {"at": <s since the epoch>, "reason": <reason>, "pid": <pid>}``
+    to the state file at ``path`` (its verdict, the last patrol's, is kept as it is):
+    the daemon's word, on a clean stop (SIGTERM, SIGINT), that no patrol follows.
+    ``check``, ``status`` and ``prolog`` read it (:func:`hetpatrol.healthcheck.stopped_mark`);
+    the next daemon's first patrol writes a file without it. ``reason``: the signal's
+    name (``SIGTERM``). Raises OSError or ValueError (no state file of this schema)."""
+    doc = read_state(path, verify=lambda st: None)  # verify: a last symlink not followed
+    doc["stopped"] = {
+        "at": round(time.time() if now is None else now, 3),
+        "reason": reason,
+        "pid": os.getpid(),
+    }
+    data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+    write_atomic(path, data, mode=PRIVATE_FILE_MODE)
+
+
 #: Most bytes a state file may have (a real one is tens of KB).
 STATE_READ_MAX = 64 * 1024 * 1024
 

@@ -8,7 +8,9 @@ allocated to the job, and fails only when
 
 - the verdict is missing, unreadable or stale (same limit as ``hetpatrol check``:
   3 patrol intervals + 10 s unless ``max_age`` is given; a patrol time more than 300 s
-  in the future is not trusted), or
+  in the future is not trusted), unless the daemon marked it ``stopped`` (a clean stop:
+  then its age fails no job, and a verdict of an earlier boot lets every job through),
+  or
 - an allocated card's action is in ``block_on`` (default: reset_card, reboot_node,
   isolate_card, replace_card), or any card or node finding says ``reboot_node`` and the
   job holds at least one card of the node. Other node findings let the job through:
@@ -74,8 +76,11 @@ from hetpatrol.actions.vocabulary import (
 from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX, boot_clock
 from hetpatrol.healthcheck import (
     UntrustedStateFile,
+    boot_age,
     read_trusted_state,
     stale_limit,
+    stopped_mark,
+    utc_text,
     verdict_age,
 )
 from hetpatrol.slurm.job_gres import (  # noqa: F401 - the Prolog's callers import these here
@@ -240,7 +245,21 @@ def decide(
         return GuardDecision(
             EXIT_FAIL, f"hetpatrol: stale verdict: impossible patrol time {doc.get('finished')!r}"
         )
-    if stale:
+    stopped = stopped_mark(doc)
+    said = ""
+    if stopped is not None:
+        # A daemon stopped cleanly said so (systemctl stop: an upgrade, an admin): its
+        # silence is no sign of a sick node, so its age never fails a job (the fleet is
+        # not drained while the service is down; `check` says UNKNOWN "stopped at T").
+        # Its last verdict still refuses a card it found needing a drain action in this
+        # boot: stopping the service repaired nothing. One from an earlier boot says
+        # nothing of the cards now (a reboot resets them): the job goes through.
+        said = f"hetpatrol stopped at {utc_text(stopped[0])} ({stopped[1]})"
+        if boot_age(doc, boot) is None:
+            return GuardDecision(
+                EXIT_PASS, f"{said}, its last verdict not of this boot: job let through"
+            )
+    elif stale:
         return GuardDecision(
             EXIT_FAIL,
             f"hetpatrol: stale verdict: last patrol {age:.0f} s ago "
@@ -280,6 +299,8 @@ def decide(
     text = f"job cards ok: {held_text} (patrol {doc.get('seq')}, {age:.0f} s ago)"
     if missing:
         text += f"; not in the verdict: {', '.join(missing)}"
+    if said:
+        text += f"; {said}: judged by its last verdict"
     return GuardDecision(EXIT_PASS, text, names, tuple(missing))
 
 
