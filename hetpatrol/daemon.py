@@ -27,6 +27,7 @@ from types import FrameType
 
 from hetpatrol import sdnotify
 from hetpatrol.actions.escalation import Escalation
+from hetpatrol.actions.fault_events import FaultLog
 from hetpatrol.boot import read_boot
 from hetpatrol.config import Config, ConfigError, load_config, parse_listen
 from hetpatrol.exporters.failures import WriteFailures
@@ -295,7 +296,10 @@ class Daemon:
     def restore_escalation(self) -> None:
         """Go on from the escalation counts the last daemon wrote in the state file (a
         restart must not reset "the second double-bit error in 24 h"); events older than
-        a rule's window are dropped, never replayed. A missing or damaged file: none."""
+        a rule's window are dropped, never replayed. The same for the kept card fault
+        events with their jobs (older than ``actions.fault_events.max_age_seconds``
+        dropped; entries of the wrong types dropped and logged,
+        ``state_fault_events_dropped``). A missing or damaged file: none."""
         if self.config.state_path is None:
             return
         try:
@@ -305,6 +309,16 @@ class Daemon:
         self.patroller.escalation = Escalation.from_dict(
             doc.get("escalation"), time.time(), self.config.actions.escalation
         )
+        # the card fault events with their jobs: the next events go on from them
+        faults = FaultLog.from_state(doc, time.time(), self.config.actions.fault_events)
+        if faults.dropped:
+            log.warning(
+                "state_fault_events_dropped",
+                path=str(self.config.state_path),
+                dropped=faults.dropped,
+                reason="not card fault events (damaged or foreign state file)",
+            )
+        self.patroller.fault_log = faults
         if self.patroller.boot_root is not None:  # the same boot: its patrols go on
             self.patroller.boot.restore(doc.get("boot"), read_boot(self.patroller.boot_root))
         self.patroller.reboot_history = read_history(
