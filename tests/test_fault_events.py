@@ -279,3 +279,43 @@ def test_config_section():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"fault_events": {"max_event": 10}}, ACTIONS_SCHEMA)
     assert load_config().actions.fault_events == FaultEventRule(100, 604800.0)
+
+
+def test_status_lists_the_last_faults_with_their_jobs(tmp_path, capsys):
+    from hetpatrol.cli import main
+    from hetpatrol.node_view import render
+
+    replay = booted_replay(tmp_path, int(time.time()) - 3600)
+    path = tmp_path / "state" / "state.json"
+    path.parent.mkdir()
+    now = time.time()
+    earlier = [
+        {**_event(now - 7200 + i, i, uuid=f"GPU-{i}", index=i, vendor="nvidia"), "boot_id": "b"}
+        for i in range(5)
+    ]
+    earlier[4]["jobs"] = None  # a card that was not one of the patrol's
+    earlier[3]["jobs"] = ["17", "18\x1b[2J"]
+    path.write_text(json.dumps({"schema": "hetpatrol.state/1", "fault_events": earlier}))
+    d = daemon(tmp_path, replay, "4242")
+    try:
+        d.patrol_once()
+    finally:
+        d.shutdown()
+    assert main(["status", "--state-path", str(path)]) == 2
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("recent card faults (7 kept, newest first; ledger faults lists them):")
+    shown = out[at + 1 : at + 6]
+    assert [line.split("  ", 2)[2] for line in shown] == [
+        "critical fallen_off_bus on nvidia/6 0000:cb:00.0: job 4242",
+        "critical xid 79 on nvidia/6 0000:cb:00.0: job 4242",
+        "critical xid 48 on nvidia/4 GPU-4: jobs unknown (not one of the patrol's cards)",
+        "critical xid 48 on nvidia/3 GPU-3: jobs 17, 18\\x1b[2J",
+        "critical xid 48 on nvidia/2 GPU-2: job 7",
+    ]
+    assert shown[0].startswith("  ") and shown[0].split("  ")[1].endswith(" s ago")
+    assert shown[2].split("  ")[1] == "120 min ago"  # now - 7200 + 4 s (human_age)
+    assert not out[at + 6].startswith("  ")  # five at most
+    doc = json.loads(path.read_text())
+    for width in (80, 160):
+        lines = render(doc, width=width).splitlines()
+        assert all(len(line) <= width for line in lines), width
