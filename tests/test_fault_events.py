@@ -111,6 +111,12 @@ def test_the_state_file_keeps_the_fault_events_with_their_jobs_across_a_restart(
     # a recorded log's records are stamped when read (the JSONL event's ts)
     assert rfc3339(read - 0.001) <= kept[0]["ts"] <= rfc3339(time.time())
     assert [e["ts"] for e in kept] == [e["ts"] for e in jsonl_events(tmp_path)]
+    import jsonschema
+
+    from hetpatrol.schema import fault_event_json_schema
+
+    for e in kept:
+        jsonschema.validate(e, fault_event_json_schema())
     first_run = {e["run_id"] for e in jsonl_events(tmp_path)}
     assert {e["run_id"] for e in kept} == first_run and len(first_run) == 1
 
@@ -188,8 +194,13 @@ def test_bounds_by_count_and_age_and_the_json_is_encoded_only_on_change():
 
 
 def test_many_jobs_on_one_card_are_bounded_and_counted():
+    import jsonschema
+
+    from hetpatrol.schema import fault_event_json_schema
+
     kept = kept_event(_event(1e9, 1, jobs=[str(i) for i in range(100)]))
     assert len(kept["jobs"]) == 64 and kept["jobs_more"] == 36
+    jsonschema.validate(kept, fault_event_json_schema())
 
 
 @pytest.mark.parametrize(
