@@ -96,8 +96,10 @@ def test_the_state_file_keeps_the_fault_events_with_their_jobs_across_a_restart(
         read = time.time()
         d.patrol_once()
         d.patrol_once()  # nothing new: the same two events
+        body = d.exposition.body
     finally:
         d.shutdown()
+    assert b"hetpatrol_card_health" in body and b"4242" not in body  # never a label
     kept = state(tmp_path)["fault_events"]
     assert [(e["event"], e.get("xid"), e.get("reason")) for e in kept] == [
         ("xid", 79, None),
