@@ -413,6 +413,8 @@ class Patroller:
         )
         node_findings.extend(kernel.findings)
         self._jobs_on_events(cards, kernel.events)
+        for event in kernel.events:  # the boot it was read in: with kmsg_seq, the record
+            event["boot_id"] = self.boot.boot_id
         self.fault_log.observe(kernel.events, self.boot.boot_id, time.time(), self.run_id)
         changes.extend(self._apply_recovery(cards))
         check_data: dict[str, Any] = {}

@@ -686,6 +686,9 @@ def kernel_event_properties() -> dict[str, Any]:
         "message": {"type": "string"},
         "log_time": string,
         "kmsg_seq": integer,
+        #: the boot the record was read in (/proc/sys/kernel/random/boot_id; null when
+        #: not read): with ``kmsg_seq``, the kernel record itself
+        "boot_id": string,
         "raw": {"type": "string"},
     }
 

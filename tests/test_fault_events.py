@@ -88,7 +88,7 @@ def jsonl_events(tmp_path: Path) -> list[dict]:
     return [d for d in map(json.loads, lines) if d.get("event") in ("xid", "kernel")]
 
 
-def test_the_state_file_keeps_the_fault_events_with_their_jobs_across_a_restart(tmp_path):
+def test_the_state_file_keeps_the_fault_events_with_their_jobs_across_a_restart(tmp_path, capsys):
     btime = int(time.time()) - 3600
     replay = booted_replay(tmp_path, btime)
     d = daemon(tmp_path, replay, "4242")
@@ -130,8 +130,19 @@ def test_the_state_file_keeps_the_fault_events_with_their_jobs_across_a_restart(
         d.shutdown()
     again = [e for e in jsonl_events(tmp_path) if e["run_id"] not in first_run]
     assert [e["kmsg_seq"] for e in again] == [2103, 2104]  # the same records, read again
+    assert all(e["boot_id"] == BOOT for e in again)
     assert all(e["jobs"] == ["4242"] for e in again)  # the jobs when it happened
     assert state(tmp_path)["fault_events"] == kept  # kept once, as first read
+
+    # the ledger: both runs' JSONL lines and the state file are the same two faults
+    from hetpatrol.cli import main
+
+    files = [str(tmp_path / "state" / n) for n in ("patrol.jsonl", "state.json")]
+    assert main(["ledger", "faults", *files, "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["counts"] == {"events": 2, "without_jobs": 0, "skipped": 0, "state_files": 1}
+    assert [f["what"] for f in doc["jobs"]["4242"]] == ["xid 79", "fallen_off_bus"]
+    assert "5555" not in doc["jobs"]
 
 
 def test_a_restarted_daemon_drops_the_kept_faults_older_than_the_age_bound(tmp_path):

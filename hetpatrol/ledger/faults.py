@@ -8,8 +8,9 @@ schema (``hetpatrol.state/...``: a state file). It keeps each card fault event
 (``kind: "event"``, ``event`` ``xid`` or ``kernel``) with its ``jobs``: the Slurm jobs
 on the card when the fault was read (:meth:`hetpatrol.patrol.Patroller._jobs_on_events`).
 One row per job: the job id, then each fault (time, node, card, XID or reason,
-severity). An event seen in a JSONL file and in a state file (or in two copies) counts
-once. Events without ``jobs`` (written before the field existed, or on a card that was
+severity). An event seen in a JSONL file and in a state file (or in two copies), or a
+kernel record a restarted daemon read again (same node, boot id and ``kmsg_seq``),
+counts once. Events without ``jobs`` (written before the field existed, or on a card that was
 not one of the patrol's) are counted as such, never credited to a job.
 
 The files may sit in a shared directory: a symbolic link another user made is not
@@ -92,10 +93,13 @@ def faults_by_job(
     for doc in _documents(lines, counts):
         if doc.get("kind") != "event" or doc.get("event") not in FAULT_EVENTS:
             continue
-        key = (doc.get("run_id"), doc.get("seq"), doc.get("ts"), _card(doc), _what(doc))
-        if key in seen:
+        keys = [(doc.get("run_id"), doc.get("seq"), doc.get("ts"), _card(doc), _what(doc))]
+        if isinstance(doc.get("boot_id"), str) and isinstance(doc.get("kmsg_seq"), int):
+            # the kernel record itself: read again by a restarted daemon, it is one fault
+            keys.append((doc.get("node"), doc["boot_id"], doc["kmsg_seq"], _card(doc), _what(doc)))
+        if any(k in seen for k in keys):
             continue
-        seen.add(key)
+        seen.update(keys)
         counts["events"] += 1
         ids = doc.get("jobs")
         if not isinstance(ids, list) or not all(isinstance(j, str) for j in ids):
