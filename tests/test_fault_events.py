@@ -343,3 +343,26 @@ def test_status_lists_the_last_faults_with_their_jobs(tmp_path, capsys):
     for width in (80, 160):
         lines = render(doc, width=width).splitlines()
         assert all(len(line) <= width for line in lines), width
+
+
+def test_a_reload_keeps_the_fault_events_and_takes_the_new_bounds(tmp_path):
+    from hetpatrol.patrol import Patroller
+
+    replay = booted_replay(tmp_path, int(time.time()) - 3600)
+    config = replace(load_config(), node="xid79-01")
+    first = Patroller(config, replay_dir=replay)
+    first.card_jobs = jobs_stand_in("4242")
+    second = Patroller(
+        replace(config, actions=parse_actions_section({"fault_events": {"max_events": 1}})),
+        replay_dir=replay,
+    )
+    try:
+        first.run()
+        assert [e["kmsg_seq"] for e in first.fault_log.events] == [2103, 2104]
+        second.adopt(first)
+        report = second.run()
+    finally:
+        first.close()
+        second.close()
+    assert second.fault_log.rule == FaultEventRule(1, 604800.0)
+    assert [e["kmsg_seq"] for e in json.loads(report.fault_events)] == [2104]
