@@ -274,22 +274,6 @@ def test_a_damaged_state_file_is_logged_and_the_daemon_goes_on(tmp_path, capfd):
     assert "[warning" in line and "dropped=1" in line
 
 
-def test_a_state_file_too_large_is_not_read(tmp_path, monkeypatch):
-    from hetpatrol.exporters import state as state_module
-
-    replay = booted_replay(tmp_path, int(time.time()) - 3600)
-    path = tmp_path / "state" / "state.json"
-    path.parent.mkdir()
-    keep = {**_event(time.time(), 1, uuid="GPU-z"), "boot_id": BOOT}
-    path.write_text(json.dumps({"schema": "hetpatrol.state/1", "fault_events": [keep]}))
-    monkeypatch.setattr(state_module, "STATE_READ_MAX", 64)  # the file is larger
-    d = daemon(tmp_path, replay, "4242")
-    try:
-        assert d.patroller.fault_log.events == []
-    finally:
-        d.shutdown()
-
-
 def test_config_section():
     assert rule_from_config(None) == FaultEventRule(100, 604800.0)
     assert rule_from_config({"max_events": 5}) == FaultEventRule(5, 604800.0)
@@ -366,3 +350,38 @@ def test_a_reload_keeps_the_fault_events_and_takes_the_new_bounds(tmp_path):
         second.close()
     assert second.fault_log.rule == FaultEventRule(1, 604800.0)
     assert [e["kmsg_seq"] for e in json.loads(report.fault_events)] == [2104]
+
+
+@pytest.mark.parametrize("hostile", ["symlink", "group_writable", "huge", "not_json"])
+def test_a_hostile_state_file_is_refused_and_logged(tmp_path, capfd, monkeypatch, hostile):
+    from hetpatrol.exporters import state as state_module
+
+    replay = booted_replay(tmp_path, int(time.time()) - 3600)
+    path = tmp_path / "state" / "state.json"
+    path.parent.mkdir()
+    keep = {**_event(time.time(), 1, uuid="GPU-z"), "boot_id": BOOT}
+    text = json.dumps({"schema": "hetpatrol.state/1", "fault_events": [keep]})
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(text)
+    if hostile == "symlink":
+        path.symlink_to(elsewhere)
+    else:
+        path.write_text(text if hostile != "not_json" else text[:-1])
+    if hostile == "group_writable":
+        os.chmod(path, 0o660)
+    if hostile == "huge":
+        monkeypatch.setattr(state_module, "STATE_READ_MAX", 64)  # the file is larger
+    d = daemon(tmp_path, replay, "4242")
+    try:
+        assert d.patroller.fault_log.events == []
+    finally:
+        d.shutdown()
+    line = next(x for x in capfd.readouterr().err.splitlines() if "state_restore_refused" in x)
+    assert "[warning" in line
+    why = {
+        "symlink": "a symbolic link: not followed",
+        "group_writable": "writable by group or others (mode 660)",
+        "huge": "is larger than 64 bytes",
+        "not_json": "",
+    }[hostile]
+    assert why in line
