@@ -54,12 +54,14 @@ def booted_replay(tmp_path: Path, btime: int) -> Path:
     return root
 
 
-def jobs_stand_in(job: str) -> SimpleNamespace:
-    # GPU 6 fell off the bus: it is matched by the index the kernel-log reader gave it
+def jobs_stand_in(jobs: str | tuple[str, ...]) -> SimpleNamespace:
+    """``jobs`` on GPU 6, none elsewhere. GPU 6 fell off the bus: it is matched by the
+    index the kernel-log reader gave it."""
+    held = frozenset({jobs} if isinstance(jobs, str) else jobs)
     return SimpleNamespace(
         refresh=lambda cards: None,
         error=None,
-        jobs_of=lambda card: frozenset({job}) if card.index == 6 else frozenset(),
+        jobs_of=lambda card: held if card.index == 6 else frozenset(),
     )
 
 

@@ -195,6 +195,7 @@ def test_damaged_and_hostile_state_files_are_refused_or_counted(tmp_path, capfd)
         "2 state file(s)"
     )
     assert "d\\x1b[2J.fifo: not a regular file" in err and "\x1b" not in err
+    assert "c.json: not a JSONL log or state file (left out)" in err
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="os.lchown to another uid needs root")

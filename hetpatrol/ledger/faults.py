@@ -15,10 +15,11 @@ not one of the patrol's) are counted as such, never credited to a job.
 
 The files may sit in a shared directory: a symbolic link another user made is not
 followed, a FIFO or device is not read, a line is read up to 1 MiB (a state file up to
-64 MiB). Only the daemon's own structured fields are read; a line that is not JSON, or
-an event whose fields have the wrong types, is skipped and counted. Names are printed
-without control characters (:func:`hetpatrol.node_view.printable`). Exit 0 no fault
-with a job, 1 at least one, 65 when no file could be read.
+64 MiB), a file whose first line is not a JSON object is left out (said on stderr,
+counted as one line skipped). Only the daemon's own structured fields are read; a line
+that is not JSON, or an event whose fields have the wrong types, is skipped and counted.
+Names are printed without control characters (:func:`hetpatrol.node_view.printable`).
+Exit 0 no fault with a job, 1 at least one, 65 when no file could be read.
 """
 
 from __future__ import annotations
@@ -221,7 +222,11 @@ def _read_file(path: str, errors: list[str], readable: list[str]) -> Iterator[st
             yield doc if isinstance(doc, dict) else "\0"
             return
         doc = _decode(first)
-        yield doc if isinstance(doc, dict) else "\0"
+        if not isinstance(doc, dict):  # a README, an archive: not the daemon's file
+            errors.append(f"{path}: not a JSONL log or state file (left out)")
+            yield "\0"
+            return
+        yield doc
         while (line := _read_line(fh, MAX_LINE)) is not None:
             yield line.decode("utf-8", "replace")
 
