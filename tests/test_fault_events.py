@@ -62,6 +62,8 @@ def jobs_stand_in(jobs: str | tuple[str, ...]) -> SimpleNamespace:
         refresh=lambda cards: None,
         error=None,
         jobs_of=lambda card: held if card.index == 6 else frozenset(),
+        stray_jobs_of=lambda card: None,  # the CardJobs interface of later versions
+        stray_note=None,
     )
 
 

@@ -111,6 +111,8 @@ def _patrol_state(tmp_path: Path, node: str, job: str) -> tuple[Path, Path]:
             refresh=lambda cards: None,
             error=None,
             jobs_of=lambda card: frozenset({job}) if card.index == 6 else frozenset(),
+            stray_jobs_of=lambda card: None,
+            stray_note=None,
         )
         report = p.run()
     finally:
