@@ -30,6 +30,7 @@ from types import FrameType
 
 from hetpatrol import sdnotify
 from hetpatrol.actions.escalation import Escalation
+from hetpatrol.actions.fault_events import FaultLog
 from hetpatrol.boot import read_boot
 from hetpatrol.config import Config, ConfigError, load_config, parse_listen
 from hetpatrol.exporters.failures import WriteFailures
@@ -79,6 +80,15 @@ def card_jobs_for(config: Config, replay_dir: Path | None) -> CardJobs | None:
     # squeue is read-only and runs as the daemon's user: beside the breaker's sinfo (the
     # scontrol prefix may be the root helper, which runs no squeue)
     return CardJobs(slurm.drain.breaker.sinfo, slurm.slurm_node(config.node), slurm.timeout_seconds)
+
+
+def _own_state_file(st: os.stat_result) -> None:
+    """Refuse (ValueError) a state file to restore from that is not root's or this
+    user's, or that group or others may write (the daemon writes it 0640)."""
+    if st.st_uid not in (0, os.geteuid()):
+        raise ValueError(f"the file is owned by uid {st.st_uid}, not root or this user")
+    if st.st_mode & 0o022:
+        raise ValueError(f"the file is writable by group or others (mode {st.st_mode & 0o7777:o})")
 
 
 class Daemon:
@@ -329,16 +339,45 @@ class Daemon:
     def restore_escalation(self) -> None:
         """Go on from the escalation counts the last daemon wrote in the state file (a
         restart must not reset "the second double-bit error in 24 h"); events older than
-        a rule's window are dropped, never replayed. A missing or damaged file: none."""
+        a rule's window are dropped, never replayed. The same for the kept card fault
+        events with their jobs (older than ``actions.fault_events.max_age_seconds``
+        dropped; entries of the wrong types dropped and logged,
+        ``state_fault_events_dropped``). A missing or damaged file: none.
+
+        The file is read as it is written (:func:`~hetpatrol.exporters.state.write_atomic`
+        replaces only a regular file of root or this user): a symbolic link at it is not
+        followed, a file of another user or one group or others may write is not
+        believed, one over 64 MiB or not JSON is not read; each is logged
+        (``state_restore_refused``) and nothing is restored from it."""
         if self.config.state_path is None:
             return
         try:
-            doc = read_state(self.config.state_path)
-        except (OSError, ValueError):
+            doc = read_state(self.config.state_path, verify=_own_state_file)
+        except FileNotFoundError:
+            doc = {}
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "state_restore_refused",
+                path=str(self.config.state_path),
+                error="a symbolic link: not followed"
+                if isinstance(exc, OSError) and exc.errno == errno.ELOOP
+                else (exc.strerror if isinstance(exc, OSError) else None) or str(exc),
+                action="starting without the kept counts and fault events",
+            )
             doc = {}
         self.patroller.escalation = Escalation.from_dict(
             doc.get("escalation"), time.time(), self.config.actions.escalation
         )
+        # the card fault events with their jobs: the next events go on from them
+        faults = FaultLog.from_state(doc, time.time(), self.config.actions.fault_events)
+        if faults.dropped:
+            log.warning(
+                "state_fault_events_dropped",
+                path=str(self.config.state_path),
+                dropped=faults.dropped,
+                reason="not card fault events (damaged or foreign state file)",
+            )
+        self.patroller.fault_log = faults
         if self.patroller.boot_root is not None:  # the same boot: its patrols go on
             self.patroller.boot.restore(doc.get("boot"), read_boot(self.patroller.boot_root))
         self.patroller.reboot_history = read_history(

@@ -11,7 +11,9 @@ builds the same document from its report, so both commands print the same view:
 - one table per vendor and card type: a row per card, its findings under it (wrapped to
   the terminal's width), then the processes on it (pid, user, Slurm job, memory) and,
   for a card that is not ok, why a value is missing;
-- the collectors, node findings and kernel-log events.
+- the collectors, node findings and kernel-log events; for the daemon's verdict
+  (``status``), the last card fault events it keeps with the Slurm jobs that were on the
+  card (``fault_events``, newest first, at most :data:`MAX_FAULTS`).
 
 ``info`` findings (an idle GPU's clock event reasons) are counted but hidden unless
 ``verbose``. Colour only when asked (:func:`use_color`: a terminal, no ``NO_COLOR``).
@@ -28,6 +30,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
+from hetpatrol.actions.fault_events import event_time
 from hetpatrol.healthcheck import stopped_mark, utc_text, verdict_age
 
 _RESET = "\033[0m"
@@ -50,6 +53,8 @@ _COLLECTOR_HEALTH = {
 }
 #: processes listed under a card before "+N more"
 MAX_PROCESSES = 8
+#: most kept card fault events ``status`` lists (``hetpatrol ledger faults`` has all)
+MAX_FAULTS = 5
 
 
 def use_color(stream: TextIO, mode: str = "auto", environ: Mapping[str, str] | None = None) -> bool:
@@ -521,9 +526,45 @@ def render(
         w.add(f"{sev} {what} on {where}{e.get('bus_id')} x{e.get('count')}", 2, hang=2)
         w.lines[0] = w.lines[0].replace(sev, paint(sev, sev), 1)
         out.lines.extend(w.lines)
+    if live:
+        _fault_lines(out, doc.get("fault_events"), paint, now)
     if hidden:
         out.add(paint(f"{hidden} info finding{'s' if hidden != 1 else ''} hidden (-v)", "dim"), 0)
     return "\n".join(out.lines) + "\n"
+
+
+def _jobs_text(e: Mapping[str, Any]) -> str:
+    jobs = e.get("jobs")
+    if not isinstance(jobs, list):
+        return "jobs unknown (not one of the patrol's cards)"
+    if not jobs:
+        return "no job"
+    more = e.get("jobs_more")
+    extra = f" +{more} more" if isinstance(more, int) and more > 0 else ""
+    return ("job " if len(jobs) == 1 else "jobs ") + ", ".join(map(str, jobs)) + extra
+
+
+def _fault_lines(out: _Writer, kept: Any, paint: Painter, now: float | None) -> None:
+    """The last :data:`MAX_FAULTS` kept card fault events, newest first: age, severity,
+    XID or reason, card, the jobs on it."""
+    events = [e for e in kept if isinstance(e, Mapping)] if isinstance(kept, list) else []
+    if not events:
+        return
+    import time
+
+    now = time.time() if now is None else now
+    out.add(f"recent card faults ({len(events)} kept, newest first; ledger faults lists them):")
+    for e in events[::-1][:MAX_FAULTS]:
+        when = event_time(e.get("ts"))
+        age = f"{human_age(max(0.0, now - when))} ago" if when is not None else "time unknown"
+        what = f"xid {e.get('xid')}" if e.get("xid") is not None else str(e.get("reason"))
+        sev = str(e.get("severity"))
+        where = f"{e.get('vendor')}/{e.get('index')} " if e.get("index") is not None else ""
+        card = e.get("bus_id") or e.get("uuid") or "card unknown"
+        w = _Writer(out.width)
+        w.add(f"{age}  {sev} {what} on {where}{card}: {_jobs_text(e)}", 2, hang=4)
+        w.lines[0] = w.lines[0].replace(f"  {sev} ", f"  {paint(sev, sev)} ", 1)
+        out.lines.extend(w.lines)
 
 
 def terminal_width(stream: TextIO) -> int | None:

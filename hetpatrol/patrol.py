@@ -29,6 +29,7 @@ from hetpatrol import processes
 from hetpatrol.actions import findings as action_findings
 from hetpatrol.actions.apply import judge_card, kernel_event_key, state_keys
 from hetpatrol.actions.escalation import CARD_MISSING_KEY, Escalation, card_identity
+from hetpatrol.actions.fault_events import FaultLog
 from hetpatrol.actions.reboot_history import RebootHistory
 from hetpatrol.actions.vocabulary import highest, worst_verdict
 from hetpatrol.boot import BootWatch, learn_links, read_boot
@@ -227,6 +228,9 @@ class Patroller:
         self.run_id = uuid.uuid4().hex[:12]
         #: escalation counts by card identity (restored from the state file by the daemon)
         self.escalation = Escalation(config.actions.escalation)
+        #: the recent card fault events with their jobs, for the state file (restored
+        #: from it by the daemon)
+        self.fault_log = FaultLog(config.actions.fault_events)
         #: boots each card's critical fault families were seen in (restored and written
         #: by the daemon: reboot-history.json beside the state file)
         self.reboot_history = RebootHistory(config.actions.reboot_survival)
@@ -297,6 +301,8 @@ class Patroller:
         self.stray_watch = previous.stray_watch
         self.card_jobs = previous.card_jobs
         self.escalation.rules = self.config.actions.escalation
+        self.fault_log = previous.fault_log
+        self.fault_log.rule = self.config.actions.fault_events
         self.reboot_history = previous.reboot_history
         self.reboot_history.rule = self.config.actions.reboot_survival
         if previous.config.top[kernel_events.NAME] == self.config.top[kernel_events.NAME]:
@@ -423,6 +429,9 @@ class Patroller:
         )
         node_findings.extend(kernel.findings)
         self._jobs_on_events(cards, kernel.events)
+        for event in kernel.events:  # the boot it was read in: with kmsg_seq, the record
+            event["boot_id"] = self.boot.boot_id
+        self.fault_log.observe(kernel.events, self.boot.boot_id, time.time(), self.run_id)
         changes.extend(self._apply_recovery(cards))
         check_data: dict[str, Any] = {}
         for check in self.node_checks:
@@ -481,6 +490,7 @@ class Patroller:
             kernel_log=kernel.snapshot,
             action=node_action,
             escalation=self.escalation.to_dict(),
+            fault_events=self.fault_log.json_text(),
         )
 
     def _name_hung_tools(self, node_findings: list[Finding]) -> None:

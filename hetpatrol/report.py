@@ -49,6 +49,9 @@ class PatrolReport:
     #: the id of the run (the daemon's process, kept over reloads) on every JSONL line
     run_id: str = ""
     escalation: Mapping[str, Any] | None = field(default=None, repr=False)
+    #: the recent card fault events with their jobs (hetpatrol.actions.fault_events), as
+    #: JSON text of a list: the state file's ``fault_events``, encoded when it changes
+    fault_events: str = field(default="[]", repr=False)
 
     @property
     def duration_seconds(self) -> float:

@@ -26,6 +26,10 @@ the kernel's ``fs.protected_symlinks`` (``Documentation/admin-guide/sysctl/fs.rs
 
 A refusal raises :class:`UnsafePath` (an ``OSError``, errno EPERM) whose message names
 the path and why.
+
+Reading a file another user may have put in a shared directory (the JSONL logs and state
+files an operator gathered for ``hetpatrol ledger faults``): :func:`open_for_reading`
+follows only the symbolic links root or this user made, and never blocks on a FIFO.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ __all__ = [
     "open_for_lock",
     "check_opened",
     "check_replaceable",
+    "UnsafeRead",
+    "open_for_reading",
 ]
 
 #: the flags every writer adds: never follow a link at the file, never pass the fd on
@@ -280,3 +286,70 @@ def check_replaceable(path: Path, shared: bool) -> None:
         raise OSError(errno.EEXIST, "not a regular file: refusing to replace it", str(path))
     if not _trusted_owner(st.st_uid) or (shared and st.st_uid != os.geteuid()):
         raise UnsafePath(path, f"the file is owned by {_owner_name(st.st_uid)}")
+
+
+class UnsafeRead(UnsafePath):
+    """A path hetpatrol refuses to read (a symbolic link another user made): ``errno``
+    EPERM, the message says which link and whose."""
+
+    def __str__(self) -> str:
+        return f"refusing to read {self.filename}: {self.strerror}"
+
+
+#: most symbolic links followed on the way to a file (Linux's own limit, MAXSYMLINKS)
+MAX_SYMLINKS = 40
+
+
+def _resolve_own_links(path: Path) -> str:
+    """``path`` resolved component by component, following only the symbolic links
+    owned by root or this user (as ``fs.protected_symlinks`` does in a sticky
+    directory, here everywhere). Raises :class:`UnsafeRead` or OSError (a missing
+    component, a loop)."""
+    text = os.path.abspath(os.fspath(path))
+    todo = list(reversed(text.split("/")))
+    done = "/"
+    hops = 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            done = os.path.dirname(done)
+            continue
+        here = os.path.join(done, name)
+        st = os.lstat(here)
+        if stat.S_ISLNK(st.st_mode):
+            if not _trusted_owner(st.st_uid):
+                raise UnsafeRead(
+                    path, f"{here} is a symbolic link owned by {_owner_name(st.st_uid)}"
+                )
+            hops += 1
+            if hops > MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, "too many symbolic links", str(path))
+            target = os.readlink(here)
+            if target.startswith("/"):
+                done = "/"
+            todo.extend(reversed(target.split("/")))
+            continue
+        done = here
+    return done
+
+
+def open_for_reading(path: Path) -> int:
+    """Open ``path`` read-only without following another user's symbolic link anywhere
+    on the way (:func:`_resolve_own_links`; the last component opened ``O_NOFOLLOW``)
+    and without blocking (``O_NONBLOCK``: a FIFO put there is refused, never waited
+    on). Returns the fd of a regular file. Raises :class:`UnsafeRead`, or OSError
+    (missing, unreadable; EINVAL: not a regular file)."""
+    real = _resolve_own_links(Path(path))
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link put there since it was resolved
+            raise UnsafeRead(path, "it is a symbolic link") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd

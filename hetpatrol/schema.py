@@ -699,6 +699,9 @@ def kernel_event_properties() -> dict[str, Any]:
         "message": {"type": "string"},
         "log_time": string,
         "kmsg_seq": integer,
+        #: the boot the record was read in (/proc/sys/kernel/random/boot_id; null when
+        #: not read): with ``kmsg_seq``, the kernel record itself
+        "boot_id": string,
         "raw": {"type": "string"},
     }
 
@@ -759,6 +762,40 @@ def event_json_schema() -> dict[str, Any]:
             "slurm_state": nullable_string,
             "slurm_reason": nullable_string,
             "command": {"type": ["array", "null"], "items": {"type": "string"}},
+        },
+    }
+
+
+def fault_event_json_schema() -> dict[str, Any]:
+    """JSON Schema of one entry of the state file's ``fault_events``: a card fault event
+    kept with its jobs (:mod:`hetpatrol.actions.fault_events`, which reads them back by
+    hand with the same rules: the daemon never imports ``jsonschema``). Fields that are
+    null are left out but ``ts``, ``boot_id``, ``event``, ``severity`` and ``jobs``;
+    ``xid`` or ``reason`` names the fault; ``run_id`` and ``seq`` are the JSONL line's.
+    """
+    text = {"type": "string", "maxLength": 128}
+    return {
+        "type": "object",
+        "required": ["ts", "boot_id", "event", "severity", "jobs"],
+        "additionalProperties": False,
+        "anyOf": [{"required": ["xid"]}, {"required": ["reason"]}],
+        "properties": {
+            "ts": text,
+            "boot_id": {"type": ["string", "null"], "maxLength": 128},
+            "event": {"enum": list(KERNEL_EVENTS)},
+            "run_id": text,
+            "seq": {"type": "integer"},
+            "xid": {"type": "integer"},
+            "reason": text,
+            "severity": {"enum": [SEVERITY_INFO, HEALTH_WARNING, HEALTH_CRITICAL]},
+            "uuid": text,
+            "bus_id": text,
+            "vendor": text,
+            "index": {"type": "integer"},
+            "chip": {"type": "integer"},
+            "kmsg_seq": {"type": "integer"},
+            "jobs": {"type": ["array", "null"], "items": text, "maxItems": 64},
+            "jobs_more": {"type": "integer", "minimum": 1},
         },
     }
 

@@ -1,5 +1,8 @@
 """Fault to job: every card fault event carries the jobs on its card, and ``hetpatrol
-ledger faults`` lists the jobs that ran on a card that faulted, from the JSONL.
+ledger faults`` lists the jobs that ran on a card that faulted, from the JSONL and from
+the state files (one node's, or a directory an operator gathered), an event seen in both
+counted once; files in a shared directory are read without following another user's
+symlinks (root: the links are made another user's with ``os.lchown``).
 
 Replay: fixtures/nodes/xid-79 (its kmsg.txt: XID 79 "GPU has fallen off the bus" on one
 H100). The card's jobs come from a stand-in for ``squeue --json`` (the mapping itself is
@@ -9,9 +12,12 @@ tested on the recorded 22.05 output in tests/test_stray_process.py).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from hetpatrol.cli import main
 from hetpatrol.config import load_config
@@ -87,9 +93,145 @@ def test_events_without_jobs_are_counted_not_credited():
     jobs, counts = faults_by_job(lines)
     assert sorted(jobs) == ["7", "8"]
     assert jobs["7"][0]["card"] == "0000:17:00.0" and jobs["7"][0]["what"] == "fallen_off_bus"
-    assert counts == {"events": 2, "without_jobs": 1, "skipped": 1}
+    assert counts == {"events": 2, "without_jobs": 1, "skipped": 1, "state_files": 0}
 
 
 def test_unreadable_files_exit_65(tmp_path, capsys):
     assert main(["ledger", "faults", str(tmp_path / "missing.jsonl")]) == 65
     assert "missing.jsonl" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ state files
+def _patrol_state(tmp_path: Path, node: str, job: str) -> tuple[Path, Path]:
+    """One patrol of the xid-79 replay as node ``node`` with ``job`` on GPU 6: its state
+    file and its JSONL, in ``tmp_path/<node>/``."""
+    from hetpatrol.exporters.state import write_state
+
+    p = Patroller(replace(load_config(), node=node), replay_dir=XID79)
+    try:
+        p.card_jobs = SimpleNamespace(
+            refresh=lambda cards: None,
+            error=None,
+            jobs_of=lambda card: frozenset({job}) if card.index == 6 else frozenset(),
+            stray_jobs_of=lambda card: None,
+            stray_note=None,
+        )
+        report = p.run()
+    finally:
+        p.close()
+    where = tmp_path / node
+    where.mkdir()
+    write_state(where / "state.json", report, 10.0)
+    (where / "patrol.jsonl").write_text(
+        "".join([report.patrol_line, *report.card_lines, *report.event_lines])
+    )
+    return where / "state.json", where / "patrol.jsonl"
+
+
+def test_state_files_and_the_jsonl_count_an_event_once(tmp_path, capsys):
+    state, jsonl = _patrol_state(tmp_path, "xid79-01", "4242")
+    code = main(["ledger", "faults", str(state), str(jsonl), "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert doc["counts"] == {"events": 2, "without_jobs": 0, "skipped": 0, "state_files": 1}
+    faults = doc["jobs"]["4242"]
+    assert [(f["node"], f["card"], f["what"], f["severity"]) for f in faults] == [
+        ("xid79-01", "nvidia/6", "xid 79", "critical"),
+        ("xid79-01", "nvidia/6", "fallen_off_bus", "critical"),
+    ]
+    # the state file alone says the same
+    assert main(["ledger", "faults", str(state), "--format", "json"]) == 1
+    assert json.loads(capsys.readouterr().out)["jobs"] == doc["jobs"]
+
+
+def test_a_directory_of_collected_state_files(tmp_path, capsys):
+    collected = tmp_path / "collected"
+    collected.mkdir()
+    for node, job in (("gpu-a01", "101"), ("gpu-a02", "202")):
+        state, _ = _patrol_state(tmp_path, node, job)
+        state.rename(collected / f"{node}.json")
+    # a writer's temporary file, an indented copy (`status --json > x`), a subdirectory
+    (collected / ".state.json.k2j3.tmp").write_text('{"schema": "hetpatrol.state/1", "fau')
+    (collected / "sub").mkdir()
+    indented = json.loads((collected / "gpu-a02.json").read_text())
+    indented["node"] = "gpu-a03"
+    for e in indented["fault_events"]:
+        e["run_id"] = "ffffffffffff"
+    (collected / "gpu-a03.json").write_text(json.dumps(indented, indent=2) + "\n")
+    code = main(["ledger", "faults", str(collected)])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 1
+    assert out[0] == "job 101" and out[3] == "job 202"
+    assert [line.split()[1:4] for line in out[1:3]] == [
+        ["gpu-a01", "nvidia/6", "xid"],
+        ["gpu-a01", "nvidia/6", "fallen_off_bus"],
+    ]
+    assert {line.split()[1] for line in out[4:8]} == {"gpu-a02", "gpu-a03"}
+    assert out[-1] == (
+        "2 job(s) on faulted cards; 6 fault event(s), 0 without jobs, 0 line(s) skipped, "
+        "3 state file(s)"
+    )
+
+
+def test_damaged_and_hostile_state_files_are_refused_or_counted(tmp_path, capfd):
+    state, _ = _patrol_state(tmp_path, "xid79-01", "4242")
+    doc = json.loads(state.read_text())
+    d = tmp_path / "shared"
+    d.mkdir()
+    good = doc["fault_events"][0]
+    doc["node"] = "evil\x1b[2J\u202enode"
+    doc["fault_events"] = [
+        good,
+        {**good, "jobs": "4242"},
+        {**good, "kmsg_seq": "2103"},
+        {**good, "ts": 7},
+        "x",
+    ]
+    (d / "a.json").write_text(json.dumps(doc))
+    (d / "b.json").write_text(json.dumps({"schema": "hetpatrol.state/1", "fault_events": 5}))
+    (d / "c.json").write_text("[" * 100_000)  # nested too deep
+    os.mkfifo(d / "d\x1b[2J.fifo")  # never waited on; its name printed escaped
+    assert main(["ledger", "faults", str(d)]) == 1
+    out, err = capfd.readouterr()
+    assert "job 4242" in out and "evil\\x1b[2J\\u202enode" in out and "\x1b" not in out
+    assert out.splitlines()[-1] == (
+        "1 job(s) on faulted cards; 1 fault event(s), 0 without jobs, 6 line(s) skipped, "
+        "2 state file(s)"
+    )
+    assert "d\\x1b[2J.fifo: not a regular file" in err and "\x1b" not in err
+    assert "c.json: not a JSONL log or state file (left out)" in err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="os.lchown to another uid needs root")
+def test_another_users_symlink_is_not_followed(tmp_path, capsys):
+    state, _ = _patrol_state(tmp_path, "xid79-01", "4242")
+    d = tmp_path / "shared"
+    d.mkdir()
+    (d / "mine.json").symlink_to(state)  # root's own link: followed
+    theirs = d / "theirs.json"
+    theirs.symlink_to(state)
+    os.lchown(theirs, 65534, 65534)
+    linked_dir = tmp_path / "via"
+    linked_dir.symlink_to(d)
+    os.lchown(linked_dir, 65534, 65534)
+    assert main(["ledger", "faults", str(d)]) == 1
+    captured = capsys.readouterr()
+    assert "1 state file(s)" in captured.out
+    assert (
+        f"refusing to read {theirs}: {theirs} is a symbolic link owned by uid 65534" in captured.err
+    )
+    # a directory reached through their link: none of it is read
+    assert main(["ledger", "faults", str(linked_dir / "mine.json")]) == 65
+    assert "is a symbolic link owned by uid 65534" in capsys.readouterr().err
+
+
+def test_a_line_longer_than_the_bound_is_skipped_not_parsed(tmp_path, capsys):
+    _, jsonl = _patrol_state(tmp_path, "xid79-01", "4242")
+    first, rest = jsonl.read_text().split("\n", 1)
+    # past the first line (which may be a state file's), a line is read up to 1 MiB
+    jsonl.write_text(first + '\n{"kind": "event", "pad": "' + "x" * (2 << 20) + '"}\n' + rest)
+    assert main(["ledger", "faults", str(jsonl)]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == (
+        "1 job(s) on faulted cards; 2 fault event(s), 0 without jobs, 1 line(s) skipped"
+    )

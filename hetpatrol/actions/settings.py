@@ -22,6 +22,9 @@ Not yet wired into :mod:`hetpatrol.config` (the coordinator merges it)::
         enabled: true       # -> replace_card (hetpatrol.actions.reboot_history)
         reboots: 2
         window_seconds: 2592000
+      fault_events:         # card fault events with their jobs kept in the state file
+        max_events: 100     # (hetpatrol.actions.fault_events)
+        max_age_seconds: 604800
 
 Override keys: ``xid:<number>``, ``ascend:<8 hex digits>``, ``kernel:<reason>``
 (``fallen_off_bus``, ``reset_required``, ``rm_init_adapter_failed``),
@@ -36,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetpatrol.actions.escalation import EscalationRules, rules_from_config
+from hetpatrol.actions.fault_events import FaultEventRule
+from hetpatrol.actions.fault_events import rule_from_config as fault_rule_from_config
 from hetpatrol.actions.reboot_history import SurvivalRule, rule_from_config
 from hetpatrol.actions.vocabulary import ACTIONS, DEFAULT_DRAIN_ACTIONS, parse_action
 
@@ -101,6 +106,14 @@ ACTIONS_SCHEMA: dict[str, Any] = {
                 "window_seconds": {"type": "number", "exclusiveMinimum": 0},
             },
         },
+        "fault_events": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "max_events": {"type": "integer", "minimum": 0, "maximum": 10000},
+                "max_age_seconds": {"type": "number", "exclusiveMinimum": 0},
+            },
+        },
         "prolog": {
             "type": "object",
             "additionalProperties": False,
@@ -116,7 +129,8 @@ ACTIONS_SCHEMA: dict[str, Any] = {
 @dataclass(frozen=True)
 class ActionSettings:
     """The parsed section. ``drain_on``/``block_on``: action words; ``overrides``: key ->
-    action word; ``escalation``: the rule set; ``prolog_timeout_seconds``: hard limit."""
+    action word; ``escalation``: the rule set; ``prolog_timeout_seconds``: hard limit;
+    ``fault_events``: the bounds of the fault events kept in the state file."""
 
     overrides: Mapping[str, str] = field(default_factory=dict)
     drain_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS
@@ -124,6 +138,8 @@ class ActionSettings:
     escalation: EscalationRules = field(default_factory=EscalationRules)
     prolog_timeout_seconds: float = 5.0
     reboot_survival: SurvivalRule = field(default_factory=SurvivalRule)
+    #: the card fault events kept in the state file: how many, how old
+    fault_events: FaultEventRule = field(default_factory=FaultEventRule)
 
 
 def parse_actions_section(section: Mapping[str, Any] | None) -> ActionSettings:
@@ -171,4 +187,5 @@ def parse_actions_section(section: Mapping[str, Any] | None) -> ActionSettings:
         escalation=rules_from_config(section.get("escalation")),
         prolog_timeout_seconds=timeout,
         reboot_survival=rule_from_config(section.get("reboot_survival")),
+        fault_events=fault_rule_from_config(section.get("fault_events")),
     )

@@ -49,8 +49,10 @@ def boot_clock(boot_id_path: str = BOOT_ID_PATH) -> tuple[str, float] | None:
 def state_document(
     report: PatrolReport, interval_seconds: float, *, cards: bool = True
 ) -> dict[str, Any]:
-    """The state file's content: node verdict, collectors and every card line (decoded;
-    left out with ``cards=False``)."""
+    """The state file's content: node verdict, collectors, the escalation counts, the
+    recent card fault events with their jobs (``fault_events``:
+    :mod:`hetpatrol.actions.fault_events`) and every card line (these two decoded; left
+    out with ``cards=False``)."""
     doc = {
         "schema": STATE_SCHEMA,
         "node": report.node,
@@ -81,6 +83,7 @@ def state_document(
         doc["boot_id"] = boot[0]
         doc["finished_boot"] = round(boot[1] - max(0.0, time.time() - report.finished), 3)
     if cards:
+        doc["fault_events"] = json.loads(getattr(report, "fault_events", "[]"))
         doc["cards"] = [json.loads(line) for line in report.card_lines]
     return doc
 
@@ -160,12 +163,14 @@ def write_state(path: Path, report: PatrolReport, interval_seconds: float) -> No
 
 def state_bytes(report: PatrolReport, interval_seconds: float) -> bytes:
     """The state file's bytes: :func:`state_document` as compact JSON, with the card
-    lines put in as the JSONL sink wrote them (already JSON: not decoded and encoded
-    again every patrol)."""
+    lines put in as the JSONL sink wrote them and the kept fault events as the patroller
+    encoded them when they last changed (already JSON: not decoded and encoded again
+    every patrol)."""
     head = state_document(report, interval_seconds, cards=False)
     text = json.dumps(head, separators=(",", ":"))
     cards = ",".join(line.rstrip("\n") for line in report.card_lines)
-    return f'{text[:-1]},"cards":[{cards}]}}\n'.encode()
+    faults = getattr(report, "fault_events", "[]")
+    return f'{text[:-1]},"fault_events":{faults},"cards":[{cards}]}}\n'.encode()
 
 
 def mark_stopped(path: Path, reason: str, *, now: float | None = None) -> None:

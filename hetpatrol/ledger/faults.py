@@ -1,33 +1,48 @@
-"""``hetpatrol ledger faults JSONL...``: the jobs that ran on a card that faulted.
+"""``hetpatrol ledger faults FILE|DIR...``: the jobs that ran on a card that faulted.
 
 Reads the daemon's JSONL files (``patrol.jsonl`` and its rotated copies, in any order)
-and keeps each card fault event (``kind: "event"``, ``event`` ``xid`` or ``kernel``,
-schema ``hetpatrol.event/1``) with its ``jobs``: the Slurm jobs on the card when the
-fault was read (:meth:`hetpatrol.patrol.Patroller._jobs_on_events`). One row per job:
-the job id, then each fault (time, node, card, XID or reason, severity). Events without
-``jobs`` (written before the field existed, or on a card that was not one of the
-patrol's) are counted as such, never credited to a job.
+and its state files (``state.json``: the recent fault events the daemon keeps), or
+directories of them (one state file per node, gathered by an operator; the files in
+it, not below, names starting with a dot left out), told apart by each document's
+schema (``hetpatrol.state/...``: a state file). It keeps each card fault event
+(``kind: "event"``, ``event`` ``xid`` or ``kernel``) with its ``jobs``: the Slurm jobs
+on the card when the fault was read (:meth:`hetpatrol.patrol.Patroller._jobs_on_events`).
+One row per job: the job id, then each fault (time, node, card, XID or reason,
+severity). An event seen in a JSONL file and in a state file (or in two copies), or a
+kernel record a restarted daemon read again (same node, boot id and ``kmsg_seq``),
+counts once. Events without ``jobs`` (written before the field existed, or on a card that was
+not one of the patrol's) are counted as such, never credited to a job.
 
-Only the daemon's own structured fields are read; a line that is not JSON, or an event
-whose fields have the wrong types, is skipped and counted. Names are printed without
-control characters (:func:`hetpatrol.node_view.printable`). Exit 0 no fault with a
-job, 1 at least one, 65 when no file could be read.
+The files may sit in a shared directory: a symbolic link another user made is not
+followed, a FIFO or device is not read, a line is read up to 1 MiB (a state file up to
+64 MiB), a file whose first line is not a JSON object is left out (said on stderr,
+counted as one line skipped). Only the daemon's own structured fields are read; a line
+that is not JSON, or an event whose fields have the wrong types, is skipped and counted.
+Names are printed without control characters (:func:`hetpatrol.node_view.printable`).
+Exit 0 no fault with a job, 1 at least one, 65 when no file could be read.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
+from hetpatrol.actions.fault_events import FAULT_EVENTS, kept_event
+from hetpatrol.exporters.state import STATE_READ_MAX, STATE_SCHEMA_PREFIX
 from hetpatrol.node_view import printable
 from hetpatrol.output import plain_help
+from hetpatrol.safe_files import UnsafeRead, open_for_reading
 
-FAULT_EVENTS = ("xid", "kernel")
 #: the longest line looked at (a patrol line of a big node is far below it)
 MAX_LINE = 1 << 20
+#: most files read from one directory
+MAX_DIR_FILES = 100_000
 EX_DATAERR = 65
 
 
@@ -46,29 +61,46 @@ def _what(event: Mapping[str, Any]) -> str:
     return str(event.get("reason") or event.get("event"))
 
 
-def faults_by_job(lines: Iterable[str]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
-    """(job id -> its faults, counts of ``events``, ``without_jobs``, ``skipped``) from
-    JSONL ``lines``. A fault is ``{ts, node, card, what, severity}``; one event seen
-    twice (a file and its rotated copy overlapping) counts once."""
-    jobs: dict[str, list[dict[str, Any]]] = {}
-    counts = {"events": 0, "without_jobs": 0, "skipped": 0}
-    seen: set[tuple] = set()
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line) if len(line) <= MAX_LINE else None
-        except (ValueError, RecursionError):
-            doc = None
-        if not isinstance(doc, dict):
+def _state_events(doc: Mapping[str, Any], counts: dict[str, int]) -> Iterator[dict[str, Any]]:
+    """The kept fault events of a state document, as event dicts with the node's name
+    (an entry of the wrong types skipped and counted)."""
+    counts["state_files"] += 1
+    node = doc.get("node") if isinstance(doc.get("node"), str) else None
+    kept = doc.get("fault_events")
+    if kept is None:
+        return
+    if not isinstance(kept, list):
+        counts["skipped"] += 1
+        return
+    for entry in kept:
+        event = kept_event(entry) if isinstance(entry, Mapping) else None
+        if event is None:
             counts["skipped"] += 1
             continue
+        yield {**event, "kind": "event", "node": node}
+
+
+def faults_by_job(
+    lines: Iterable[str | Mapping[str, Any]],
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+    """(job id -> its faults, counts of ``events``, ``without_jobs``, ``skipped``,
+    ``state_files``) from JSONL ``lines`` (text, or a document already decoded: a state
+    file's). A fault is ``{ts, node, card, what, severity}``; one event seen twice (a
+    file and its rotated copy overlapping, a JSONL line and a state file's kept event)
+    counts once."""
+    jobs: dict[str, list[dict[str, Any]]] = {}
+    counts = {"events": 0, "without_jobs": 0, "skipped": 0, "state_files": 0}
+    seen: set[tuple] = set()
+    for doc in _documents(lines, counts):
         if doc.get("kind") != "event" or doc.get("event") not in FAULT_EVENTS:
             continue
-        key = (doc.get("run_id"), doc.get("seq"), doc.get("ts"), _card(doc), _what(doc))
-        if key in seen:
+        keys = [(doc.get("run_id"), doc.get("seq"), doc.get("ts"), _card(doc), _what(doc))]
+        if isinstance(doc.get("boot_id"), str) and isinstance(doc.get("kmsg_seq"), int):
+            # the kernel record itself: read again by a restarted daemon, it is one fault
+            keys.append((doc.get("node"), doc["boot_id"], doc["kmsg_seq"], _card(doc), _what(doc)))
+        if any(k in seen for k in keys):
             continue
-        seen.add(key)
+        seen.update(keys)
         counts["events"] += 1
         ids = doc.get("jobs")
         if not isinstance(ids, list) or not all(isinstance(j, str) for j in ids):
@@ -86,6 +118,29 @@ def faults_by_job(lines: Iterable[str]) -> tuple[dict[str, list[dict[str, Any]]]
     return jobs, counts
 
 
+def _documents(
+    lines: Iterable[str | Mapping[str, Any]], counts: dict[str, int]
+) -> Iterator[Mapping[str, Any]]:
+    for line in lines:
+        if isinstance(line, Mapping):
+            doc: Any = line
+        elif not line.strip():
+            continue
+        else:
+            try:
+                doc = json.loads(line) if len(line) <= MAX_LINE else None
+            except (ValueError, RecursionError):
+                doc = None
+        if not isinstance(doc, dict):
+            counts["skipped"] += 1
+            continue
+        schema = doc.get("schema")
+        if isinstance(schema, str) and schema.startswith(STATE_SCHEMA_PREFIX):
+            yield from _state_events(doc, counts)
+        else:
+            yield doc
+
+
 def render_text(jobs: Mapping[str, list[dict[str, Any]]], counts: Mapping[str, int]) -> str:
     out = []
     for job in sorted(jobs, key=lambda j: (len(j), j)):
@@ -95,29 +150,100 @@ def render_text(jobs: Mapping[str, list[dict[str, Any]]], counts: Mapping[str, i
                 "  "
                 + " ".join(printable(str(f[k])) for k in ("ts", "node", "card", "what", "severity"))
             )
+    states = f", {counts['state_files']} state file(s)" if counts.get("state_files") else ""
     out.append(
         f"{len(jobs)} job(s) on faulted cards; {counts['events']} fault event(s), "
-        f"{counts['without_jobs']} without jobs, {counts['skipped']} line(s) skipped"
+        f"{counts['without_jobs']} without jobs, {counts['skipped']} line(s) skipped{states}"
     )
     return "\n".join(out) + "\n"
 
 
-def _lines(paths: Iterable[str], errors: list[str]) -> Iterable[str]:
+def _files(paths: Iterable[str], errors: list[str]) -> Iterator[str]:
+    """Each path given, a directory's files (sorted, no dot files) in its place."""
     for path in paths:
         try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                yield from handle
+            is_dir = os.path.isdir(path) and not os.path.islink(path)
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            yield path
+            continue
+        try:
+            with os.scandir(path) as entries:
+                names = sorted(
+                    e.name
+                    for e in itertools.islice(entries, MAX_DIR_FILES)
+                    if not e.name.startswith(".")
+                )
         except OSError as exc:
             errors.append(f"{path}: {exc.strerror or exc}")
+            continue
+        for name in names:
+            yield os.path.join(path, name)
+
+
+def _read_line(fh: Any, limit: int) -> bytes | None:
+    """The next line up to ``limit`` bytes; a longer one is read to its end and given
+    as ``b"\\0"`` (counted skipped, never parsed); None at the end."""
+    line = fh.readline(limit + 1)
+    if not line:
+        return None
+    if len(line) > limit and not line.endswith(b"\n"):
+        while (rest := fh.readline(1 << 20)) and not rest.endswith(b"\n"):
+            pass
+        return b"\0"
+    return line
+
+
+def _decode(data: bytes) -> Any:
+    try:
+        return json.loads(data.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return None
+
+
+def _read_file(path: str, errors: list[str], readable: list[str]) -> Iterator[str | dict]:
+    """The documents of one JSONL or state file (see the module docstring): a state
+    file's first line (or the whole file, when it is indented JSON) is read up to
+    ``STATE_READ_MAX`` bytes and decoded here; every other line up to ``MAX_LINE``."""
+    try:
+        fd = open_for_reading(Path(path))
+    except OSError as exc:
+        errors.append(str(exc) if isinstance(exc, UnsafeRead) else f"{path}: {exc.strerror or exc}")
+        return
+    readable.append(path)
+    with os.fdopen(fd, "rb") as fh:
+        first = _read_line(fh, STATE_READ_MAX)
+        if first is None:
+            return
+        if first.strip() == b"{":  # indented JSON (`status --json > node.json`): one document
+            whole = first + fh.read(STATE_READ_MAX + 1 - len(first))
+            doc = _decode(whole) if len(whole) <= STATE_READ_MAX else None
+            yield doc if isinstance(doc, dict) else "\0"
+            return
+        doc = _decode(first)
+        if not isinstance(doc, dict):  # a README, an archive: not the daemon's file
+            errors.append(f"{path}: not a JSONL log or state file (left out)")
+            yield "\0"
+            return
+        yield doc
+        while (line := _read_line(fh, MAX_LINE)) is not None:
+            yield line.decode("utf-8", "replace")
+
+
+def _lines(paths: Iterable[str], errors: list[str], readable: list[str]) -> Iterator[str | dict]:
+    for path in _files(paths, errors):
+        yield from _read_file(path, errors, readable)
 
 
 def cmd_faults(args: argparse.Namespace) -> int:
     """``ledger faults``: see the module docstring."""
     errors: list[str] = []
-    jobs, counts = faults_by_job(_lines(args.jsonl, errors))
+    readable: list[str] = []
+    jobs, counts = faults_by_job(_lines(args.jsonl, errors, readable))
     for error in errors:
         print(f"hetpatrol ledger faults: {printable(error)}", file=sys.stderr)
-    if len(errors) == len(args.jsonl):
+    if not readable:
         return EX_DATAERR
     if args.format == "json":
         sys.stdout.write(json.dumps({"jobs": jobs, "counts": counts}, indent=2) + "\n")
@@ -130,10 +256,15 @@ def add_parser(lsub: Any) -> None:
     """Register ``faults`` on the ``ledger`` subparsers ``lsub``."""
     p = lsub.add_parser(
         "faults",
-        help="the jobs that ran on a card that faulted (from the daemon's JSONL)",
+        help="the jobs that ran on a card that faulted (the daemons' JSONL or state files)",
         # argparse's own formatter wraps it to the terminal (every --help fits 80 columns)
         description=plain_help(__doc__.split("\n\n", 1)[1]),
     )
-    p.add_argument("jsonl", nargs="+", help="patrol.jsonl and its rotated copies")
+    p.add_argument(
+        "jsonl",
+        nargs="+",
+        metavar="FILE|DIR",
+        help="patrol.jsonl and its rotated copies, state files, directories of them",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_faults)

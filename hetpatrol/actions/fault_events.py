@@ -1,0 +1,264 @@
+"""The recent card fault events with their jobs, kept in the state file (fault to job).
+
+Every card fault event line of the JSONL (``kind: "event"``, ``event`` ``xid`` or
+``kernel``) carries ``jobs``: the Slurm jobs on its card when it was read
+(:meth:`hetpatrol.patrol.Patroller._jobs_on_events`). The daemon also keeps the last of
+them in its state file (``fault_events``), so that an operator who gathers the state
+files of the nodes (``hetpatrol ledger faults DIR``) or looks at one node
+(``hetpatrol status``) sees which jobs ran on a card that faulted without the JSONL
+log, and so that a restarted daemon goes on from them.
+
+A kept event (:func:`kept_event`) is the JSONL event's identity and verdict, nothing
+else: ``ts`` (RFC 3339, the JSONL event's), ``boot_id`` (the boot it was read in, null
+when unknown), ``run_id`` and ``seq`` (the run and patrol that wrote the JSONL line: the
+same event in both is one), ``event``, ``xid`` or ``reason``, ``severity``, the card's
+``uuid``, ``bus_id``, ``vendor``, ``index`` (and ``chip``), ``kmsg_seq`` (the
+``/dev/kmsg`` record's sequence number) and ``jobs`` (a list of job ids, null when the
+card was not one of the patrol's; at most :data:`MAX_JOBS`, ``jobs_more`` counts the
+rest). Fields that are null are left out but ``ts``, ``boot_id``, ``event``,
+``severity`` and ``jobs``.
+
+Bounds (``actions.fault_events``, :class:`FaultEventRule`): the newest ``max_events``
+(100) events, none older than ``max_age_seconds`` (7 days) by its ``ts``. The JSONL
+log is the archive; the state file is written every patrol and read by ``check`` in the
+Prolog, so it holds the recent past only (100 events are about 25 KB).
+
+A restarted daemon reads the kernel ring buffer again: a record already kept (same boot
+id and ``kmsg_seq``, same card and fault) is not kept twice, and the new JSONL line of it
+gets the jobs kept from its first read (the jobs when it happened, not those on the card
+at the restart). Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+#: the ``event`` of a card fault line
+FAULT_EVENTS = ("xid", "kernel")
+#: most job ids kept per event (a shared card may hold many jobs; the JSONL has all)
+MAX_JOBS = 64
+#: longest text kept in a field (a UUID is 40, a boot id 36, a job id far less)
+MAX_TEXT = 128
+DEFAULT_MAX_EVENTS = 100
+DEFAULT_MAX_AGE_SECONDS = 7 * 86400.0
+
+_TEXT_FIELDS = ("run_id", "reason", "uuid", "bus_id", "vendor")
+_INT_FIELDS = ("seq", "xid", "index", "chip", "kmsg_seq")
+_SEVERITIES = ("info", "warning", "critical")
+
+
+@dataclass(frozen=True)
+class FaultEventRule:
+    """``max_events``: most kept events (the oldest go first); ``max_age_seconds``: an
+    event whose ``ts`` is older is dropped. ``max_events`` 0 keeps none."""
+
+    max_events: int = DEFAULT_MAX_EVENTS
+    max_age_seconds: float = DEFAULT_MAX_AGE_SECONDS
+
+
+def rule_from_config(section: Mapping[str, Any] | None) -> FaultEventRule:
+    """The ``actions.fault_events`` section ``{max_events, max_age_seconds}``. Raises
+    ValueError naming the bad key."""
+    if not section:
+        return FaultEventRule()
+    try:
+        rule = FaultEventRule(
+            int(section.get("max_events", DEFAULT_MAX_EVENTS)),
+            float(section.get("max_age_seconds", DEFAULT_MAX_AGE_SECONDS)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"actions.fault_events: {exc}") from None
+    if not 0 <= rule.max_events <= 10000 or not rule.max_age_seconds > 0:
+        raise ValueError(
+            "actions.fault_events: max_events in [0, 10000] and max_age_seconds > 0 needed"
+        )
+    return rule
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_TEXT
+
+
+def event_time(ts: Any) -> float | None:
+    """Seconds since the epoch of an RFC 3339 ``ts`` (``2026-12-01T22:35:12.912Z``), or
+    None when it is not one."""
+    if not _text(ts):
+        return None
+    try:
+        when = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None
+    value = when.timestamp()
+    return value if math.isfinite(value) else None
+
+
+def kept_event(event: Mapping[str, Any], boot_id: Any = None) -> dict[str, Any] | None:
+    """The kept form of a card fault event (a JSONL event dict, or a kept event read
+    back: its own ``boot_id`` wins over ``boot_id``), or None when it is not one or a
+    field has the wrong type or size (a damaged or foreign document)."""
+    if not isinstance(event, Mapping) or event.get("event") not in FAULT_EVENTS:
+        return None
+    ts, severity = event.get("ts"), event.get("severity")
+    if event_time(ts) is None or severity not in _SEVERITIES:
+        return None
+    boot = event.get("boot_id", boot_id)
+    if boot is not None and not _text(boot):
+        return None
+    kept: dict[str, Any] = {"ts": ts, "boot_id": boot, "event": event["event"]}
+    for key in _TEXT_FIELDS:
+        value = event.get(key)
+        if value is not None:
+            if not _text(value):
+                return None
+            kept[key] = value
+    for key in _INT_FIELDS:
+        value = event.get(key)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool):
+                return None
+            kept[key] = value
+    if kept.get("xid") is None and kept.get("reason") is None:
+        return None  # neither what nor why: nothing to credit
+    kept["severity"] = severity
+    jobs = event.get("jobs")
+    if jobs is not None:
+        if not isinstance(jobs, list) or not all(_text(j) for j in jobs):
+            return None
+        more = event.get("jobs_more", 0)
+        if not isinstance(more, int) or isinstance(more, bool) or more < 0:
+            return None
+        more += max(0, len(jobs) - MAX_JOBS)
+        jobs = list(jobs[:MAX_JOBS])
+        if more:
+            kept["jobs_more"] = more
+    kept["jobs"] = jobs
+    return kept
+
+
+def record_key(kept: Mapping[str, Any]) -> tuple | None:
+    """The kernel record an event was read from: (boot id, ``kmsg_seq``, card, fault),
+    None where the boot or the sequence number is unknown."""
+    if kept.get("boot_id") is None or kept.get("kmsg_seq") is None:
+        return None
+    return (
+        kept["boot_id"],
+        kept["kmsg_seq"],
+        kept.get("uuid") or kept.get("bus_id"),
+        kept.get("xid"),
+        kept.get("reason"),
+    )
+
+
+class FaultLog:
+    """The kept events, oldest first, and their JSON text for the state file (encoded
+    again only when the list changes: the state file is written every patrol)."""
+
+    def __init__(self, rule: FaultEventRule | None = None) -> None:
+        self.rule = rule or FaultEventRule()
+        self._events: list[dict[str, Any]] = []
+        self._times: list[float] = []
+        self._records: dict[tuple, dict[str, Any]] = {}
+        #: the last :meth:`from_state`'s entries that were not kept events (damaged)
+        self.dropped = 0
+        self._json = "[]"
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """The kept events, oldest first (do not change them)."""
+        return self._events
+
+    def json_text(self) -> str:
+        """The kept events as compact JSON text (a list)."""
+        return self._json
+
+    def observe(
+        self,
+        events: Iterable[dict[str, Any]],
+        boot_id: str | None,
+        now: float,
+        run_id: str | None = None,
+    ) -> None:
+        """Keep this patrol's card fault events (JSONL event dicts with ``jobs``, read in
+        boot ``boot_id`` by run ``run_id``), then apply the bounds as of ``now`` (seconds
+        since the epoch). A record already kept (:func:`record_key`) is not kept again,
+        and its event's ``jobs`` (in place) become the kept ones: the jobs when the record
+        was first read."""
+        changed = False
+        for event in events:
+            kept = kept_event(event if run_id is None else {**event, "run_id": run_id}, boot_id)
+            if kept is None:
+                continue
+            key = record_key(kept)
+            first = self._records.get(key) if key is not None else None
+            if first is not None:
+                event["jobs"] = list(first["jobs"]) if first["jobs"] is not None else None
+                continue
+            self._append(kept)
+            changed = True
+        if self._bound(now) or changed:
+            self._encode()
+
+    def _append(self, kept: dict[str, Any]) -> None:
+        when = event_time(kept["ts"])
+        assert when is not None  # kept_event checked it
+        # events arrive in time order; one out of order (a restored file) is put in place
+        i = len(self._times)
+        while i and self._times[i - 1] > when:
+            i -= 1
+        self._events.insert(i, kept)
+        self._times.insert(i, when)
+        key = record_key(kept)
+        if key is not None:
+            self._records.setdefault(key, kept)
+
+    def _bound(self, now: float) -> bool:
+        cut = 0
+        oldest = now - self.rule.max_age_seconds
+        while cut < len(self._times) and self._times[cut] < oldest:
+            cut += 1
+        cut = max(cut, len(self._events) - self.rule.max_events)
+        if cut <= 0:
+            return False
+        for kept in self._events[:cut]:
+            key = record_key(kept)
+            if key is not None and self._records.get(key) is kept:
+                del self._records[key]
+        del self._events[:cut], self._times[:cut]
+        return True
+
+    def _encode(self) -> None:
+        self._json = json.dumps(self._events, separators=(",", ":"))
+
+    @classmethod
+    def from_state(cls, doc: Any, now: float, rule: FaultEventRule | None = None) -> FaultLog:
+        """Rebuild from a state document's ``fault_events`` as of ``now``: entries that
+        are not kept events (wrong types, too long) are dropped and counted in
+        :attr:`dropped`, the bounds applied; a missing or foreign value gives an empty
+        log, never an exception."""
+        log = cls(rule)
+        raw = doc.get("fault_events") if isinstance(doc, Mapping) else None
+        if raw is None:
+            return log
+        if not isinstance(raw, list):
+            log.dropped = 1
+            return log
+        for entry in raw[-(log.rule.max_events or 1) * 4 :]:  # a huge list: its tail
+            kept = kept_event(entry) if isinstance(entry, Mapping) else None
+            if kept is None or "boot_id" not in entry:
+                log.dropped += 1
+                continue
+            key = record_key(kept)
+            if key is not None and key in log._records:
+                continue
+            log._append(kept)
+        log.dropped += max(0, len(raw) - (log.rule.max_events or 1) * 4)
+        log._bound(now)
+        log._encode()
+        return log
