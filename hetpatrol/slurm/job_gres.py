@@ -116,22 +116,13 @@ def job_env_of(doc: Any) -> list[Mapping[str, Any]] | None:
     return out
 
 
-def plugin_job_env() -> list[Mapping[str, Any]]:
-    """The installed plugins' ``job_env`` rows (imports them: a state file without its
-    ``job_env`` list only)."""
-    from hetpatrol.collector import job_env_declarations
-
-    return list(job_env_declarations())
-
-
-def parse_job_env(
-    env: Mapping[str, str], job_env: Sequence[Mapping[str, Any]] | None = None
-) -> Allocation:
+def parse_job_env_rows(env: Mapping[str, str], job_env: Sequence[Mapping[str, Any]]) -> Allocation:
     """The job's cards from the Prolog / Epilog / task environment (see the module
     docstring for which variable wins): Slurm's ``SLURM_JOB_GPUS`` / ``SLURM_STEP_GPUS``,
-    then the vendors' variables ``job_env`` (rows of :func:`job_env_of`; None: the
-    installed plugins', :func:`plugin_job_env`) in their order. Never raises; unreadable
-    values go to ``errors``."""
+    then the vendors' variables ``job_env`` (rows of :func:`job_env_of`) in their order
+    (:func:`hetpatrol.slurm.jobguard.parse_job_env` gives the installed plugins' rows
+    where the state file has none: this module sits below the plugin machinery). Never
+    raises; unreadable values go to ``errors``."""
     by: dict[str, frozenset[int]] = {}
     uuids: set[str] = set()
     vendor_ids: dict[str, frozenset[int]] = {}
@@ -147,7 +138,7 @@ def parse_job_env(
             by[GPU_GRES] = idx
             sources.append(name)
             break
-    for row in job_env_of({"job_env": list(plugin_job_env() if job_env is None else job_env)}):
+    for row in job_env_of({"job_env": list(job_env)}):
         name, vendor = str(row["name"]), str(row["vendor"])
         text = env.get(name)
         if text is None:

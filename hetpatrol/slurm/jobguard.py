@@ -92,15 +92,31 @@ from hetpatrol.slurm.job_gres import (  # noqa: F401 - the Prolog's callers impo
     find_scontrol,
     job_env_of,
     parse_index_list,
-    parse_job_env,
+    parse_job_env_rows,
     parse_squeue_json,
-    plugin_job_env,
     run_scontrol,
     squeue_argv,
 )
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
+
+
+def plugin_job_env() -> list[Mapping[str, Any]]:
+    """The installed plugins' ``job_env`` rows (imports them: a state file without its
+    ``job_env`` list only)."""
+    from hetpatrol.collector import job_env_declarations
+
+    return list(job_env_declarations())
+
+
+def parse_job_env(
+    env: Mapping[str, str], job_env: Sequence[Mapping[str, Any]] | None = None
+) -> Allocation:
+    """:func:`hetpatrol.slurm.job_gres.parse_job_env_rows` with the vendors' variables
+    ``job_env`` (rows of :func:`job_env_of`; None: the installed plugins',
+    :func:`plugin_job_env`). Never raises; unreadable values go to ``errors``."""
+    return parse_job_env_rows(env, plugin_job_env() if job_env is None else job_env)
 
 
 # ---------------------------------------------------------------------- verdict
