@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,6 +31,31 @@ FAULT_EVENTS = ("xid", "kernel")
 #: the longest line looked at (a patrol line of a big node is far below it)
 MAX_LINE = 1 << 20
 EX_DATAERR = 65
+
+
+#: the type each field read may have (absent or null is fine; bool is no int)
+_FIELD_TYPES: dict[str, type] = {
+    "run_id": str,
+    "seq": int,
+    "ts": str,
+    "node": str,
+    "vendor": str,
+    "index": int,
+    "uuid": str,
+    "bus_id": str,
+    "xid": int,
+    "reason": str,
+    "severity": str,
+}
+
+
+def _well_typed(event: Mapping[str, Any]) -> bool:
+    """Whether every field this command reads is absent, null or of its type."""
+    for key, kind in _FIELD_TYPES.items():
+        value = event.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            return False
+    return True
 
 
 def _card(event: Mapping[str, Any]) -> str:
@@ -64,6 +91,9 @@ def faults_by_job(lines: Iterable[str]) -> tuple[dict[str, list[dict[str, Any]]]
             counts["skipped"] += 1
             continue
         if doc.get("kind") != "event" or doc.get("event") not in FAULT_EVENTS:
+            continue
+        if not _well_typed(doc):  # a field of the wrong type: a forged or foreign line
+            counts["skipped"] += 1
             continue
         key = (doc.get("run_id"), doc.get("seq"), doc.get("ts"), _card(doc), _what(doc))
         if key in seen:
@@ -103,10 +133,24 @@ def render_text(jobs: Mapping[str, list[dict[str, Any]]], counts: Mapping[str, i
 
 
 def _lines(paths: Iterable[str], errors: list[str]) -> Iterable[str]:
+    """The lines of each file, read at most :data:`MAX_LINE` bytes at a time: a longer
+    line is given cut (so skipped by :func:`faults_by_job`) and its rest read past,
+    never held whole. A file that is not a regular file (``/dev/zero``, a FIFO) or
+    cannot be read is named in ``errors``."""
     for path in paths:
         try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                yield from handle
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    errors.append(f"{path}: not a regular file")
+                    continue
+                while raw := handle.readline(MAX_LINE + 1):
+                    if len(raw) > MAX_LINE:
+                        while raw and not raw.endswith(b"\n"):
+                            raw = handle.readline(MAX_LINE + 1)
+                        yield "\x00" * (MAX_LINE + 1)  # too long: counted as skipped
+                        continue
+                    yield raw.decode("utf-8", errors="replace")
         except OSError as exc:
             errors.append(f"{path}: {exc.strerror or exc}")
 
