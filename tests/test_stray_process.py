@@ -223,3 +223,40 @@ def test_the_patrol_writes_stray_process_with_action_watch(base_config):
     from hetpatrol.schema import jsonl_json_schema
 
     jsonschema.Draft202012Validator(jsonl_json_schema()).validate(last)
+
+
+def test_a_process_whose_owner_cannot_be_read_is_not_judged_stray():
+    """The owner and cgroup of a card's process come from ``/proc/<pid>`` (status,
+    cgroup). Where the daemon cannot read them (``/proc`` mounted ``hidepid=2``, as many
+    HPC sites do, for the unprivileged ``hetpatrol`` user; a pid gone between the vendor's
+    list and the lookup) ``user`` and ``job_id`` are both None: that is no proof the
+    process is outside its card's job, and calling it stray would put a stray_process on
+    every busy card of the fleet (and drain them all where a site maps it to a drain).
+    It is said instead, as an ``info`` ``stray_process_unjudged`` finding. A 26.05 SLUID
+    cgroup directory (``s5K1KKYAYG5D00``) cannot be compared with squeue's numeric job
+    ids either: not judged."""
+    from hetpatrol.actions.findings import finding_action
+
+    settings = StraySettings(patrols=2)
+    watch = StrayWatch()
+    unread = ProcessInfo(10309, "./gpu_burn", 28234 * MIB, None, None)
+    sluid = ProcessInfo(10291, "memhog", 2566 * MIB, "alice", "s5K1KKYAYG5D00")
+    job1 = frozenset({"1"})
+    found = []
+    for _ in range(3):
+        rec = _gpu0(unread, sluid)
+        watch.observe([rec], lambda _c: job1, settings)
+        found.append(rec.findings)
+    assert all(f.check != "stray_process" for fs in found for f in fs)
+    assert found[0] == []  # 1 of 2 patrols
+    (note,) = found[2]
+    assert (note.check, note.severity) == ("stray_process_unjudged", "info")
+    assert "pid 10309" in note.message and "pid 10291" in note.message
+    assert note.value == {"pids": [10291, 10309]}
+    assert finding_action(note).action == "none"
+    # the process read as it is (the same pid, now readable, outside job 1): stray
+    escaped = ProcessInfo(10309, "./gpu_burn", 28234 * MIB, "bob", None)
+    for _ in range(2):
+        rec = _gpu0(escaped)
+        watch.observe([rec], lambda _c: job1, settings)
+    assert [f.check for f in rec.findings] == ["stray_process"]

@@ -99,6 +99,7 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     # checks/stray_process.py: a user's process outside the card's job; patrol.py: the
     # jobs of the cards could not be read (squeue --json)
     "stray_process": {"*": WATCH},
+    "stray_process_unjudged": {"*": WATCH},  # info: none
     "card_jobs_unread": {"*": WATCH},
     "pcie_downtrained": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     "nvlink_down": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
