@@ -37,7 +37,7 @@ from hetpatrol.exporters.prometheus import ExporterStats, Exposition
 from hetpatrol.exporters.state import read_state, write_atomic, write_state
 from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
-from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock
+from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock, own_file_check
 from hetpatrol.slurm.admin_comment import AdminCommenter
 from hetpatrol.slurm.card_jobs import CardJobs
 from hetpatrol.slurm.drain import DrainPolicy
@@ -298,8 +298,11 @@ class Daemon:
         a rule's window are dropped, never replayed. A missing or damaged file: none."""
         if self.config.state_path is None:
             return
-        try:
-            doc = read_state(self.config.state_path)
+        try:  # never another user's file (made first in a sticky directory)
+            doc = read_state(self.config.state_path, verify=own_file_check(self.config.state_path))
+        except UnsafePath as exc:
+            log.warning("state_refused", path=str(self.config.state_path), error=str(exc))
+            doc = {}
         except (OSError, ValueError):
             doc = {}
         self.patroller.escalation = Escalation.from_dict(

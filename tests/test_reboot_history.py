@@ -6,9 +6,11 @@ three boots of fixtures/nodes/fault-survives-reboots."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 import jsonschema
+import pytest
 from conftest import NODES
 
 from hetpatrol.actions.reboot_history import RebootHistory, SurvivalRule
@@ -165,3 +167,68 @@ def test_history_unit_rules():
     off = RebootHistory(SurvivalRule(enabled=False))
     off.observe([("uuid:A", {"xid"})], "b1", 1.0)
     assert off.cards == {} and off.verdict("uuid:A") is None
+
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="os.chown to another uid needs root")
+def test_another_users_files_in_a_shared_state_directory_are_not_believed(tmp_path):
+    """A state path in a sticky directory (``/tmp``, which :mod:`hetpatrol.safe_files`
+    accepts for the daemon's own files) lets any user make the names there first. The
+    writers refuse another user's file; the readers believed it: a forged
+    ``reboot-history.json`` made GPU 2 ``replace_card`` (a drain) in its first boot, a
+    forged ``state.json`` set the boot's patrol count past the post-boot grace, and
+    another user's ``reboot-history.json.lock`` was opened and locked (a user holding
+    that flock stops every patrol). Each is now refused, said in the log."""
+    import time
+
+    from hetpatrol.exporters.history_file import locked
+    from hetpatrol.logs import capture_logs
+    from hetpatrol.safe_files import UnsafePath
+
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    config = replace(
+        load_config(SURVIVES / "hetpatrol.yaml"),
+        state_path=shared / "state.json",
+        jsonl_path=shared / "patrol.jsonl",
+    )
+    now = time.time()
+    forged = {
+        "schema": "hetpatrol.reboot_history/1",
+        "cards": {
+            f"uuid:{GPU2}": {
+                "nvlink_down": {"boots": ["a", "b", "c"], "first": now - 60, "last": now - 60}
+            }
+        },
+    }
+    planted = history_path(config.state_path)
+    planted.write_text(json.dumps(forged))
+    os.chown(planted, NOBODY, NOBODY)
+    state = {
+        "schema": "hetpatrol.state/1",
+        "boot": {"boot_id": BOOTS[0], "patrols": 1000, "learned_links": {}},
+    }
+    config.state_path.write_text(json.dumps(state))
+    os.chown(config.state_path, NOBODY, NOBODY)
+    d = Daemon(config, replay_dir=scenario_boots(SURVIVES)[0])
+    try:
+        with capture_logs() as events:
+            d.restore_escalation()
+        assert d.patroller.boot.patrols == 0  # the forged count is not taken
+        assert d.patroller.reboot_history.cards == {}
+        refused = {e["event"] for e in events}
+        assert {"state_refused", "history_refused"} <= refused, refused
+        reports = [d.patrol_once() for _ in range(5)]
+    finally:
+        d.shutdown()
+    assert gpu2(reports[0]).action == "watch"  # in the grace: the forged count is not taken
+    assert gpu2(reports[-1]).action == "reset_card"  # not replace_card
+    lock = shared / "reboot-history.json.lock"
+    lock.unlink(missing_ok=True)
+    lock.write_text("")
+    os.chown(lock, NOBODY, NOBODY)
+    with pytest.raises(UnsafePath, match="owned by uid 65534"), locked(planted):
+        pass
