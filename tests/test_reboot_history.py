@@ -232,3 +232,29 @@ def test_another_users_files_in_a_shared_state_directory_are_not_believed(tmp_pa
     os.chown(lock, NOBODY, NOBODY)
     with pytest.raises(UnsafePath, match="owned by uid 65534"), locked(planted):
         pass
+
+
+def test_a_clear_whose_audit_line_cannot_be_written_clears_nothing(tmp_path, capsys):
+    """The audit line is the record of who forgot a card's faults: when the JSONL log
+    cannot take it (a symlink at its path, planted or left), the history was cleared
+    all the same and the command failed after the fact (the clear done, no audit line).
+    Now the log is opened, by :mod:`hetpatrol.safe_files`' rules, before anything is
+    cleared: refused, exit 73, the history kept."""
+    config = config_for(tmp_path)
+    run_boot(config, 1)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    config.jsonl_path.unlink()
+    config.jsonl_path.symlink_to(victim)
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(
+        f"state_path: {config.state_path}\njsonl: {{path: {config.jsonl_path}}}\n"
+        "node: survives-01\n"
+    )
+    capsys.readouterr()
+    code = main(["history", "--config", str(cfg), "clear", "--card", GPU2])
+    err = capsys.readouterr().err
+    assert code == 73, err
+    assert "symbolic link" in err
+    assert f"uuid:{GPU2}" in read_history(history_path(config.state_path), 0.0).cards
+    assert victim.read_text() == "keep\n"
