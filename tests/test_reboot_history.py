@@ -258,3 +258,33 @@ def test_a_clear_whose_audit_line_cannot_be_written_clears_nothing(tmp_path, cap
     assert "symbolic link" in err
     assert f"uuid:{GPU2}" in read_history(history_path(config.state_path), 0.0).cards
     assert victim.read_text() == "keep\n"
+
+
+def test_a_clock_behind_at_boot_does_not_wipe_the_history(tmp_path):
+    """A node whose RTC lost its time boots in the past (here 26 years back) until NTP
+    steps the clock. The fault back in that boot was written with the wrong time as the
+    family's ``last``, and the history read in that boot lowered every ``last`` to
+    ``now``: once the clock was right again, 26 years "since last seen" forgot the two
+    earlier boots and the card went back to reset_card instead of replace_card. A
+    stored ``last`` is never moved back now, and a clock behind the stored times ages
+    nothing."""
+    from hetpatrol.exporters.history_file import sync_history
+
+    path = tmp_path / "reboot-history.json"
+    t = 1_796_000_000.0  # 2026-12
+    before = RebootHistory(SurvivalRule())
+    before.observe([("uuid:A", {"nvlink_down"})], "b1", t - 7200)
+    before.observe([("uuid:A", {"nvlink_down"})], "b2", t - 3600)
+    write_history(path, before)
+    behind = t - 26 * 365 * 86400.0  # the RTC's idea of now in boot 3
+    h = read_history(path, behind)
+    h.observe([("uuid:A", {"nvlink_down"})], "b3", behind)
+    h = sync_history(path, h, behind)
+    assert h.verdict("uuid:A").action == "replace_card"
+    # NTP steps the clock to the right time; the fault is still there
+    h.observe([("uuid:A", {"nvlink_down"})], "b3", t + 10)
+    h = sync_history(path, h, t + 10)
+    assert h.cards["uuid:A"]["nvlink_down"]["boots"] == ["b1", "b2", "b3"]
+    assert h.verdict("uuid:A").action == "replace_card"
+    on_disk = read_history(path, t + 20).cards["uuid:A"]["nvlink_down"]
+    assert on_disk["boots"] == ["b1", "b2", "b3"] and on_disk["last"] == t - 3600
