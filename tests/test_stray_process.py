@@ -260,3 +260,48 @@ def test_a_process_whose_owner_cannot_be_read_is_not_judged_stray():
         rec = _gpu0(escaped)
         watch.observe([rec], lambda _c: job1, settings)
     assert [f.check for f in rec.findings] == ["stray_process"]
+
+
+def test_a_job_newer_than_the_cached_squeue_read_is_read_not_called_stray():
+    """``squeue --json`` is read at most once a minute (``cache_seconds``), the patrol
+    runs every 10 s: a job that starts on a card just after a read had its processes
+    (in its own cgroup, job 2) judged against the old allocation (no job on the card)
+    for up to six patrols, and ``patrols: 3`` of them made a stray_process finding at
+    every such job start (a drain where a site maps it to one). A process in a job the
+    last read did not list makes that read old: squeue is read again, once."""
+    calls = []
+    later = json.loads(SQUEUE)
+    job2 = json.loads(json.dumps(later["jobs"][0]))
+    job2.update(job_id=2, gres_detail=["gpu:a100:1(IDX:1)"])
+    later["jobs"] = [later["jobs"][0], job2]
+    answers = [SQUEUE, json.dumps(later)]
+
+    def runner(argv, timeout):
+        calls.append(list(argv))
+        return ToolOutput(tuple(argv), answers[min(len(calls), 2) - 1], "", 0, False, 0.01)
+
+    clock = [0.0]
+    cj = CardJobs(["/usr/bin/scontrol"], "hp-gpu01", runner=runner, clock=lambda: clock[0])
+    watch = StrayWatch()
+    settings = StraySettings(patrols=3)
+    found = []
+    for n in range(4):
+        clock[0] = 1.0 + 10 * n  # inside the first read's minute
+        cs = cards()
+        if n > 0:  # job 2 started on GPU 1 after the first read
+            cs[1].processes = [ProcessInfo(20001, "train", 4096 * MIB, "carol", "2")]
+        cj.refresh(cs)
+        watch.observe(cs, cj.jobs_of, settings)
+        found += [f for c in cs for f in c.findings if f.check == "stray_process"]
+    assert found == []
+    assert len(calls) == 2  # one more read, for the job it did not know
+    assert cj.jobs_of(cs[1]) == frozenset({"2"})
+    # an escaped process (no job) is no reason to read again: it is stray
+    for n in range(3):
+        clock[0] = 45.0 + n
+        cs = cards()
+        cs[1].processes = [ProcessInfo(20002, "left", 4096 * MIB, "carol", None)]
+        cj.refresh(cs)
+        watch.observe(cs, cj.jobs_of, settings)
+    assert len(calls) == 2
+    assert [f.check for f in cs[1].findings] == ["stray_process"]  # outside job 2
