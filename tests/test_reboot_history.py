@@ -288,3 +288,36 @@ def test_a_clock_behind_at_boot_does_not_wipe_the_history(tmp_path):
     assert h.verdict("uuid:A").action == "replace_card"
     on_disk = read_history(path, t + 20).cards["uuid:A"]["nvlink_down"]
     assert on_disk["boots"] == ["b1", "b2", "b3"] and on_disk["last"] == t - 3600
+
+
+def test_a_damaged_history_file_is_said_not_read_silently_as_empty(tmp_path, capsys):
+    """A history file that is a symlink, not JSON, nested too deep, larger than the
+    bound or of another schema reads as no history, as before, but ``hetpatrol history
+    show`` (and the daemon) now says why on stderr instead of "no card" alone."""
+    config = config_for(tmp_path)
+    path = history_path(config.state_path)
+    path.parent.mkdir(parents=True)
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(f"state_path: {config.state_path}\nnode: survives-01\n")
+    cases = {
+        "not JSON": b"{torn",
+        "nested too deep": b"[" * 100000,
+        "not a hetpatrol.reboot_history/1 document": b'{"schema": "other"}',
+        "a symbolic link": None,
+    }
+    for why, data in cases.items():
+        path.unlink(missing_ok=True)
+        if data is None:
+            (tmp_path / "elsewhere.json").write_text("{}")
+            path.symlink_to(tmp_path / "elsewhere.json")
+        else:
+            path.write_bytes(data)
+        capsys.readouterr()
+        assert main(["history", "--config", str(cfg), "show"]) == 0
+        out, err = capsys.readouterr()
+        assert "no card in" in out
+        assert why.split()[0] in err and "history_" in err, (why, err)
+    path.unlink()
+    capsys.readouterr()
+    assert main(["history", "--config", str(cfg), "show"]) == 0
+    assert capsys.readouterr().err == ""  # no history yet: nothing to say

@@ -10,13 +10,19 @@ re-read). Written atomically, mode PRIVATE_FILE_MODE, like the state file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from hetpatrol.actions.reboot_history import HISTORY_FILE, RebootHistory, SurvivalRule
+from hetpatrol.actions.reboot_history import (
+    HISTORY_FILE,
+    HISTORY_SCHEMA,
+    RebootHistory,
+    SurvivalRule,
+)
 from hetpatrol.exporters import PRIVATE_FILE_MODE
 from hetpatrol.exporters.state import write_atomic
 from hetpatrol.logs import get_logger
@@ -50,21 +56,39 @@ def locked(path: Path) -> Iterator[None]:
 
 def read_history(path: Path, now: float, rule: SurvivalRule | None = None) -> RebootHistory:
     """The history in ``path`` as of ``now``; empty when missing, unreadable, damaged
-    or another schema (never raises for the file's content). A file this user could
-    not have written (another user's, made first in a sticky directory; a symlink; in
-    a directory another user can change: :func:`hetpatrol.safe_files.own_file_check`)
-    is never believed: empty, logged as ``history_refused`` (a forged history would
-    make a card ``replace_card``, a drain)."""
+    or another schema (never raises for the file's content). Each but a missing file
+    is said in the log (``history_unreadable`` with why; the next write starts
+    afresh). A file this user could not have written (another user's, made first in a
+    sticky directory; a symlink; in a directory another user can change:
+    :func:`hetpatrol.safe_files.own_file_check`) is never believed: empty, logged as
+    ``history_refused`` (a forged history would make a card ``replace_card``)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as fh:
             own_file_check(path)(os.fstat(fd))
             data = fh.read(HISTORY_READ_MAX + 1)
-        doc = json.loads(data.decode("utf-8")) if len(data) <= HISTORY_READ_MAX else None
+        if len(data) > HISTORY_READ_MAX:
+            raise ValueError(f"larger than {HISTORY_READ_MAX} bytes")
+        try:
+            doc = json.loads(data.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("schema") != HISTORY_SCHEMA:
+            raise ValueError(f"not a {HISTORY_SCHEMA} document")
+    except FileNotFoundError:
+        doc = None  # no history yet
     except UnsafePath as exc:
         log.warning("history_refused", path=str(path), error=str(exc))
         doc = None
-    except (OSError, ValueError, RecursionError):
+    except OSError as exc:
+        why = "a symbolic link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+        log.warning("history_refused", path=str(path), error=why)
+        doc = None
+    except RecursionError:
+        log.warning("history_unreadable", path=str(path), error="nested too deep")
+        doc = None
+    except ValueError as exc:
+        log.warning("history_unreadable", path=str(path), error=str(exc)[:200])
         doc = None
     return RebootHistory.from_dict(doc, now, rule)
 
