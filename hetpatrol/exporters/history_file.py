@@ -78,19 +78,28 @@ def read_history(path: Path, now: float, rule: SurvivalRule | None = None) -> Re
     except FileNotFoundError:
         doc = None  # no history yet
     except UnsafePath as exc:
-        log.warning("history_refused", path=str(path), error=str(exc))
-        doc = None
+        doc = _say(path, "history_refused", str(exc))
     except OSError as exc:
         why = "a symbolic link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
-        log.warning("history_refused", path=str(path), error=why)
-        doc = None
+        doc = _say(path, "history_refused", why)
     except RecursionError:
-        log.warning("history_unreadable", path=str(path), error="nested too deep")
-        doc = None
+        doc = _say(path, "history_unreadable", "nested too deep")
     except ValueError as exc:
-        log.warning("history_unreadable", path=str(path), error=str(exc)[:200])
-        doc = None
+        doc = _say(path, "history_unreadable", str(exc)[:200])
+    else:
+        _said.pop(str(path), None)
     return RebootHistory.from_dict(doc, now, rule)
+
+
+#: path -> the last thing said about it (said once until it changes: the daemon reads
+#: the file every patrol that has a critical card)
+_said: dict[str, tuple[str, str]] = {}
+
+
+def _say(path: Path, event: str, why: str) -> None:
+    if _said.get(str(path)) != (event, why):
+        _said[str(path)] = (event, why)
+        log.warning(event, path=str(path), error=why)
 
 
 def write_history(path: Path, history: RebootHistory) -> None:
