@@ -192,6 +192,44 @@ def test_real_squeue_names_the_job_of_each_card(slurm_node):
             cj.refresh(cs)
 
 
+@pytest.mark.slurm
+def test_real_squeue_is_read_again_for_a_job_newer_than_the_cache(slurm_node):
+    """On the real slurmctld: CardJobs reads squeue with no job running (cache 1 h);
+    a job then starts with GPU 0, and a process in its cgroup shows up on GPU 0: the
+    next refresh reads squeue again and gives GPU 0 that job, so its process is not
+    judged stray against the read from before it."""
+    import time
+
+    c = slurm_node
+    cs = [CardRecord("nvidia", i, gres="gpu", uuid=f"GPU-{i}") for i in range(8)]
+    cj = CardJobs(c.scontrol_argv, c.node, cache_seconds=3600)
+    with c.explain():
+        cj.refresh(cs)
+        assert cj.error is None and not any(cj.jobs_of(r) for r in cs)
+        job = (
+            c.run(
+                "sbatch", "--parsable", "--gres=gpu:a100:1", "-o", "/dev/null", "--wrap", "sleep 30"
+            )
+            .stdout.strip()
+            .split(";")[0]
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while "RUNNING" not in c.run("squeue", "-h", "-j", job, "-o", "%T").stdout:
+                assert time.monotonic() < deadline, "job never ran"
+                time.sleep(0.2)
+            cs = [CardRecord("nvidia", i, gres="gpu", uuid=f"GPU-{i}") for i in range(8)]
+            cs[0].processes = [ProcessInfo(30001, "train", 4096 * MIB, "root", job)]
+            cj.refresh(cs)
+            assert cj.jobs_of(cs[0]) == frozenset({job})
+            watch = StrayWatch()
+            for _ in range(3):
+                watch.observe(cs, cj.jobs_of, StraySettings(patrols=1))
+            assert [f for f in cs[0].findings if f.check == "stray_process"] == []
+        finally:
+            c.run("scancel", job, check=False)
+
+
 def test_the_patrol_writes_stray_process_with_action_watch(base_config):
     """Wired through the Patroller: a card's job from ``card_jobs``, a process of
     another user outside it, three patrols -> a watch finding on that card's line."""
