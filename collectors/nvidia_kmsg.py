@@ -254,7 +254,12 @@ class NvrmPatterns:
         head_bus: str | None = None  # "The NVIDIA GPU <bus>" whose text goes on in later lines
         for line in lines:
             text = line.text
-            if "NVRM" not in text:
+            # the module's records start with NVRM (every recorded one does, prefixes
+            # taken off); the kernel prints text a user chose inside other records
+            # (fs/exec.c: "process '%pD4' started with executable stack", the program's
+            # path unescaped), where a directory named "NVRM: Xid (PCI:...): 79, ..."
+            # must not read as an XID: the patterns are searched only in the driver's own
+            if not text.startswith("NVRM"):
                 continue
             m = _XID_RE.search(text)
             if m:
