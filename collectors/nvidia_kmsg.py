@@ -61,13 +61,14 @@ _GPU_HEAD_RE = re.compile(r"NVRM: The NVIDIA GPU (?P<bus>" + BUS_PATTERN + r")")
 #: the start of a driver record that may say a kernel reason (``_KERNEL_REASONS``):
 #: ``NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x62:NV_ERR_RESET_REQUIRED:1696)``,
 #: ``NVRM: The NVIDIA GPU 0000:cb:00.0 ... fallen off the bus``, syslog's split
-#: ``NVRM: fallen off the bus and is not responding to commands.``
+#: ``NVRM: fallen off the bus and is not responding to commands.``, and a bus-less
+#: ``NVRM: RmInitAdapter failed! (...)`` (the bus then from the record before)
 _REASON_HEAD_RE = re.compile(
     r"NVRM: (?:GPU (?:at PCI:)?"
     + BUS_PATTERN
     + r"|The NVIDIA GPU "
     + BUS_PATTERN
-    + r"|fallen off the bus)"
+    + r"|fallen off the bus|(?i:rm_?init_?adapter failed))"
 )
 
 _KERNEL_REASONS = (
