@@ -58,6 +58,18 @@ _IDENTITY_RE = re.compile(
     r"NVRM: GPU at PCI:(?P<bus>" + BUS_PATTERN + r"):\s*(?P<uuid>GPU-[0-9a-fA-F-]+)"
 )
 _GPU_HEAD_RE = re.compile(r"NVRM: The NVIDIA GPU (?P<bus>" + BUS_PATTERN + r")")
+#: the start of a driver record that may say a kernel reason (``_KERNEL_REASONS``):
+#: ``NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x62:NV_ERR_RESET_REQUIRED:1696)``,
+#: ``NVRM: The NVIDIA GPU 0000:cb:00.0 ... fallen off the bus``, syslog's split
+#: ``NVRM: fallen off the bus and is not responding to commands.``, and a bus-less
+#: ``NVRM: RmInitAdapter failed! (...)`` (the bus then from the record before)
+_REASON_HEAD_RE = re.compile(
+    r"NVRM: (?:GPU (?:at PCI:)?"
+    + BUS_PATTERN
+    + r"|The NVIDIA GPU "
+    + BUS_PATTERN
+    + r"|fallen off the bus|(?i:rm_?init_?adapter failed))"
+)
 
 _KERNEL_REASONS = (
     (re.compile(r"fallen off the bus", re.I), REASON_FALLEN_OFF_BUS),
@@ -254,18 +266,33 @@ class NvrmPatterns:
         head_bus: str | None = None  # "The NVIDIA GPU <bus>" whose text goes on in later lines
         for line in lines:
             text = line.text
-            if "NVRM" not in text:
+            # Only the driver's own records, matched from their first character (every
+            # recorded one starts so, prefixes taken off): the kernel prints text a user
+            # chose inside others, unescaped: fs/exec.c "process '%pD4' started with
+            # executable stack" (the program's last four path components), and
+            # arch/x86/mm/fault.c "%s[%d]: segfault at ..." + mm/memory.c
+            # print_vma_addr() " in <file name>[...]" (the process's comm, 15
+            # characters a user sets, first; the name of the file it faulted in last).
+            # A directory or library named "NVRM: Xid (PCI:...): 79, ..." there is no
+            # XID, and a comm "NVRM" is no driver record: each pattern must match where
+            # the record starts, its head longer than a comm can forge.
+            if not text.startswith("NVRM: "):
                 continue
-            m = _XID_RE.search(text)
+            m = _XID_RE.match(text)
             if m:
                 head_bus = None
                 yield _parse_xid(m, line)
                 continue
-            im = _IDENTITY_RE.search(text)
+            im = _IDENTITY_RE.match(text)
             if im:
                 yield (pci_bus_id(im.group("bus")) or "", im.group("uuid"))
                 continue
-            hm = _GPU_HEAD_RE.search(text)
+            hm = _GPU_HEAD_RE.match(text)
+            if not _REASON_HEAD_RE.match(text):
+                # a kernel reason is said only in the driver's GPU record ("NVRM: GPU
+                # <bus>: ...", "NVRM: The NVIDIA GPU <bus> ...") or its syslog-split
+                # continuation ("NVRM: fallen off the bus and is not responding ...")
+                continue
             for regex, reason in _KERNEL_REASONS:
                 if not regex.search(text):
                     continue

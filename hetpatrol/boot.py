@@ -28,6 +28,10 @@ STAT_FILE = "proc/stat"
 #: most bytes read of /proc/stat (the btime line is near its top; a 1024-CPU host has
 #: 1025 cpu lines of ~100 bytes before it)
 STAT_READ_MAX = 256 * 1024
+#: most links of one kind a card may have learned (the ``nvlink.expected_links`` bound)
+MAX_LINKS = 64
+#: most cards whose learned links a state file may give back
+MAX_CARDS = 4096
 
 
 @dataclass(frozen=True)
@@ -130,11 +134,18 @@ class BootWatch:
             self.patrols = patrols
         learned = doc.get("learned_links")
         if isinstance(learned, dict):
-            self.learned_links = {
-                str(k): {str(kind): n for kind, n in v.items() if isinstance(n, int)}
-                for k, v in learned.items()
+            # only counts a card can have (1..MAX_LINKS, no bool): a damaged or edited
+            # file's 10**6 would be the links a healthy card must have up
+            kept = {
+                str(k): {
+                    str(kind): n
+                    for kind, n in v.items()
+                    if type(n) is int and 0 < n <= MAX_LINKS  # type(): a bool is no count
+                }
+                for k, v in list(learned.items())[:MAX_CARDS]
                 if isinstance(v, dict)
             }
+            self.learned_links = {k: v for k, v in kept.items() if v}
         unlisted = doc.get("unlisted_patrols")
         if isinstance(unlisted, dict):
             self.unlisted_patrols = {

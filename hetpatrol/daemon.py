@@ -41,7 +41,7 @@ from hetpatrol.exporters.prometheus import ExporterStats, Exposition
 from hetpatrol.exporters.state import mark_stopped, read_state, write_atomic, write_state
 from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
-from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock
+from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock, own_file_check
 from hetpatrol.slurm.admin_comment import AdminCommenter
 from hetpatrol.slurm.card_jobs import CardJobs
 from hetpatrol.slurm.drain import DrainPolicy
@@ -352,8 +352,19 @@ class Daemon:
         if self.config.state_path is None:
             return
         try:
-            doc = read_state(self.config.state_path, verify=_own_state_file)
+            # never another user's file (made first in a sticky directory), nor one
+            # others may write
+            own = own_file_check(self.config.state_path)
+
+            def verify(st: os.stat_result) -> None:
+                own(st)
+                _own_state_file(st)
+
+            doc = read_state(self.config.state_path, verify=verify)
         except FileNotFoundError:
+            doc = {}
+        except UnsafePath as exc:
+            log.warning("state_refused", path=str(self.config.state_path), error=str(exc))
             doc = {}
         except (OSError, ValueError) as exc:
             log.warning(

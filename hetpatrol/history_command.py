@@ -6,7 +6,8 @@ operator has judged the fault) and appends an audit line to the JSONL log: ``kin
 event``, ``event: history_clear``, the card as given, the identities cleared, their
 history before, the operator (uid and user name). See :mod:`hetpatrol.actions.
 reboot_history` for the rule and :mod:`hetpatrol.exporters.history_file` for the file.
-Exit: 0 done, 1 no such card in the history (nothing written), 78 a bad config.
+Exit: 0 done, 1 no such card in the history (nothing written), 73 the JSONL log
+refused (a symlink, another user's file: nothing cleared), 78 a bad config.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hetpatrol.config import load_config
 from hetpatrol.exporters.history_file import history_path, locked, read_history, write_history
 from hetpatrol.node_view import printable
 from hetpatrol.output import write_stdout
+from hetpatrol.safe_files import open_for_append
 from hetpatrol.schema import EVENT_SCHEMA, rfc3339
 
 
@@ -73,17 +75,24 @@ def _cmd_history(args: argparse.Namespace) -> int:
                     f"{len(entry['boots'])} boot(s), last {rfc3339(entry['last'])}\n"
                 )
         return 0
-    with locked(path):
-        history = read_history(path, now, config.actions.reboot_survival)
-        before = history.to_dict()["cards"]
-        cleared = history.clear(args.card)
-        if not cleared:
-            write_stdout(f"hetpatrol history: no card {printable(args.card)!s} in {path}\n")
-            return 1
-        write_history(path, history)
-    line = audit_line(config.node, args.card, {i: before[i] for i in cleared}, now)
-    if config.jsonl_path is not None:
-        append_line(config.jsonl_path, line)
+    # the log that takes the audit line is opened first: a clear it cannot record is no
+    # clear (raises UnsafePath / OSError before anything is forgotten)
+    log_fd = open_log(config.jsonl_path) if config.jsonl_path is not None else None
+    try:
+        with locked(path):
+            history = read_history(path, now, config.actions.reboot_survival)
+            before = history.to_dict()["cards"]
+            cleared = history.clear(args.card)
+            if not cleared:
+                write_stdout(f"hetpatrol history: no card {printable(args.card)!s} in {path}\n")
+                return 1
+            write_history(path, history)
+        line = audit_line(config.node, args.card, {i: before[i] for i in cleared}, now)
+        if log_fd is not None:
+            write_line(log_fd, line)
+    finally:
+        if log_fd is not None:
+            os.close(log_fd)
     write_stdout(f"cleared {', '.join(printable(i) for i in cleared)} from {path}\n")
     return 0
 
@@ -111,12 +120,16 @@ def audit_line(node: str, card: str, cleared: dict[str, Any], now: float) -> dic
     }
 
 
-def append_line(path: Path, line: dict[str, Any]) -> None:
-    """Append ``line`` to the JSONL log in one ``write`` (``O_APPEND``: whole beside the
-    daemon's lines; a symlink is not followed). Raises OSError."""
-    data = (json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+def open_log(path: Path) -> int:
+    """The JSONL log opened for appending under :mod:`hetpatrol.safe_files`' rules (no
+    symlink, no other user's file or directory; made 0600 when missing). Returns the
+    fd; raises :class:`~hetpatrol.safe_files.UnsafePath` or OSError."""
+    fd = open_for_append(path, 0o600)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def write_line(fd: int, line: dict[str, Any]) -> None:
+    """Append ``line`` in one ``write`` (``O_APPEND``: whole beside the daemon's
+    lines). Raises OSError."""
+    os.write(fd, (json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n").encode())

@@ -11,10 +11,18 @@ kernel hides it).
 
 Which tasks: the processes whose ``comm`` is a program a vendor plugin declares
 (:attr:`hetpatrol.collector.VendorInfo.tool_dirs`: ``npu-smi``, ``hccn_tool``,
-``rocm-smi`` ...) and, on the host, this daemon's collector worker threads
-(``/proc/self/task/<tid>``). A replay directory stands in for ``/``
-(``<replay>/proc/<pid>/stat``, ``wchan``). Never raises: a process gone between two
-reads is skipped.
+``rocm-smi`` ...) run by root or by this daemon's own user (the real uid, the first
+number of the ``Uid:`` line of ``/proc/<pid>/status``), and, on the host, this daemon's
+collector worker threads (``/proc/self/task/<tid>``). A comm is text its user chose
+(``prctl(PR_SET_NAME)``, a binary of that name) and any user can hold a process in D
+state without a driver fault (a ``vfork()`` parent waits in ``kernel_clone`` in state D
+until its child ends; a read on the user's own FUSE mount waits in D), so another
+user's process, or one whose real uid cannot be read, is never evidence: it would let
+a user drain and reboot the node (``check:collector_hung`` lasting -> ``reboot_node``).
+The real uid, not the owner of ``/proc/<pid>`` (root's for a process its user made
+non-dumpable) nor the effective uid (root's for a setuid program). A replay directory
+stands in for ``/`` (``<replay>/proc/<pid>/stat``, ``status``, ``wchan``). Never
+raises: a process gone between two reads is skipped.
 """
 
 from __future__ import annotations
@@ -82,6 +90,18 @@ def parse_stat(text: str) -> tuple[str, str, int] | None:
         return None
 
 
+def real_uid(directory: Path) -> int | None:
+    """The real uid of the process of ``directory`` (``/proc/<pid>``): the first number
+    of the ``Uid:`` line of its ``status`` (proc(5): "Real, effective, saved set, and
+    filesystem UIDs"); None when unreadable or garbled."""
+    text = _read(directory / "status")
+    for line in (text or "").splitlines():
+        if line.startswith("Uid:"):
+            first = line[4:].split()[:1]
+            return int(first[0]) if first and first[0].isdigit() else None
+    return None
+
+
 def _task(directory: Path) -> tuple[str, str, int, str | None] | None:
     text = _read(directory / "stat")
     parsed = parse_stat(text) if text is not None else None
@@ -97,10 +117,12 @@ def scan(
     root: Path, programs: Mapping[str, str], threads: Mapping[int, str]
 ) -> list[tuple[tuple[int, int], StuckTask]]:
     """Every task in D state now: the processes under ``root/proc`` whose comm is in
-    ``programs`` (program -> plugin), and ``threads`` (tid -> collector) of this
-    process (read under ``/proc/self/task``; only when ``root`` is ``/``). Each with
+    ``programs`` (program -> plugin) and whose real uid is root's or this process's,
+    and ``threads`` (tid -> collector) of this process (read under
+    ``/proc/self/task``; only when ``root`` is ``/``). Each with
     its key (pid, starttime); ``patrols`` is 1."""
     out: list[tuple[tuple[int, int], StuckTask]] = []
+    trusted = {0, os.getuid()}
     proc = Path(root) / "proc"
     try:
         pids = [int(e.name) for e in os.scandir(proc) if e.name.isdigit()]
@@ -112,8 +134,8 @@ def scan(
         if task is None or task[1] != "D":
             continue
         owner = next((p for name, p in programs.items() if name[:15] == task[0]), None)
-        if owner is None:
-            continue
+        if owner is None or real_uid(proc / str(pid)) not in trusted:
+            continue  # a comm another user chose is no evidence (see the module)
         out.append(((pid, task[2]), StuckTask(pid, task[0], task[3], owner, 1)))
     if Path(root) == Path("/"):
         for tid, collector in sorted(threads.items()):

@@ -497,8 +497,9 @@ class Patroller:
         """Name the vendor tools and collector threads in D state for
         ``hung_tool_patrols`` patrols in a row (:mod:`hetpatrol.hung_tools`) in the
         ``collector_hung`` finding of their collector, or in a ``collector_hung`` node
-        finding of their own when no collector says it is hung (a tool another user
-        started, stuck in the same driver); either feeds the ``check:collector_hung``
+        finding of their own when no collector says it is hung (a tool root started, stuck
+        in the same driver; another user's process is never counted: its comm is text
+        that user chose, :mod:`hetpatrol.hung_tools`); either feeds the ``check:collector_hung``
         escalation to ``reboot_node``. On the host ``/proc`` is scanned only in a patrol
         with a hung or failed collector, or after a scan that found a task in D (then
         every patrol, so the count is one of patrols in a row); a replay's recorded

@@ -46,9 +46,11 @@ __all__ = [
     "open_for_append",
     "open_for_lock",
     "check_opened",
+    "check_owned",
     "check_replaceable",
     "UnsafeRead",
     "open_for_reading",
+    "own_file_check",
 ]
 
 #: the flags every writer adds: never follow a link at the file, never pass the fd on
@@ -220,13 +222,36 @@ def check_opened(fd: int, path: Path, shared: bool) -> os.stat_result:
     one link. Returns its ``fstat``; raises :class:`UnsafePath` or ``OSError``
     (EINVAL: not a regular file: a FIFO, device or socket)."""
     st = os.fstat(fd)
+    check_owned(st, path, shared)
+    return st
+
+
+def check_owned(st: os.stat_result, path: Path, shared: bool) -> None:
+    """:func:`check_opened` on a file's ``fstat`` ``st``: a regular file owned by root
+    or this user, this user's own with one link in a ``shared`` directory. Raises
+    :class:`UnsafePath` or ``OSError`` (EINVAL: not a regular file)."""
     if not stat.S_ISREG(st.st_mode):
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     if not _trusted_owner(st.st_uid) or (shared and st.st_uid != os.geteuid()):
         raise UnsafePath(path, f"the file is owned by {_owner_name(st.st_uid)}")
     if shared and st.st_nlink != 1:
         raise UnsafePath(path, f"the file has {st.st_nlink} hard links in a shared directory")
-    return st
+
+
+def own_file_check(path: Path):
+    """For reading back a file this program writes (its state file, its history): a
+    check of the opened file's ``fstat`` that raises :class:`UnsafePath` unless it is
+    one :func:`check_opened` would accept for writing, in a directory
+    :func:`check_directory` accepts. In a sticky directory (``/tmp``) any user can make
+    the name first: their file is never believed. Raises :class:`UnsafePath` or OSError
+    at once for the directory."""
+    path = Path(path)
+    shared = check_directory(path.parent, path)
+
+    def verify(st: os.stat_result) -> None:
+        check_owned(st, path, shared)
+
+    return verify
 
 
 def _open_checked(path: Path, flags: int, mode: int, *, create_dirs: bool) -> int:

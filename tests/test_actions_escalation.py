@@ -93,7 +93,17 @@ def test_an_escalation_is_kept_across_a_restart():
 
 @pytest.mark.parametrize(
     "doc",
-    [None, [], {"schema": "other"}, {"schema": "hetpatrol.escalation/1", "cards": 3}],
+    [
+        None,
+        [],
+        {"schema": "other"},
+        {"schema": "hetpatrol.escalation/1", "cards": 3},
+        # a card's parts of the wrong type (a damaged or hand-edited state file): an
+        # AttributeError out of the daemon's start before, on every restart
+        {"schema": "hetpatrol.escalation/1", "cards": {"uuid:A": {"events": [1]}}},
+        {"schema": "hetpatrol.escalation/1", "cards": {"uuid:A": {"escalated": True}}},
+        {"schema": "hetpatrol.escalation/1", "cards": {"uuid:A": {"conditions": "x"}}},
+    ],
 )
 def test_a_damaged_state_gives_an_empty_one(doc):
     assert Escalation.from_dict(doc, T0).identities() == []

@@ -108,6 +108,9 @@ def test_real_slurmctld_admin_comment_through_the_helper(slurm_node, tmp_path):
             res = call(path, "update", "JobId=999999", "AdminComment=hetpatrol: x")
             assert res.returncode == 2 and "does not list job 999999" in res.stderr
             assert _admin_comment(c, job) == keep
+            # slurmctld itself sets no limit: 70000 characters set and read back whole
+            c.scontrol("update", f"JobId={job}", "AdminComment=" + "a" * 70000)
+            assert _admin_comment(c, job) == "a" * 70000
         finally:
             c.run("scancel", job, check=False)
 
@@ -119,3 +122,31 @@ def test_off_by_default_runs_nothing():
         [dict(EVENT, jobs=["1"])], settings, "n"
     )
     assert runs == []
+
+
+def test_a_note_past_the_length_limit_is_logged_not_dropped_silently():
+    """slurmctld 22.05 takes an AdminComment of any length (70000 characters set and read
+    back whole: test_real_slurmctld_admin_comment_through_the_helper), so the limit is
+    hetpatrol's own
+    (ADMIN_COMMENT_MAX): a job whose AdminComment is already near it (another tool's
+    notes) gets no note, and the daemon log says so with the job, instead of nothing."""
+    import json
+
+    from hetpatrol.logs import capture_logs
+    from hetpatrol.slurm.admin_comment import ADMIN_COMMENT_MAX
+    from hetpatrol.tool import ToolOutput
+
+    doc = json.loads(SQUEUE)
+    doc["jobs"][0]["admin_comment"] = "site: " + "x" * (ADMIN_COMMENT_MAX - 20)
+    runs = []
+
+    def runner(argv, timeout):
+        runs.append(argv)
+        return ToolOutput(tuple(argv), json.dumps(doc), "", 0, False, 0.01)
+
+    settings = replace(SlurmSettings(enabled=True), admin_comment=True)
+    with capture_logs() as events:
+        done = AdminCommenter(runner).on_events([dict(EVENT, jobs=["1"])], settings, "hp-gpu01")
+    assert done == [] and len(runs) == 1  # squeue only: no update
+    (skipped,) = [e for e in events if e["event"] == "admin_comment_skipped"]
+    assert skipped["job"] == "1" and str(ADMIN_COMMENT_MAX) in skipped["why"]

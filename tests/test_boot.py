@@ -291,3 +291,26 @@ def test_once_on_a_multi_boot_scenario_names_a_boot_to_replay():
     )
     # boot 2's first patrol: the links train late, within the post-boot grace a warning
     assert one.returncode == 1, one.stdout + one.stderr
+
+
+def test_a_damaged_state_files_learned_links_are_not_taken():
+    """``learned_links`` read back from the state file becomes the links a card must have
+    up (fewer up: ``nvlink_down``, reset_card where a profile makes it critical). A
+    damaged or hand-edited file (``true``, a negative or a huge count, a list) gave any
+    int: 10**6 links expected made a healthy card's 18 links "down". Only counts a card
+    can have (1 to 64, the ``expected_links`` schema's bound) are taken."""
+    watch = BootWatch()
+    doc = {
+        "boot_id": BOOT2,
+        "patrols": 3,
+        "learned_links": {
+            "uuid:A": {"nvlink": 18, "roce": 1},
+            "uuid:B": {"nvlink": 10**6},
+            "uuid:C": {"nvlink": True, "roce": -1},
+            "uuid:D": ["nvlink"],
+            "uuid:E": {"nvlink": 18.0},
+        },
+    }
+    watch.restore(doc, BootInfo(BOOT2, 2.0))
+    assert watch.patrols == 3
+    assert watch.learned_links == {"uuid:A": {"nvlink": 18, "roce": 1}}

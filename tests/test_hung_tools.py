@@ -38,11 +38,17 @@ def stuck_replay(tmp_path, state="D"):
     proc.mkdir(parents=True)
     (proc / "stat").write_text(STAT.replace(") D ", f") {state} "))
     (proc / "wchan").write_text(WCHAN)
+    (proc / "status").write_text(status(0))
     # another user's long-running program, also in D: not a vendor tool, never named
     other = replay / "proc" / "5000"
     other.mkdir()
     (other / "stat").write_text(STAT.replace("4242 (npu-smi)", "5000 (rsync)"))
     return replay
+
+
+def status(uid):
+    """The ``Uid:``/``Gid:`` lines of ``/proc/<pid>/status`` (real, effective, saved, fs)."""
+    return f"Name:\tnpu-smi\nState:\tD (disk sleep)\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
 
 
 def config():
@@ -125,3 +131,35 @@ def test_the_count_is_per_process_and_starts_again_for_a_new_one(tmp_path):
     assert t.wchan is None and "wchan hidden" in t.describe()
     os.unlink(stat)  # the process ended between two patrols
     assert w.observe(scan(root, programs, {})) == []
+
+
+def test_a_users_program_named_like_a_vendor_tool_in_d_state_is_no_evidence(tmp_path):
+    """A Slurm user names a process ``npu-smi`` (``prctl(PR_SET_NAME)`` or a binary of
+    that name) and keeps it in D state without any driver fault: a ``vfork()`` parent
+    waits in ``kernel_clone`` in state D until its child exits (seen on this host, an
+    unprivileged process); a read on the user's own FUSE mount waits in D too. The comm
+    is text the user chose: it must never name a wedged driver, or feed
+    check:collector_hung lasting -> reboot_node (a user could drain the node)."""
+    root = stuck_replay(tmp_path)
+    fake = root / "proc" / "6000"
+    fake.mkdir()
+    (fake / "stat").write_text(STAT.replace("4242 (npu-smi)", "6000 (npu-smi)"))
+    (fake / "wchan").write_text("kernel_clone")
+    (fake / "status").write_text(status(1000))
+    # a setuid program the user ran: effective uid root, real uid still the user's
+    suid = root / "proc" / "6001"
+    suid.mkdir()
+    (suid / "stat").write_text(STAT.replace("4242 (npu-smi)", "6001 (npu-smi)"))
+    (suid / "status").write_text(status(1000).replace("Uid:\t1000\t1000", "Uid:\t1000\t0"))
+    # and one whose status cannot be read (gone, hidden): its owner is unknown
+    (root / "proc" / "6002").mkdir()
+    (root / "proc" / "6002" / "stat").write_text(STAT.replace("4242 (npu-smi)", "6002 (npu-smi)"))
+    found = [t.pid for _key, t in scan(root, {"npu-smi": "ascend"}, {})]
+    assert found == [4242]  # root's npu-smi only
+    os.unlink(root / "proc/4242/stat")  # only the users' fakes are left
+    p = Patroller(config(), replay_dir=root)
+    try:
+        reports = [p.run() for _ in range(4)]
+    finally:
+        p.close()
+    assert not any(hung(r) for r in reports)

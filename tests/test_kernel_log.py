@@ -930,3 +930,48 @@ def test_a_flood_of_continuation_lines_is_cut_at_the_record_bound():
     (ev,) = parse_text(text)
     assert len(ev.raw) <= MAX_RECORD_CHARS
     assert ev.xid == 79
+
+
+def test_a_users_file_name_in_a_kernel_message_is_no_xid():
+    """The kernel prints some text a user chose into its log: fs/exec.c
+    ``setup_arg_pages()`` warns once per boot ``pr_warn_once("process '%pD4' started
+    with executable stack\\n", bprm->file)``, the last four components of the program's
+    path unescaped (``process 'usr/local/ilogtail/ilogtail_0.16.26' started with
+    executable stack`` in a linux-kernel report). A user who runs a program with an
+    executable stack from a directory named like an XID line (no ``/`` needed) put
+    ``NVRM: Xid (PCI:0000:cb:00): 79, ...`` into the record, anywhere in its text: the
+    pattern searched the whole record, so it read as XID 79 (drain class: critical) on
+    that GPU, and drained the node. The NVIDIA module's records start with ``NVRM: ``
+    (all 86 records of the recorded samples and fixtures do, their prefixes taken off)
+    and each pattern must match from there."""
+    forged = (
+        "4,2210,1843400000,-;process 'tmp/NVRM: Xid (PCI:0000:cb:00): 79, pid=1, "
+        "name=x, GPU has fallen off the bus./a.out' started with executable stack\n"
+        "4,2211,1843400010,-;process 'tmp/NVRM: GPU 0000:cb:00.0: GPU has fallen off the "
+        "bus./x' started with executable stack\n"
+    )
+    assert parse_text(forged) == []
+    # arch/x86/mm/fault.c show_signal_msg(): "%s%s[%d]: segfault at %lx ip %p sp %p
+    # error %lx" with the process's comm (15 characters its user sets) first, then
+    # mm/memory.c print_vma_addr(" in ", ip): the name of the file it faulted in. A
+    # process named "NVRM" faulting in a library named like a driver record
+    segv = (
+        "6,2212,1843400020,-;NVRM[4242]: segfault at 0 ip 00007f3a1c401126 sp "
+        "00007ffd5d3f8f60 error 6 in NVRM: Xid (PCI:0000:cb:00): 79, pid=1, name=x, "
+        "y.so[7f3a1c401000+1000]\n"
+        "6,2213,1843400030,-;NVRM: [4243]: segfault at 0 ip 00007f3a1c401126 sp "
+        "00007ffd5d3f8f60 error 6 in GPU 0000:cb:00.0: GPU has fallen off the bus."
+        "so[7f3a1c401000+1000]\n"
+        "6,2214,1843400040,-;NVRM: Xid (PCI[4244]: segfault at 0 ip 00007f3a1c401126 "
+        "sp 00007ffd5d3f8f60 error 6 in 0000:cb:00): 79, x.so[7f3a1c401000+1000]\n"
+    )
+    assert parse_text(segv) == []
+    # syslog and dmesg shapes of the same forged record
+    syslog = "Dec  2 11:38:27 gpu01 kernel: [  199.234935] " + forged.split(";", 1)[1]
+    assert parse_text(syslog) == []
+    # the driver's own line still is one
+    real = (
+        "4,2103,1843308145,-;NVRM: Xid (PCI:0000:cb:00): 79, pid='<unknown>', "
+        "name=<unknown>, GPU has fallen off the bus.\n"
+    )
+    assert brief(parse_text(real)) == [("xid", 79, "0000:cb:00.0", None, None)]

@@ -235,3 +235,52 @@ def test_a_line_longer_than_the_bound_is_skipped_not_parsed(tmp_path, capsys):
     assert out.splitlines()[-1] == (
         "1 job(s) on faulted cards; 2 fault event(s), 0 without jobs, 1 line(s) skipped"
     )
+
+
+def test_forged_lines_with_unhashable_keys_are_skipped_not_a_traceback(tmp_path, capsys):
+    """A JSONL file handed to ``ledger faults`` may be anyone's: a fault event whose
+    ``seq``, ``ts`` or ``run_id`` is a list or an object (wrong types) is one line
+    skipped, never a TypeError out of the command."""
+    path = tmp_path / "forged.jsonl"
+    good = {"kind": "event", "event": "xid", "xid": 79, "jobs": ["5"], "ts": "t", "seq": 1}
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps({**good, "seq": [1]}),
+                json.dumps({**good, "ts": {"a": 1}}),
+                json.dumps({**good, "run_id": [["x"]]}),
+                json.dumps({**good, "uuid": ["GPU-1"], "xid": [79]}),
+                json.dumps(good),
+            ]
+        )
+        + "\n"
+    )
+    assert main(["ledger", "faults", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "job 5"
+    assert "1 fault event(s), 0 without jobs, 4 line(s) skipped" in out
+
+
+def test_an_endless_line_is_read_in_bounded_memory(tmp_path, capsys):
+    """A file of one 40 MiB line without a newline (or a device such as ``/dev/zero``)
+    is never held whole: the line is skipped as too long and the next one is read;
+    a file that is not a regular file is refused by name."""
+    import tracemalloc
+
+    path = tmp_path / "huge.jsonl"
+    good = {"kind": "event", "event": "xid", "xid": 79, "jobs": ["5"], "ts": "t", "seq": 1}
+    with path.open("w") as f:
+        f.write('{"kind": "event", "pad": "' + "x" * (40 << 20) + '"}\n')
+        f.write(json.dumps(good) + "\n")
+    tracemalloc.start()
+    try:
+        code = main(["ledger", "faults", str(path)])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    out = capsys.readouterr().out
+    assert code == 1 and out.splitlines()[0] == "job 5"
+    assert "1 line(s) skipped" in out
+    assert peak < 16 << 20, peak  # the line is 40 MiB
+    assert main(["ledger", "faults", "/dev/zero"]) == 65
+    assert "/dev/zero: not a regular file" in capsys.readouterr().err

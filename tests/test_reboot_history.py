@@ -6,9 +6,11 @@ three boots of fixtures/nodes/fault-survives-reboots."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 import jsonschema
+import pytest
 from conftest import NODES
 
 from hetpatrol.actions.reboot_history import RebootHistory, SurvivalRule
@@ -165,3 +167,157 @@ def test_history_unit_rules():
     off = RebootHistory(SurvivalRule(enabled=False))
     off.observe([("uuid:A", {"xid"})], "b1", 1.0)
     assert off.cards == {} and off.verdict("uuid:A") is None
+
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="os.chown to another uid needs root")
+def test_another_users_files_in_a_shared_state_directory_are_not_believed(tmp_path):
+    """A state path in a sticky directory (``/tmp``, which :mod:`hetpatrol.safe_files`
+    accepts for the daemon's own files) lets any user make the names there first. The
+    writers refuse another user's file; the readers believed it: a forged
+    ``reboot-history.json`` made GPU 2 ``replace_card`` (a drain) in its first boot, a
+    forged ``state.json`` set the boot's patrol count past the post-boot grace, and
+    another user's ``reboot-history.json.lock`` was opened and locked (a user holding
+    that flock stops every patrol). Each is now refused, said in the log."""
+    import time
+
+    from hetpatrol.exporters.history_file import locked
+    from hetpatrol.logs import capture_logs
+    from hetpatrol.safe_files import UnsafePath
+
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    config = replace(
+        load_config(SURVIVES / "hetpatrol.yaml"),
+        state_path=shared / "state.json",
+        jsonl_path=shared / "patrol.jsonl",
+    )
+    now = time.time()
+    forged = {
+        "schema": "hetpatrol.reboot_history/1",
+        "cards": {
+            f"uuid:{GPU2}": {
+                "nvlink_down": {"boots": ["a", "b", "c"], "first": now - 60, "last": now - 60}
+            }
+        },
+    }
+    planted = history_path(config.state_path)
+    planted.write_text(json.dumps(forged))
+    os.chown(planted, NOBODY, NOBODY)
+    state = {
+        "schema": "hetpatrol.state/1",
+        "boot": {"boot_id": BOOTS[0], "patrols": 1000, "learned_links": {}},
+    }
+    config.state_path.write_text(json.dumps(state))
+    os.chown(config.state_path, NOBODY, NOBODY)
+    d = Daemon(config, replay_dir=scenario_boots(SURVIVES)[0])
+    try:
+        with capture_logs() as events:
+            d.restore_escalation()
+        assert d.patroller.boot.patrols == 0  # the forged count is not taken
+        assert d.patroller.reboot_history.cards == {}
+        refused = {e["event"] for e in events}
+        assert {"state_refused", "history_refused"} <= refused, refused
+        reports = [d.patrol_once() for _ in range(5)]
+    finally:
+        d.shutdown()
+    assert gpu2(reports[0]).action == "watch"  # in the grace: the forged count is not taken
+    assert gpu2(reports[-1]).action == "reset_card"  # not replace_card
+    lock = shared / "reboot-history.json.lock"
+    lock.unlink(missing_ok=True)
+    lock.write_text("")
+    os.chown(lock, NOBODY, NOBODY)
+    with pytest.raises(UnsafePath, match="owned by uid 65534"), locked(planted):
+        pass
+
+
+def test_a_clear_whose_audit_line_cannot_be_written_clears_nothing(tmp_path, capsys):
+    """The audit line is the record of who forgot a card's faults: when the JSONL log
+    cannot take it (a symlink at its path, planted or left), the history was cleared
+    all the same and the command failed after the fact (the clear done, no audit line).
+    Now the log is opened, by :mod:`hetpatrol.safe_files`' rules, before anything is
+    cleared: refused, exit 73, the history kept."""
+    config = config_for(tmp_path)
+    run_boot(config, 1)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    config.jsonl_path.unlink()
+    config.jsonl_path.symlink_to(victim)
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(
+        f"state_path: {config.state_path}\njsonl: {{path: {config.jsonl_path}}}\n"
+        "node: survives-01\n"
+    )
+    capsys.readouterr()
+    code = main(["history", "--config", str(cfg), "clear", "--card", GPU2])
+    err = capsys.readouterr().err
+    assert code == 73, err
+    assert "symbolic link" in err
+    assert f"uuid:{GPU2}" in read_history(history_path(config.state_path), 0.0).cards
+    assert victim.read_text() == "keep\n"
+
+
+def test_a_clock_behind_at_boot_does_not_wipe_the_history(tmp_path):
+    """A node whose RTC lost its time boots in the past (here 26 years back) until NTP
+    steps the clock. The fault back in that boot was written with the wrong time as the
+    family's ``last``, and the history read in that boot lowered every ``last`` to
+    ``now``: once the clock was right again, 26 years "since last seen" forgot the two
+    earlier boots and the card went back to reset_card instead of replace_card. A
+    stored ``last`` is never moved back now, and a clock behind the stored times ages
+    nothing."""
+    from hetpatrol.exporters.history_file import sync_history
+
+    path = tmp_path / "reboot-history.json"
+    t = 1_796_000_000.0  # 2026-12
+    before = RebootHistory(SurvivalRule())
+    before.observe([("uuid:A", {"nvlink_down"})], "b1", t - 7200)
+    before.observe([("uuid:A", {"nvlink_down"})], "b2", t - 3600)
+    write_history(path, before)
+    behind = t - 26 * 365 * 86400.0  # the RTC's idea of now in boot 3
+    h = read_history(path, behind)
+    h.observe([("uuid:A", {"nvlink_down"})], "b3", behind)
+    h = sync_history(path, h, behind)
+    assert h.verdict("uuid:A").action == "replace_card"
+    # NTP steps the clock to the right time; the fault is still there
+    h.observe([("uuid:A", {"nvlink_down"})], "b3", t + 10)
+    h = sync_history(path, h, t + 10)
+    assert h.cards["uuid:A"]["nvlink_down"]["boots"] == ["b1", "b2", "b3"]
+    assert h.verdict("uuid:A").action == "replace_card"
+    on_disk = read_history(path, t + 20).cards["uuid:A"]["nvlink_down"]
+    assert on_disk["boots"] == ["b1", "b2", "b3"] and on_disk["last"] == t - 3600
+
+
+def test_a_damaged_history_file_is_said_not_read_silently_as_empty(tmp_path, capsys):
+    """A history file that is a symlink, not JSON, nested too deep, larger than the
+    bound or of another schema reads as no history, as before, but ``hetpatrol history
+    show`` (and the daemon) now says why on stderr instead of "no card" alone."""
+    config = config_for(tmp_path)
+    path = history_path(config.state_path)
+    path.parent.mkdir(parents=True)
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(f"state_path: {config.state_path}\nnode: survives-01\n")
+    cases = {
+        "not JSON": b"{torn",
+        "nested too deep": b"[" * 100000,
+        "not a hetpatrol.reboot_history/1 document": b'{"schema": "other"}',
+        "a symbolic link": None,
+    }
+    for why, data in cases.items():
+        path.unlink(missing_ok=True)
+        if data is None:
+            (tmp_path / "elsewhere.json").write_text("{}")
+            path.symlink_to(tmp_path / "elsewhere.json")
+        else:
+            path.write_bytes(data)
+        capsys.readouterr()
+        assert main(["history", "--config", str(cfg), "show"]) == 0
+        out, err = capsys.readouterr()
+        assert "no card in" in out
+        assert why.split()[0] in err and "history_" in err, (why, err)
+    path.unlink()
+    capsys.readouterr()
+    assert main(["history", "--config", str(cfg), "show"]) == 0
+    assert capsys.readouterr().err == ""  # no history yet: nothing to say

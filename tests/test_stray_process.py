@@ -248,6 +248,44 @@ def test_real_squeue_names_the_job_of_each_card(slurm_node):
             cj.refresh(cs)
 
 
+@pytest.mark.slurm
+def test_real_squeue_is_read_again_for_a_job_newer_than_the_cache(slurm_node):
+    """On the real slurmctld: CardJobs reads squeue with no job running (cache 1 h);
+    a job then starts with GPU 0, and a process in its cgroup shows up on GPU 0: the
+    next refresh reads squeue again and gives GPU 0 that job, so its process is not
+    judged stray against the read from before it."""
+    import time
+
+    c = slurm_node
+    cs = [CardRecord("nvidia", i, gres="gpu", uuid=f"GPU-{i}") for i in range(8)]
+    cj = CardJobs(c.scontrol_argv, c.node, cache_seconds=3600)
+    with c.explain():
+        cj.refresh(cs)
+        assert cj.error is None and not any(cj.jobs_of(r) for r in cs)
+        job = (
+            c.run(
+                "sbatch", "--parsable", "--gres=gpu:a100:1", "-o", "/dev/null", "--wrap", "sleep 30"
+            )
+            .stdout.strip()
+            .split(";")[0]
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while "RUNNING" not in c.run("squeue", "-h", "-j", job, "-o", "%T").stdout:
+                assert time.monotonic() < deadline, "job never ran"
+                time.sleep(0.2)
+            cs = [CardRecord("nvidia", i, gres="gpu", uuid=f"GPU-{i}") for i in range(8)]
+            cs[0].processes = [ProcessInfo(30001, "train", 4096 * MIB, "root", job)]
+            cj.refresh(cs)
+            assert cj.jobs_of(cs[0]) == frozenset({job})
+            watch = StrayWatch()
+            for _ in range(3):
+                watch.observe(cs, cj.jobs_of, StraySettings(patrols=1))
+            assert [f for f in cs[0].findings if f.check == "stray_process"] == []
+        finally:
+            c.run("scancel", job, check=False)
+
+
 def test_the_patrol_writes_stray_process_with_action_watch(base_config):
     """Wired through the Patroller: a card's job from ``card_jobs``, a process of
     another user outside it, three patrols -> a watch finding on that card's line."""
@@ -684,3 +722,85 @@ def test_no_cgroup_tracking_judges_no_process_on_a_jobs_card(slurm_node, tmp_pat
                 stray.wait(timeout=10)
             if job:
                 c.run("scancel", job, check=False)
+
+
+def test_a_process_whose_owner_cannot_be_read_is_not_judged_stray():
+    """The owner and cgroup of a card's process come from ``/proc/<pid>`` (status,
+    cgroup). Where the daemon cannot read them (``/proc`` mounted ``hidepid=2``, as many
+    HPC sites do, for the unprivileged ``hetpatrol`` user; a pid gone between the vendor's
+    list and the lookup) ``user`` and ``job_id`` are both None: that is no proof the
+    process is outside its card's job, and calling it stray would put a stray_process on
+    every busy card of the fleet (and drain them all where a site maps it to a drain).
+    It is said instead, as an ``info`` ``stray_process_unjudged`` finding. A 26.05 SLUID
+    cgroup directory (``s5K1KKYAYG5D00``) cannot be compared with squeue's numeric job
+    ids either: not judged."""
+    from hetpatrol.actions.findings import finding_action
+
+    settings = StraySettings(patrols=2)
+    watch = StrayWatch()
+    unread = ProcessInfo(10309, "./gpu_burn", 28234 * MIB, None, None)
+    sluid = ProcessInfo(10291, "memhog", 2566 * MIB, "alice", "s5K1KKYAYG5D00")
+    job1 = frozenset({"1"})
+    found = []
+    for _ in range(3):
+        rec = _gpu0(unread, sluid)
+        watch.observe([rec], lambda _c: job1, settings)
+        found.append(rec.findings)
+    assert all(f.check != "stray_process" for fs in found for f in fs)
+    assert found[0] == []  # 1 of 2 patrols
+    (note,) = found[2]
+    assert (note.check, note.severity) == ("stray_process_unjudged", "info")
+    assert "pid 10309" in note.message and "pid 10291" in note.message
+    assert note.value == {"pids": [10291, 10309]}
+    assert finding_action(note).action == "none"
+    # the process read as it is (the same pid, now readable, outside job 1): stray
+    escaped = ProcessInfo(10309, "./gpu_burn", 28234 * MIB, "bob", None)
+    for _ in range(2):
+        rec = _gpu0(escaped)
+        watch.observe([rec], lambda _c: job1, settings)
+    assert [f.check for f in rec.findings] == ["stray_process"]
+
+
+def test_a_job_newer_than_the_cached_squeue_read_is_read_not_called_stray():
+    """``squeue --json`` is read at most once a minute (``cache_seconds``), the patrol
+    runs every 10 s: a job that starts on a card just after a read had its processes
+    (in its own cgroup, job 2) judged against the old allocation (no job on the card)
+    for up to six patrols, and ``patrols: 3`` of them made a stray_process finding at
+    every such job start (a drain where a site maps it to one). A process in a job the
+    last read did not list makes that read old: squeue is read again, once."""
+    calls = []
+    later = json.loads(SQUEUE)
+    job2 = json.loads(json.dumps(later["jobs"][0]))
+    job2.update(job_id=2, gres_detail=["gpu:a100:1(IDX:1)"])
+    later["jobs"] = [later["jobs"][0], job2]
+    answers = [SQUEUE, json.dumps(later)]
+
+    def runner(argv, timeout):
+        calls.append(list(argv))
+        return ToolOutput(tuple(argv), answers[min(len(calls), 2) - 1], "", 0, False, 0.01)
+
+    clock = [0.0]
+    cj = CardJobs(["/usr/bin/scontrol"], "hp-gpu01", runner=runner, clock=lambda: clock[0])
+    watch = StrayWatch()
+    settings = StraySettings(patrols=3)
+    found = []
+    for n in range(4):
+        clock[0] = 1.0 + 10 * n  # inside the first read's minute
+        cs = cards()
+        if n > 0:  # job 2 started on GPU 1 after the first read
+            cs[1].processes = [ProcessInfo(20001, "train", 4096 * MIB, "carol", "2")]
+        cj.refresh(cs)
+        watch.observe(cs, cj.jobs_of, settings)
+        found += [f for c in cs for f in c.findings if f.check == "stray_process"]
+    assert found == []
+    assert len(calls) == 2  # one more read, for the job it did not know
+    assert cj.jobs_of(cs[1]) == frozenset({"2"})
+    # an escaped process (no job) is no reason to read again: it is stray
+    for n in range(3):
+        clock[0] = 45.0 + n
+        cs = cards()
+        cs[1].processes = [ProcessInfo(20002, "left", 4096 * MIB, "carol", None)]
+        cj.refresh(cs)
+        watch.observe(cs, cj.jobs_of, settings)
+    assert len(calls) == 2
+    assert [f.check for f in cs[1].findings] == ["stray_process"]  # outside job 2

@@ -544,7 +544,7 @@ class Escalation:
             if not isinstance(ident, str) or not isinstance(raw, Mapping):
                 continue
             card = _Card()
-            for key, times in (raw.get("events") or {}).items():
+            for key, times in _mapping(raw.get("events")).items():
                 if isinstance(key, str) and isinstance(times, list):
                     kept = sorted(
                         {
@@ -555,7 +555,7 @@ class Escalation:
                     )
                     if kept:
                         card.events[key] = kept[-MAX_EVENTS_PER_KEY:]
-            for name, held in (raw.get("escalated") or {}).items():
+            for name, held in _mapping(raw.get("escalated")).items():
                 if name in names and isinstance(held, Mapping):
                     since, last = _finite(held.get("since")), _finite(held.get("last"))
                     recovered = _finite(held.get("recovered"))
@@ -566,7 +566,7 @@ class Escalation:
                             "action": names[name].action,
                             "recovered": None if recovered is None else min(recovered, now),
                         }
-            for key, cond in (raw.get("conditions") or {}).items():
+            for key, cond in _mapping(raw.get("conditions")).items():
                 if isinstance(key, str) and isinstance(cond, Mapping):
                     since = _finite(cond.get("since"))
                     absent = cond.get("absent_since")
@@ -621,3 +621,8 @@ def rules_from_config(section: Mapping[str, Any] | None) -> EscalationRules:
     except (KeyError, TypeError) as exc:
         raise ValueError(f"escalation rule is missing or has a bad field: {exc}") from None
     return EscalationRules(freq, dur)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else ``{}`` (a damaged state file's part)."""
+    return value if isinstance(value, Mapping) else {}

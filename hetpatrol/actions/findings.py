@@ -100,8 +100,8 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     # jobs of the cards could not be read (squeue --json), or their processes cannot be
     # told from others (ProctrackType not proctrack/cgroup)
     "stray_process": {"*": WATCH},
+    "stray_process_unjudged": {"*": WATCH},  # info: none
     "card_jobs_unread": {"*": WATCH},
-    "stray_process_unjudged": {"*": WATCH},
     "pcie_downtrained": {"warning": WATCH, "critical": ISOLATE_CARD, "*": WATCH},
     "nvlink_down": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},
     "nvlink_errors": {"warning": WATCH, "critical": RESET_CARD, "*": WATCH},

@@ -83,7 +83,9 @@ class RebootHistory:
             card = self.cards.setdefault(identity, {})
             for family in sorted(families):
                 entry = card.setdefault(family, {"boots": [], "first": now, "last": now})
-                entry["last"] = now
+                # never moved back: a clock behind (an RTC that lost its time, before
+                # NTP) must not stamp a family as last seen years ago (see decay)
+                entry["last"] = max(entry["last"], now)
                 if boot_id not in entry["boots"]:
                     entry["boots"] = [*entry["boots"], boot_id][-MAX_BOOTS:]
                     changed = True
@@ -128,7 +130,10 @@ class RebootHistory:
         return gone
 
     def decay(self, now: float) -> None:
-        """Forget families last seen more than ``window_seconds`` before ``now``."""
+        """Forget families last seen more than ``window_seconds`` before ``now``. A
+        ``last`` after ``now`` (the clock is behind the one that wrote it, or that one
+        ran ahead) is kept: a wrong clock never ages the history, it can only keep a
+        family until ``last`` + ``window_seconds``."""
         for identity in list(self.cards):
             card = self.cards[identity]
             for family in list(card):
@@ -174,7 +179,7 @@ class RebootHistory:
                     out.cards.setdefault(identity, {})[family] = {
                         "boots": list(dict.fromkeys(kept)),
                         "first": first,
-                        "last": min(last, now),
+                        "last": last,
                     }
         names = doc.get("names")
         if isinstance(names, Mapping):

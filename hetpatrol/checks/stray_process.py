@@ -25,8 +25,14 @@ processes``: NVML compute/graphics processes, ``npu-smi info`` process table, th
 patrol says why in an ``info`` node finding ``card_jobs_unread``); nor is a card a job
 holds unless ``ProctrackType=proctrack/cgroup`` (without a job cgroup a job's own
 process cannot be told from an escaped one: ``info`` node finding
-``stray_process_unjudged``, :mod:`hetpatrol.slurm.card_jobs`); a process whose pid
-the host cannot read (another pid namespace) has no job and counts as outside.
+``stray_process_unjudged``, :mod:`hetpatrol.slurm.card_jobs`). A process whose
+owner could not be read (``user`` None: ``/proc`` mounted ``hidepid=2`` for the
+daemon's user, a pid gone between the vendor's list and the lookup, a pid of another
+pid namespace) or whose job is a 26.05 SLUID (squeue's job ids are numbers: the two
+cannot be compared) is not judged: it is no proof of a process outside its job, and
+on a ``hidepid`` host it would make every busy card stray. Seen so for ``patrols``
+patrols it is said in an ``info`` finding ``stray_process_unjudged`` (action ``none``)
+naming the pids.
 
 Config (top level)::
 
@@ -46,10 +52,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetpatrol.actions.escalation import card_identity
-from hetpatrol.schema import HEALTH_WARNING, CardRecord, Finding, ProcessInfo, worst
+from hetpatrol.schema import (
+    HEALTH_WARNING,
+    SEVERITY_INFO,
+    CardRecord,
+    Finding,
+    ProcessInfo,
+    worst,
+)
 
 NAME = "stray_process"
 FINDING = "stray_process"
+UNJUDGED = "stray_process_unjudged"
+#: most pids an unjudged finding names
+MAX_NAMED = 8
 MIB = 1024 * 1024
 
 TOP_SCHEMA: dict[str, Any] = {
@@ -85,10 +101,22 @@ def build_top(data: Mapping[str, Any]) -> StraySettings:
     )
 
 
+def judged(proc: ProcessInfo, settings: StraySettings) -> bool | None:
+    """Whether ``proc`` is one to judge: False below ``min_memory_bytes`` (or memory not
+    said), None when it holds enough but its owner was not read or its job is no job
+    number (see the module docstring: not judged, said), else True."""
+    if proc.memory_bytes is None or proc.memory_bytes < settings.min_memory_bytes:
+        return False
+    if proc.user is None or (proc.job_id is not None and not proc.job_id.isdigit()):
+        return None
+    return True
+
+
 def stray(proc: ProcessInfo, jobs: frozenset[str], settings: StraySettings) -> bool:
     """True when ``proc`` holds at least ``min_memory_bytes`` on a card allocated to
-    ``jobs`` (empty: to no job) and is in none of them."""
-    if proc.memory_bytes is None or proc.memory_bytes < settings.min_memory_bytes:
+    ``jobs`` (empty: to no job), its owner was read (:func:`judged`), and it is in none
+    of them."""
+    if not judged(proc, settings):
         return False
     return proc.job_id is None or proc.job_id not in jobs
 
@@ -109,6 +137,8 @@ class StrayWatch:
 
     def __init__(self) -> None:
         self.seen: dict[tuple[str, int], int] = {}
+        #: (card identity, pid) -> patrols in a row the process could not be judged
+        self.unjudged: dict[tuple[str, int], int] = {}
 
     def observe(
         self,
@@ -118,14 +148,37 @@ class StrayWatch:
     ) -> None:
         if not settings.enabled:
             self.seen.clear()
+            self.unjudged.clear()
             return
         now: dict[tuple[str, int], int] = {}
+        unjudged: dict[tuple[str, int], int] = {}
         for rec in cards:
             jobs = jobs_of(rec)
             ident = card_identity(rec)
             if jobs is None:
                 now.update({k: v for k, v in self.seen.items() if k[0] == ident})
                 continue
+            unread = []
+            for proc in rec.processes:
+                if judged(proc, settings) is None:
+                    key = (ident, proc.pid)
+                    unjudged[key] = self.unjudged.get(key, 0) + 1
+                    if unjudged[key] >= settings.patrols:
+                        unread.append(proc.pid)
+            if unread:
+                named = ", ".join(f"pid {p}" for p in sorted(unread)[:MAX_NAMED])
+                more = f" and {len(unread) - MAX_NAMED} more" if len(unread) > MAX_NAMED else ""
+                rec.findings.append(
+                    Finding(
+                        UNJUDGED,
+                        SEVERITY_INFO,
+                        f"{named}{more} hold card memory, but whose process it is could not "
+                        "be read (/proc/<pid> hidden, e.g. hidepid=2, or a pid of another "
+                        "namespace; or a SLUID job): not judged as stray",
+                        value={"pids": sorted(unread)[:MAX_NAMED]},
+                        threshold=settings.patrols,
+                    )
+                )
             for proc in rec.processes:
                 if not stray(proc, jobs, settings):
                     continue
@@ -151,3 +204,4 @@ class StrayWatch:
                 )
                 rec.health = worst(rec.health, HEALTH_WARNING)
         self.seen = now
+        self.unjudged = unjudged

@@ -10,15 +10,25 @@ re-read). Written atomically, mode PRIVATE_FILE_MODE, like the state file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from hetpatrol.actions.reboot_history import HISTORY_FILE, RebootHistory, SurvivalRule
+from hetpatrol.actions.reboot_history import (
+    HISTORY_FILE,
+    HISTORY_SCHEMA,
+    RebootHistory,
+    SurvivalRule,
+)
 from hetpatrol.exporters import PRIVATE_FILE_MODE
 from hetpatrol.exporters.state import write_atomic
+from hetpatrol.logs import get_logger
+from hetpatrol.safe_files import UnsafePath, open_for_lock, own_file_check
+
+log = get_logger("hetpatrol.exporters")
 
 #: most bytes read of the history file (MAX_CARDS x families x boots is far less)
 HISTORY_READ_MAX = 16 * 1024 * 1024
@@ -31,14 +41,12 @@ def history_path(state_path: Path) -> Path:
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold ``flock(LOCK_EX)`` on ``<path>.lock`` (created PRIVATE_FILE_MODE, no symlink
-    followed) for the block. Raises OSError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(
-        f"{path}.lock",
-        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-        PRIVATE_FILE_MODE,
-    )
+    """Hold ``flock(LOCK_EX)`` on ``<path>.lock`` (created PRIVATE_FILE_MODE) for the
+    block, opened by :func:`hetpatrol.safe_files.open_for_lock`: no symlink followed,
+    and another user's lock file (made first in a sticky directory: its owner could hold
+    the lock for ever and stop every patrol) is refused. Raises OSError
+    (:class:`~hetpatrol.safe_files.UnsafePath`)."""
+    fd = open_for_lock(Path(f"{path}.lock"), PRIVATE_FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -48,15 +56,50 @@ def locked(path: Path) -> Iterator[None]:
 
 def read_history(path: Path, now: float, rule: SurvivalRule | None = None) -> RebootHistory:
     """The history in ``path`` as of ``now``; empty when missing, unreadable, damaged
-    or another schema (never raises for the file's content)."""
+    or another schema (never raises for the file's content). Each but a missing file
+    is said in the log (``history_unreadable`` with why; the next write starts
+    afresh). A file this user could not have written (another user's, made first in a
+    sticky directory; a symlink; in a directory another user can change:
+    :func:`hetpatrol.safe_files.own_file_check`) is never believed: empty, logged as
+    ``history_refused`` (a forged history would make a card ``replace_card``)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as fh:
+            own_file_check(path)(os.fstat(fd))
             data = fh.read(HISTORY_READ_MAX + 1)
-        doc = json.loads(data.decode("utf-8")) if len(data) <= HISTORY_READ_MAX else None
-    except (OSError, ValueError, RecursionError):
-        doc = None
+        if len(data) > HISTORY_READ_MAX:
+            raise ValueError(f"larger than {HISTORY_READ_MAX} bytes")
+        try:
+            doc = json.loads(data.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("schema") != HISTORY_SCHEMA:
+            raise ValueError(f"not a {HISTORY_SCHEMA} document")
+    except FileNotFoundError:
+        doc = None  # no history yet
+    except UnsafePath as exc:
+        doc = _say(path, "history_refused", str(exc))
+    except OSError as exc:
+        why = "a symbolic link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+        doc = _say(path, "history_refused", why)
+    except RecursionError:
+        doc = _say(path, "history_unreadable", "nested too deep")
+    except ValueError as exc:
+        doc = _say(path, "history_unreadable", str(exc)[:200])
+    else:
+        _said.pop(str(path), None)
     return RebootHistory.from_dict(doc, now, rule)
+
+
+#: path -> the last thing said about it (said once until it changes: the daemon reads
+#: the file every patrol that has a critical card)
+_said: dict[str, tuple[str, str]] = {}
+
+
+def _say(path: Path, event: str, why: str) -> None:
+    if _said.get(str(path)) != (event, why):
+        _said[str(path)] = (event, why)
+        log.warning(event, path=str(path), error=why)
 
 
 def write_history(path: Path, history: RebootHistory) -> None:

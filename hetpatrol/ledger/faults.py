@@ -46,6 +46,31 @@ MAX_DIR_FILES = 100_000
 EX_DATAERR = 65
 
 
+#: the type each field read may have (absent or null is fine; bool is no int)
+_FIELD_TYPES: dict[str, type] = {
+    "run_id": str,
+    "seq": int,
+    "ts": str,
+    "node": str,
+    "vendor": str,
+    "index": int,
+    "uuid": str,
+    "bus_id": str,
+    "xid": int,
+    "reason": str,
+    "severity": str,
+}
+
+
+def _well_typed(event: Mapping[str, Any]) -> bool:
+    """Whether every field this command reads is absent, null or of its type."""
+    for key, kind in _FIELD_TYPES.items():
+        value = event.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            return False
+    return True
+
+
 def _card(event: Mapping[str, Any]) -> str:
     if isinstance(event.get("vendor"), str) and isinstance(event.get("index"), int):
         return f"{event['vendor']}/{event['index']}"
@@ -93,6 +118,9 @@ def faults_by_job(
     seen: set[tuple] = set()
     for doc in _documents(lines, counts):
         if doc.get("kind") != "event" or doc.get("event") not in FAULT_EVENTS:
+            continue
+        if not _well_typed(doc):  # a field of the wrong type: a forged or foreign line
+            counts["skipped"] += 1
             continue
         keys = [(doc.get("run_id"), doc.get("seq"), doc.get("ts"), _card(doc), _what(doc))]
         if isinstance(doc.get("boot_id"), str) and isinstance(doc.get("kmsg_seq"), int):

@@ -152,18 +152,37 @@ class CardJobs:
         self._config_read_at: float | None = None
         self._by_identity: dict[int, frozenset[str]] = {}
         self._cards: list[CardRecord] = []
+        #: the job ids squeue was read again for since the last read by age
+        self._asked: set[str] = set()
 
     def refresh(self, cards: Sequence[CardRecord]) -> None:
         """Read ``ProctrackType`` (``scontrol show config``) every
-        ``config_cache_seconds``, every ``cache_seconds`` while it is unknown; squeue if
-        its cache is old; then map this patrol's ``cards``."""
+        ``config_cache_seconds``, every ``cache_seconds`` while it is unknown. Read
+        squeue if its cache is old, or if a process of ``cards`` is in a job (its
+        cgroup's job number) that held no card of this node in the last read: a job
+        started since that read, whose processes must not be judged against the
+        allocation before it (read again once per such job until the next read by
+        age). Then map this patrol's ``cards``."""
         now = self.clock()
         if self._config_read_at is None or now - self._config_read_at >= (
             self.config_cache_seconds if self.proctrack else self.cache_seconds
         ):
             self._config_read_at = now
             self._read_proctrack()
-        if self._read_at is None or now - self._read_at >= self.cache_seconds:
+        aged = self._read_at is None or now - self._read_at >= self.cache_seconds
+        unknown: set[str] = set()
+        if not aged and self._text is not None:
+            held = set().union(*self._by_identity.values()) | self._asked
+            unknown = {
+                p.job_id
+                for c in cards
+                for p in c.processes
+                if p.job_id is not None and p.job_id.isdigit() and p.job_id not in held
+            }
+        # asked once per job until the next read by age: a process of a job that holds
+        # no card here (a CPU job's process on a GPU: stray) is no reason to read again
+        self._asked = set() if aged else self._asked | unknown
+        if aged or unknown:
             self._read_at = now
             try:
                 out = self.runner(self.argv, self.timeout)
