@@ -119,7 +119,8 @@ def test_validate_config_refuses_a_collector_no_plugin_provides(tmp_path, capsys
     assert main(["validate-config", str(path)]) == 78
     assert capsys.readouterr().err == (
         f"hetpatrol: configuration error: {path}:4: collectors.nvidai: no collector plugin "
-        f"named 'nvidai' is installed (installed: {', '.join(sorted(discover()))})\n"
+        f"named 'nvidai' is installed (did you mean 'nvidia'?) "
+        f"(installed: {', '.join(sorted(discover()))})\n"
     )
     path.write_text("node: a\ncollectors:\n  nvidia: {}\n  nvidai: {enabled: false}\n")
     assert main(["validate-config", str(path)]) == 0
