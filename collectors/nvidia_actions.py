@@ -23,7 +23,12 @@ them without naming the vendor):
   before it can be used again"), ``insufficient_power`` -> isolate_card
   (NVML_ERROR_INSUFFICIENT_POWER: power cable, catalog XID 54: CHECK_MECHANICALS),
   ``unknown_error`` -> reset_card (NVML Unknown on a core call: handle, memory, identity;
-  the card cannot be used).
+  the card cannot be used);
+- ``off_bus_codes``: the kernel-log events that say a GPU left the bus
+  (:data:`~hetpatrol.collectors.nvidia_xid.OFF_BUS_XIDS`: XID 79, and the no-Xid
+  ``fallen_off_bus`` line): on a GPU's bus id in this boot they corroborate NVML no
+  longer listing it, so ``card_missing`` is critical at once (one patrol's short list is
+  otherwise only a warning until ``missing_patrols`` patrols in a row).
 
 Standard library only (the Slurm prolog may read these).
 """
@@ -102,5 +107,9 @@ ACTIONS = VendorActions(
         "reset_required": RESET_CARD,
         "insufficient_power": ISOLATE_CARD,
         "unknown_error": RESET_CARD,
+    },
+    off_bus_codes={
+        "xid": frozenset(str(x) for x in nvidia_xid.OFF_BUS_XIDS),
+        "kernel_fault": nvidia_xid.OFF_BUS_REASONS,
     },
 )

@@ -132,7 +132,12 @@ class VendorActions:
       in ``VendorInfo.health_words``) -> action (a word no plugin lists: ``watch``);
     - ``code_keys``: check name -> ``fn(code, levels) -> iterable of str``: the escalation
       keys one code of such a finding holds while present (any severity;
-      :func:`hetpatrol.actions.apply.state_keys`), ``levels`` the caller's code table.
+      :func:`hetpatrol.actions.apply.state_keys`), ``levels`` the caller's code table;
+    - ``off_bus_codes``: check name -> the codes of that check's kernel-log events that
+      say the card left the bus (NVIDIA: ``xid`` ``79``, ``kernel_fault``
+      ``fallen_off_bus``). Such an event on a card's bus id in this boot corroborates its
+      tool no longer listing it: ``card_missing`` is then critical at once
+      (:mod:`hetpatrol.patrol`), not only after ``missing_patrols`` patrols.
 
     Functions must not raise on odd codes or values (they give ``watch``).
     """
@@ -143,6 +148,7 @@ class VendorActions:
     check_actions: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     health_actions: Mapping[str, str] = field(default_factory=dict)
     code_keys: Mapping[str, Callable[[str, Mapping[str, str]], Any]] = field(default_factory=dict)
+    off_bus_codes: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

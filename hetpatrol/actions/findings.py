@@ -126,8 +126,8 @@ def vendor_tables() -> VendorActions:
     """Every installed plugin's fault tables (``VendorInfo.actions``) in one
     :class:`hetpatrol.collector.VendorActions`: ``code_actions``, ``value_actions``,
     ``check_actions`` and ``code_keys`` by check name, ``health_actions`` by word (a
-    check or word two plugins declare: the first plugin by name), and a ``code_table``
-    that merges theirs.
+    check or word two plugins declare: the first plugin by name), ``off_bus_codes`` by
+    check name (every plugin's codes together), and a ``code_table`` that merges theirs.
     Plugins are loaded (imported) on the first call and again only when ``sys.path``
     changes; one that cannot be imported is left out (its checks then take the generic
     rows or ``watch``). Never raises."""
@@ -143,6 +143,7 @@ def vendor_tables() -> VendorActions:
     rows: dict[str, Any] = {}
     health: dict[str, str] = {}
     keys: dict[str, Any] = {}
+    off_bus: dict[str, frozenset[str]] = {}
     tables: list[Any] = []
     for ep in eps:
         try:
@@ -161,6 +162,8 @@ def vendor_tables() -> VendorActions:
             health.setdefault(word.lower(), action)
         for name, fn in declared.code_keys.items():
             keys.setdefault(name, fn)
+        for name, codes in declared.off_bus_codes.items():
+            off_bus[name] = off_bus.get(name, frozenset()) | frozenset(str(c) for c in codes)
         if declared.code_table is not None:
             tables.append(declared.code_table)
 
@@ -178,6 +181,7 @@ def vendor_tables() -> VendorActions:
         check_actions=rows,
         health_actions=health,
         code_keys=keys,
+        off_bus_codes=off_bus,
     )
     _tables = (key, merged)
     return merged
