@@ -318,10 +318,3 @@ def test_the_plugins_say_which_kernel_events_mean_off_the_bus():
         "xid": frozenset({"79"}),
         "kernel_fault": frozenset({"fallen_off_bus"}),
     }
-
-
-def test_the_scenario_replayed_alone_has_no_card_missing():
-    """``hetpatrol once`` on gpu-unlisted has seen no card before: no card_missing (its
-    pci_unwatched is the census's, tests/test_pci_census.py)."""
-    (report,) = patrol_each([LOST])
-    assert missing(report) == []
