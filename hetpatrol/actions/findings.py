@@ -27,7 +27,9 @@ memory error management, "Row Remapping" and "Error Recovery and Response Flags"
   retire/remap (catalog XID 48 trigger text: "A GPU reset or node reboot is needed");
   a repeat escalates (escalation.py);
 - ``card_missing`` critical -> reboot_node: a GPU that left the bus (catalog XID 79,
-  RESTART_BM); unknown (its collector failed) -> watch;
+  RESTART_BM); critical only after ``missing_patrols`` patrols in a row or with an
+  off-the-bus signal for the same card (hetpatrol.patrol), so a warning (one short list)
+  and unknown (its output damaged) -> watch;
 - ``temperature`` / ``pcie_downtrained`` critical -> isolate_card: cooling and seating
   need a person (catalog CHECK_MECHANICALS);
 - ``nvlink_down`` / ``nvlink_errors`` critical -> reset_card (catalog XID 74: "A GPU reset
