@@ -329,3 +329,45 @@ def test_no_card_read_says_what_it_could_not_read(state):
     assert line.startswith(
         "hetpatrol epilog: nvidia/1 fine after the job; not read: ascend/5/0 (ascend: absent: "
     ), line
+
+
+def _without_gpu6(tmp_path, with_xid: bool):
+    """healthy-mixed without GPU 6 (0000:cb:00.0) in NVML's answer, with the kernel log
+    of fixtures/nodes/xid-79 (XID 79 and "fallen off the bus" on that bus id) or none;
+    the PCI census still holds it."""
+    import shutil
+
+    d = tmp_path / ("gone-xid" if with_xid else "gone")
+    shutil.copytree(NODES / "healthy-mixed", d)
+    xml = d / "nvidia-smi-q.xml"
+    text = xml.read_text()
+    start = text.index('    <gpu id="00000000:CB:00.0">')
+    end = text.index("</gpu>", start) + len("</gpu>\n")
+    xml.write_text(text[:start].replace("<attached_gpus>8<", "<attached_gpus>7<") + text[end:])
+    if with_xid:
+        shutil.copy(NODES / "xid-79" / "kmsg.txt", d / "kmsg.txt")
+    return d
+
+
+def test_a_gpu_gone_with_xid_79_on_its_bus_id_drains_at_once(state, tmp_path):
+    """GPU 6 no longer listed after the job, with no count of the daemon (its state listed
+    it): the Epilog's own kernel log has XID 79 on 0000:cb:00.0 in this boot, a second
+    signal about the same card, so the daemon's rule says critical: the Epilog drains.
+    Without that log it is 1 of 3 patrols: watch, no drain."""
+    calls = []
+
+    def scontrol(argv, timeout):
+        calls.append(list(argv))
+        return ""
+
+    gone = _without_gpu6(tmp_path, with_xid=False)
+    code, line = run_epilog(_env("6"), state, lambda: _patrol(gone), runner=scontrol)
+    assert (code, calls) == (0, [])
+    assert line == (
+        "hetpatrol epilog: no card to drain for; nvidia/6 no longer listed (1 of 3 patrols; "
+        "watch): not drained"
+    )
+    gone_xid = _without_gpu6(tmp_path, with_xid=True)
+    code, line = run_epilog(_env("6"), state, lambda: _patrol(gone_xid), runner=scontrol)
+    assert code == 0 and line.startswith("hetpatrol: reboot_node nvidia/6 "), line
+    assert calls == [["scontrol", "update", "NodeName=n1", "State=DRAIN", f"Reason={line}"]]
