@@ -306,6 +306,34 @@ class Patroller:
                 self.kernel_log.close()
             self.kernel_log, previous.kernel_log = previous.kernel_log, None
 
+    def restore_cards(self, cards: Iterable[Any]) -> int:
+        """Take the cards the last daemon of this boot listed (the state file's card
+        lines: ``vendor``, ``index``, ``chip``, ``uuid``, ``serial``, ``bus_id``, ``gres``)
+        as listed before, so a card that went while no daemon ran is counted as gone
+        (``card_missing``) instead of never seen. Each is taken for the collector named
+        as its vendor (the plugins name their cards so), only for a collector that has
+        listed nothing in this process yet; a damaged line is left out. The caller checks
+        that the state file is of this boot (a reboot is a new enumeration). Returns how
+        many cards were taken."""
+        taken = 0
+        fresh = {name for name in self._collectors if not self._seen_cards.get(name)}
+        for line in cards:
+            if not isinstance(line, Mapping) or line.get("vendor") not in fresh:
+                continue
+            index, chip = line.get("index"), line.get("chip")
+            if not isinstance(index, int) or isinstance(index, bool):
+                continue
+            if chip is not None and (not isinstance(chip, int) or isinstance(chip, bool)):
+                continue
+            ids = {
+                k: (v if isinstance(v, str) and v else None)
+                for k, v in ((k, line.get(k)) for k in ("uuid", "serial", "bus_id", "gres"))
+            }
+            rec = CardRecord(vendor=str(line["vendor"]), index=index, chip=chip, **ids)
+            self._seen_cards.setdefault(rec.vendor, {})[card_identities(rec)[0]] = rec
+            taken += 1
+        return taken
+
     def close(self) -> None:
         for bc in self._collectors.values():
             bc.close()

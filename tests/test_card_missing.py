@@ -318,3 +318,33 @@ def test_the_plugins_say_which_kernel_events_mean_off_the_bus():
         "xid": frozenset({"79"}),
         "kernel_fault": frozenset({"fallen_off_bus"}),
     }
+
+
+def test_a_card_gone_while_no_daemon_ran_is_counted_after_the_restart(tmp_path):
+    """The daemon of boot 1 last listed E8 (state file card lines); a daemon started
+    again in the same boot no longer finds it: card_missing 1 of 3 (before: nothing, the
+    new daemon had never seen it). In another boot the old card lines say nothing."""
+    from hetpatrol.daemon import Daemon
+    from hetpatrol.replay import scenario_boots
+
+    boot1, boot2 = scenario_boots(NODES / "reboot-links-late")
+    back1 = with_boot(tmp_path, "back1", boot1)
+    lists_e8(back1)
+    lost1, lost2 = with_boot(tmp_path, "b1", boot1), with_boot(tmp_path, "b2", boot2)
+    state = tmp_path / "state" / "state.json"
+    config = replace(load_config(), node="n1", jsonl_path=None, state_path=state)
+
+    def one_patrol(replay: Path):
+        d = Daemon(config, replay_dir=replay)
+        try:
+            d.restore_escalation()
+            return d.patrol_once()
+        finally:
+            d.shutdown()
+
+    one_patrol(back1)
+    report = one_patrol(lost1)
+    assert missing(report) == [("warning", "watch")]
+    assert "nvidia/8 (0000:e8:00.0) 1 of 3 patrols" in message(report)
+    one_patrol(back1)
+    assert missing(one_patrol(lost2)) == []  # a reboot: a new enumeration
