@@ -26,6 +26,11 @@ them without naming the vendor):
   the card cannot be used);
 - escalation rules over the ``xid:<n>`` keys (:data:`FREQUENCY_RULES`), each citing its
   catalog row.
+- ``off_bus_codes``: the kernel-log events that say a GPU left the bus
+  (:data:`~hetpatrol.collectors.nvidia_xid.OFF_BUS_XIDS`: XID 79, and the no-Xid
+  ``fallen_off_bus`` line): on a GPU's bus id in this boot they corroborate NVML no
+  longer listing it, so ``card_missing`` is critical at once (one patrol's short list is
+  otherwise only a warning until ``missing_patrols`` patrols in a row).
 
 Standard library only (the Slurm prolog may read these).
 """
@@ -179,4 +184,8 @@ ACTIONS = VendorActions(
         "unknown_error": RESET_CARD,
     },
     frequency_rules=FREQUENCY_RULES,
+    off_bus_codes={
+        "xid": frozenset(str(x) for x in nvidia_xid.OFF_BUS_XIDS),
+        "kernel_fault": nvidia_xid.OFF_BUS_REASONS,
+    },
 )

@@ -305,6 +305,16 @@ CATALOG: dict[int, CatalogRow] = _load()
 
 NVLINK5_XIDS = frozenset(range(144, 151))
 
+#: the XIDs that say the GPU left the bus: the catalog rows whose mnemonic says so (79,
+#: ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS, "GPU has fallen off the bus"). With the
+#: no-Xid "fallen off the bus" line (kernel reason ``fallen_off_bus``, which NVIDIA's own
+#: NVSentinel treats as the same failure, NVIDIA/NVSentinel#155 and #195) these are the
+#: kernel-log events that corroborate a GPU its NVML no longer lists
+#: (``VendorActions.off_bus_codes``, hetpatrol.patrol's card_missing rule)
+OFF_BUS_XIDS = frozenset(x for x, row in CATALOG.items() if "FALLEN_OFF_THE_BUS" in row.mnemonic)
+#: the kernel-log reasons (no XID printed) that say the same
+OFF_BUS_REASONS = frozenset({"fallen_off_bus"})
+
 
 def xid_action(
     xid: int | str,

@@ -12,8 +12,12 @@ replay without them has no boot (``boot_id`` null, said in ``error``), as a host
 interconnect checks is counted on it) and keeps, per card identity, the link count of the
 first healthy patrol after boot (the expected links of a card class whose profile gives
 none), and, per PCI bus id, the patrols in a row its tool did not list a card the bus
-holds (``unlisted_patrols``, counted by :mod:`hetpatrol.checks.pci_census`). All start
-again when the boot id changes (a card's count never crosses a reboot); a daemon
+holds (``unlisted_patrols``, counted by :mod:`hetpatrol.checks.pci_census`); per card
+identity, the cards its collector listed before and no longer lists, with the patrols in
+a row it has not (``missing_cards``, the ``card_missing`` count of
+:mod:`hetpatrol.patrol`); and per PCI bus id the kernel log's events of this boot that say
+the card there left the bus (``off_bus``: XID 79...). All start again when the boot id
+changes (a card's count never crosses a reboot); a daemon
 restarted within one boot goes on from the state file (:meth:`BootWatch.restore`).
 """
 
@@ -87,6 +91,15 @@ class BootWatch:
     #: PCI bus id -> patrols in a row its tool did not list the card there (the
     #: ``pci_unwatched`` count of :mod:`hetpatrol.checks.pci_census`)
     unlisted_patrols: dict[str, int] = field(default_factory=dict)
+    #: card key (:func:`hetpatrol.patrol.missing_key`) -> the card its collector no
+    #: longer lists: ``collector``, ``vendor``, ``index``, ``chip``, ``uuid``,
+    #: ``serial``, ``bus_id``, ``gres`` as last listed and ``patrols`` in a row not
+    #: listed (the ``card_missing`` count); only the cards gone in the last patrol
+    missing_cards: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: PCI bus id -> what the kernel log said of it in this boot that means the card
+    #: left the bus (``"xid 79"``, ``"kernel_fault fallen_off_bus"``; at most
+    #: :data:`MAX_OFF_BUS` bus ids)
+    off_bus: dict[str, str] = field(default_factory=dict)
     error: str | None = None
 
     def note(self, info: BootInfo) -> int:
@@ -99,6 +112,8 @@ class BootWatch:
             self.patrols = 0
             self.learned_links = {}
             self.unlisted_patrols = {}
+            self.missing_cards = {}
+            self.off_bus = {}
         if info.boot_time is not None:
             self.boot_time = info.boot_time
         self.patrols += 1
@@ -109,7 +124,11 @@ class BootWatch:
         ``boot_time`` (epoch seconds), ``patrols`` (of this boot), ``error``,
         ``learned_links`` (card identity -> {link kind: links up}) and
         ``unlisted_patrols`` (bus id -> patrols in a row its tool did not list it; only
-        the bus ids unlisted in the last patrol, so no more than the census's cards)."""
+        the bus ids unlisted in the last patrol, so no more than the census's cards),
+        ``missing_cards`` (card key -> the card gone from its collector's list and
+        ``patrols``, the patrols in a row; only the cards gone in the last patrol) and
+        ``off_bus`` (bus id -> the kernel-log event of this boot that says its card left
+        the bus)."""
         return {
             "boot_id": self.boot_id,
             "boot_time": self.boot_time,
@@ -117,13 +136,15 @@ class BootWatch:
             "error": self.error,
             "learned_links": {k: dict(v) for k, v in sorted(self.learned_links.items())},
             "unlisted_patrols": dict(sorted(self.unlisted_patrols.items())),
+            "missing_cards": {k: dict(v) for k, v in sorted(self.missing_cards.items())},
+            "off_bus": dict(sorted(self.off_bus.items())),
         }
 
     def restore(self, doc: Any, info: BootInfo) -> None:
         """Go on from a state file's ``boot`` object when it names the boot ``info``
         reads now (a daemon restarted within the boot); another boot, or a damaged
-        object, leaves the counts at 0 (a damaged ``unlisted_patrols`` entry is left
-        out: that card counts from 0 again)."""
+        object, leaves the counts at 0 (a damaged ``unlisted_patrols`` or
+        ``missing_cards`` entry is left out: that card counts from 0 again)."""
         if not isinstance(doc, dict) or info.boot_id is None:
             return
         if doc.get("boot_id") != info.boot_id:
@@ -153,6 +174,52 @@ class BootWatch:
                 for bus, n in unlisted.items()
                 if isinstance(n, int) and not isinstance(n, bool) and n > 0
             }
+        missing = doc.get("missing_cards")
+        if isinstance(missing, dict):
+            self.missing_cards = {
+                str(key): dict(entry) for key, entry in missing.items() if _missing_entry(entry)
+            }
+        off_bus = doc.get("off_bus")
+        if isinstance(off_bus, dict):
+            self.off_bus = {
+                str(bus): what
+                for bus, what in list(off_bus.items())[:MAX_OFF_BUS]
+                if isinstance(what, str)
+            }
+
+    def note_off_bus(self, bus_id: str, what: str) -> None:
+        """Keep that the kernel log said, in this boot, the card at ``bus_id`` left the
+        bus (the first such event of each bus id; at most :data:`MAX_OFF_BUS` bus ids, a
+        flood of others is not kept)."""
+        if bus_id in self.off_bus or len(self.off_bus) >= MAX_OFF_BUS:
+            return
+        self.off_bus[bus_id] = what
+
+
+#: most bus ids :attr:`BootWatch.off_bus` keeps (a node has a few dozen GPUs at most; a
+#: garbled or forged log naming thousands must not grow the state file)
+MAX_OFF_BUS = 64
+
+
+def _missing_entry(entry: Any) -> bool:
+    """Whether a state file's ``missing_cards`` entry is whole: a ``collector`` and
+    ``vendor`` name, ``patrols`` a positive integer, identity values text or null."""
+    if not isinstance(entry, dict):
+        return False
+    n = entry.get("patrols")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return False
+    if not all(isinstance(entry.get(k), str) and entry.get(k) for k in ("collector", "vendor")):
+        return False
+    index, chip = entry.get("index"), entry.get("chip")
+    if not isinstance(index, int) or isinstance(index, bool):
+        return False
+    if chip is not None and (not isinstance(chip, int) or isinstance(chip, bool)):
+        return False
+    return all(
+        entry.get(k) is None or isinstance(entry.get(k), str)
+        for k in ("uuid", "serial", "bus_id", "gres")
+    )
 
 
 def learn_links(watch: BootWatch, identity: str, links: list[dict[str, Any]]) -> None:

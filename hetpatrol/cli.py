@@ -261,12 +261,23 @@ def _cmd_task_prolog(args: argparse.Namespace) -> int:
 
 
 def _epilog_patrol(args: argparse.Namespace):
-    """The epilog's one patrol: the command's config and replay, collectors closed after."""
+    """The epilog's one patrol: the command's config and replay, collectors closed after;
+    with the config's ``missing_patrols``."""
+    import functools
 
-    def patrol():
-        return _one_patrol(args)
+    from hetpatrol.slurm.epilog import EpilogPatrol
 
-    return patrol
+    # read when the patrol runs, not before (no state file: nothing to check, no config)
+    config = functools.cache(lambda: _load(args))
+
+    def patrol() -> PatrolReport:
+        patroller = Patroller(config(), replay_dir=args.replay)
+        try:
+            return patroller.run()
+        finally:
+            patroller.close()
+
+    return EpilogPatrol(patrol, lambda: config().missing_patrols)
 
 
 def _gres_conf_patrol(args: argparse.Namespace) -> tuple[PatrolReport, Config]:

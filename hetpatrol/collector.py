@@ -187,12 +187,17 @@ class VendorActions:
       in ``VendorInfo.health_words``) -> action (a word no plugin lists: ``watch``);
     - ``code_keys``: check name -> ``fn(code, levels) -> iterable of str``: the escalation
       keys one code of such a finding holds while present (any severity;
-      :func:`hetpatrol.actions.apply.state_keys`), ``levels`` the caller's code table.
+      :func:`hetpatrol.actions.apply.state_keys`), ``levels`` the caller's code table;
     - ``frequency_rules`` / ``duration_rules``: the escalation rules over the vendor's
       keys (:class:`hetpatrol.actions.escalation.FrequencyRule` /
       :class:`~hetpatrol.actions.escalation.DurationRule`, each citing its source),
       defaults of :class:`~hetpatrol.actions.escalation.EscalationRules` before the
-      core's own (a config's ``actions.escalation`` list replaces them all).
+      core's own (a config's ``actions.escalation`` list replaces them all);
+    - ``off_bus_codes``: check name -> the codes of that check's kernel-log events that
+      say the card left the bus (NVIDIA: ``xid`` ``79``, ``kernel_fault``
+      ``fallen_off_bus``). Such an event on a card's bus id in this boot corroborates its
+      tool no longer listing it: ``card_missing`` is then critical at once
+      (:mod:`hetpatrol.patrol`), not only after ``missing_patrols`` patrols.
 
     Functions must not raise on odd codes or values (they give ``watch``).
     """
@@ -205,6 +210,7 @@ class VendorActions:
     code_keys: Mapping[str, Callable[[str, Mapping[str, str]], Any]] = field(default_factory=dict)
     frequency_rules: tuple[FrequencyRule, ...] = ()
     duration_rules: tuple[DurationRule, ...] = ()
+    off_bus_codes: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,9 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "node": {"type": ["string", "null"], "minLength": 1},
         "interval_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
         "recovery_patrols": {"type": "integer", "minimum": 1},
+        # 1 would make one patrol's short list critical (a drain): the project's rule is
+        # never a drain from one ambiguous signal
+        "missing_patrols": {"type": "integer", "minimum": 2, "maximum": 1000},
         "hung_tool_patrols": {"type": "integer", "minimum": 1, "maximum": 10000},
         "listen": {"type": ["string", "null"], "minLength": 1},
         "state_path": {"type": ["string", "null"], "minLength": 1},  # null: off; "" is no path
@@ -191,6 +194,9 @@ class Config:
     node: str
     interval_seconds: float = 10.0
     recovery_patrols: int = 3
+    #: patrols in a row a card listed before is no longer listed before card_missing is
+    #: critical (reboot_node), unless the kernel log or the PCI census corroborates it
+    missing_patrols: int = 3
     #: patrols in a row a vendor tool stays in D state before collector_hung names it
     hung_tool_patrols: int = 3
     listen: str | None = "0.0.0.0:9477"
@@ -766,6 +772,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
         node=data.get("node") or socket.gethostname().split(".")[0],
         interval_seconds=float(data.get("interval_seconds", 10.0)),
         recovery_patrols=int(data.get("recovery_patrols", 3)),
+        missing_patrols=int(data.get("missing_patrols", 3)),
         hung_tool_patrols=int(data.get("hung_tool_patrols", 3)),
         listen=listen,
         jsonl_path=expand_path(jsonl_path) if jsonl_path else None,

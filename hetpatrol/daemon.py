@@ -390,7 +390,15 @@ class Daemon:
             )
         self.patroller.fault_log = faults
         if self.patroller.boot_root is not None:  # the same boot: its patrols go on
-            self.patroller.boot.restore(doc.get("boot"), read_boot(self.patroller.boot_root))
+            info = read_boot(self.patroller.boot_root)
+            self.patroller.boot.restore(doc.get("boot"), info)
+            boot = doc.get("boot")
+            if (
+                info.boot_id is not None
+                and isinstance(boot, dict)
+                and boot.get("boot_id") == info.boot_id
+            ):  # and the cards it listed: one gone while no daemon ran is card_missing
+                self.patroller.restore_cards(doc.get("cards") or [])
         self.patroller.reboot_history = read_history(
             history_path(self.config.state_path), time.time(), self.config.actions.reboot_survival
         )

@@ -65,6 +65,7 @@ from hetpatrol.schema import (
     HEALTH_CRITICAL,
     HEALTH_OK,
     HEALTH_UNKNOWN,
+    HEALTH_WARNING,
     SEVERITY_INFO,
     CardRecord,
     Finding,
@@ -218,8 +219,12 @@ class Patroller:
         #: critical node findings of the last patrols, held after they go: (check, bus
         #: id of the card it names or None) -> (finding, patrols since it was last seen)
         self._held_node: dict[tuple[str, str | None], tuple[Finding, int]] = {}
-        #: the cards gone from their collector's list in this patrol (for escalation)
+        #: the cards gone from their collector's list in this patrol and critical on
+        #: their own (missing_patrols in a row, or corroborated): for escalation
         self._gone_now: list[CardRecord] = []
+        #: wall time of the last patrol that listed each card, by identity (a census
+        #: read before it cannot say the card left the bus)
+        self._listed_at: dict[tuple, float] = {}
         #: published verdict and recovery streak of every card, by identity (UUID,
         #: serial, bus id; the position only for a card never read with any of them)
         self._tracked: list[_Tracked] = []
@@ -281,6 +286,7 @@ class Patroller:
         self._last_cards = previous._last_cards
         self._seen_cards = previous._seen_cards
         self._missing = previous._missing
+        self._listed_at = previous._listed_at
         self._held_node = previous._held_node
         self._last_collector_state = previous._last_collector_state
         self._absent = previous._absent
@@ -309,6 +315,34 @@ class Patroller:
             if self.kernel_log is not None:
                 self.kernel_log.close()
             self.kernel_log, previous.kernel_log = previous.kernel_log, None
+
+    def restore_cards(self, cards: Iterable[Any]) -> int:
+        """Take the cards the last daemon of this boot listed (the state file's card
+        lines: ``vendor``, ``index``, ``chip``, ``uuid``, ``serial``, ``bus_id``, ``gres``)
+        as listed before, so a card that went while no daemon ran is counted as gone
+        (``card_missing``) instead of never seen. Each is taken for the collector named
+        as its vendor (the plugins name their cards so), only for a collector that has
+        listed nothing in this process yet; a damaged line is left out. The caller checks
+        that the state file is of this boot (a reboot is a new enumeration). Returns how
+        many cards were taken."""
+        taken = 0
+        fresh = {name for name in self._collectors if not self._seen_cards.get(name)}
+        for line in cards:
+            if not isinstance(line, Mapping) or line.get("vendor") not in fresh:
+                continue
+            index, chip = line.get("index"), line.get("chip")
+            if not isinstance(index, int) or isinstance(index, bool):
+                continue
+            if chip is not None and (not isinstance(chip, int) or isinstance(chip, bool)):
+                continue
+            ids = {
+                k: (v if isinstance(v, str) and v else None)
+                for k, v in ((k, line.get(k)) for k in ("uuid", "serial", "bus_id", "gres"))
+            }
+            rec = CardRecord(vendor=str(line["vendor"]), index=index, chip=chip, **ids)
+            self._seen_cards.setdefault(rec.vendor, {})[card_identities(rec)[0]] = rec
+            taken += 1
+        return taken
 
     def close(self) -> None:
         for bc in self._collectors.values():
@@ -366,9 +400,6 @@ class Patroller:
                     learn_links(self.boot, card_identity(rec), rec.links)
             cards.extend(records)
             node_findings.extend(result.node_findings)
-            missing = self._missing_finding(result)
-            if missing is not None:
-                node_findings.append(missing)
             if result.state in (STATE_FAILED, STATE_HUNG) and not records:
                 check = "collector_hung" if result.state == STATE_HUNG else "collector_failed"
                 node_findings.append(
@@ -428,6 +459,14 @@ class Patroller:
             boot_time=self.boot.boot_time if self.boot.boot_id is not None else None,
         )
         node_findings.extend(kernel.findings)
+        # a card no longer listed, judged with this patrol's kernel log and census
+        codes = action_findings.vendor_tables().off_bus_codes
+        for bus_id, what in kernel_events.off_bus_events(kernel.snapshot, codes):
+            self.boot.note_off_bus(bus_id, what)
+        for result in results:
+            missing = self._missing_finding(result)
+            if missing is not None:
+                node_findings.append(missing)
         self._jobs_on_events(cards, kernel.events)
         for event in kernel.events:  # the boot it was read in: with kmsg_seq, the record
             event["boot_id"] = self.boot.boot_id
@@ -488,6 +527,7 @@ class Patroller:
             event_lines=tuple(encode_line(self._stamped(e)) for e in kernel.events),
             run_id=self.run_id,
             kernel_log=kernel.snapshot,
+            census=self._patrol_census.census if self._patrol_census is not None else None,
             action=node_action,
             escalation=self.escalation.to_dict(),
             fault_events=self.fault_log.json_text(),
@@ -732,59 +772,101 @@ class Patroller:
 
     def _missing_finding(self, result: CollectResult) -> Finding | None:
         """``card_missing`` when a card this collector listed before is no longer listed
-        (an NPU gone from ``npu-smi info``, a GPU gone from NVML's count): ``critical``,
-        or ``unknown`` when this patrol's output was itself damaged (``result.error`` on
-        an ok collector: a dropped row is no proof the card is gone). Cards are matched
-        by UUID, serial or bus id (indexes may shift when one goes); it stays until the
-        card is listed again or the daemon restarts.
+        (an NPU gone from ``npu-smi info``, a GPU gone from NVML's count). Cards are
+        matched by UUID, serial or bus id (indexes may shift when one goes).
 
-        A card listed again is held as it was (the same finding, the same severity, so
-        the same action and drain) until ``recovery_patrols`` patrols in a row have
-        listed it, as a bad card's verdict is held (``_apply_recovery``): a card that
-        drops out now and then does not drain and resume the node each time. The hold
-        follows the card's identity, never its position."""
+        One patrol's short list is no proof the card is gone (a card reset or a driver
+        reload in progress, a partial answer of the tool): each card gone is counted,
+        by its identity (:func:`missing_key`), in the patrols in a row its collector
+        answered without it (:attr:`hetpatrol.boot.BootWatch.missing_cards`: kept with
+        the boot, restored by a daemon restarted within it, reset by a new boot), and is
+        ``critical`` (``reboot_node``) only at ``missing_patrols`` (3), or at once when
+        another signal says the same of that card (:func:`missing_evidence`: the kernel
+        log's off-the-bus event on its bus id in this boot, or the PCI census without
+        its bus id); before, ``warning`` ("1 of 3 patrols", ``watch``). A patrol whose
+        output was itself damaged (``result.error`` on an ok collector: a dropped row is
+        no proof) makes it ``unknown`` and keeps its count without counting; a collector
+        that did not answer ok keeps everything as it was. A card listed again starts
+        its count again.
+
+        A card that was critical and is listed again is held as it was (the same
+        finding, the same severity, so the same action and drain) until
+        ``recovery_patrols`` patrols in a row have listed it, as a bad card's verdict is
+        held (``_apply_recovery``): a card that drops out now and then does not drain and
+        resume the node each time; gone again within that hold it is critical at once.
+        A warning ends when the card is listed again. The hold follows the card's
+        identity, never its position."""
         if result.state != STATE_OK:
             return None
-        seen = self._seen_cards.get(result.collector, {})
+        collector = result.collector
+        store = self.boot.missing_cards
+        seen = dict(self._seen_cards.get(collector, {}))
+        for entry in store.values():  # a daemon restarted within the boot: its cards
+            if entry.get("collector") == collector:
+                card = _missing_record(entry)
+                ids = set(card_identities(card))
+                if not any(ids & set(card_identities(c)) for c in seen.values()):
+                    seen[card_identities(card)[0]] = card
         gone = cards_no_longer_listed(result.records, seen.values())
         # this patrol's cards, by what names them now, and the ones gone, kept
-        self._seen_cards[result.collector] = {
+        self._seen_cards[collector] = {
             card_identities(r)[0]: r.identity() for r in result.records
         } | {card_identities(c)[0]: c for c in gone}
+        now = time.time()
+        for r in result.records:
+            self._listed_at[card_identities(r)[0]] = now
         present = {i for r in result.records for i in card_identities(r)}
-        severity = HEALTH_UNKNOWN if result.error else HEALTH_CRITICAL
-        if severity == HEALTH_CRITICAL:  # a damaged read is no proof the card went
-            self._gone_now.extend(gone)
         need = self.config.recovery_patrols
-        before = self._missing.get(result.collector, {})
+        before = self._missing.get(collector, {})
+        census = self._patrol_census.census if self._patrol_census is not None else None
+        counts: dict[str, int] = {}
+        evidence: dict[str, str] = {}
+        held: set[str] = set()
+        for c in gone:
+            key = missing_key(c)
+            entry = store.get(key) or {}
+            counts[key] = int(entry.get("patrols", 0)) + (0 if result.error else 1)
+            was = before.get(card_identities(c)[0], (None, entry.get("severity"), 0))[1]
+            if was == HEALTH_CRITICAL:
+                held.add(key)
+            why = missing_evidence(
+                c, census, self.boot.off_bus, listed_at=self._listed_at.get(card_identities(c)[0])
+            )
+            if why is not None:
+                evidence[key] = why
+        verdicts = missing_verdicts(
+            gone,
+            result.error,
+            patrols=self.config.missing_patrols,
+            counts=counts,
+            evidence=evidence,
+            held=held,
+        )
+        # the cards really missing (counted out or corroborated) hold card:missing
+        self._gone_now.extend(v.card for v in verdicts if v.confirmed)
+        for key in [k for k, e in store.items() if e.get("collector") == collector]:
+            del store[key]
+        for v in verdicts:
+            if v.patrols > 0:
+                store[v.key] = missing_entry(v.card, collector) | {
+                    "patrols": v.patrols,
+                    "severity": v.severity,
+                }
         gone_ids = {card_identities(c)[0] for c in gone}
-        back: list[tuple[CardRecord, str, int]] = []  # listed again, still held
+        back: list[tuple[CardRecord, str, int]] = []  # critical, listed again, still held
         for ident, (card, was, streak) in before.items():
             if ident in gone_ids or not present.intersection(card_identities(card)):
                 continue
+            if was == HEALTH_WARNING:
+                continue  # never confirmed: listed again, it is over
             if streak + 1 < need:
                 back.append((card, was, streak + 1))
-        self._missing[result.collector] = {
-            card_identities(c)[0]: (c, severity, 0) for c in gone
+        self._missing[collector] = {
+            card_identities(v.card)[0]: (v.card, v.severity, 0) for v in verdicts
         } | {card_identities(c)[0]: (c, was, streak) for c, was, streak in back}
         if not gone and not back:
             return None
-        parts = []
-        if gone:
-            names = ", ".join(_missing_name(c) for c in gone)
-            parts.append(f"{len(gone)} card(s) listed before no longer listed: {names}")
-        if back:
-            names = ", ".join(f"{_missing_name(c)} {n} of {need}" for c, _w, n in back)
-            parts.append(
-                f"{len(back)} card(s) listed again, held until listed {need} patrols "
-                f"in a row: {names}"
-            )
-        return Finding(
-            "card_missing",
-            worst(*([severity] if gone else []), *(w for _c, w, _n in back)),
-            f"{result.collector}: " + "; ".join(parts),
-            value=len(gone) + len(back),
-        )
+        return _missing_finding(collector, verdicts, back, need, self.config.missing_patrols)
 
     def _hold_node_findings(self, findings: list[Finding]) -> list[Finding]:
         """``findings`` with each critical node finding of an earlier patrol that is no
@@ -909,6 +991,177 @@ def _missing_name(c: CardRecord) -> str:
     )
 
 
+def missing_key(c: CardRecord) -> str:
+    """The key a card gone from its collector's list is counted by: its escalation
+    identity (``uuid:...``, else ``serial:...``, else ``bus:...``, else its position;
+    :func:`hetpatrol.actions.escalation.card_identity`), with ``/chip N`` for a chip of
+    a multi-chip card named by its card's serial or bus id."""
+    key = card_identity(c)
+    if c.chip is not None and not key.startswith(("pos:", "uuid:")):
+        key += f"/chip {c.chip}"
+    return key
+
+
+def missing_entry(c: CardRecord, collector: str) -> dict[str, Any]:
+    """A card gone from ``collector``'s list as :attr:`BootWatch.missing_cards` keeps it
+    (the state file): what names it, as last listed."""
+    return {
+        "collector": collector,
+        "vendor": c.vendor,
+        "index": c.index,
+        "chip": c.chip,
+        "uuid": c.uuid,
+        "serial": c.serial,
+        "bus_id": c.bus_id,
+        "gres": c.gres,
+    }
+
+
+def _missing_record(entry: Mapping[str, Any]) -> CardRecord:
+    """The card of a :func:`missing_entry` (restored from the state file)."""
+    return CardRecord(
+        vendor=str(entry["vendor"]),
+        index=int(entry["index"]),
+        chip=entry.get("chip"),
+        uuid=entry.get("uuid"),
+        serial=entry.get("serial"),
+        bus_id=entry.get("bus_id"),
+        gres=entry.get("gres"),
+    )
+
+
+def missing_evidence(
+    card: CardRecord,
+    census: Census | None,
+    off_bus: Mapping[str, str],
+    *,
+    listed_at: float | None = None,
+) -> str | None:
+    """What corroborates ``card``'s tool no longer listing it, or None: a second signal,
+    independent of that tool's answer, about the same card by its PCI bus id:
+
+    - the kernel log said in this boot that the card there left the bus (``off_bus``:
+      bus id -> ``"xid 79"``; :attr:`hetpatrol.boot.BootWatch.off_bus`, filled from the
+      events the plugins' ``VendorActions.off_bus_codes`` name);
+    - the PCI census (read, ``census.read_at``, after the patrol that last listed the
+      card, ``listed_at`` in seconds since the epoch; None: not known, any read) does not
+      hold its bus id: the kernel removed the function (a surprise removal, a link that
+      went down for good, an ``echo 1 > .../remove``).
+
+    A card without a plain bus id (none read, or a masked one as ``0000:xx:00.0``) has
+    no such signal. Never raises."""
+    bus = card.bus_id
+    if not bus or not _BUS_ID_VALUE.match(bus):
+        return None
+    what = off_bus.get(bus)
+    if what:
+        return f"the kernel log has {what} for {bus} in this boot"
+    if (
+        census is not None
+        and census.known
+        and (listed_at is None or census.read_at >= listed_at)
+        and all(f.bus_id != bus for f in census.functions)
+    ):
+        return f"{bus} is gone from the PCI bus"
+    return None
+
+
+@dataclass(frozen=True)
+class MissingVerdict:
+    """One card gone from its collector's list, judged (:func:`missing_verdicts`):
+    ``key`` (:func:`missing_key`), ``patrols`` in a row not listed (this one counted,
+    unless the output was damaged), ``severity``, ``note`` (the message's words about
+    it) and ``confirmed`` (really missing: counted out or corroborated; what the
+    ``card:missing`` escalation key counts)."""
+
+    card: CardRecord
+    key: str
+    patrols: int
+    severity: str
+    note: str
+    confirmed: bool
+
+
+def missing_verdicts(
+    gone: Sequence[CardRecord],
+    error: str | None,
+    *,
+    patrols: int = 3,
+    counts: Mapping[str, int] | None = None,
+    evidence: Mapping[str, str] | None = None,
+    held: Iterable[str] = (),
+) -> list[MissingVerdict]:
+    """The one rule of a card no longer listed, for the daemon's patrols and the
+    Epilog's alike. ``gone``: the cards (:func:`cards_no_longer_listed`); ``error``: the
+    collector's error on an ok answer (damaged output); ``counts``: card key -> patrols
+    in a row not listed, this one included (default 1: a single patrol); ``evidence``:
+    card key -> what corroborates it (:func:`missing_evidence`); ``held``: the keys of
+    cards critical before and not yet listed again ``recovery_patrols`` times.
+
+    ``unknown`` for a damaged output; else ``critical`` at ``patrols`` in a row, with
+    evidence, or held; else ``warning`` ("k of N patrols")."""
+    counts = counts or {}
+    evidence = evidence or {}
+    held = set(held)
+    out = []
+    for c in gone:
+        key = missing_key(c)
+        n = counts.get(key, 0 if error else 1)
+        why = evidence.get(key)
+        if error:
+            severity, confirmed = HEALTH_UNKNOWN, False
+            note = "(this output was damaged: not counted)"
+        elif n >= patrols:
+            severity, confirmed = HEALTH_CRITICAL, True
+            note = f"not listed in {n} patrols in a row (missing_patrols {patrols})"
+        elif why is not None:
+            severity, confirmed = HEALTH_CRITICAL, True
+            note = f"{n} of {patrols} patrols, and {why}"
+        elif key in held:
+            severity, confirmed = HEALTH_CRITICAL, False
+            note = "gone again before it was listed long enough to end its hold"
+        else:
+            severity, confirmed = HEALTH_WARNING, False
+            note = f"{n} of {patrols} patrols"
+        out.append(MissingVerdict(c, key, n, severity, note, confirmed))
+    return out
+
+
+def _missing_finding(
+    collector: str,
+    verdicts: Sequence[MissingVerdict],
+    back: Sequence[tuple[CardRecord, str, int]],
+    recovery: int,
+    patrols: int,
+) -> Finding:
+    """The ``card_missing`` node finding of one collector: its cards gone (``verdicts``)
+    and those listed again but still held (``back``: card, severity, patrols listed)."""
+    parts = []
+    if verdicts:
+        names = ", ".join(f"{_missing_name(v.card)} {v.note}" for v in verdicts)
+        parts.append(f"{len(verdicts)} card(s) listed before no longer listed: {names}")
+        if any(v.severity == HEALTH_WARNING for v in verdicts):
+            parts.append(
+                f"critical (action reboot_node) only after {patrols} patrols in a row, or "
+                "at once when the kernel log or the PCI bus says the card left: one short "
+                "list may be a card reset or a driver reload in progress, and a single "
+                "patrol, as hetpatrol once or the Epilog's, never drains for it"
+            )
+    if back:
+        names = ", ".join(f"{_missing_name(c)} {n} of {recovery}" for c, _w, n in back)
+        parts.append(
+            f"{len(back)} card(s) listed again, held until listed {recovery} patrols "
+            f"in a row: {names}"
+        )
+    return Finding(
+        "card_missing",
+        worst(*(v.severity for v in verdicts), *(w for _c, w, _n in back)),
+        f"{collector}: " + "; ".join(parts),
+        value=len(verdicts) + len(back),
+        threshold=patrols,
+    )
+
+
 def _card_name(rec: CardRecord) -> str:
     return f"{rec.vendor}/{rec.index}" + (f"/{rec.chip}" if rec.chip is not None else "")
 
@@ -933,27 +1186,26 @@ def cards_no_longer_listed(
 
 
 def card_missing_finding(
-    collector: str, gone: Sequence[CardRecord], error: str | None
+    collector: str,
+    gone: Sequence[CardRecord],
+    error: str | None,
+    *,
+    patrols: int = 3,
+    counts: Mapping[str, int] | None = None,
+    evidence: Mapping[str, str] | None = None,
 ) -> Finding | None:
-    """The ``card_missing`` node finding for ``gone`` (see :func:`cards_no_longer_listed`):
-    ``critical`` (then ``reboot_node``, :mod:`hetpatrol.actions.findings`), or
+    """The ``card_missing`` node finding for ``gone`` (see :func:`cards_no_longer_listed`)
+    by the daemon's rule (:func:`missing_verdicts`): ``critical`` (then ``reboot_node``,
+    :mod:`hetpatrol.actions.findings`) at ``patrols`` patrols in a row (``counts``:
+    card key -> patrols, this one included; default 1) or with ``evidence`` (card key
+    -> what corroborates it, :func:`missing_evidence`), else ``warning`` (``watch``);
     ``unknown`` when the collector's output this patrol was itself damaged (``error`` on
     an ok collector: a dropped row is no proof the card is gone); None when none is
     gone."""
     if not gone:
         return None
-    names = ", ".join(
-        f"{c.vendor}/{c.index}"
-        + (f"/{c.chip}" if c.chip is not None else "")
-        + (f" ({c.bus_id})" if c.bus_id else "")
-        for c in gone
-    )
-    return Finding(
-        "card_missing",
-        HEALTH_UNKNOWN if error else HEALTH_CRITICAL,
-        f"{collector}: {len(gone)} card(s) listed before no longer listed: {names}",
-        value=len(gone),
-    )
+    verdicts = missing_verdicts(gone, error, patrols=patrols, counts=counts, evidence=evidence)
+    return _missing_finding(collector, verdicts, (), 0, patrols)
 
 
 def _track_ids(rec: CardRecord) -> list[tuple]:

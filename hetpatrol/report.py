@@ -13,6 +13,7 @@ from typing import Any
 
 from hetpatrol.collector import CollectorStatus
 from hetpatrol.kernel_log import KernelLogSnapshot
+from hetpatrol.pci_census import Census
 from hetpatrol.schema import EXIT_CODES, PATROL_SCHEMA, CardRecord, Finding, rfc3339
 
 
@@ -42,6 +43,9 @@ class PatrolReport:
     #: this patrol (XIDs...), written after the card lines; and that log's snapshot
     event_lines: tuple[str, ...] = field(default=(), repr=False)
     kernel_log: KernelLogSnapshot | None = field(default=None, repr=False)
+    #: the PCI census this patrol judged (:mod:`hetpatrol.pci_census`), None without one
+    #: (switched off, the scripted collectors of tests)
+    census: Census | None = field(default=None, repr=False)
     #: what to do about the node: the highest action of its cards and node findings
     #: (:mod:`hetpatrol.actions`); the escalation state after this patrol (for the state
     #: file, so counts survive a restart)

@@ -599,7 +599,9 @@ def patrol_json_schema() -> dict[str, Any]:
                 "boot id and boot time (null when unread, error says why), the patrols of "
                 "this boot, the links each card had up in its first healthy patrol of it, "
                 "and per PCI bus id the patrols in a row its tool did not list the card "
-                "there (pci_unwatched)",
+                "there (pci_unwatched); per card key the cards gone from their collector's "
+                "list with the patrols in a row (card_missing), and per bus id the kernel "
+                "log's event of this boot that says its card left the bus",
                 "type": "object",
                 "properties": {
                     "boot_id": {"type": ["string", "null"]},
@@ -611,6 +613,26 @@ def patrol_json_schema() -> dict[str, Any]:
                         "type": "object",
                         "additionalProperties": {"type": "integer", "minimum": 1},
                     },
+                    "missing_cards": {
+                        "type": "object",
+                        "additionalProperties": {
+                            "type": "object",
+                            "required": ["collector", "vendor", "index", "patrols"],
+                            "properties": {
+                                "collector": {"type": "string"},
+                                "vendor": {"type": "string"},
+                                "index": {"type": "integer"},
+                                "chip": {"type": ["integer", "null"]},
+                                "uuid": {"type": ["string", "null"]},
+                                "serial": {"type": ["string", "null"]},
+                                "bus_id": {"type": ["string", "null"]},
+                                "gres": {"type": ["string", "null"]},
+                                "patrols": {"type": "integer", "minimum": 1},
+                                "severity": {"type": "string"},
+                            },
+                        },
+                    },
+                    "off_bus": {"type": "object", "additionalProperties": {"type": "string"}},
                 },
             },
         },

@@ -127,14 +127,12 @@ def test_a_lost_gpu_keeps_its_identity_and_its_hold_does_not_pass_to_its_index(b
     assert third.changes == (
         {"card": "nvidia/2", "uuid": LOST_UUID, "bus_id": LOST_BUS, "from": "critical", "to": None},
     )
-    assert [(f.check, f.severity, f.message) for f in third.node_findings] == [
-        (
-            "card_missing",
-            "critical",
-            f"nvidia: 1 card(s) listed before no longer listed: nvidia/2 ({LOST_BUS})",
-        )
-    ]
-    assert third.health == "critical"
+    # (one patrol's short list, no kernel log here to corroborate it: 1 of 3 patrols)
+    assert [(f.check, f.severity) for f in third.node_findings] == [("card_missing", "warning")]
+    assert third.node_findings[0].message.startswith(
+        f"nvidia: 1 card(s) listed before no longer listed: nvidia/2 ({LOST_BUS}) 1 of 3 patrols"
+    )
+    assert third.health == "warning"
     p3.close()
 
 

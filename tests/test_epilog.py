@@ -222,24 +222,88 @@ def test_damaged_npu_smi_output_the_daemon_calls_unknown_drains_nothing(tmp_path
     assert [
         (f.check, f.severity, f.action) for f in report.node_findings if f.check != "pci_census"
     ] == [("card_missing", "unknown", "watch")]
-    assert (code, line, calls) == (0, "hetpatrol epilog: ascend/5/0 fine after the job", [])
+    assert (code, calls) == (0, [])
+    assert line == (
+        "hetpatrol epilog: no card to drain for; ascend/5/0 no longer listed (this output "
+        "was damaged: not counted; watch): not drained"
+    )
     assert prolog.ok and prolog.reason.startswith("job cards ok: ascend/0/0"), prolog
 
 
-def test_an_npu_really_gone_after_the_job_drains_as_the_daemon_would(tmp_path):
-    """NPU 5 gone from both tables (output otherwise whole): the daemon says card_missing
-    critical (reboot_node), and so does the Epilog, which drains with that reason."""
-    _, _, lines = _npu_tables(tmp_path / "t")
-    gone = "".join(lines[:21] + lines[24:43] + lines[45:])
-    report, code, line, calls, prolog = _npu_epilog(tmp_path, gone)
-    assert [
-        (f.check, f.severity, f.action) for f in report.node_findings if f.check != "pci_census"
-    ] == [("card_missing", "critical", "reboot_node")]
+def test_an_npu_gone_after_the_job_drains_only_when_the_daemons_rule_does(tmp_path):
+    """NPU 5 gone from both tables (output otherwise whole). One patrol's short list is
+    no proof: the Epilog's own read after a daemon that still listed it is "1 of 3
+    patrols", action watch, no drain. After two daemon patrols that counted it (state
+    file ``boot.missing_cards``, the same boot) the Epilog's read is the third: the
+    daemon's rule says critical (reboot_node), and the Epilog drains with that reason;
+    so does the daemon on its own third patrol, and the Prolog refuses the next job."""
+    import shutil
+
+    from hetpatrol.replay import scenario_boots
+    from hetpatrol.slurm import jobguard
+
+    node, _, lines = _npu_tables(tmp_path / "t")
+    boot1, _ = scenario_boots(NODES / "reboot-links-late")  # a boot id and btime
+    shutil.copytree(boot1 / "proc", node / "proc")
+    table = node / "npu-smi-info.txt"
+    states = []
+    daemon = _ascend_patroller(node)
+    try:
+        for n in range(3):
+            if n == 1:  # gone from both tables, as when the driver no longer sees it
+                table.write_text("".join(lines[:21] + lines[24:43] + lines[45:]))
+            report = daemon.run()
+            states.append(tmp_path / f"state{n}.json")
+            write_state(states[-1], report, 10.0)
+        assert [
+            (f.check, f.severity, f.action) for f in report.node_findings if f.check != "pci_census"
+        ] == [("card_missing", "warning", "watch")]  # the daemon's 2 of 3
+        assert "ascend/5/0 (0000:02:00.0) 2 of 3 patrols" in report.node_findings[0].message
+        third = daemon.run()
+        states.append(tmp_path / "state3.json")
+        write_state(states[-1], third, 10.0)
+    finally:
+        daemon.close()
+    env = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n1", "ASCEND_VISIBLE_DEVICES": "5"}
+
+    def epilog(state):
+        calls = []
+
+        def scontrol(argv, timeout):
+            calls.append(list(argv))
+            return ""
+
+        def patrol():
+            p = _ascend_patroller(node)
+            try:
+                return p.run()
+            finally:
+                p.close()
+
+        code, line = run_epilog(env, state, patrol, runner=scontrol, scontrol="sc")
+        return code, line, calls
+
+    # the daemon listed NPU 5 at its last patrol: the Epilog's read is the first
+    code, line, calls = epilog(states[0])
+    assert (code, calls) == (0, [])
+    assert line == (
+        "hetpatrol epilog: no card to drain for; ascend/5/0 no longer listed (1 of 3 "
+        "patrols; watch): not drained"
+    )
+    # the daemon counted it in 2 patrols of this boot (it is no card line of the state
+    # file any more: the Epilog finds it among boot.missing_cards): the Epilog's is the third
+    code, line, calls = epilog(states[2])
     assert code == 0 and line.startswith("hetpatrol: reboot_node ascend/5/0 "), line
     assert calls == [["sc", "update", "NodeName=n1", "State=DRAIN", f"Reason={line}"]]
-    # and the Prolog refuses the next job on the node, from the daemon's same finding
+    # the daemon's own third patrol: critical, and the Prolog refuses the next job
+    assert [
+        (f.check, f.severity, f.action) for f in third.node_findings if f.check != "pci_census"
+    ] == [("card_missing", "critical", "reboot_node")]
+    prolog = jobguard.guard({"ASCEND_VISIBLE_DEVICES": "0"}, states[3], runner=None)
     assert prolog.reason.startswith("hetpatrol: reboot_node node card_missing"), prolog
     assert prolog.exit_code == 1
+    # the Prolog let the job through on the daemon's warning of the patrol before
+    assert jobguard.guard({"ASCEND_VISIBLE_DEVICES": "0"}, states[2], runner=None).ok
 
 
 def test_no_card_read_says_what_it_could_not_read(state):
@@ -265,3 +329,45 @@ def test_no_card_read_says_what_it_could_not_read(state):
     assert line.startswith(
         "hetpatrol epilog: nvidia/1 fine after the job; not read: ascend/5/0 (ascend: absent: "
     ), line
+
+
+def _without_gpu6(tmp_path, with_xid: bool):
+    """healthy-mixed without GPU 6 (0000:cb:00.0) in NVML's answer, with the kernel log
+    of fixtures/nodes/xid-79 (XID 79 and "fallen off the bus" on that bus id) or none;
+    the PCI census still holds it."""
+    import shutil
+
+    d = tmp_path / ("gone-xid" if with_xid else "gone")
+    shutil.copytree(NODES / "healthy-mixed", d)
+    xml = d / "nvidia-smi-q.xml"
+    text = xml.read_text()
+    start = text.index('    <gpu id="00000000:CB:00.0">')
+    end = text.index("</gpu>", start) + len("</gpu>\n")
+    xml.write_text(text[:start].replace("<attached_gpus>8<", "<attached_gpus>7<") + text[end:])
+    if with_xid:
+        shutil.copy(NODES / "xid-79" / "kmsg.txt", d / "kmsg.txt")
+    return d
+
+
+def test_a_gpu_gone_with_xid_79_on_its_bus_id_drains_at_once(state, tmp_path):
+    """GPU 6 no longer listed after the job, with no count of the daemon (its state listed
+    it): the Epilog's own kernel log has XID 79 on 0000:cb:00.0 in this boot, a second
+    signal about the same card, so the daemon's rule says critical: the Epilog drains.
+    Without that log it is 1 of 3 patrols: watch, no drain."""
+    calls = []
+
+    def scontrol(argv, timeout):
+        calls.append(list(argv))
+        return ""
+
+    gone = _without_gpu6(tmp_path, with_xid=False)
+    code, line = run_epilog(_env("6"), state, lambda: _patrol(gone), runner=scontrol)
+    assert (code, calls) == (0, [])
+    assert line == (
+        "hetpatrol epilog: no card to drain for; nvidia/6 no longer listed (1 of 3 patrols; "
+        "watch): not drained"
+    )
+    gone_xid = _without_gpu6(tmp_path, with_xid=True)
+    code, line = run_epilog(_env("6"), state, lambda: _patrol(gone_xid), runner=scontrol)
+    assert code == 0 and line.startswith("hetpatrol: reboot_node nvidia/6 "), line
+    assert calls == [["scontrol", "update", "NodeName=n1", "State=DRAIN", f"Reason={line}"]]

@@ -208,6 +208,80 @@ def test_a_gpu_its_tool_does_not_list_drains_only_from_the_third_patrol(slurm_no
             daemon.shutdown()
 
 
+def adopt_replay(daemon: Daemon, replay: Path) -> None:
+    """The node's cards change under the running daemon: its patroller reads another
+    replay directory and goes on from the card state of the one before (as a reload),
+    with the PCI census of the new directory."""
+    old = daemon.patroller
+    daemon.patroller = Patroller(daemon.config, replay_dir=replay)
+    reader = daemon.patroller.census_reader
+    daemon.patroller.adopt(old)
+    old.close()
+    daemon.patroller.census_reader = reader
+    daemon.replay_dir = replay
+
+
+def test_a_gpu_gone_from_nvml_drains_only_at_the_third_patrol(slurm_node, tmp_path):
+    """NVML lists a ninth H100 at 0000:e8:00.0 (tests/test_pci_census.py lists_e8), then
+    no longer does (fixtures/nodes/gpu-unlisted): card_missing is a warning (watch) for
+    patrols 1 and 2 of its absence and Slurm's node stays idle (before, slurmctld drained
+    it on the first: reboot_node from one answer); the third in a row is critical
+    reboot_node and slurmctld drains the node with hetpatrol's card_missing reason."""
+    from test_pci_census import lists_e8, variant
+
+    back = variant(tmp_path, "back", lists_e8)
+    with slurm_node.explain():
+        daemon = Daemon(slurm_config(slurm_node, tmp_path), replay_dir=back)
+        try:
+            assert daemon.patrol_once().action in ("none", "watch")
+            adopt_replay(daemon, NODES / "gpu-unlisted")
+            for n in (1, 2):
+                report = daemon.patrol_once()
+                (f,) = [f for f in report.node_findings if f.check == "card_missing"]
+                assert (f.severity, f.action) == ("warning", "watch")
+                assert f"nvidia/8 (0000:e8:00.0) {n} of 3 patrols" in f.message
+                assert slurm_node.state() == "idle"
+            assert events(tmp_path / "patrol.jsonl") == []
+            report = daemon.patrol_once()
+            assert report.action == "reboot_node"
+            line = slurm_node.wait_for(lambda s: "drain" in s.split(" ")[1], what="drained")
+            reason = line.split(" ", 2)[2]
+            assert reason.startswith(
+                "hetpatrol: reboot_node node card_missing nvidia: 1 card(s) listed before no "
+                "longer listed: nvidia/8 (0000:e8:00.0) not listed in 3 patrols"
+            ), reason
+            (drain,) = events(tmp_path / "patrol.jsonl")
+            assert drain["event"] == "drain" and drain["reason"] == reason
+        finally:
+            daemon.shutdown()
+
+
+def test_a_gpu_gone_from_nvml_and_from_the_pci_bus_drains_at_once(slurm_node, tmp_path):
+    """The same GPU gone from NVML's list and from the PCI bus (the census no longer holds
+    0000:e8:00.0): a second, independent signal about the same card, so card_missing is
+    critical at once and slurmctld drains the node on that first patrol."""
+    from test_pci_census import e8_off_the_bus, lists_e8, variant
+
+    back = variant(tmp_path, "back", lists_e8)
+    gone = variant(tmp_path, "gone", e8_off_the_bus)
+    with slurm_node.explain():
+        daemon = Daemon(slurm_config(slurm_node, tmp_path), replay_dir=back)
+        try:
+            daemon.patrol_once()
+            assert slurm_node.state() == "idle"
+            adopt_replay(daemon, gone)
+            report = daemon.patrol_once()
+            assert report.action == "reboot_node"
+            line = slurm_node.wait_for(lambda s: "drain" in s.split(" ")[1], what="drained")
+            reason = line.split(" ", 2)[2]
+            assert reason.startswith("hetpatrol: reboot_node node card_missing nvidia: "), reason
+            assert "0000:e8:00.0 is gone from the PCI bus" in next(
+                f.message for f in report.node_findings if f.check == "card_missing"
+            )
+        finally:
+            daemon.shutdown()
+
+
 def test_admin_drain_is_never_replaced_or_resumed(slurm_node, replays, tmp_path):
     with slurm_node.explain():
         slurm_node.admin_drain("admin: DIMM swap, ticket 4711")

@@ -27,7 +27,9 @@ memory error management, "Row Remapping" and "Error Recovery and Response Flags"
   retire/remap (catalog XID 48 trigger text: "A GPU reset or node reboot is needed");
   a repeat escalates (escalation.py);
 - ``card_missing`` critical -> reboot_node: a GPU that left the bus (catalog XID 79,
-  RESTART_BM); unknown (its collector failed) -> watch;
+  RESTART_BM); critical only after ``missing_patrols`` patrols in a row or with an
+  off-the-bus signal for the same card (hetpatrol.patrol), so a warning (one short list)
+  and unknown (its output damaged) -> watch;
 - ``temperature`` / ``pcie_downtrained`` critical -> isolate_card: cooling and seating
   need a person (catalog CHECK_MECHANICALS);
 - ``nvlink_down`` / ``nvlink_errors`` critical -> reset_card (catalog XID 74: "A GPU reset
@@ -128,8 +130,8 @@ def vendor_tables() -> VendorActions:
     """Every installed plugin's fault tables (``VendorInfo.actions``) in one
     :class:`hetpatrol.collector.VendorActions`: ``code_actions``, ``value_actions``,
     ``check_actions`` and ``code_keys`` by check name, ``health_actions`` by word (a
-    check or word two plugins declare: the first plugin by name), and a ``code_table``
-    that merges theirs.
+    check or word two plugins declare: the first plugin by name), ``off_bus_codes`` by
+    check name (every plugin's codes together), and a ``code_table`` that merges theirs.
     Plugins are loaded (imported) on the first call and again only when ``sys.path``
     changes; one that cannot be imported is left out (its checks then take the generic
     rows or ``watch``). Never raises."""
@@ -145,6 +147,7 @@ def vendor_tables() -> VendorActions:
     rows: dict[str, Any] = {}
     health: dict[str, str] = {}
     keys: dict[str, Any] = {}
+    off_bus: dict[str, frozenset[str]] = {}
     tables: list[Any] = []
     for ep in eps:
         try:
@@ -163,6 +166,8 @@ def vendor_tables() -> VendorActions:
             health.setdefault(word.lower(), action)
         for name, fn in declared.code_keys.items():
             keys.setdefault(name, fn)
+        for name, codes in declared.off_bus_codes.items():
+            off_bus[name] = off_bus.get(name, frozenset()) | frozenset(str(c) for c in codes)
         if declared.code_table is not None:
             tables.append(declared.code_table)
 
@@ -180,6 +185,7 @@ def vendor_tables() -> VendorActions:
         check_actions=rows,
         health_actions=health,
         code_keys=keys,
+        off_bus_codes=off_bus,
     )
     _tables = (key, merged)
     return merged

@@ -256,6 +256,34 @@ def _match(
     return blind[0]
 
 
+def event_code(event: Any) -> tuple[str, str]:
+    """``(check, code)`` of a kernel-log event (a :class:`~hetpatrol.kernel_log.KernelEvent`)
+    as its finding names it: ``("xid", "79")`` for an Xid line, ``("kernel_fault",
+    "fallen_off_bus")`` for a failure printed without one (the keys of the plugins'
+    ``VendorActions`` tables)."""
+    check = "xid" if event.kind == KIND_XID else "kernel_fault"
+    return check, event.key[2]
+
+
+def off_bus_events(
+    snapshot: KernelLogSnapshot | None, codes: Mapping[str, Collection[str]]
+) -> list[tuple[str, str]]:
+    """``(bus id, "xid 79")`` of each event of ``snapshot`` (read this patrol or in its
+    window; those of an earlier boot are already left out by :func:`patrol_kernel_log`)
+    whose ``(check, code)`` is one of ``codes`` (check -> codes: the plugins'
+    ``VendorActions.off_bus_codes``, the events that say a card left the bus). Events
+    without a bus id are left out."""
+    if snapshot is None:
+        return []
+    out = []
+    for occ in (*snapshot.new, *snapshot.window):
+        ev = occ.event
+        check, code = event_code(ev)
+        if ev.bus_id and code in codes.get(check, ()):
+            out.append((ev.bus_id, f"{check} {code}"))
+    return out
+
+
 #: GPU bus ids no card has that get findings of their own; past them one finding says
 #: how many more there are.
 MAX_UNREAD_BUSES = 16

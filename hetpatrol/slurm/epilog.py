@@ -21,12 +21,25 @@ node be, as the prolog does):
    (``hetpatrol: reset_card nvidia/6 ...``) and exits 0 (a non-zero Epilog makes
    slurmctld replace that reason with "Epilog error"); when the drain cannot be set, it
    exits 1 and Slurm drains the node itself. A held card the patrol no longer lists is
-   judged by the daemon's own rule for the same input (the ``card_missing`` finding of
-   :func:`hetpatrol.patrol.cards_no_longer_listed`): ``reboot_node`` when the output is
-   whole (it fell off the bus), ``watch`` when the collector's output was damaged (a
-   garbled row, a tool error: no proof it is gone); a card whose collector did not
-   answer ok is not judged. When the job's cards cannot be told (no ``SLURM_JOB_GPUS``,
-   no IDX in the finished job's record), every card of the node is looked at.
+   judged by the daemon's own rule for the same input (:func:`card_missing_verdict`, the
+   ``card_missing`` rule of :func:`hetpatrol.patrol.missing_verdicts`), see below; a card
+   whose collector did not answer ok is not judged. When the job's cards cannot be told
+   (no ``SLURM_JOB_GPUS``, no IDX in the finished job's record), every card of the node
+   is looked at.
+
+A held card no longer listed. The Epilog's patrol is one patrol, and one short list is
+no proof a card is gone (a card reset or a driver reload in progress, a partial answer):
+the daemon makes it critical only after ``missing_patrols`` (3) patrols in a row or with
+a second, independent signal about the same card. The Epilog decides the same way, from
+what it has: the daemon's count for that card in the state file (``boot.missing_cards``,
+only when the state file's boot is this patrol's boot; a card the daemon already counts
+as gone is looked at as held too) plus its own read, which is one more patrol; or the
+corroboration (:func:`hetpatrol.patrol.missing_evidence`) of its own patrol: the kernel
+log's off-the-bus event (XID 79, "fallen off the bus") on the card's bus id in this boot
+(its own read of the log and the daemon's ``boot.off_bus``), or its own PCI census
+without the card's bus id. Either way ``reboot_node`` (a drain); else ``watch``, no
+drain: the daemon's patrols go on counting and drain when the rule says. A damaged
+output of the collector (a garbled row, a tool error: no proof it is gone) is ``watch``.
 
 No state file, no card of the job, nothing bad: exit 0. Held cards no collector read
 (NVML absent, a vendor tool failing) are named with the collector's state and error, still
@@ -46,6 +59,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +74,14 @@ from hetpatrol.actions.vocabulary import (
 from hetpatrol.collector import STATE_OK
 from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX
 from hetpatrol.healthcheck import UntrustedStateFile, read_trusted_state
-from hetpatrol.patrol import card_identities, card_missing_finding, cards_no_longer_listed
+from hetpatrol.patrol import (
+    card_identities,
+    card_missing_finding,
+    cards_no_longer_listed,
+    missing_evidence,
+    missing_key,
+    missing_verdicts,
+)
 from hetpatrol.report import PatrolReport
 from hetpatrol.schema import CardRecord
 from hetpatrol.slurm.jobguard import (
@@ -72,6 +93,67 @@ from hetpatrol.slurm.jobguard import (
 )
 
 Patrol = Callable[[], "PatrolReport"]
+
+
+@dataclass(frozen=True)
+class EpilogPatrol:
+    """What ``hetpatrol epilog``'s command runs: ``run`` (the one patrol) and
+    ``missing_patrols()``, the config's ``missing_patrols`` (the count a held card no
+    longer listed needs before it is critical), asked after ``run``."""
+
+    run: Patrol
+    missing_patrols: Callable[[], int] = lambda: 3
+
+
+def _same_boot(doc: Mapping[str, Any], report: PatrolReport) -> Mapping[str, Any]:
+    """The state file's ``boot`` object when it names the boot the Epilog's patrol ran
+    in (both boot ids read and equal), else ``{}``: another boot's counts say nothing
+    of this one."""
+    mine = (report.node_checks or {}).get("boot")
+    theirs = doc.get("boot")
+    if not isinstance(mine, Mapping) or not isinstance(theirs, Mapping):
+        return {}
+    if mine.get("boot_id") is None or mine.get("boot_id") != theirs.get("boot_id"):
+        return {}
+    return theirs
+
+
+def card_missing_verdict(
+    vendor: str,
+    before: CardRecord,
+    error: str | None,
+    report: PatrolReport,
+    doc: Mapping[str, Any],
+    missing_patrols: int = 3,
+) -> tuple[ActionVerdict, str]:
+    """(the action, the rule's words: ``"1 of 3 patrols"``) for a held card ``before``
+    that the Epilog's patrol ``report`` no longer lists (see the module docstring):
+    ``reboot_node`` when the daemon's count in the state file ``doc`` (same boot) plus
+    this patrol reaches ``missing_patrols``, or when this patrol's kernel log (with the
+    daemon's ``boot.off_bus``) or PCI census corroborates it; ``watch`` otherwise and
+    for a damaged output (``error``)."""
+    boot = _same_boot(doc, report)
+    key = missing_key(before)
+    entry = (boot.get("missing_cards") or {}).get(key)
+    daemon = entry.get("patrols") if isinstance(entry, Mapping) else None
+    count = (daemon if isinstance(daemon, int) and not isinstance(daemon, bool) else 0) + 1
+    off_bus: dict[str, str] = {}
+    for source in (
+        boot.get("off_bus"),
+        ((report.node_checks or {}).get("boot") or {}).get("off_bus"),
+    ):
+        if isinstance(source, Mapping):
+            off_bus.update({str(k): v for k, v in source.items() if isinstance(v, str)})
+    why = missing_evidence(before, report.census, off_bus)
+    evidence = {key: why} if why is not None else None
+    missing = card_missing_finding(
+        vendor, [before], error, patrols=missing_patrols, counts={key: count}, evidence=evidence
+    )
+    assert missing is not None
+    (verdict,) = missing_verdicts(
+        [before], error, patrols=missing_patrols, counts={key: count}, evidence=evidence
+    )
+    return card_action([missing], levels=None), verdict.note
 
 
 def _record(card: Mapping[str, Any]) -> CardRecord:
@@ -94,19 +176,27 @@ def _record(card: Mapping[str, Any]) -> CardRecord:
 
 
 def judge_held(
-    held: Sequence[Mapping[str, Any]], report: PatrolReport, block_on: frozenset[str]
-) -> tuple[list[tuple[str, ActionVerdict]], list[str]]:
+    held: Sequence[Mapping[str, Any]],
+    report: PatrolReport,
+    block_on: frozenset[str],
+    doc: Mapping[str, Any] | None = None,
+    missing_patrols: int = 3,
+) -> tuple[list[tuple[str, ActionVerdict]], list[str], list[str]]:
     """(the held cards whose action is in ``block_on``, with it; the names of held cards
-    the patrol read fine). ``report``: the Epilog's one patrol.
+    the patrol read fine; the held cards no longer listed that do not drain yet, each
+    named with the rule's words: ``"nvidia/3 no longer listed (1 of 3 patrols;
+    watch)"``). ``report``: the Epilog's one patrol; ``doc``: the daemon's state file.
 
-    The daemon's judgment, for the same input: a held card the patrol no longer lists is
-    judged by the daemon's rule (:func:`hetpatrol.patrol.cards_no_longer_listed`, its
-    ``card_missing`` finding: ``critical`` -> ``reboot_node``, ``unknown`` -> ``watch``
-    when the collector's output was damaged, a garbled row or a tool error); a card
-    whose collector did not answer ok this time is not judged; a card read again, by
-    its findings' action."""
+    The daemon's judgment, for the same input: a held card the patrol no longer lists
+    (:func:`hetpatrol.patrol.cards_no_longer_listed`) is judged by the daemon's
+    ``card_missing`` rule, :func:`card_missing_verdict` (``reboot_node`` at
+    ``missing_patrols`` patrols with the daemon's count, or corroborated; else
+    ``watch``, and ``watch`` when the collector's output was damaged, a garbled row or a
+    tool error); a card whose collector did not answer ok this time is not judged; a
+    card read again, by its findings' action."""
     bad: list[tuple[str, ActionVerdict]] = []
     fine: list[str] = []
+    watched: list[str] = []
     status = {c.name: c for c in report.collectors}
     for old in held:
         vendor = str(old.get("vendor"))
@@ -116,21 +206,25 @@ def judge_held(
         before = _record(old)
         records = [c for c in report.cards if c.vendor == vendor]
         gone = cards_no_longer_listed(records, [before])
-        missing = card_missing_finding(vendor, gone, collector.error)
-        if missing is not None:
-            verdict = card_action([missing], levels=None)
+        name = card_name(old)
+        if gone:
+            verdict, words = card_missing_verdict(
+                vendor, before, collector.error, report, doc or {}, missing_patrols
+            )
+            if verdict.action not in block_on:
+                watched.append(f"{name} no longer listed ({words.strip('()')}; {verdict.action})")
+                continue
         else:
             ids = set(card_identities(before))
             now = next((c for c in records if ids & set(card_identities(c))), None)
             if now is None:  # read without identity at its position (a garbled row)
                 now = next(c for c in records if c.key == before.key)
             verdict = card_action(list(now.findings), levels=None)
-        name = card_name(old)
         if verdict.action in block_on:
             bad.append((name, verdict))
         else:
             fine.append(name)
-    return bad, fine
+    return bad, fine, watched
 
 
 def _unread(held: Sequence[Mapping[str, Any]], report: PatrolReport, judged: set[str]) -> str:
@@ -162,8 +256,11 @@ def run_epilog(
     scontrol: str = "scontrol",
     timeout: float = 30.0,
     runner: Callable[[Sequence[str], float], str] = run_scontrol,
+    missing_patrols: int | Callable[[], int] = 3,
 ) -> tuple[int, str]:
-    """(exit code, one line). ``patrol`` runs one patrol and returns its report.
+    """(exit code, one line). ``patrol`` runs one patrol and returns its report;
+    ``missing_patrols``: the config's (see :func:`card_missing_verdict`), or a function
+    that gives it once the patrol ran.
     Never raises for what it reads; the caller bounds the whole run in time."""
     start = time.monotonic()
     try:
@@ -177,11 +274,22 @@ def run_epilog(
         )
     except (OSError, ValueError) as exc:
         return EXIT_PASS, f"hetpatrol epilog: cannot read {state_path}: {exc}: nothing checked"
+    cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
+    # the cards the daemon counts as gone (their count goes on here) are candidates too
+    boot = doc.get("boot") if isinstance(doc.get("boot"), Mapping) else {}
+    missing = boot.get("missing_cards") if isinstance(boot.get("missing_cards"), Mapping) else {}
+    known = {i for c in cards for i in card_identities(_record(c))}
+    for entry in missing.values():
+        if isinstance(entry, Mapping) and not known & set(card_identities(_record(entry))):
+            cards.append(entry)
     held, alloc = epilog_cards(
-        env, doc, timeout=max(0.1, timeout / 3), runner=runner, scontrol=scontrol
+        env,
+        {**doc, "cards": cards},
+        timeout=max(0.1, timeout / 3),
+        runner=runner,
+        scontrol=scontrol,
     )
     note = ""
-    cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
     told = all(alloc.covers(str(c.get("gres") or "") or None, c.get("vendor")) for c in cards)
     if not held and told:
         return EXIT_PASS, "hetpatrol epilog: the job held no card of this node"
@@ -195,16 +303,22 @@ def run_epilog(
         if not held:
             return EXIT_PASS, f"hetpatrol epilog: no card in the verdict{note}"
     report = patrol()
-    bad, fine = judge_held(held, report, block_on)
-    unread = _unread(held, report, {n for n, _ in bad} | set(fine))
-    if not bad and not fine:
+    need = missing_patrols() if callable(missing_patrols) else missing_patrols
+    bad, fine, watched = judge_held(held, report, block_on, doc, need)
+    unread = _unread(
+        held, report, {n for n, _ in bad} | set(fine) | {w.split(" ", 1)[0] for w in watched}
+    )
+    if watched:
+        note += "; " + ", ".join(watched) + ": not drained"
+    if not bad and not fine and not watched:
         # nothing read is no verdict: exit 0 and no drain (an absent NVML or a failing
         # npu-smi is the daemon's finding, not proof the job broke a card)
         return EXIT_PASS, f"hetpatrol epilog: no card of the job could be read: {unread}{note}"
     if unread:
         note += f"; not read: {unread}"
     if not bad:
-        return EXIT_PASS, f"hetpatrol epilog: {', '.join(fine)} fine after the job{note}"
+        said = f"{', '.join(fine)} fine after the job" if fine else "no card to drain for"
+        return EXIT_PASS, f"hetpatrol epilog: {said}{note}"
     where = ",".join(name for name, _ in bad)
     reason = drain_reason(where, worst_verdict(v for _, v in bad))
     node = env.get("SLURMD_NODENAME") or str(doc.get("node") or "")
@@ -221,8 +335,9 @@ def run_epilog(
     return EXIT_FAIL, reason
 
 
-def add_epilog_parser(sub: Any, patrol_factory: Callable[[Any], Patrol]) -> None:
-    """Register ``hetpatrol epilog``; ``patrol_factory(args)`` gives the one patrol."""
+def add_epilog_parser(sub: Any, patrol_factory: Callable[[Any], EpilogPatrol]) -> None:
+    """Register ``hetpatrol epilog``; ``patrol_factory(args)`` gives the one patrol and
+    the config's ``missing_patrols`` (an :class:`EpilogPatrol`)."""
     import argparse
 
     p = sub.add_parser(
@@ -269,10 +384,12 @@ def add_epilog_parser(sub: Any, patrol_factory: Callable[[Any], Patrol]) -> None
         old = signal.signal(signal.SIGALRM, expire)
         signal.alarm(max(1, int(args.timeout) + 1))
         try:
+            epilog_patrol = patrol_factory(args)
             code, line = run_epilog(
                 os.environ,
                 args.state_path,
-                patrol_factory(args),
+                epilog_patrol.run,
+                missing_patrols=epilog_patrol.missing_patrols,
                 block_on=block_on,
                 set_reason=not args.no_set_reason,
                 scontrol=args.scontrol,
