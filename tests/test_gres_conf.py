@@ -484,11 +484,12 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 # ------------------------------------------------------- the TaskProlog, for real
-def _task_prolog_cluster(run: str | None = None):
+def _task_prolog_cluster(run: str | None = None, overrides: dict[str, str] | None = None):
     """A real cluster (tests/slurm_cluster.py: 8 ascend:910b devices on the node) whose
     TaskProlog= is the script gres-conf writes for 8 ascend cards (index i -> id 10+i,
     so that the table, not the index, shows), its program the packaged wrapper
-    (packaging/slurm/taskprolog) running this checkout's hetpatrol (or ``run``)."""
+    (packaging/slurm/taskprolog) running this checkout's hetpatrol (or ``run``);
+    ``overrides``: more slurm.conf keys."""
     from slurm_cluster import BINARIES, NODE_NAME, start_cluster
 
     missing = [b for b in (*BINARIES, "srun", "squeue") if shutil.which(b) is None]
@@ -500,7 +501,7 @@ def _task_prolog_cluster(run: str | None = None):
     plan = plan8(NODE_NAME)
     wrapper = (REPO / "packaging" / "slurm" / "taskprolog").read_text()
     assert "\nhetpatrol task-prolog " in wrapper
-    cluster = start_cluster(overrides={"TaskProlog": "{root}/taskprolog"})
+    cluster = start_cluster(overrides={"TaskProlog": "{root}/taskprolog", **(overrides or {})})
     program = cluster.root / "hetpatrol-taskprolog"
     program.write_text(
         wrapper.replace(
@@ -553,14 +554,26 @@ def test_task_prolog_sets_the_vendor_variable_from_the_jobs_gres_indices(tmp_pat
 def test_task_prolog_takes_no_gres_line_from_a_job_name_or_comment(tmp_path):
     """The real slurmctld prints a job name and comment raw, newlines too: a job name
     holding '     Nodes=<node> ... GRES=ascend:910b:8(IDX:4-7)' made a TaskProlog that
-    read ``scontrol show job -d`` export the cards of other jobs (A=14,15,16,17,10 for a
-    job holding IDX 0), and one forging Slurm's NumNodes=/MinCPUsNode= lines too left it
-    unset. hetpatrol task-prolog reads squeue --json's gres_detail: each job gets its
-    own IDX 0 (-> 10), whatever its name, comment and both say."""
+    read every ``Nodes=`` line of ``scontrol show job -d`` export the cards of other jobs
+    (A=14,15,16,17,10 for a job holding IDX 0). On this Slurm 22.05 hetpatrol
+    task-prolog reads ``scontrol -d show job`` (one job; 22.05's squeue --json lists the
+    whole queue) and takes only Slurm's own per-node block, each line of its exact shape:
+    each job gets its own IDX 0 (-> 10) whatever its name, comment or both say with a
+    forged detail line and NumNodes=/MinCPUsNode= lines. The one forgery the 22.05 text
+    cannot tell apart is an exact copy of Slurm's whole block (here in the comment, with
+    IDX:4-7): the blocks differ, so no variable is set and the job's output says why;
+    the forged 14-17 is never exported (from 23.02.3 the one-job squeue --json tells)."""
     from slurm_cluster import NODE_NAME
 
     fake = f"     Nodes={NODE_NAME} CPU_IDs=0 Mem=0 GRES=ascend:910b:8(IDX:4-7)"
     forged = f"c\nNumNodes=1\n{fake}\nMinCPUsNode=1"
+    copy = (
+        "c\n   NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*\n"
+        "   TRES=cpu=1,mem=1M,node=1,billing=1\n"
+        "   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*\n   JOB_GRES=ascend:910b:4\n"
+        f"     Nodes={NODE_NAME} CPU_IDs=0 Mem=1 GRES=ascend:910b:4(IDX:4-7)\n"
+        "   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0\n   x"
+    )
     cluster = _task_prolog_cluster()
     try:
         with cluster.explain():
@@ -571,6 +584,37 @@ def test_task_prolog_takes_no_gres_line_from_a_job_name_or_comment(tmp_path):
                 wrap = 'echo "A=${ASCEND_RT_VISIBLE_DEVICES-unset}"'
                 out = _job_output(cluster, f"job{n}", "--gres=ascend:910b:1", *text, "--wrap", wrap)
                 assert out.splitlines() == ["A=10"], (n, out)
+            out = _job_output(cluster, "copy", "--gres=ascend:910b:1", "--comment", copy, "--wrap",
+                              'echo "A=${ASCEND_RT_VISIBLE_DEVICES-unset}"')  # fmt: skip
+            said, value = out.splitlines()
+            assert value == "A=unset", out
+            assert said.startswith("hetpatrol TaskProlog: scontrol show job -d: 2 per-node"), out
+            assert said.endswith("differ for hp-gpu01 (a job name or comment copying Slurm's "
+                                 "lines?): no device variable set"), out  # fmt: skip
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_task_launch_asks_slurmctld_for_its_one_job_only(tmp_path):
+    """slurmctld at debug2 logs each RPC it processes: the tasks of a job (the batch
+    script and one srun step, each running the TaskProlog) issue REQUEST_JOB_INFO_SINGLE
+    (slurm_load_job, one job) and never REQUEST_JOB_INFO (slurm_load_jobs: the whole
+    queue, what squeue --json asks on 22.05 whatever --jobs= says). Measured with 300
+    more jobs queued (docs/slurm.md): 1259 bytes per task instead of 0.93 MB."""
+    cluster = _task_prolog_cluster(overrides={"SlurmctldDebug": "debug2"})
+    log = cluster.root / "log" / "slurmctld.log"
+    try:
+        with cluster.explain():
+            seen = len(log.read_text())
+            wrap = 'srun -n1 true; echo "A=${ASCEND_RT_VISIBLE_DEVICES-unset}"'
+            out = _job_output(cluster, "job", "--gres=ascend:910b:2", "--wrap", wrap)
+            assert out.splitlines() == ["A=10,11"], out
+            rpcs = log.read_text()[seen:]
+            assert "Processing RPC: REQUEST_JOB_INFO from" not in rpcs, rpcs[-3000:]
+            assert rpcs.count("Processing RPC: REQUEST_JOB_INFO_SINGLE from") >= 2, rpcs[-3000:]
     finally:
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)

@@ -1,8 +1,12 @@
-"""``hetpatrol task-prolog`` (hetpatrol/slurm/task_prolog.py) on a recorded ``squeue
---json`` of the real Slurm 22.05 test cluster (fixtures/slurm/README.md: job 1's name,
-comment and work directory hold forged ``Nodes=hp-gpu01 GRES=ascend:910b:1(IDX:3)``
-text; Slurm gave it gpu IDX 0 and ascend IDX 0), the packaged wrapper and the generated
-TaskProlog script. The script run by the real slurmd is in tests/test_gres_conf.py."""
+"""``hetpatrol task-prolog`` (hetpatrol/slurm/task_prolog.py) on recorded answers of the
+real Slurm 22.05 test cluster (fixtures/slurm/README.md): ``squeue --json`` (job 1's
+name, comment and work directory hold forged ``Nodes=hp-gpu01 GRES=ascend:910b:1(IDX:3)``
+text; Slurm gave it gpu IDX 0 and ascend IDX 0), read as Slurm 23.02.3 and later answer
+for one job, and ``scontrol -d show job`` (job 5: forged ``Nodes=... GRES=ascend:910b:8
+(IDX:4-7)`` lines in its name, work directory and comment, Slurm gave it gpu IDX 0 and
+ascend IDX 0-2; job 7: an exact copy of Slurm's per-node block in its name and comment),
+the 22.05 path; the packaged wrapper and the generated TaskProlog script. The script run
+by the real slurmd is in tests/test_gres_conf.py."""
 
 from __future__ import annotations
 
@@ -20,20 +24,32 @@ from hetpatrol.slurm.gres_conf import CardLine, Plan
 from hetpatrol.slurm.task_prolog import (
     Export,
     cli_main,
+    job_query,
     parse_export,
+    parse_show_job_detail,
+    slurm_version,
     task_prolog_lines,
 )
 
-REAL_SQUEUE = (REPO / "fixtures" / "slurm" / "squeue-json-22.05-hostile.json").read_text()
+SLURM = REPO / "fixtures" / "slurm"
+REAL_SQUEUE = (SLURM / "squeue-json-22.05-hostile.json").read_text()
+SHOW_HOSTILE = (SLURM / "scontrol-show-job-d-22.05-hostile.txt").read_text()
+SHOW_COPIED = (SLURM / "scontrol-show-job-d-22.05-copied-block.txt").read_text()
 ENV = {"SLURM_JOB_ID": "1", "SLURMD_NODENAME": "hp-gpu01"}
+ENV5 = {**ENV, "SLURM_JOB_ID": "5"}
 ASCEND = Export("ascend", "ASCEND_RT_VISIBLE_DEVICES", {0: 10, 1: 11, 3: 13})
+ASCEND8 = Export("ascend", "ASCEND_RT_VISIBLE_DEVICES", {i: 10 + i for i in range(8)})
+NEW, OLD = "slurm 23.11.4\n", "slurm-wlm 22.05.8\n"  # scontrol --version (OLD: recorded)
 
 
-def replay(text: str, seen: list | None = None):
+def replay(text: str, seen: list | None = None, version: str = NEW):
+    """A stand-in runner: ``scontrol --version`` says ``version``, the job's query
+    answers ``text``; each (argv, timeout) is recorded in ``seen``."""
+
     def runner(argv, timeout):
         if seen is not None:
             seen.append((list(argv), timeout))
-        return text
+        return version if list(argv[1:]) == ["--version"] else text
 
     return runner
 
@@ -45,7 +61,82 @@ def test_the_jobs_own_index_never_the_forged_one():
     )
     # ascend IDX 0 -> 10; the forged IDX:3 (-> 13) in name, comment, workdir is not read
     assert lines == ["export ASCEND_RT_VISIBLE_DEVICES=10"]
-    assert seen == [(["/usr/bin/squeue", "--json", "--jobs=1"], 10.0)]
+    assert [argv for argv, _t in seen] == [
+        ["/usr/bin/scontrol", "--version"],
+        ["/usr/bin/squeue", "--json", "--jobs=1"],  # one job (23.02.3 and later)
+    ]
+    assert seen[0][1] == 10.0 and 0 < seen[1][1] <= 10.0  # one limit for both
+
+
+def test_the_version_picks_the_one_job_query():
+    # squeue(1) of 23.02.3 first keeps --jobs= with --json; 23.02.2 and 22.05 ignore it
+    assert slurm_version(OLD) == (22, 5, 8)
+    assert slurm_version("slurm 24.11.0-0rc1\n") == (24, 11, 0)
+    assert slurm_version("slurm 23.02.3") == (23, 2, 3)
+    for said in ("", "scontrol: error: x", "slurm 23.2", "slurm 123456.1.1"):
+        assert slurm_version(said) is None, said
+    squeue = ["/opt/s/squeue", "--json", "--jobs=7"]
+    assert job_query("/opt/s/scontrol", "7", (23, 2, 3)) == squeue
+    assert job_query("/opt/s/scontrol", "7", (24, 11, 0)) == squeue
+    show = ["/opt/s/scontrol", "-d", "show", "job", "7"]
+    assert job_query("/opt/s/scontrol", "7", (23, 2, 2)) == show
+    assert job_query("/opt/s/scontrol", "7", (22, 5, 8)) == show
+
+
+def test_slurm_22_05_reads_one_job_and_never_runs_squeue_json():
+    """On 22.05 ``squeue --json`` lists every job of the cluster whatever --jobs= says:
+    the 22.05 path must never run it (argv recorded by the stand-in runner)."""
+    seen: list = []
+
+    def runner(argv, timeout):
+        seen.append(list(argv))
+        assert "--json" not in argv and not argv[0].endswith("squeue"), argv
+        return OLD if argv[1:] == ["--version"] else SHOW_HOSTILE
+
+    gpu = Export("gpu", "ZE_AFFINITY_MASK", {0: 7, 1: 8})
+    lines = task_prolog_lines(ENV5, [ASCEND8, gpu], scontrol="/usr/bin/scontrol", runner=runner)
+    # Slurm's block: gpu IDX 0, ascend IDX 0-2; the forged IDX:4-7 (-> 14-17) is not taken
+    assert lines == ["export ASCEND_RT_VISIBLE_DEVICES=10,11,12", "export ZE_AFFINITY_MASK=7"]
+    assert seen == [
+        ["/usr/bin/scontrol", "--version"],
+        ["/usr/bin/scontrol", "-d", "show", "job", "5"],
+    ]
+
+
+def test_the_22_05_text_keeps_only_slurms_own_per_node_block():
+    a = parse_show_job_detail(SHOW_HOSTILE, "5", "hp-gpu01")
+    assert a.by_gres == {"gpu": frozenset({0}), "ascend": frozenset({0, 1, 2})}, a
+    assert not a.errors
+    assert parse_show_job_detail(SHOW_HOSTILE, "5", "hp-gpu02").by_gres == {}
+    # another job's record, or none
+    assert (
+        "does not begin with job 6's record"
+        in parse_show_job_detail(SHOW_HOSTILE, "6", "hp-gpu01").errors[0]
+    )
+    # a line Slurm does not print inside its block: no block of Slurm's is left
+    odd = SHOW_HOSTILE.replace("   JOB_GRES=", "   JOB_GRES=x y\n   JOB_GRES=", 1)
+    assert "no per-node block" in parse_show_job_detail(odd, "5", "hp-gpu01").errors[0]
+    # a host list naming the node among others; "\r" is no line end of Slurm's
+    two = SHOW_HOSTILE.replace(
+        "     Nodes=hp-gpu01 CPU_IDs=0 Mem=1", "     Nodes=hp-gpu[00-01] CPU_IDs=0 Mem=1"
+    )
+    assert parse_show_job_detail(two, "5", "hp-gpu01").by_gres["ascend"] == {0, 1, 2}
+    cr = SHOW_HOSTILE.replace("JobName=train\n", "JobName=train\r\n", 1)
+    assert parse_show_job_detail(cr, "5", "hp-gpu01").by_gres["ascend"] == {0, 1, 2}
+
+
+def test_an_exact_copy_of_slurms_block_in_name_or_comment_sets_nothing():
+    """The one forgery the 22.05 text cannot tell apart: a job name or comment holding an
+    exact copy of Slurm's per-node block (recorded job 7: ``GRES=ascend:910b:4(IDX:4-7)``
+    in both, Slurm gave it ascend IDX 0). Three blocks that differ: no variable is set
+    and one print line says why; the forged IDX 4-7 is never exported. (From Slurm
+    23.02.3 the one-job JSON tells them apart.)"""
+    env = {**ENV, "SLURM_JOB_ID": "7"}
+    (line,) = task_prolog_lines(
+        env, [ASCEND8], scontrol="scontrol", runner=replay(SHOW_COPIED, version=OLD)
+    )
+    assert line.startswith("print hetpatrol TaskProlog: scontrol show job -d: 3 per-node ")
+    assert "differ for hp-gpu01" in line and line.endswith(": no device variable set")
 
 
 def test_each_export_maps_its_gres_and_skips_what_the_job_does_not_hold():
@@ -71,6 +162,8 @@ def test_each_export_maps_its_gres_and_skips_what_the_job_does_not_hold():
         ({**ENV, "SLURM_JOB_ID": "99"}, replay(REAL_SQUEUE), "0 records of job '99'"),
         (ENV, replay("{not json"), "squeue --json: not JSON"),
         (ENV, replay('{"jobs": []}\n\x1b[2J'), "squeue --json: not JSON"),
+        (ENV, replay("", version="slurm\n"), "scontrol --version said 'slurm\\n'"),
+        (ENV5, replay("slurm_load_jobs error", version=OLD), "does not begin with job 5's"),
     ],
 )
 def test_what_cannot_be_read_sets_nothing_and_says_why(env, runner, said):
@@ -80,16 +173,24 @@ def test_what_cannot_be_read_sets_nothing_and_says_why(env, runner, said):
     assert lines[0].isprintable()
 
 
-def test_a_failing_or_hung_squeue_sets_nothing():
+@pytest.mark.parametrize(
+    ("version", "what"), [(NEW, "squeue --json"), (OLD, "scontrol show job -d"), (None, "")]
+)
+def test_a_failing_or_hung_query_sets_nothing(version, what):
     def fails(argv, timeout):
+        if version and argv[1:] == ["--version"]:
+            return version
         raise subprocess.CalledProcessError(1, argv, b"", b"slurm_load_jobs error\n")
 
     def hangs(argv, timeout):
+        if version and argv[1:] == ["--version"]:
+            return version
         raise subprocess.TimeoutExpired(argv, timeout)
 
+    what = what or "scontrol --version"  # None: scontrol --version itself fails
     for runner, said in ((fails, "CalledProcessError"), (hangs, "TimeoutExpired")):
         (line,) = task_prolog_lines(ENV, [ASCEND], scontrol="scontrol", runner=runner)
-        assert f"squeue --json: {said}" in line and line.isprintable(), line
+        assert f"TaskProlog: {what}: {said}" in line and line.isprintable(), line
 
 
 def test_export_arguments_are_checked():
@@ -115,28 +216,39 @@ def test_a_usage_error_is_a_print_line_and_exit_0(capsys):
     assert out.count("\n") == 1
 
 
-def test_the_cli_runs_squeue_beside_scontrol(tmp_path):
+@pytest.mark.parametrize(
+    ("version", "job", "fixture", "args"),
+    [
+        ("slurm 23.11.4", "1", "squeue-json-22.05-hostile.json", "squeue --json --jobs=1"),
+        (OLD.strip(), "5", "scontrol-show-job-d-22.05-hostile.txt", "scontrol -d show job 5"),
+    ],
+)
+def test_the_cli_runs_one_query_beside_scontrol(tmp_path, version, job, fixture, args):
     """The whole program, as the wrapper runs it (the console script is
-    hetpatrol.entry): a stand-in squeue (the recorded output; it writes its arguments)
-    beside the given scontrol."""
+    hetpatrol.entry): stand-in scontrol and squeue (the recorded outputs; they write
+    their arguments) in the given scontrol's directory. 23.11: squeue --json for the one
+    job; 22.05: scontrol -d show job, squeue never run."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    squeue = bin_dir / "squeue"
-    squeue.write_text(
-        f'#!/bin/sh\necho "$@" > {tmp_path}/args\ncat {REPO}/fixtures/slurm/'
-        "squeue-json-22.05-hostile.json\n"
-    )
-    squeue.chmod(0o755)
+    for name in ("scontrol", "squeue"):
+        tool = bin_dir / name
+        tool.write_text(
+            f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "{version}"; exit 0; }}\n'
+            f'echo "{name} $*" >> {tmp_path}/args\ncat {SLURM}/{fixture}\n'
+        )
+        tool.chmod(0o755)
     res = subprocess.run(
         [sys.executable, "-m", "hetpatrol.entry", "task-prolog",
          "--scontrol", str(bin_dir / "scontrol"),
-         "--export", "ascend", "ASCEND_RT_VISIBLE_DEVICES", "0=10,1=11",
+         "--export", "ascend", "ASCEND_RT_VISIBLE_DEVICES", "0=10,1=11,2=12",
          "--export", "gpu", "ZE_AFFINITY_MASK", "0=4"],
-        env={**os.environ, **ENV}, capture_output=True, text=True, timeout=60,
+        env={**os.environ, **ENV, "SLURM_JOB_ID": job}, capture_output=True, text=True,
+        timeout=60,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert res.stdout == "export ASCEND_RT_VISIBLE_DEVICES=10\nexport ZE_AFFINITY_MASK=4\n"
-    assert (tmp_path / "args").read_text() == "--json --jobs=1\n"
+    ascend = "10" if job == "1" else "10,11,12"  # job 1: IDX 0; job 5: IDX 0-2
+    assert res.stdout == f"export ASCEND_RT_VISIBLE_DEVICES={ascend}\nexport ZE_AFFINITY_MASK=4\n"
+    assert (tmp_path / "args").read_text() == f"{args}\n"
 
 
 def test_the_entry_point_imports_neither_config_nor_collectors():

@@ -27,10 +27,11 @@ gres_common.c``):
   (``gres_common_gpu_set_env``); a job's GRES indices per node are in ``scontrol show
   job -d`` (``GRES=ascend:910b:2(IDX:0-1)``) and, as structured fields, in ``squeue
   --json`` (``gres_detail`` paired with ``job_resources``' hosts), which the TaskProlog
-  reads through ``hetpatrol task-prolog`` (:mod:`hetpatrol.slurm.task_prolog`; the text
-  of ``scontrol show job -d`` prints a job name or comment raw, newlines too, and is not
-  read); a TaskProlog's ``export NAME=value`` lines are set in the task's environment
-  (slurm.conf(5), TaskProlog).
+  reads through ``hetpatrol task-prolog`` (:mod:`hetpatrol.slurm.task_prolog`: one
+  single-job query a task, ``squeue --json --jobs=`` from Slurm 23.02.3, Slurm's own
+  per-node block of ``scontrol -d show job`` before, where ``squeue --json`` lists the
+  whole queue); a TaskProlog's ``export NAME=value`` lines are set in the task's
+  environment (slurm.conf(5), TaskProlog).
 
 Exit codes: generate 0 every card has its line, 1 a card's cores could not be read (no
 ``Cores=``), 3 a card has no device file (no line); ``--check`` 0 no difference, 1
@@ -193,10 +194,10 @@ class Plan:
             f"# Slurm TaskProlog for {self.node}, written by hetpatrol gres-conf. slurmstepd",
             "# sets each 'export NAME=value' line it prints in the task's environment",
             "# (slurm.conf(5), TaskProlog); Slurm sets no device variable for these GRES.",
-            "# hetpatrol task-prolog reads the job's GRES indices on this node from Slurm's",
-            "# structured fields (squeue --json: gres_detail paired with job_resources'",
-            "# hosts), never from text a user chose, and maps each index (gres.conf order)",
-            "# to the vendor's id: --export NAME VAR INDEX=ID,...",
+            "# hetpatrol task-prolog reads the job's GRES indices on this node with one",
+            "# single-job query to slurmctld (squeue --json --jobs= from Slurm 23.02.3,",
+            "# scontrol -d show job's own per-node block before) and maps each index",
+            "# (gres.conf order) to the vendor's id: --export NAME VAR INDEX=ID,...",
             f"if [ ! -x {prog} ]; then",
             f"  echo {shlex.quote(missing)}",
             "  exit 0",

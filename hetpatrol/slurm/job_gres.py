@@ -228,7 +228,6 @@ def parse_squeue_json(text: str, job: str, node: str) -> Allocation:
     ``Nodes=... GRES=...(IDX:3)`` and even a newline) is looked at. A GRES name on the
     node's entry without IDX is recorded with no index. Never raises: what cannot be
     read is in ``errors`` (then the job's cards are unknown, never guessed)."""
-    from hetpatrol.slurm.gres import split_top  # the squeue path only
 
     def fail(why: str) -> Allocation:
         return Allocation(sources=("squeue --json",), errors=(f"squeue --json: {why}",))
@@ -267,26 +266,36 @@ def parse_squeue_json(text: str, job: str, node: str) -> Allocation:
     by: dict[str, set[int]] = {}
     errors: list[str] = []
     for host, gres in zip(hosts, detail, strict=True):
-        if host != node:
-            continue
-        for item in split_top(gres):
-            name = re.split(r"[:(]", item, maxsplit=1)[0].strip().lower()
-            if not name or name in ("(null)", "n/a"):
-                continue
-            slot = by.setdefault(name, set())
-            im = _IDX_RE.search(item)
-            if im is None:
-                continue
-            idx = parse_index_list(im.group("idx"))
-            if idx is None:
-                errors.append(f"GRES item {item[:80]!r}: IDX not readable")
-                continue
-            slot.update(idx)
+        if host == node:
+            gres_detail_indices(gres, by, errors)
     return Allocation(
         {k: frozenset(v) for k, v in by.items()},
         sources=("squeue --json",),
         errors=tuple(errors),
     )
+
+
+def gres_detail_indices(gres: str, by: dict[str, set[int]], errors: list[str]) -> None:
+    """Add the indexes of one host's GRES detail string (``gpu:a100:2(IDX:0-1),ascend:
+    910b:1(IDX:3)``: squeue --json's ``gres_detail`` entry, the ``GRES=`` of ``scontrol
+    show job -d``'s per-node line; both are ``gres_detail_str[i]``, src/api/job_info.c)
+    to ``by`` (GRES name, lower case -> indexes; a name without IDX gets an empty set);
+    an IDX that cannot be read goes to ``errors``."""
+    from hetpatrol.slurm.gres import split_top  # the squeue / scontrol paths only
+
+    for item in split_top(gres):
+        name = re.split(r"[:(]", item, maxsplit=1)[0].strip().lower()
+        if not name or name in ("(null)", "n/a"):
+            continue
+        slot = by.setdefault(name, set())
+        im = _IDX_RE.search(item)
+        if im is None:
+            continue
+        idx = parse_index_list(im.group("idx"))
+        if idx is None:
+            errors.append(f"GRES item {item[:80]!r}: IDX not readable")
+            continue
+        slot.update(idx)
 
 
 Runner = Callable[[Sequence[str], float], str]
