@@ -7,7 +7,7 @@ parse_squeue_json`): only Slurm's structured fields (``job_id``, ``job_state``,
 ``RUNNING``, ``SUSPENDED`` or ``COMPLETING`` (squeue(1), JOB STATE CODES; 22.05 gives
 ``job_state`` as a string, later releases as a list). IDX -> card is
 :func:`hetpatrol.slurm.jobguard.match_cards` (the cards of one GRES name in (index,
-chip) order).
+chip) order; on a GPU in MIG mode its MIG devices, each mapped to its GPU).
 
 :class:`CardJobs` runs ``squeue --json`` (beside the given command: the daemon gives
 the breaker's ``sinfo``, read-only, as its own user) at most once
@@ -78,6 +78,8 @@ def _card_key(card: CardRecord) -> dict[str, Any]:
         "chip": card.chip,
         "gres": card.gres,
         "uuid": card.uuid,
+        # MIG devices: Slurm's IDX counts them (jobguard._slurm_devices)
+        "partitions": [p.to_dict() for p in card.partitions],
     }
 
 
