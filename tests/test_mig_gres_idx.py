@@ -8,18 +8,23 @@ as index 1 (minor 2, its own UUIDs and nvidia-caps), composed here."""
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import time
 
 import pytest
-from test_actions_jobguard import _prolog_script, _wait_file, card, state
+from test_actions_jobguard import JOB_ENV, _prolog_script, _wait_file, card, state
 from test_partitions import _mig_cards
 
 from hetpatrol.schema import CardRecord
 from hetpatrol.slurm.card_jobs import card_jobs
-from hetpatrol.slurm.jobguard import Allocation, decide, match_cards, match_devices
+from hetpatrol.slurm.jobguard import (
+    Allocation,
+    decide,
+    match_cards,
+    match_devices,
+    parse_job_env,
+)
 
 NOW = 1_800_000_000.0
 MIG0_UUID = "MIG-4b6b5a0c-3b5e-5b2a-9d1e-6a0f0e3c1a01"  # fixtures/nodes/mig-a100/scenario.yaml
@@ -45,63 +50,83 @@ def second_gpu(action: str = "none") -> dict:
     return c
 
 
-def test_the_recorded_mig_gpu_has_four_mig_devices_in_the_state():
-    c = mig_gpu()
-    assert [(p["kind"], p["index"], p["profile"]) for p in c["partitions"]] == [
-        ("mig", i, "1g.20gb") for i in range(4)
-    ]
-    assert c["partitions"][3]["device_files"] == [
-        "/dev/nvidia-caps/nvidia-cap192",
-        "/dev/nvidia-caps/nvidia-cap193",
-    ]
+def prolog_env(idx: str, cuda: str) -> Allocation:
+    """The allocation of a Prolog environment as slurmd 22.05 sets it on a MIG node
+    (tests below: SLURM_JOB_GPUS the IDX, CUDA_VISIBLE_DEVICES the IDX again for
+    gres.conf lines, the MIG UUID for AutoDetect's records)."""
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": idx, "CUDA_VISIBLE_DEVICES": cuda}
+    return parse_job_env(env, JOB_ENV)
 
 
 def test_a_job_on_mig_device_3_holds_the_gpu_and_the_prolog_refuses_a_bad_one():
-    """IDX 3 is the GPU's fourth MIG device (four lines, one index each): a reset_card on
-    the GPU refuses the job. Before: IDX 3 was "the 4th gpu card", none, and the job ran."""
-    doc = state([mig_gpu("reset_card")])
-    d = decide(doc, Allocation({"gpu": frozenset({3})}), now=NOW)
+    """The recorded GPU's four MIG devices are IDX 0-3 (one index per MultipleFiles=
+    line; MIG 3 is GI 6, nvidia-cap192/193): a reset_card on the GPU refuses a job on
+    IDX 3. Before: IDX 3 was "the 4th gpu card", none, and the job ran."""
+    gpu = mig_gpu("reset_card")
+    assert [(p["index"], p["profile"]) for p in gpu["partitions"]] == [
+        (i, "1g.20gb") for i in range(4)
+    ]
+    assert gpu["partitions"][3]["device_files"][0] == "/dev/nvidia-caps/nvidia-cap192"
+    d = decide(state([gpu]), Allocation({"gpu": frozenset({3})}), now=NOW)
     assert (d.exit_code, d.reason, d.cards, d.unmatched) == (
         1,
         "hetpatrol: reset_card nvidia/0",
         ("nvidia/0",),
         (),
     )
-    ok = decide(state([mig_gpu()]), Allocation({"gpu": frozenset({2, 3})}), now=NOW)
+    ok = decide(state([mig_gpu()]), prolog_env("2,3", "2,3"), now=NOW)
     assert ok.ok and ok.reason.startswith("job cards ok: nvidia/0 mig 2, nvidia/0 mig 3 ("), ok
 
 
-def test_two_mig_gpus_idx_1_is_the_first_gpus_second_mig_device():
-    """gres-conf's lines: GPU 0's MIG devices are IDX 0-3, GPU 1's IDX 4-7. A job on IDX 1
-    while GPU 1 needs a reset runs (before: IDX 1 was GPU 1, the job was refused); one on
-    IDX 5 is refused (before: no card 5, let through)."""
+def test_two_mig_gpus_with_gres_conf_lines_number_gpu_by_gpu():
+    """gres.conf lines (CUDA_VISIBLE_DEVICES numbers in the Prolog, as slurmd 22.05 sets
+    it for them): GPU 0's MIG devices are IDX 0-3, GPU 1's IDX 4-7. A job on IDX 1 while
+    GPU 1 needs a reset runs (before: IDX 1 was GPU 1, the job was refused); one on IDX 5
+    is refused (before: no 6th card, let through)."""
     cards = [mig_gpu(), second_gpu("reset_card")]
-    d = decide(state(cards), Allocation({"gpu": frozenset({1})}), now=NOW)
+    d = decide(state(cards), prolog_env("1", "1"), now=NOW)
     assert d.ok and d.cards == ("nvidia/0",) and "nvidia/0 mig 1 (" in d.reason, d
-    d = decide(state(cards), Allocation({"gpu": frozenset({5})}), now=NOW)
+    d = decide(state(cards), prolog_env("5", "5"), now=NOW)
     assert (d.exit_code, d.reason, d.cards) == (1, "hetpatrol: reset_card nvidia/1", ("nvidia/1",))
-    devices, missing = match_devices(cards, Allocation({"gpu": frozenset({0, 4, 7, 8})}))
+    devices, missing = match_devices(cards, prolog_env("0,4,7,8", "0,4,7,8"))
     assert [(c["index"], p["index"]) for c, p in devices] == [(0, 0), (1, 0), (1, 3)]
     assert missing == ["gpu IDX 8"]
 
 
-def test_card_jobs_maps_a_mig_jobs_idx_to_its_gpu():
+def test_two_mig_gpus_without_slurms_variable_are_not_mapped():
+    """squeue --json alone (card_jobs; a Prolog without the variables) cannot tell
+    gres.conf lines (GPU by GPU) from AutoDetect=nvml (22.05: IDX 1 is GPU 2's MIG 0,
+    the real test below): the IDX stays unmatched. Before: IDX 1 -> GPU 1."""
+    cards = [mig_gpu(), second_gpu("reset_card")]
+    d = decide(state(cards), Allocation({"gpu": frozenset({1})}), now=NOW)
+    assert d.ok and d.cards == ()
+    assert d.unmatched == (
+        "gpu IDX 1 (not mapped: 2 GPUs in MIG mode: gres.conf lines number their MIG "
+        "devices GPU by GPU, AutoDetect=nvml MIG index by MIG index; which one this node "
+        "has is not known here (Slurm's CUDA_VISIBLE_DEVICES in the Prolog tells))",
+    )
+
+
+def test_card_jobs_maps_a_mig_jobs_idx_to_its_gpu_and_leaves_unknown_what_it_cannot():
     """card_jobs (stray_process, fault-to-job) on squeue --json records of a real 22.05
-    (fixtures/slurm/squeue-json-22.05-hostile.json, job 1 given gpu:1g.20gb IDX 1 and
-    IDX 5 here): IDX 1 is GPU 0's, IDX 5 GPU 1's; before, IDX 1 was GPU 1 and IDX 5 none."""
+    (fixtures/slurm/squeue-json-22.05-hostile.json, job 1 given gpu:1g.20gb IDX 3 here):
+    the recorded GPU holds the job (before: no card, so the job's own process on it was
+    stray). With two MIG GPUs the order is not known: both cards' jobs are unknown
+    (absent: not judged), never "none"."""
     from test_actions_jobguard import REAL_SQUEUE
 
-    recs = [CardRecord(**_record_fields(c)) for c in (mig_gpu(), second_gpu())]
     doc = json.loads(REAL_SQUEUE)
     job = doc["jobs"][0]
-    job["job_state"] = "RUNNING"
-    two = copy.deepcopy(job)
-    job["gres_detail"] = ["gpu:1g.20gb:1(IDX:1)"]
-    two["job_id"], two["gres_detail"] = 77, ["gpu:1g.20gb:1(IDX:5)"]
-    doc["jobs"] = [job, two]
-    by_card, error = card_jobs(json.dumps(doc), "hp-gpu01", recs)
-    assert error is None
-    assert by_card == {0: frozenset({str(job["job_id"])}), 1: frozenset({"77"})}
+    job["job_state"], job["gres_detail"] = "RUNNING", ["gpu:1g.20gb:1(IDX:3)"]
+    one = [CardRecord(**_record_fields(mig_gpu()))]
+    assert card_jobs(json.dumps(doc), "hp-gpu01", one) == (
+        {0: frozenset({str(job["job_id"])})},
+        None,
+    )
+    two = one + [CardRecord(**_record_fields(second_gpu()))]
+    by_card, error = card_jobs(json.dumps(doc), "hp-gpu01", two)
+    assert by_card == {}
+    assert error.startswith(f"job {job['job_id']}: gpu IDX not mapped to cards: 2 GPUs in MIG")
 
 
 def _record_fields(c: dict) -> dict:
@@ -116,11 +141,11 @@ def _record_fields(c: dict) -> dict:
 def test_mig_profiles_that_differ_leave_the_idx_unmatched_never_a_card_picked():
     """On a real 22.05 slurmd, gres.conf's 3g.40gb line first and slurm.conf's
     Gres=gpu:1g.20gb:4,gpu:3g.40gb:1 made the 3g.40gb device IDX 4; Gres= the other way
-    round, IDX 0 (tests/test_mig_gres_idx.py, the real test below): the order of several
-    types is slurm.conf's, which the state does not hold. Before: IDX 0 -> GPU 0."""
+    round, IDX 0 (Slurm's _merge_gres, see docs/slurm.md): the order of several types is
+    slurm.conf's, which the state does not hold. Before: IDX 0 -> GPU 0."""
     gpu = mig_gpu("reset_card")
     gpu["partitions"][0]["profile"] = "3g.40gb"
-    d = decide(state([gpu]), Allocation({"gpu": frozenset({0})}), now=NOW)
+    d = decide(state([gpu]), prolog_env("0", "0"), now=NOW)
     assert d.ok and d.cards == ()
     assert d.unmatched == (
         "gpu IDX 0 (not mapped: GRES types 1g.20gb, 3g.40gb: Slurm orders them by "
@@ -128,7 +153,7 @@ def test_mig_profiles_that_differ_leave_the_idx_unmatched_never_a_card_picked():
     )
     # a whole GPU beside a MIG GPU: two types as well
     whole = card("nvidia", 1, "gpu", action="reset_card")
-    _held, missing = match_cards([mig_gpu(), whole], Allocation({"gpu": frozenset({4})}))
+    _held, missing = match_cards([mig_gpu(), whole], prolog_env("4", "4"))
     assert missing == [
         "gpu IDX 4 (not mapped: GRES types 1g.20gb, nvidia/1 (a whole GPU): Slurm orders "
         "them by slurm.conf's Gres= types (_merge_gres), not known here)"
@@ -146,16 +171,32 @@ def test_a_mig_device_without_its_device_files_leaves_the_idx_unmatched():
     ]
 
 
+def test_mig_devices_out_of_nvidia_caps_order_need_slurms_variable():
+    """25.11's AutoDetect sorts one GPU's MIG devices by their files (nvidia-cap number),
+    gres.conf lines and 22.05 by MIG index: where the two differ, squeue alone cannot
+    tell; the Prolog's numbers can."""
+    gpu = mig_gpu("reset_card")
+    first, last = gpu["partitions"][0], gpu["partitions"][3]
+    first["device_files"], last["device_files"] = last["device_files"], first["device_files"]
+    _held, missing = match_cards([gpu], Allocation({"gpu": frozenset({0})}))
+    assert missing == [
+        "gpu IDX 0 (not mapped: nvidia/0: MIG index order is not its nvidia-caps order "
+        "(AutoDetect=nvml sorts by the files): Slurm's IDX order is not known)"
+    ]
+    devices, missing = match_devices([gpu], prolog_env("0", "0"))
+    assert [(c["index"], p["index"]) for c, p in devices] == [(0, 0)] and missing == []
+
+
 def test_mig_uuids_name_the_mig_device_and_win_over_the_idx():
     """AutoDetect=nvml puts the MIG device's UUID in the Prolog's CUDA_VISIBLE_DEVICES
-    (gres_common_epilog_set_env: unique_id): it names the device exactly; its IDX order is
-    AutoDetect's sort, so the IDX of that GRES is not mapped then."""
+    (gres_common_epilog_set_env: unique_id; seen on slurmd 22.05 below): it names the
+    device exactly, its IDX order being AutoDetect's sort: the UUID wins over the IDX
+    (here they disagree on purpose: IDX 4 would be GPU 1's MIG 0 by gres.conf lines)."""
     cards = [mig_gpu(), second_gpu("reset_card")]
-    alloc = Allocation({"gpu": frozenset({4})}, uuids=frozenset({MIG0_UUID.lower()}))
-    devices, missing = match_devices(cards, alloc)
+    devices, missing = match_devices(cards, prolog_env("4", MIG0_UUID))
     assert [(c["index"], p["index"]) for c, p in devices] == [(0, 0)] and missing == []
     # the older form MIG-GPU-<gpu uuid>/<GI>/<CI> (_nvml_use_mig_uuid false): GI 6 = mig 3
-    old = Allocation(uuids=frozenset({"mig-gpu-513536b6-7d19-9063-b049-1e69664bb2b1/6/0"}))
+    old = prolog_env("7", "MIG-GPU-513536b6-7d19-9063-b049-1e69664bb2b1/6/0")
     d = decide(state(cards), old, now=NOW)
     assert (d.exit_code, d.reason) == (1, "hetpatrol: reset_card nvidia/1")
 
@@ -236,6 +277,102 @@ def test_real_slurm_gives_mig_idx_and_the_prolog_and_card_jobs_follow(tmp_path):
             queue = json.loads(c.run("squeue", "--json").stdout)["jobs"]
             fourth = [j for j in queue if j["job_id"] not in {x["job_id"] for x in jobs}]
             assert len(fourth) == 1, queue
+        c.run("scancel", "--user=root", check=False)
+    finally:
+        c.stop()
+        shutil.rmtree(c.root, ignore_errors=True)
+
+
+def _fake_gpus(cards: list[dict], dev) -> str:
+    """Slurm's fake_gpus.conf (read by gres/gpu instead of NVML, src/plugins/gres/gpu/
+    gres_gpu.c ``_get_system_gpu_list_fake``: ``<type>|<cpus>|<cpu range>|<links>|<files>
+    |<unique_id>|<flags>``) holding the records AutoDetect=nvml makes of ``cards``' MIG
+    devices (``_handle_mig``/``gpu_p_get_system_gpu_list``, gpu_nvml.c 22.05: type
+    ``nvidia_a100_<slices>g.<GiB>gb``, links ``gres_links_create_empty(j, mig_count)``,
+    files the GPU's and its nvidia-caps, unique_id the MIG UUID, the NVML env flag), GPUs
+    in NVML order."""
+    out = []
+    for c in cards:
+        parts = c["partitions"]
+        for j, p in enumerate(parts):
+            links = ",".join("-1" if i == j else "0" for i in range(len(parts)))
+            files = ",".join(
+                f"{dev}/{f.removeprefix('/dev/')}"
+                for f in (f"/dev/nvidia{c['device_number']}", *p["device_files"])
+            )
+            out.append(f"nvidia_a100_1g.20gb|1|0|{links}|{files}|{p['uuid']}|nvidia_gpu_env")
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_real_autodetect_order_of_two_mig_gpus_and_the_prolog_follows_the_uuids(tmp_path):
+    """A real 22.05 slurmd whose gres/gpu takes AutoDetect's MIG records of two GPUs from
+    Slurm's fake_gpus.conf (the recorded GPU, minor 1, and its copy, minor 2; device files
+    made as character devices, so slurmd sets the Prolog's variables). Slurm numbers them
+    MIG index by MIG index: IDX 0 GPU 1 MIG 0, IDX 1 GPU 2 MIG 0, IDX 2 GPU 1 MIG 1, IDX 3
+    GPU 2 MIG 1 (the Prolog's SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES say so). With GPU 2
+    needing a reset the job given IDX 3 is refused, through its MIG UUID. (Before: IDX 3
+    matched no card, the job ran; IDX 3 by gres.conf lines would be GPU 1's MIG 3.)"""
+    import os
+
+    from slurm_cluster import BINARIES, start_cluster
+
+    missing = [b for b in (*BINARIES, "squeue") if shutil.which(b) is None]
+    if missing or os.geteuid() != 0:
+        pytest.skip(f"not installed: {missing}" if missing else "needs root (mknod)")
+    cards = [mig_gpu(), second_gpu()]
+
+    def devices(cluster) -> None:  # character devices, and AutoDetect's records
+        dev = cluster.root / "dev"
+        (dev / "nvidia-caps").mkdir()
+        for c in cards:
+            files = [f"/dev/nvidia{c['device_number']}"]
+            files += [f for p in c["partitions"] for f in p["device_files"]]
+            for f in files:
+                path = dev / f.removeprefix("/dev/")
+                path.unlink(missing_ok=True)
+                minor = int(f.rsplit("p", 1)[-1]) if "cap" in f else c["device_number"]
+                os.mknod(path, 0o600 | 0o020000, os.makedev(195, minor))  # S_IFCHR
+        (cluster.root / "fake_gpus.conf").write_text(_fake_gpus(cards, dev))
+
+    c = start_cluster(
+        gres_conf_text="# AutoDetect's records: fake_gpus.conf\n",
+        node_gres="gpu:1g.20gb:8",
+        after_munge=devices,
+        node="hp-migauto",
+        overrides={"SelectTypeParameters": "CR_Core"},
+        extra_conf="PartitionName=share Nodes=ALL OverSubscribe=FORCE:8 State=UP\n",
+    )
+    out, env_out = tmp_path / "guard.out", tmp_path / "env.out"
+    doc = state(cards, finished=time.time(), interval=3600)
+    doc["node"] = c.node
+    state_path = tmp_path / "state.json"
+    state_path.write_text(json.dumps(doc))
+    hook = _prolog_script(state_path, out, tmp_path).replace(
+        "exec ",
+        f'echo "$SLURM_JOB_GPUS $CUDA_VISIBLE_DEVICES" >> {env_out}\nexec ',
+    )
+    try:
+        with c.explain(), c.install_hook("prolog", hook):
+            for _ in range(3):
+                c.run("sbatch", "-p", "share", "--gres=gpu:1", "-o", "/dev/null",
+                      "--wrap", "sleep 300")  # fmt: skip
+                assert _wait_file(out).startswith("job cards ok: "), out.read_text()
+                out.unlink()
+            uuid = {(g["index"], p["index"]): p["uuid"] for g in cards for p in g["partitions"]}
+            assert sorted(env_out.read_text().split("\n")[:3]) == [
+                f"0 {uuid[(0, 0)]}",
+                f"1 {uuid[(1, 0)]}",
+                f"2 {uuid[(0, 1)]}",
+            ]
+            doc["cards"] = [mig_gpu(), second_gpu("reset_card")]
+            state_path.write_text(json.dumps(doc))
+            c.run("sbatch", "-p", "share", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "true")
+            said = _wait_file(out)
+            assert env_out.read_text().split("\n")[3] == f"3 {uuid[(1, 1)]}"
+            assert said.strip() == "hetpatrol: reset_card nvidia/1", said
+            c.wait_for(lambda line: "drain" in line.split(" ")[1], what="node drained")
         c.run("scancel", "--user=root", check=False)
     finally:
         c.stop()

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -168,8 +169,14 @@ def _mig_parts(card: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return sorted(migs, key=lambda p: _sort_key({"index": p.get("index")}))
 
 
+def _file_number(path: Any) -> int | None:
+    """The number a device file's name ends with (``nvidia-cap165`` -> 165), None if none."""
+    digits = re.search(r"([0-9]{1,9})$", path) if isinstance(path, str) else None
+    return int(digits.group(1)) if digits else None
+
+
 def _slurm_devices(
-    group: Sequence[Mapping[str, Any]],
+    group: Sequence[Mapping[str, Any]], numbered: bool = False
 ) -> tuple[list[tuple[Mapping[str, Any], Mapping[str, Any] | None]], str | None]:
     """The GRES devices of one GRES name in Slurm's IDX order: (card, MIG device or
     None) each, or ([], why) when that order cannot be told from the card records.
@@ -187,12 +194,25 @@ def _slurm_devices(
     So on a node in MIG mode IDX counts MIG devices. ``hetpatrol gres-conf`` writes the
     cards in (index, chip) order, a GPU in MIG mode as one ``MultipleFiles=`` line per MIG
     device in MIG index order: that order is IDX order when every device of the name has
-    one type (then ``Gres=`` type order cannot reorder them). Not told (``why``) when
+    one type (then ``Gres=`` type order cannot reorder them).
+
+    AutoDetect=nvml orders its records otherwise (``_merge_system_gres_conf``,
+    src/plugins/gres/gpu/gres_gpu.c): by the ``File`` string (``strnatcmp``), then by the
+    position of ``-1`` in ``Links``, which 22.05 sets for a MIG device to its MIG index
+    (``gres_links_create_empty(j, mig_count)``, gpu_nvml.c) and 25.11 leaves empty. On
+    slurmd 22.05 (Slurm's fake_gpus.conf standing in for NVML) two GPUs of four MIG
+    devices were IDX 0 = GPU 1 MIG 0, IDX 1 = GPU 2 MIG 0, IDX 2 = GPU 1 MIG 1 ...;
+    with gres.conf lines IDX 0-3 were GPU 1's. ``numbered``: Slurm's own variable of the
+    name listed numbers (:attr:`Allocation.numbered`), so the devices are gres.conf
+    lines. Not told (``why``) when
 
     - a MIG device has no profile or no device files: gres-conf writes no line for it
       and Slurm's IDX of the devices after it depends on what the site wrote;
     - the devices of the name have several types (MIG profiles, or a whole GPU beside
-      MIG devices): Slurm orders them by slurm.conf's ``Gres=`` types, not known here.
+      MIG devices): Slurm orders them by slurm.conf's ``Gres=`` types, not known here;
+    - without ``numbered``: several GPUs are in MIG mode (lines and AutoDetect order
+      them differently, see above), or one GPU's MIG devices are not in the order of
+      their GPU instance's nvidia-caps file (25.11's AutoDetect sorts by that file).
 
     A name without MIG devices is the cards in (index, chip) order, as before.
     """
@@ -219,6 +239,21 @@ def _slurm_devices(
         return [], (
             f"GRES types {', '.join(sorted(types))}: Slurm orders them by slurm.conf's "
             "Gres= types (_merge_gres), not known here"
+        )
+    if numbered:
+        return devices, None
+    gpus = [c for c, parts in migs if parts]
+    if len(gpus) > 1:
+        return [], (
+            f"{len(gpus)} GPUs in MIG mode: gres.conf lines number their MIG devices GPU "
+            "by GPU, AutoDetect=nvml MIG index by MIG index; which one this node has is "
+            "not known here (Slurm's CUDA_VISIBLE_DEVICES in the Prolog tells)"
+        )
+    caps = [_file_number(p["device_files"][0]) for _c, p in devices if p is not None]
+    if None in caps or caps != sorted(caps):
+        return [], (
+            f"{card_name(gpus[0])}: MIG index order is not its nvidia-caps order "
+            "(AutoDetect=nvml sorts by the files): Slurm's IDX order is not known"
         )
     return devices, None
 
@@ -272,7 +307,7 @@ def match_devices(
         )
         if idxs and any(id(c) in by_uuid for c in group):
             continue  # the MIG UUIDs name the devices exactly
-        devices, why = _slurm_devices(group)
+        devices, why = _slurm_devices(group, gres in alloc.numbered)
         for i in sorted(idxs):
             if why is not None:
                 missing.append(f"{gres} IDX {i} (not mapped: {why})")
@@ -296,6 +331,21 @@ def match_devices(
             else:
                 missing.append(f"{vendor} device {i}")
     return matched, missing
+
+
+def unmapped_gres(cards: Sequence[Mapping[str, Any]], alloc: Allocation) -> dict[str, str]:
+    """GRES name -> why, for the names of which the job holds IDX that
+    :func:`match_devices` could not map (:func:`_slurm_devices`): the job is on one of
+    that name's cards, which one is not known."""
+    out = {}
+    for gres, idxs in sorted(alloc.by_gres.items()):
+        group = sorted(
+            (c for c in cards if str(c.get("gres") or "").lower() == gres), key=_sort_key
+        )
+        why = _slurm_devices(group, gres in alloc.numbered)[1] if idxs else None
+        if why is not None:
+            out[gres] = why
+    return out
 
 
 def match_cards(
