@@ -23,9 +23,12 @@ Epilog Scripts", and in recorded outputs, fixtures/slurm):
 
 - ``SLURM_JOB_GPUS``: "The GPU IDs of GPUs in the job allocation (if any). Available in
   the Prolog and Epilog" -- the GRES index (IDX) of the ``gpu`` GRES. ``SLURM_STEP_GPUS``
-  (task environment) is the same for a step. ``CUDA_VISIBLE_DEVICES`` is not set in the
-  Prolog; in a step it may be renumbered by cgroup device constraints, so its numbers are
-  used only when neither Slurm variable is there (UUID entries ``GPU-...`` are exact).
+  (task environment) is the same for a step. ``CUDA_VISIBLE_DEVICES``: in the Prolog
+  slurmd sets it to each device's ``unique_id`` (AutoDetect=nvml's MIG UUIDs) or its
+  index (``gres_common_epilog_set_env``; seen on 22.05, tests/test_mig_gres_idx.py; not
+  set when the ``File=`` is no device); in a step it may be renumbered by cgroup device
+  constraints, so its numbers are used only when neither Slurm variable is there (UUID
+  entries ``GPU-...``/``MIG-...`` are exact).
 - The vendors' own variables (``CUDA_VISIBLE_DEVICES``, Ascend's ``ASCEND_VISIBLE_DEVICES``
   ...): the plugins declare them (``VendorInfo.job_env``,
   :class:`hetpatrol.collector.JobEnvVar`, with their sources) and the daemon writes
