@@ -377,3 +377,22 @@ def test_real_autodetect_order_of_two_mig_gpus_and_the_prolog_follows_the_uuids(
     finally:
         c.stop()
         shutil.rmtree(c.root, ignore_errors=True)
+
+
+def test_gres_conf_check_says_mig_lines_out_of_the_cards_order(base_config):
+    """The mapping above takes gres-conf's order; a gres.conf whose MIG lines are in
+    another order would give a job's IDX to another MIG device: --check says so."""
+    from hetpatrol.slurm.gres_conf import build_plan, check_gres_conf
+
+    plan = build_plan(_mig_cards(), base_config, "mig-a100-01", None)
+    lines = [line for line, _cards in plan.lines()]
+    assert check_gres_conf(plan, "\n".join(lines) + "\n", "gres.conf") == []
+    swapped = [lines[0], lines[2], lines[1], lines[3]]
+    (diff,) = check_gres_conf(plan, "\n".join(swapped) + "\n", "gres.conf")
+    assert diff.where == "gres.conf:3"
+    assert diff.message == (
+        "gpu: the MIG lines are not in the cards' order (GPU by index, MIG devices by MIG "
+        "index; nvidia/0/mig1 is out of place): Slurm numbers a job's IDX in line order, "
+        "and hetpatrol maps an IDX to MIG devices in the cards' order"
+    )
+    assert diff.fix.endswith(lines[1])
