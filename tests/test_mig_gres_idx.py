@@ -304,16 +304,37 @@ def _fake_gpus(cards: list[dict], dev) -> str:
     return "\n".join(out) + "\n"
 
 
+def _mig_conf_lines(cards: list[dict], dev) -> str:
+    """gres-conf's lines for ``cards`` (one ``MultipleFiles=`` line per MIG device, GPUs
+    by index, MIG devices by MIG index; the node name left to the harness)."""
+    out = []
+    for c in cards:
+        for p in c["partitions"]:
+            files = ",".join(
+                f"{dev}/{f.removeprefix('/dev/')}"
+                for f in (f"/dev/nvidia{c['device_number']}", *p["device_files"])
+            )
+            out.append(f"NodeName={{node}} Name=gpu Type={p['profile']} MultipleFiles={files}")
+    return "\n".join(out) + "\n"
+
+
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_real_autodetect_order_of_two_mig_gpus_and_the_prolog_follows_the_uuids(tmp_path):
-    """A real 22.05 slurmd whose gres/gpu takes AutoDetect's MIG records of two GPUs from
-    Slurm's fake_gpus.conf (the recorded GPU, minor 1, and its copy, minor 2; device files
-    made as character devices, so slurmd sets the Prolog's variables). Slurm numbers them
-    MIG index by MIG index: IDX 0 GPU 1 MIG 0, IDX 1 GPU 2 MIG 0, IDX 2 GPU 1 MIG 1, IDX 3
-    GPU 2 MIG 1 (the Prolog's SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES say so). With GPU 2
-    needing a reset the job given IDX 3 is refused, through its MIG UUID. (Before: IDX 3
-    matched no card, the job ran; IDX 3 by gres.conf lines would be GPU 1's MIG 3.)"""
+@pytest.mark.parametrize("records", ["autodetect", "gres.conf lines"])
+def test_real_idx_of_two_mig_gpus_and_the_prolog_follows_slurms_order(records, tmp_path):
+    """A real 22.05 slurmd with two GPUs in MIG mode (the recorded GPU, minor 1, and its
+    copy, minor 2; device files made as character devices, so slurmd sets the Prolog's
+    variables), their MIG devices given to Slurm either as AutoDetect's records (Slurm's
+    fake_gpus.conf standing in for NVML) or as gres-conf's lines. Three jobs take IDX
+    0-2; then GPU 2 needs a reset and a fourth job is given IDX 3.
+
+    - AutoDetect numbers MIG index by MIG index: IDX 0 GPU 1 MIG 0, IDX 1 GPU 2 MIG 0,
+      IDX 2 GPU 1 MIG 1, IDX 3 GPU 2 MIG 1 (the Prolog's SLURM_JOB_GPUS and the MIG UUID
+      in its CUDA_VISIBLE_DEVICES say so): the fourth job is refused, through its UUID.
+    - gres.conf lines number GPU by GPU, CUDA_VISIBLE_DEVICES is the IDX: IDX 3 is GPU
+      1's MIG 3, the fourth job runs.
+
+    (Before: IDX 3 matched no card, the job ran either way.)"""
     import os
 
     from slurm_cluster import BINARIES, start_cluster
@@ -322,6 +343,7 @@ def test_real_autodetect_order_of_two_mig_gpus_and_the_prolog_follows_the_uuids(
     if missing or os.geteuid() != 0:
         pytest.skip(f"not installed: {missing}" if missing else "needs root (mknod)")
     cards = [mig_gpu(), second_gpu()]
+    auto = records == "autodetect"
 
     def devices(cluster) -> None:  # character devices, and AutoDetect's records
         dev = cluster.root / "dev"
@@ -334,13 +356,16 @@ def test_real_autodetect_order_of_two_mig_gpus_and_the_prolog_follows_the_uuids(
                 path.unlink(missing_ok=True)
                 minor = int(f.rsplit("p", 1)[-1]) if "cap" in f else c["device_number"]
                 os.mknod(path, 0o600 | 0o020000, os.makedev(195, minor))  # S_IFCHR
-        (cluster.root / "fake_gpus.conf").write_text(_fake_gpus(cards, dev))
+        if auto:
+            (cluster.root / "fake_gpus.conf").write_text(_fake_gpus(cards, dev))
 
     c = start_cluster(
-        gres_conf_text="# AutoDetect's records: fake_gpus.conf\n",
+        gres_conf_text="# AutoDetect's records: fake_gpus.conf\n"
+        if auto
+        else _mig_conf_lines(cards, "{dev}"),
         node_gres="gpu:1g.20gb:8",
         after_munge=devices,
-        node="hp-migauto",
+        node="hp-migauto" if auto else "hp-miglines",
         overrides={"SelectTypeParameters": "CR_Core"},
         extra_conf="PartitionName=share Nodes=ALL OverSubscribe=FORCE:8 State=UP\n",
     )
@@ -353,6 +378,7 @@ def test_real_autodetect_order_of_two_mig_gpus_and_the_prolog_follows_the_uuids(
         "exec ",
         f'echo "$SLURM_JOB_GPUS $CUDA_VISIBLE_DEVICES" >> {env_out}\nexec ',
     )
+    uuid = {(g["index"], p["index"]): p["uuid"] for g in cards for p in g["partitions"]}
     try:
         with c.explain(), c.install_hook("prolog", hook):
             for _ in range(3):
@@ -360,19 +386,18 @@ def test_real_autodetect_order_of_two_mig_gpus_and_the_prolog_follows_the_uuids(
                       "--wrap", "sleep 300")  # fmt: skip
                 assert _wait_file(out).startswith("job cards ok: "), out.read_text()
                 out.unlink()
-            uuid = {(g["index"], p["index"]): p["uuid"] for g in cards for p in g["partitions"]}
-            assert sorted(env_out.read_text().split("\n")[:3]) == [
-                f"0 {uuid[(0, 0)]}",
-                f"1 {uuid[(1, 0)]}",
-                f"2 {uuid[(0, 1)]}",
-            ]
+            want = [f"{i} {uuid[(i % 2, i // 2)] if auto else i}" for i in range(3)]
+            assert sorted(env_out.read_text().split("\n")[:3]) == want
             doc["cards"] = [mig_gpu(), second_gpu("reset_card")]
             state_path.write_text(json.dumps(doc))
             c.run("sbatch", "-p", "share", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "true")
             said = _wait_file(out)
-            assert env_out.read_text().split("\n")[3] == f"3 {uuid[(1, 1)]}"
-            assert said.strip() == "hetpatrol: reset_card nvidia/1", said
-            c.wait_for(lambda line: "drain" in line.split(" ")[1], what="node drained")
+            assert env_out.read_text().split("\n")[3] == f"3 {uuid[(1, 1)] if auto else 3}"
+            if auto:
+                assert said.strip() == "hetpatrol: reset_card nvidia/1", said
+                c.wait_for(lambda line: "drain" in line.split(" ")[1], what="node drained")
+            else:
+                assert said.startswith("job cards ok: nvidia/0 mig 3 (patrol 42"), said
         c.run("scancel", "--user=root", check=False)
     finally:
         c.stop()
