@@ -421,3 +421,65 @@ def test_gres_conf_check_says_mig_lines_out_of_the_cards_order(base_config):
         "and hetpatrol maps an IDX to MIG devices in the cards' order"
     )
     assert diff.fix.endswith(lines[1])
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.parametrize(
+    ("gres", "idx"), [("gpu:1g.20gb:4,gpu:3g.40gb:1", 4), ("gpu:3g.40gb:1,gpu:1g.20gb:4", 0)]
+)
+def test_real_slurm_orders_several_types_by_slurm_conf_gres(gres, idx, tmp_path):
+    """gres.conf with GPU 0's 3g.40gb line first, then GPU 1's four 1g.20gb lines (the
+    recorded GPU as GPU 1; GPU 0's nvidia-caps 30/31 composed): the real 22.05 gives the
+    3g.40gb device IDX 4 when slurm.conf says Gres=gpu:1g.20gb:4,gpu:3g.40gb:1 and IDX 0
+    the other way round (_merge_gres). The state holds no slurm.conf, so hetpatrol leaves
+    that IDX unmatched, never a card picked (before: IDX 0 -> GPU 0, IDX 4 -> none)."""
+    from slurm_cluster import BINARIES, start_cluster
+
+    from hetpatrol.slurm.jobguard import parse_squeue_json
+
+    missing = [b for b in (*BINARIES, "squeue") if shutil.which(b) is None]
+    if missing:
+        pytest.skip(f"not installed: {missing}")
+    big = second_gpu("reset_card")
+    big["index"], big["device_number"] = 0, 0
+    big["partitions"] = big["partitions"][:1]
+    big["partitions"][0].update(profile="3g.40gb", device_files=[
+        "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"])  # fmt: skip
+    small = mig_gpu()
+    small["index"] = 1
+    cards = [big, small]
+
+    def caps(cluster) -> None:
+        (cluster.root / "dev" / "nvidia-caps").mkdir()
+        for g in cards:
+            for p in g["partitions"]:
+                for f in p["device_files"]:
+                    (cluster.root / "dev" / f.removeprefix("/dev/")).touch()
+
+    c = start_cluster(
+        gres_conf_text=_mig_conf_lines(cards, "{dev}"),
+        node_gres=gres,
+        after_munge=caps,
+        node="hp-migtypes",
+    )
+    try:
+        with c.explain():
+            job = c.run("sbatch", "--parsable", "--gres=gpu:3g.40gb:1", "-o", "/dev/null",
+                        "--wrap", "sleep 300").stdout.strip()  # fmt: skip
+            deadline = time.monotonic() + 30
+            while True:  # pending until slurmctld schedules it: gres_detail is [] then
+                text = c.run("squeue", "--json").stdout
+                (record,) = [j for j in json.loads(text)["jobs"] if str(j["job_id"]) == job]
+                if record["gres_detail"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert record["gres_detail"] == [f"gpu:3g.40gb:1(IDX:{idx})"]
+            alloc = parse_squeue_json(text, job, c.node)
+            held, unmatched = match_cards(cards, alloc)
+            assert held == [] and len(unmatched) == 1, unmatched
+            assert unmatched[0].startswith(f"gpu IDX {idx} (not mapped: GRES types 1g.20gb, ")
+        c.run("scancel", "--user=root", check=False)
+    finally:
+        c.stop()
+        shutil.rmtree(c.root, ignore_errors=True)
