@@ -7,7 +7,7 @@ parse_squeue_json`): only Slurm's structured fields (``job_id``, ``job_state``,
 ``RUNNING``, ``SUSPENDED`` or ``COMPLETING`` (squeue(1), JOB STATE CODES; 22.05 gives
 ``job_state`` as a string, later releases as a list). IDX -> card is
 :func:`hetpatrol.slurm.jobguard.match_cards` (the cards of one GRES name in (index,
-chip) order).
+chip) order; on a GPU in MIG mode its MIG devices, each mapped to its GPU).
 
 :class:`CardJobs` runs ``squeue --json`` (beside the given command: the daemon gives
 the breaker's ``sinfo``, read-only, as its own user) at most once
@@ -42,6 +42,7 @@ from hetpatrol.slurm.jobguard import (
     match_cards,
     parse_squeue_json,
     squeue_argv,
+    unmapped_gres,
 )
 from hetpatrol.tool import run_tool
 
@@ -78,6 +79,8 @@ def _card_key(card: CardRecord) -> dict[str, Any]:
         "chip": card.chip,
         "gres": card.gres,
         "uuid": card.uuid,
+        # MIG devices: Slurm's IDX counts them (jobguard._slurm_devices)
+        "partitions": [p.to_dict() for p in card.partitions],
     }
 
 
@@ -86,7 +89,11 @@ def card_jobs(
 ) -> tuple[dict[int, frozenset[str]], str | None]:
     """(position of each card in ``cards`` -> its job ids, error). The jobs are those of
     ``squeue --json`` ``text`` that hold cards on ``node``; an unreadable output is
-    ``({}, why)``. A job whose GRES cannot be read is named in the error and left out."""
+    ``({}, why)``. A job whose GRES cannot be read is named in the error and left out.
+    A job whose IDX cannot be mapped to cards (a node in MIG mode where Slurm's order is
+    not known, :func:`~hetpatrol.slurm.jobguard.unmapped_gres`) is named in the error and
+    the cards of that GRES name are left out of the answer: their jobs are unknown (the
+    job is on one of them), never "none"."""
     if len(text) > SQUEUE_JSON_MAX:
         return {}, f"squeue --json: output larger than {SQUEUE_JSON_MAX} bytes"
     try:
@@ -99,6 +106,7 @@ def card_jobs(
     keys = [_card_key(c) for c in cards]
     out: dict[int, set[str]] = {i: set() for i in range(len(cards))}
     errors: list[str] = []
+    unknown: set[int] = set()
     for record in jobs:
         if not isinstance(record, Mapping) or not (_states(record) & HOLDING_STATES):
             continue
@@ -114,10 +122,14 @@ def card_jobs(
         if alloc.errors:
             errors.append(f"job {job_id}: {'; '.join(alloc.errors)}")
             continue
+        for gres, why in unmapped_gres(keys, alloc).items():
+            errors.append(f"job {job_id}: {gres} IDX not mapped to cards: {why}")
+            unknown.update(i for i, k in enumerate(keys) if str(k["gres"] or "").lower() == gres)
         matched, _missing = match_cards(keys, alloc)
         for card in matched:
             out[next(i for i, k in enumerate(keys) if k is card)].add(str(job_id))
-    return {i: frozenset(v) for i, v in out.items()}, ("; ".join(errors) or None)
+    answer = {i: frozenset(v) for i, v in out.items() if i not in unknown}
+    return answer, ("; ".join(errors) or None)
 
 
 class CardJobs:
@@ -235,10 +247,10 @@ class CardJobs:
 
     def jobs_of(self, card: CardRecord) -> frozenset[str] | None:
         """The job ids of ``card`` (one of the last :meth:`refresh`'s cards), empty for
-        none; None when unknown."""
+        none; None when unknown (squeue unread, or a job's IDX not mapped to cards)."""
         if self._text is None:
             return None
         for i, c in enumerate(self._cards):
             if c is card:
-                return self._by_identity.get(i, frozenset())
+                return self._by_identity.get(i)  # absent: its jobs are unknown
         return None
