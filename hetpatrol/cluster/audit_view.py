@@ -216,7 +216,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def add_audit_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "audit-slurm",
-        help="check slurm.conf / gres.conf / the nodes for a mixed cluster; exit 0/1/2",
+        help="check slurm.conf / gres.conf / the nodes for a mixed cluster; exit 0/1/2/3",
         description=(
             "The mixed-cluster checklist over slurm.conf, gres.conf, cgroup.conf (files, or "
             "the running cluster with --live) and, with --prometheus, the cards the daemons "
