@@ -89,11 +89,13 @@ def test_events_without_jobs_are_counted_not_credited():
         ),
         json.dumps({"kind": "event", "event": "drain", "jobs": ["9"]}),  # not a fault
         "not json",
+        # looked up, no job on the card (the xid-79 replay's lines: `"jobs": []`)
+        json.dumps({"kind": "event", "event": "xid", "xid": 79, "jobs": [], "ts": "t3"}),
     ]
     jobs, counts = faults_by_job(lines)
     assert sorted(jobs) == ["7", "8"]
     assert jobs["7"][0]["card"] == "0000:17:00.0" and jobs["7"][0]["what"] == "fallen_off_bus"
-    assert counts == {"events": 2, "without_jobs": 1, "skipped": 1, "state_files": 0}
+    assert counts == {"events": 3, "without_jobs": 2, "skipped": 1, "state_files": 0}
 
 
 def test_unreadable_files_exit_65(tmp_path, capsys):

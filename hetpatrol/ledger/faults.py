@@ -10,8 +10,9 @@ on the card when the fault was read (:meth:`hetpatrol.patrol.Patroller._jobs_on_
 One row per job: the job id, then each fault (time, node, card, XID or reason,
 severity). An event seen in a JSONL file and in a state file (or in two copies), or a
 kernel record a restarted daemon read again (same node, boot id and ``kmsg_seq``),
-counts once. Events without ``jobs`` (written before the field existed, or on a card that was
-not one of the patrol's) are counted as such, never credited to a job.
+counts once. Events without jobs (``jobs: []``: none on the card; no ``jobs``: written
+before the field existed, or on a card that was not one of the patrol's) are counted as
+such, never credited to a job.
 
 The files may sit in a shared directory: a symbolic link another user made is not
 followed, a FIFO or device is not read, a line is read up to 1 MiB (a state file up to
@@ -131,8 +132,13 @@ def faults_by_job(
         seen.update(keys)
         counts["events"] += 1
         ids = doc.get("jobs")
-        if not isinstance(ids, list) or not all(isinstance(j, str) for j in ids):
-            counts["without_jobs" if ids is None else "skipped"] += 1
+        if ids is not None and (
+            not isinstance(ids, list) or not all(isinstance(j, str) for j in ids)
+        ):
+            counts["skipped"] += 1
+            continue
+        if not ids:  # no job on the card (``[]``), or not known (``null``, older lines)
+            counts["without_jobs"] += 1
             continue
         fault = {
             "ts": doc.get("ts"),
