@@ -461,7 +461,8 @@ def render(
                 # a critical card left in service reads like an oversight without this
                 why = c.get("action_reason")
                 text = "action watch: kept in service and watched, no drain"
-                out.add_painted(text + (f" ({why})" if why else ""), 6, paint, "dim")
+                # continuation lines hang under the text, as a finding's do
+                out.add_painted(text + (f" ({why})" if why else ""), 6, paint, "dim", hang=7)
             procs = [p for p in c.get("processes") or [] if isinstance(p, Mapping)]
             parts = [q for q in c.get("partitions") or [] if isinstance(q, Mapping)]
             inside = {q.get("index") for q in parts}
@@ -521,7 +522,7 @@ def render(
             out.lines.extend(_finding_line(f, paint, width, 2))
             text = _node_action_text(f)
             if text:
-                out.add_painted(text, 4, paint, "dim")
+                out.add_painted(text, 4, paint, "dim", hang=7)
     if events:
         out.add("kernel log events first read in this patrol:")
     for e in events:
