@@ -20,7 +20,8 @@ followed, a FIFO or device is not read, a line is read up to 1 MiB (a state file
 counted as one line skipped). Only the daemon's own structured fields are read; a line
 that is not JSON, or an event whose fields have the wrong types, is skipped and counted.
 Names are printed without control characters (:func:`hetpatrol.node_view.printable`).
-Exit 0 no fault with a job, 1 at least one, 65 when no file could be read.
+Exit 0 no fault with a job, 1 at least one, 65 when no file could be read (files left out
+as not the daemon's, such as a README or a compressed copy, are none).
 """
 
 from __future__ import annotations
@@ -245,21 +246,23 @@ def _read_file(path: str, errors: list[str], readable: list[str]) -> Iterator[st
     except OSError as exc:
         errors.append(str(exc) if isinstance(exc, UnsafeRead) else f"{path}: {exc.strerror or exc}")
         return
-    readable.append(path)
     with os.fdopen(fd, "rb") as fh:
         first = _read_line(fh, STATE_READ_MAX)
-        if first is None:
+        if first is None:  # an empty log (rotated a moment ago): read, nothing in it
+            readable.append(path)
             return
         if first.strip() == b"{":  # indented JSON (`status --json > node.json`): one document
+            readable.append(path)
             whole = first + fh.read(STATE_READ_MAX + 1 - len(first))
             doc = _decode(whole) if len(whole) <= STATE_READ_MAX else None
             yield doc if isinstance(doc, dict) else "\0"
             return
         doc = _decode(first)
-        if not isinstance(doc, dict):  # a README, an archive: not the daemon's file
+        if not isinstance(doc, dict):  # a README, an archive (a .gz copy): not read
             errors.append(f"{path}: not a JSONL log or state file (left out)")
             yield "\0"
             return
+        readable.append(path)
         yield doc
         while (line := _read_line(fh, MAX_LINE)) is not None:
             yield line.decode("utf-8", "replace")
