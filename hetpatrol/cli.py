@@ -424,7 +424,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_once)
 
     p = sub.add_parser(
-        "baseline", help="record the driver/firmware versions per card type as a baseline file"
+        "baseline",
+        help="record the driver/firmware versions per card type as a baseline file",
+        description="This node's driver and firmware versions per card type, from one patrol, "
+        "as a baseline file for the drift check (baseline_file in the config). Exit 0; 3 when "
+        "a card or collector could not be read (nothing written unless --force); 73 when the "
+        "--write PATH cannot be written.",
     )
     _add_common(p)
     p.add_argument(

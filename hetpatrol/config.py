@@ -392,7 +392,8 @@ def schema_error(err: Any) -> tuple[tuple, str]:
     A key the schema does not allow (``additionalProperties``) is named by its own path
     with ``unknown key`` and the nearest allowed key of that mapping
     (:func:`did_you_mean`); at the top ``base`` is one (popped before the schema). An
-    exponent YAML 1.1 reads as text (``1e1``) says how to write it."""
+    exponent YAML 1.1 reads as text (``1e1``) says how to write it, and a number where
+    text belongs (a card type ``910_93``, read as 91093) says to quote it."""
     epath = tuple(err.absolute_path)
     message = err.message
     if err.validator == "additionalProperties":
@@ -408,6 +409,13 @@ def schema_error(err: Any) -> tuple[tuple, str]:
     elif isinstance(err.instance, str) and (m := _YAML11_TEXT_FLOAT.fullmatch(err.instance)):
         exp = m[2] if m[2][0] in "+-" else f"+{m[2]}"
         message += f" (YAML reads an exponent without a dot as text: write {m[1]}.0e{exp})"
+    elif (
+        err.validator == "type"
+        and "string" in ([err.validator_value] if isinstance(err.validator_value, str) else [])
+        and isinstance(err.instance, (int, float))
+        and not isinstance(err.instance, bool)
+    ):  # a card type such as 910_93 or 310 written bare
+        message += " (YAML reads unquoted digits as a number, 910_93 as 91093: quote it)"
     return epath, message
 
 

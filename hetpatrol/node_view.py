@@ -376,20 +376,26 @@ def render(
         if _finite_number(interval) and interval:
             when += f" (every {float(interval):g} s)"
         stopped = stopped_mark(doc)
+        note: tuple[str, str] | None = None
         if stopped is not None:  # the daemon's own word: no guess at why it is silent
             said = f"STOPPED: the daemon was stopped at {utc_text(stopped[0])} ({stopped[1]})"
-            when += "  " + paint(said + ", the verdict is from then", "unknown")
+            note = (said + ", the verdict is from then", "unknown")
         elif stale:
-            when += "  " + paint("STALE: is the daemon running?", "critical")
+            note = ("STALE: is the daemon running?", "critical")
     else:
-        when = f"exit {doc.get('exit_code')}"
+        when, note = f"exit {doc.get('exit_code')}", None
     plain_head = f"node {doc.get('node')}  {health.upper()}"
     parts = [(plain_head, head[: head.index("   action ")] if "   action " in head else head)]
     if isinstance(node_action, str) and node_action not in ("none", ""):
         parts.append((f"action {node_action}", f"action {paint(node_action, 'bold')}"))
-    plain_when = re.sub(r"\033\[[0-9;]*m", "", when)
-    parts.append((plain_when, when))
+    parts.append((when, when))
     out.add_parts(parts)
+    if note is not None:  # after the verdict's age where it fits, else a line of its own
+        last = re.sub(r"\033\[[0-9;]*m", "", out.lines[-1])
+        if out.width is None or len(last) + 2 + len(note[0]) <= out.width:
+            out.lines[-1] += "  " + paint(*note)
+        else:
+            out.add_painted(note[0], 2, paint, note[1])
     drivers = _drivers(cards)
     if cards:
         plain = card_count(cards) + ": " + _health_counts(cards, Painter(False))
@@ -455,7 +461,8 @@ def render(
                 # a critical card left in service reads like an oversight without this
                 why = c.get("action_reason")
                 text = "action watch: kept in service and watched, no drain"
-                out.add_painted(text + (f" ({why})" if why else ""), 6, paint, "dim")
+                # continuation lines hang under the text, as a finding's do
+                out.add_painted(text + (f" ({why})" if why else ""), 6, paint, "dim", hang=7)
             procs = [p for p in c.get("processes") or [] if isinstance(p, Mapping)]
             parts = [q for q in c.get("partitions") or [] if isinstance(q, Mapping)]
             inside = {q.get("index") for q in parts}
@@ -515,7 +522,7 @@ def render(
             out.lines.extend(_finding_line(f, paint, width, 2))
             text = _node_action_text(f)
             if text:
-                out.add_painted(text, 4, paint, "dim")
+                out.add_painted(text, 4, paint, "dim", hang=7)
     if events:
         out.add("kernel log events first read in this patrol:")
     for e in events:

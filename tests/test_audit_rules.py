@@ -429,6 +429,28 @@ def test_the_example_fits_an_80_column_terminal_and_a_pipe_keeps_lines_whole(tmp
     )
 
 
+def test_at_80_columns_a_long_slurm_conf_value_breaks_after_its_commas():
+    """The recorded cluster's accounting fix at 80 columns (a tmux pane): the
+    AccountingStorageTRES value is longer than a line and was cut inside a name
+    (``AccountingStorag`` / ``eTRES=``, ``gres/gp`` / ``u:a100``); it breaks after a
+    comma now, every line within 80 columns, and the pieces join back to the value."""
+    from test_status_view import run_on_pty
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    replay = str(REPO / "fixtures" / "cluster" / "mixed")
+    rc, out = run_on_pty(
+        ["audit-slurm", "--replay", replay, "--color", "never"], {**env, "COLUMNS": "80"}
+    )
+    assert rc == 2
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, out
+    at = lines.index("        fix: AccountingStorageType=accounting_storage/slurmdbd,")
+    assert lines[at + 1 : at + 3] == [
+        "          AccountingStorageTRES=gres/ascend,gres/ascend:910_93,gres/ascend:910b,",
+        "          gres/gpu,gres/gpu:a100",
+    ]
+
+
 def test_untyped_gres_vendor_from_its_own_name_not_the_nodes_other_gres(tmp_path):
     """A mixed node's Ascend cards sit under ``ascend``; the untyped ``gpu`` of an
     NVIDIA-only node holds NVIDIA cards alone: a warning, no two-vendor error."""

@@ -191,7 +191,7 @@ def test_mixed_cluster_layouts_isolation_and_tres(tmp_path):
             ("healthcheck", "warning", f"{conf}:4"),  # nhc, not hetpatrol
             # TaskPlugin=task/affinity and ConstrainDevices=no: one finding
             ("confinement", "error", f"{conf}:2"),
-            ("mixed_node", "warning", "nodes mx01"),
+            ("mixed_node", "warning", "node mx01"),
             ("billing", "warning", f"{conf}:12"),  # billing: untyped GRES/gpu only
             ("accounting", "warning", str(conf)),  # AccountingStorageType not set
         ]
@@ -367,7 +367,7 @@ def test_cli_missing_file_is_exit_3(tmp_path):
 def test_task_cgroup_accepted(tmp_path, value):
     lines = [ln if not ln.startswith("TaskPlugin") else f"TaskPlugin={value}" for ln in MIXED]
     report = _run(_write(tmp_path, "slurm.conf", lines), cgroup={"constraindevices": "yes"})
-    assert _found(report, "mixed_node", "confinement") == [("mixed_node", "warning", "nodes mx01")]
+    assert _found(report, "mixed_node", "confinement") == [("mixed_node", "warning", "node mx01")]
 
 
 def test_live_nodes_grouped_and_matched_by_host_name():
@@ -396,7 +396,7 @@ def test_live_nodes_grouped_and_matched_by_host_name():
     vs = [(f.severity, f.where, f.message) for f in report.findings if f.check == "gres_vs_daemons"]
     assert vs == [
         ("error", "nodes gn[001-002]", "gn[001-002]: gpu:a100: Gres= 8, daemons found 4"),
-        ("info", "nodes gn003", "1 node with card GRES has no daemon metrics: not compared"),
+        ("info", "node gn003", "1 node with card GRES has no daemon metrics: not compared"),
     ]
     (untyped,) = [f for f in report.findings if f.check == "untyped_gres"]
     assert (untyped.severity, untyped.where) == ("warning", "node gn003")
@@ -413,7 +413,7 @@ def test_mixed_node_runtimes_from_the_daemons(tmp_path):
     assert "(daemon finding global_ld_library_path)" in leak.message
     report = _run(conf, cgroup={"constraindevices": "yes"}, daemons={})
     assert [(f.severity, f.where) for f in report.findings if f.check == "mixed_node"] == [
-        ("warning", "nodes mx01"),
+        ("warning", "node mx01"),
         ("info", "node mx01"),  # no daemon: runtimes not checked
     ]
 

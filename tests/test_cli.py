@@ -176,6 +176,34 @@ def test_help_is_plain_text_with_help_for_every_option(command, capsys):
     assert "``" not in out and ":func:" not in out
 
 
+def test_every_commands_help_is_plain_text():
+    """Every command and subcommand: no reStructuredText markup (a docstring's ````x````,
+    as ``epilog`` and ``gres-conf`` showed) in its ``--help``."""
+    import argparse
+
+    from hetpatrol.cli import build_parser
+
+    def walk(parser, path):
+        yield path, parser
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, p in a.choices.items():
+                    yield from walk(p, [*path, name])
+
+    for path, parser in walk(build_parser(), []):
+        text = parser.format_help()
+        assert "``" not in text and ":func:" not in text, f"hetpatrol {' '.join(path)} --help"
+
+
+def test_audit_slurms_summary_says_its_exit_3():
+    """The top-level list says audit-slurm's exit codes as its own --help does: 3 when a
+    source cannot be read."""
+    from hetpatrol.cli import build_parser
+
+    top = " ".join(build_parser().format_help().split())
+    assert "mixed cluster; exit 0/1/2/3" in top
+
+
 def test_every_option_of_every_command_has_help():
     import argparse
 

@@ -95,6 +95,15 @@ def test_audit_slurm_and_ledger_audit_on_the_recorded_cluster():
     assert ("mixed_node", "node hp-gpu01") in found
     # the recorded gres.conf is read, not the recording machine's SLURM_CONF directory
     assert ("gres_conf_count", "nodes gn[001-002]") in found
+    # nodes read live have no slurm.conf line to point at: the fix names their NodeName=
+    fixes = [
+        f["fix"] for f in json.loads(out.stdout)["findings"] if f["check"] == "gres_conf_count"
+    ]
+    assert fixes == [
+        f"make Gres= on the slurm.conf NodeName= line(s) of {hosts} and {MIXED}/gres.conf agree "
+        "(name, type, count)"
+        for hosts in ("an01,gn[001-002]", "gn[001-002]")
+    ]
     led = hp("ledger", "audit", "--replay", str(MIXED))
     assert led.returncode == 2, led.stderr
     # scontrol-show-config.txt: AccountingStorageTRES = cpu,mem,energy,node,billing,...

@@ -90,6 +90,13 @@ BAD_CONFIGS = [
         "write 1.0e+1)",
     ),
     (
+        "profiles:\n  - name: a3\n    vendor: ascend\n    card_types: [910_93]\n",
+        4,
+        "profiles[0].card_types[0]",
+        "91093 is not of type 'string' (YAML reads unquoted digits as a number, 910_93 as "
+        "91093: quote it)",
+    ),
+    (
         'kernel_log:\n  xid_severity:\n    "0079": info\n    "79": critical\n',
         4,
         "kernel_log.xid_severity.79",

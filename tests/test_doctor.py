@@ -197,6 +197,40 @@ def test_the_report_fits_80_columns_and_says_every_fix():
     assert doctor.exit_code(checks) == 2
 
 
+def test_the_deploy_pages_example_is_what_render_prints_for_the_shipped_plugins():
+    """docs/deploy.md's report of a packaged node (daemon stopped): read back into its
+    checks, :func:`doctor.render` prints it as shown (columns, wrapping, the count line),
+    and it has one ``patrol <name>`` line per plugin pyproject.toml ships (the page once
+    showed two of nine, under a narrower name column, and counted 4 OK lines of 5)."""
+    import tomllib
+
+    text = (REPO / "docs" / "deploy.md").read_text()
+    m = re.search(r"```\n(OK   unit .*?)```", text, re.S)
+    assert m, "docs/deploy.md: no doctor report example"
+    shown = m[1]
+    lines = shown.splitlines()
+    indent = min(len(ln) - len(ln.lstrip()) for ln in lines if ln.startswith(" "))
+    checks: list[doctor.Check] = []
+    for line in lines[:-1]:
+        if not line.startswith(" "):
+            level, name = line[:4].strip(), line[5:indent].strip()
+            checks.append(doctor.Check(level, name, line[indent:]))
+            continue
+        last, more = checks[-1], line[indent:]
+        if more.startswith("fix: "):
+            checks[-1] = doctor.Check(last.level, last.name, last.detail, more[5:])
+        elif last.fix is not None:
+            checks[-1] = doctor.Check(last.level, last.name, last.detail, f"{last.fix} {more}")
+        else:
+            checks[-1] = doctor.Check(last.level, last.name, f"{last.detail} {more}")
+    assert doctor.render(checks, 80) == shown
+    shipped = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][
+        "hetpatrol.collectors"
+    ]
+    patrolled = [c.name.removeprefix("patrol ") for c in checks if c.name.startswith("patrol ")]
+    assert patrolled == sorted(shipped)
+
+
 def test_run_tool_records_a_replay_file_when_asked(tmp_path, monkeypatch):
     monkeypatch.setenv(RECORD_DIR_ENV, str(tmp_path / "rec"))
     out = run_tool(["sh", "-c", "echo 'NPU 0 OK'"], 5)

@@ -89,16 +89,30 @@ def test_events_without_jobs_are_counted_not_credited():
         ),
         json.dumps({"kind": "event", "event": "drain", "jobs": ["9"]}),  # not a fault
         "not json",
+        # looked up, no job on the card (the xid-79 replay's lines: `"jobs": []`)
+        json.dumps({"kind": "event", "event": "xid", "xid": 79, "jobs": [], "ts": "t3"}),
     ]
     jobs, counts = faults_by_job(lines)
     assert sorted(jobs) == ["7", "8"]
     assert jobs["7"][0]["card"] == "0000:17:00.0" and jobs["7"][0]["what"] == "fallen_off_bus"
-    assert counts == {"events": 2, "without_jobs": 1, "skipped": 1, "state_files": 0}
+    assert counts == {"events": 3, "without_jobs": 2, "skipped": 1, "state_files": 0}
 
 
 def test_unreadable_files_exit_65(tmp_path, capsys):
     assert main(["ledger", "faults", str(tmp_path / "missing.jsonl")]) == 65
     assert "missing.jsonl" in capsys.readouterr().err
+    # files that are not the daemon's (the wrong directory: a README, logrotate's .gz
+    # copies) are no file read: 65, not "0 fault events" and exit 0
+    import gzip
+
+    (tmp_path / "README.md").write_text("# notes\n")
+    (tmp_path / "patrol.jsonl.2.gz").write_bytes(gzip.compress(b'{"kind": "event"}\n'))
+    assert main(["ledger", "faults", str(tmp_path)]) == 65
+    err = capsys.readouterr().err
+    assert "README.md: not a JSONL log or state file (left out)" in err
+    assert "patrol.jsonl.2.gz: not a JSONL log or state file (left out)" in err
+    (tmp_path / "patrol.jsonl").write_text("")  # a log just rotated: read, nothing in it
+    assert main(["ledger", "faults", str(tmp_path)]) == 0
 
 
 # ------------------------------------------------------------------ state files

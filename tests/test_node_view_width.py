@@ -71,6 +71,12 @@ def test_at_80_columns_the_model_goes_above_the_table_and_bus_ids_stay_whole():
         "      critical remapped_rows_pending: remapped rows pending: the GPU needs a"
     )
     assert lines[at + 6] == "               reset"
+    # so does the action line of the critical NPU kept in service: under its text too
+    npu = lines.index("      critical vendor_health: vendor health is Alarm")
+    assert lines[npu + 1 : npu + 3] == [
+        "      action watch: kept in service and watched, no drain (vendor health",
+        "             'Alarm')",
+    ]
 
 
 def test_at_160_columns_and_in_a_pipe_every_column_stays():

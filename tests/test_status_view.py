@@ -192,6 +192,31 @@ def test_stale_verdict_is_unknown(tmp_path):
     assert json.loads(res.stdout)["stale"] is True and res.returncode == 3
 
 
+def test_a_stop_mark_wraps_on_a_line_of_its_own_on_a_narrow_terminal(tmp_path):
+    """At 80 columns (a tmux pane) the STOPPED note of a stopped daemon goes under the
+    verdict's age, wrapped at spaces: it was left whole after it and the terminal cut
+    its time in two (``... stopped at 202`` / ``6-12-01T...``). In a pipe it stays on
+    the first line, as `check` and scripts read it."""
+    from hetpatrol.healthcheck import utc_text
+
+    state = make_state(tmp_path, "healthy-mixed")
+    doc = json.loads(state.read_text())
+    at = doc["finished"]
+    doc["stopped"] = {"at": at, "reason": "SIGTERM", "pid": 4242}
+    said = f"STOPPED: the daemon was stopped at {utc_text(at)} (SIGTERM), the verdict is from then"
+    for width in (80, 70):
+        lines = render(doc, width=width).splitlines()
+        assert all(len(x) <= width for x in lines[:4]), "\n".join(lines[:4])
+        assert lines[0].startswith("node mixed-ok-01  OK   patrol 1, verdict ")
+        assert lines[0].endswith("(every 10 s)")
+        assert lines[1].startswith("  STOPPED: ") and utc_text(at) in lines[1]
+        assert lines[2].startswith("    ") and " ".join(x.strip() for x in lines[1:3]) == said
+    first = render(doc, width=None).splitlines()[0]
+    assert first.startswith("node mixed-ok-01  OK   patrol 1, verdict ")
+    assert first.endswith("(every 10 s)  " + said)
+    assert render(doc, width=200).splitlines()[0] == first  # it fits: as in the pipe
+
+
 def test_missing_state_file(tmp_path):
     res = run_piped(["status", "--state-path", str(tmp_path / "nope.json")], clean_env())
     assert res.returncode == 3

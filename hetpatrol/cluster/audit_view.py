@@ -52,19 +52,34 @@ def parse_cgroup_conf(text: str) -> dict[str, str]:
 
 
 def _wrapped(text: str, width: int | None, indent: str = "        ") -> list[str]:
-    """``text`` at ``indent``, wrapped at ``width`` (None: one line, as in a pipe)."""
+    """``text`` at ``indent``, wrapped at ``width`` (None: one line, as in a pipe). A word
+    too long for a line is broken after its commas first (a slurm.conf value such as
+    ``AccountingStorageTRES=gres/a,gres/b:t``: whole items on each line, never a name cut
+    in two), and only where an item alone is still too long, inside it."""
     if width is None or len(indent) + len(text) <= width:
         return [indent + text]
+    import re
     import textwrap
 
-    return textwrap.wrap(
-        text,
-        max(width, len(indent) + 20),
+    room = max(width, len(indent) + 20)
+
+    class _AtCommas(textwrap.TextWrapper):
+        def _split(self, chunk: str) -> list[str]:
+            out: list[str] = []
+            for piece in super()._split(chunk):
+                if len(piece) > room - len(indent) - 2 and "," in piece:
+                    out += [x for x in re.split(r"(?<=,)", piece) if x]
+                else:
+                    out.append(piece)
+            return out
+
+    return _AtCommas(
+        room,
         initial_indent=indent,
         subsequent_indent=indent + "  ",
         break_on_hyphens=False,
         break_long_words=True,
-    )
+    ).wrap(text)
 
 
 def _count(n: int, word: str) -> str:
@@ -216,7 +231,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def add_audit_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "audit-slurm",
-        help="check slurm.conf / gres.conf / the nodes for a mixed cluster; exit 0/1/2",
+        help="check slurm.conf / gres.conf / the nodes for a mixed cluster; exit 0/1/2/3",
         description=(
             "The mixed-cluster checklist over slurm.conf, gres.conf, cgroup.conf (files, or "
             "the running cluster with --live) and, with --prometheus, the cards the daemons "

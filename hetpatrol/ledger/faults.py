@@ -10,8 +10,9 @@ on the card when the fault was read (:meth:`hetpatrol.patrol.Patroller._jobs_on_
 One row per job: the job id, then each fault (time, node, card, XID or reason,
 severity). An event seen in a JSONL file and in a state file (or in two copies), or a
 kernel record a restarted daemon read again (same node, boot id and ``kmsg_seq``),
-counts once. Events without ``jobs`` (written before the field existed, or on a card that was
-not one of the patrol's) are counted as such, never credited to a job.
+counts once. Events without jobs (``jobs: []``: none on the card; no ``jobs``: written
+before the field existed, or on a card that was not one of the patrol's) are counted as
+such, never credited to a job.
 
 The files may sit in a shared directory: a symbolic link another user made is not
 followed, a FIFO or device is not read, a line is read up to 1 MiB (a state file up to
@@ -19,7 +20,8 @@ followed, a FIFO or device is not read, a line is read up to 1 MiB (a state file
 counted as one line skipped). Only the daemon's own structured fields are read; a line
 that is not JSON, or an event whose fields have the wrong types, is skipped and counted.
 Names are printed without control characters (:func:`hetpatrol.node_view.printable`).
-Exit 0 no fault with a job, 1 at least one, 65 when no file could be read.
+Exit 0 no fault with a job, 1 at least one, 65 when no file could be read (files left out
+as not the daemon's, such as a README or a compressed copy, are none).
 """
 
 from __future__ import annotations
@@ -131,8 +133,13 @@ def faults_by_job(
         seen.update(keys)
         counts["events"] += 1
         ids = doc.get("jobs")
-        if not isinstance(ids, list) or not all(isinstance(j, str) for j in ids):
-            counts["without_jobs" if ids is None else "skipped"] += 1
+        if ids is not None and (
+            not isinstance(ids, list) or not all(isinstance(j, str) for j in ids)
+        ):
+            counts["skipped"] += 1
+            continue
+        if not ids:  # no job on the card (``[]``), or not known (``null``, older lines)
+            counts["without_jobs"] += 1
             continue
         fault = {
             "ts": doc.get("ts"),
@@ -239,21 +246,23 @@ def _read_file(path: str, errors: list[str], readable: list[str]) -> Iterator[st
     except OSError as exc:
         errors.append(str(exc) if isinstance(exc, UnsafeRead) else f"{path}: {exc.strerror or exc}")
         return
-    readable.append(path)
     with os.fdopen(fd, "rb") as fh:
         first = _read_line(fh, STATE_READ_MAX)
-        if first is None:
+        if first is None:  # an empty log (rotated a moment ago): read, nothing in it
+            readable.append(path)
             return
         if first.strip() == b"{":  # indented JSON (`status --json > node.json`): one document
+            readable.append(path)
             whole = first + fh.read(STATE_READ_MAX + 1 - len(first))
             doc = _decode(whole) if len(whole) <= STATE_READ_MAX else None
             yield doc if isinstance(doc, dict) else "\0"
             return
         doc = _decode(first)
-        if not isinstance(doc, dict):  # a README, an archive: not the daemon's file
+        if not isinstance(doc, dict):  # a README, an archive (a .gz copy): not read
             errors.append(f"{path}: not a JSONL log or state file (left out)")
             yield "\0"
             return
+        readable.append(path)
         yield doc
         while (line := _read_line(fh, MAX_LINE)) is not None:
             yield line.decode("utf-8", "replace")

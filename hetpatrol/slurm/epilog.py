@@ -344,7 +344,11 @@ def add_epilog_parser(sub: Any, patrol_factory: Callable[[Any], EpilogPatrol]) -
         "epilog",
         help="Slurm Epilog: one quick patrol of the finished job's cards; exit 0 (a card "
         "needing an action drains with hetpatrol's reason), 1 when the reason could not be set",
-        description=__doc__.split("\n\n")[0],
+        description=(
+            "Slurm Epilog: after a job, one quick patrol of the cards it held. Exit 0 (a "
+            "card needing a drain action drains the node with hetpatrol's reason); 1 when "
+            'that reason could not be set (Slurm then drains the node: "Epilog error").'
+        ),
     )
     p.add_argument("--config", type=Path, default=None, help="config file (default: bundled)")
     p.add_argument("--replay", type=Path, default=None, metavar="DIR", help="replay DIR")

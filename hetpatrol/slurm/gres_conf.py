@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpatrol.collector import GresDevice, load_collector
+from hetpatrol.output import plain_help
 from hetpatrol.schema import CardRecord
 from hetpatrol.slurm.gres import (
     GresConfLine,
@@ -606,7 +607,9 @@ def add_gres_conf_parser(
         "gres-conf",
         help="the gres.conf lines, slurm.conf fragment and TaskProlog this node's cards "
         "need; --check compares them with gres.conf and slurmctld",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description=plain_help(__doc__.split("\n\n")[0] if __doc__ else None)
+        + " Exit 0; 1 a card's cores unread (no Cores=); 3 a card without a device file."
+        " --check: 0 agree, 1 differences, 3 a source unreadable.",
     )
     add_common(p)
     p.add_argument(

@@ -44,6 +44,16 @@ def _taken(want: dict, have: dict, name: str) -> tuple[int, int, int]:
     return configured, taken, have_all - taken
 
 
+def _on(where: str, names: list[str]) -> str:
+    """Where the ``Gres=`` to change is: the finding's slurm.conf line, or for nodes read
+    live (no line to point at) their ``NodeName=`` in slurm.conf."""
+    return (
+        "on this line"
+        if where
+        else f"on the slurm.conf NodeName= line(s) of {compress_hostlist(names)}"
+    )
+
+
 def check(ctx: Context) -> Iterator[AuditFinding]:
     inp = ctx.inp
     if inp.gres_conf is None:
@@ -76,7 +86,7 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
             f"{compress_hostlist(names)}: slurm.conf configures {configured} {name}, "
             f"gres.conf gives {taken} of them: slurmctld sets the node INVAL and drains it "
             f"(gres/{name} count reported lower than configured ({taken} < {configured}))",
-            f"make Gres= on this line and {inp.gres_conf_path} agree (name, type, count)",
+            f"make Gres= {_on(where, names)} and {inp.gres_conf_path} agree (name, type, count)",
         )
     for (where, name, configured, extra), names in high.items():
         yield AuditFinding(
@@ -86,5 +96,5 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
             f"{compress_hostlist(names)}: gres.conf gives {extra} {name} more than the "
             f"{configured} slurm.conf configures: slurmd ignores them (slurmd log: "
             "Ignoring extra GRES)",
-            f"make Gres= on this line and {inp.gres_conf_path} agree (name, type, count)",
+            f"make Gres= {_on(where, names)} and {inp.gres_conf_path} agree (name, type, count)",
         )

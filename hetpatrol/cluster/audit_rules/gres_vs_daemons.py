@@ -90,7 +90,7 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
         yield AuditFinding(
             NAME,
             "info",
-            f"nodes {compress_hostlist(unseen)}",
+            where_of("", unseen),
             f"{plural(len(unseen))} with card GRES {'have' if len(unseen) != 1 else 'has'} no "
             "daemon metrics: not compared",
         )
@@ -98,7 +98,7 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
         yield AuditFinding(
             NAME,
             "warning",
-            f"nodes {compress_hostlist(extra)}",
+            where_of("", extra),
             f"{plural(len(extra))} in Prometheus but not in Slurm's node list",
             "add NodeName lines for them, or fix the scrape config's node label",
         )

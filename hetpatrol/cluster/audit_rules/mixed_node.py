@@ -27,7 +27,7 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
     yield AuditFinding(
         NAME,
         "warning",
-        f"nodes {compress_hostlist(names)}",
+        where_of("", names),
         f"{plural(len(names))} with cards of two vendors: a job sees the other vendor's "
         "devices unless they are constrained per job (crosstalk risk)",
         "prefer one vendor per node; else confine devices (confinement)",

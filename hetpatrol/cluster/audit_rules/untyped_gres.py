@@ -81,7 +81,12 @@ def check(ctx: Context) -> Iterator[AuditFinding]:
             "error" if several else "warning",
             where_of(where, names),
             text,
-            f"Gres={name}:{fix_type}:<count> on this line"
+            f"Gres={name}:{fix_type}:<count> "
+            + (
+                "on this line"
+                if where
+                else f"on the slurm.conf NodeName= line(s) of {compress_hostlist(names)}"
+            )
             + ("" if conf_types else ", and Type=<card type> in gres.conf"),
         )
     # untyped gres.conf lines, one finding per GRES name; a line read only on nodes
