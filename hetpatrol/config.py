@@ -42,6 +42,7 @@ from hetpatrol.slurm.settings import SLURM_SCHEMA, SlurmSettings, build_slurm_se
 from hetpatrol.yaml_document import (
     DocumentError,
     format_key_path,
+    key_text,
     parse_document,
     read_document,
 )
@@ -718,7 +719,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
     for i, p in enumerate(data.get("profiles", []) or []):
         if p["vendor"] not in vendors:
             raise config_error(
-                f"unknown vendor {p['vendor']!r}{did_you_mean(p['vendor'], vendors)}: "
+                f"unknown vendor '{key_text(p['vendor'])}'{did_you_mean(p['vendor'], vendors)}: "
                 "a collector's name, one of " + ", ".join(vendors),
                 src,
                 lines,
