@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -359,3 +360,45 @@ def test_a_state_file_over_a_mebibyte_is_read_a_jsonl_line_is_not(tmp_path, caps
     assert capsys.readouterr().out == (
         "0 job(s) on faulted cards; 0 fault event(s), 0 without jobs, 1 line(s) skipped\n"
     )
+
+
+def test_a_sparse_file_without_an_end_is_read_in_bounded_time(tmp_path, capsys):
+    """A line longer than 1 MiB was read to its end to find the next: a sparse file of
+    a terabyte after one good line (anyone can make one in a shared directory:
+    ``truncate -s 1T``), or ``/proc/self/pagemap`` (a regular file of /proc, 256 GB of
+    it), was read for hours. Past 64 MiB of one line the rest of the file is left out,
+    said by name; what came before counts."""
+    good = {"kind": "event", "event": "xid", "xid": 79, "jobs": ["5"], "ts": "t", "seq": 1}
+    path = tmp_path / "sparse.jsonl"
+    with path.open("w") as f:
+        f.write(json.dumps(good) + "\n")
+        f.truncate(1 << 40)
+    start = time.monotonic()
+    code = main(["ledger", "faults", str(path), "/proc/self/pagemap"])
+    took = time.monotonic() - start
+    out, err = capsys.readouterr()
+    assert code == 1 and out.splitlines()[0] == "job 5"
+    assert out.splitlines()[-1] == (
+        "1 job(s) on faulted cards; 1 fault event(s), 0 without jobs, 2 line(s) skipped"
+    )
+    assert err == (
+        f"hetpatrol ledger faults: {path}: a line over 67108864 bytes: the rest of the file "
+        "left out\n"
+        "hetpatrol ledger faults: /proc/self/pagemap: a line over 67108864 bytes: the rest "
+        "of the file left out\n"
+    )
+    assert took < 30, took
+
+
+def test_a_file_that_fails_to_read_is_said_by_name_and_the_others_are_read(tmp_path, capsys):
+    """A read that fails (EIO: a failing disk; ``/proc/self/mem`` answers it at offset 0)
+    ended the command with 'hetpatrol: Input/output error' and exit 1, no file named,
+    nothing else read."""
+    _, jsonl = _patrol_state(tmp_path, "xid79-01", "4242")
+    assert main(["ledger", "faults", "/proc/self/mem", str(jsonl)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == "job 4242"
+    said = [line for line in err.splitlines() if line.startswith("hetpatrol ledger faults:")]
+    assert said == [
+        "hetpatrol ledger faults: /proc/self/mem: Input/output error: the rest of the file left out"
+    ]

@@ -17,7 +17,8 @@ The files may sit in a shared directory: a symbolic link another user made is no
 followed, a FIFO or device is not read, a line is read up to 1 MiB (a state file up to
 64 MiB and 2,000,000 JSON values), a file whose first line is not a JSON object is left
 out (said on stderr, counted as one line skipped), a directory's first 100,000 entries
-are read (more is said). Only the daemon's own structured fields are read; a line
+are read (more is said); past 64 MiB of one line, or a read that fails, the rest of
+that file is left out and said. Only the daemon's own structured fields are read; a line
 that is not JSON, or an event whose fields have the wrong types, is skipped and counted.
 Names are printed without control characters (:func:`hetpatrol.node_view.printable`).
 Exit 0 no fault with a job, 1 at least one, 65 when no file could be read.
@@ -224,15 +225,34 @@ def _files(paths: Iterable[str], errors: list[str]) -> Iterator[str]:
             yield os.path.join(path, name)
 
 
+class _Endless(Exception):
+    """A line ran past :data:`MAX_SKIP` bytes without a newline."""
+
+
+#: most bytes of one over-long line read past (to find the next line): no line the daemon
+#: writes is near it, and a sparse file of terabytes without a newline, or a regular
+#: file of /proc that has no end (``/proc/self/pagemap``), must not be read to its end
+MAX_SKIP = 64 * 1024 * 1024
+
+
+def _skip_rest(fh: Any, read: int) -> None:
+    """Read to the end of an over-long line (``read`` bytes of it read already); raises
+    :class:`_Endless` past :data:`MAX_SKIP` bytes of it."""
+    while (rest := fh.readline(1 << 20)) and not rest.endswith(b"\n"):
+        read += len(rest)
+        if read > MAX_SKIP:
+            raise _Endless
+
+
 def _read_line(fh: Any, limit: int) -> bytes | None:
-    """The next line up to ``limit`` bytes; a longer one is read to its end and given
-    as ``b"\\0"`` (counted skipped, never parsed); None at the end."""
+    """The next line up to ``limit`` bytes; a longer one is read to its end (at most
+    :data:`MAX_SKIP` bytes, else :class:`_Endless`) and given as ``b"\\0"`` (counted
+    skipped, never parsed); None at the end."""
     line = fh.readline(limit + 1)
     if not line:
         return None
     if len(line) > limit and not line.endswith(b"\n"):
-        while (rest := fh.readline(1 << 20)) and not rest.endswith(b"\n"):
-            pass
+        _skip_rest(fh, len(line))
         return b"\0"
     return line
 
@@ -262,42 +282,52 @@ def _read_file(path: str, errors: list[str], readable: list[str]) -> Iterator[st
         errors.append(str(exc) if isinstance(exc, UnsafeRead) else f"{path}: {exc.strerror or exc}")
         return
     readable.append(path)
-    with os.fdopen(fd, "rb") as fh:
-        first = fh.readline(MAX_LINE + 1)
-        if not first:
-            return
-        if len(first) > MAX_LINE and not first.endswith(b"\n"):
-            if _STATE_HEAD.match(first):  # a state file: one line of up to STATE_READ_MAX
-                first += fh.readline(STATE_READ_MAX + 1 - len(first))
-            if not _STATE_HEAD.match(first) or len(first) > STATE_READ_MAX:
-                while (rest := fh.readline(1 << 20)) and not rest.endswith(b"\n"):
-                    pass
-                first = b"\0"  # too long for what it starts as: skipped, never parsed
-        indented = first.strip() == b"{"  # `status --json > node.json`: one document
-        if indented:
-            first += fh.read(STATE_READ_MAX + 1 - len(first))
-        if _values_bound(first) > MAX_DOCUMENT_VALUES:
-            errors.append(
-                f"{path}: more than {MAX_DOCUMENT_VALUES} JSON values in one document "
-                "(no state file the daemon writes): left out"
-            )
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            yield from _file_documents(path, fh, errors)
+    except _Endless:
+        errors.append(f"{path}: a line over {MAX_SKIP} bytes: the rest of the file left out")
+        yield "\0"
+    except OSError as exc:  # EIO of a failing disk, a file of /proc that refuses reads
+        errors.append(f"{path}: {exc.strerror or exc}: the rest of the file left out")
+
+
+def _file_documents(path: str, fh: Any, errors: list[str]) -> Iterator[str | dict]:
+    """:func:`_read_file`'s documents of the open file ``fh``."""
+    first = fh.readline(MAX_LINE + 1)
+    if not first:
+        return
+    if len(first) > MAX_LINE and not first.endswith(b"\n"):
+        if _STATE_HEAD.match(first):  # a state file: one line of up to STATE_READ_MAX
+            first += fh.readline(STATE_READ_MAX + 1 - len(first))
+        if not _STATE_HEAD.match(first) or len(first) > STATE_READ_MAX:
+            _skip_rest(fh, len(first))
+            first = b"\0"  # too long for what it starts as: skipped, never parsed
+    indented = first.strip() == b"{"  # `status --json > node.json`: one document
+    if indented:
+        first += fh.read(STATE_READ_MAX + 1 - len(first))
+    if _values_bound(first) > MAX_DOCUMENT_VALUES:
+        errors.append(
+            f"{path}: more than {MAX_DOCUMENT_VALUES} JSON values in one document "
+            "(no state file the daemon writes): left out"
+        )
+        yield "\0"
+        return
+    if indented:
+        doc = _decode(first) if len(first) <= STATE_READ_MAX else None
+        yield doc if isinstance(doc, dict) else "\0"
+        return
+    if first == b"\0":
+        yield "\0"
+    else:
+        doc = _decode(first)
+        if not isinstance(doc, dict):  # a README, an archive: not the daemon's file
+            errors.append(f"{path}: not a JSONL log or state file (left out)")
             yield "\0"
             return
-        if indented:
-            doc = _decode(first) if len(first) <= STATE_READ_MAX else None
-            yield doc if isinstance(doc, dict) else "\0"
-            return
-        if first == b"\0":
-            yield "\0"
-        else:
-            doc = _decode(first)
-            if not isinstance(doc, dict):  # a README, an archive: not the daemon's file
-                errors.append(f"{path}: not a JSONL log or state file (left out)")
-                yield "\0"
-                return
-            yield doc
-        while (line := _read_line(fh, MAX_LINE)) is not None:
-            yield line.decode("utf-8", "replace")
+        yield doc
+    while (line := _read_line(fh, MAX_LINE)) is not None:
+        yield line.decode("utf-8", "replace")
 
 
 def _lines(paths: Iterable[str], errors: list[str], readable: list[str]) -> Iterator[str | dict]:
