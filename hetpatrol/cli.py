@@ -227,14 +227,15 @@ def cmd_validate_config(args: argparse.Namespace) -> int:
     unknown = [c.name for c in config.collectors if c.enabled and c.name not in installed]
     if unknown:  # the daemon would report them failed, patrol after patrol
         from hetpatrol.config import did_you_mean
+        from hetpatrol.yaml_document import format_key_path, key_text
 
         raise ConfigError(
-            f"no collector plugin named {unknown[0]!r} is installed"
+            f"no collector plugin named '{key_text(unknown[0])}' is installed"
             f"{did_you_mean(unknown[0], sorted(installed))} "
             f"(installed: {', '.join(sorted(installed)) or 'none'})",
             path=config.source,
             line=config.key_lines.get(("collectors", unknown[0])),
-            key=f"collectors.{unknown[0]}",
+            key=format_key_path(("collectors", unknown[0])),
         )
     if not any(c.enabled for c in config.collectors):
         print(

@@ -13,6 +13,7 @@ expression). Every error names the key path and the line of the file, e.g.::
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import ipaddress
 import math
@@ -42,6 +43,7 @@ from hetpatrol.slurm.settings import SLURM_SCHEMA, SlurmSettings, build_slurm_se
 from hetpatrol.yaml_document import (
     DocumentError,
     format_key_path,
+    key_text,
     parse_document,
     read_document,
 )
@@ -620,28 +622,29 @@ def plugin_profiles_path(name: str) -> Path | None:
     return origin.with_name(origin.stem + PLUGIN_PROFILES_SUFFIX)
 
 
-#: parsed plugin profile files by path: ``(stamp, data, lines)``, the stamp the file's
-#: ``(st_dev, st_ino, st_mtime_ns, st_size)``. Every shipped plugin is enabled in the
-#: bundled config, and a SIGHUP storm must not parse nine YAML files per reload; a file
-#: replaced by a rename (a package upgrade: a new inode, maybe the same size and mtime)
-#: or written in place (a new mtime) is parsed again, and only the latest parse of a
-#: path is kept.
-_plugin_documents: dict[str, tuple[tuple[int, int, int, int], Any, dict]] = {}
+#: parsed plugin profile files by path: ``(digest, data, lines)``, the digest the SHA-256
+#: of the bytes read. Every shipped plugin is enabled in the bundled config, and a SIGHUP
+#: storm must not parse nine YAML files per reload: each is read again (a few KB) and
+#: parsed again only when its bytes changed. A stat stamp (dev, inode, mtime, size) does
+#: not tell a file written in place with the same size within one tick of the kernel's
+#: coarse file clock, or given its old mtime back (``cp -p``, ``touch -r``); the bytes
+#: do. Only the latest parse of a path is kept.
+_plugin_documents: dict[str, tuple[bytes, Any, dict]] = {}
 
 
 def _plugin_document(path: Path) -> tuple[Any, dict]:
-    """``(data, lines)`` of a plugin's profile file, parsed once while it is unchanged
-    (its stat stamp, see :data:`_plugin_documents`); ``ConfigError`` naming the file
-    when it cannot be read."""
+    """``(data, lines)`` of a plugin's profile file, parsed once while its bytes are
+    unchanged (see :data:`_plugin_documents`); ``ConfigError`` naming the file when it
+    cannot be read."""
     src = str(path)
     try:
-        st = path.stat()
-        stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        text = read_document(path)
+        digest = hashlib.sha256(text.encode("utf-8")).digest()
         cached = _plugin_documents.get(src)
-        if cached is None or cached[0] != stamp:
-            data, node = parse_document(read_document(path))
+        if cached is None or cached[0] != digest:
+            data, node = parse_document(text)
             lines = line_map(node, src=src) if node is not None else {}
-            cached = _plugin_documents[src] = (stamp, data, lines)
+            cached = _plugin_documents[src] = (digest, data, lines)
     except (OSError, DocumentError) as exc:
         raise ConfigError(f"cannot read the plugin's profiles: {exc}", path=src) from None
     return cached[1], cached[2]
@@ -732,7 +735,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
     for i, p in enumerate(data.get("profiles", []) or []):
         if p["vendor"] not in vendors:
             raise config_error(
-                f"unknown vendor {p['vendor']!r}{did_you_mean(p['vendor'], vendors)}: "
+                f"unknown vendor '{key_text(p['vendor'])}'{did_you_mean(p['vendor'], vendors)}: "
                 "a collector's name, one of " + ", ".join(vendors),
                 src,
                 lines,

@@ -38,7 +38,13 @@ from hetpatrol.exporters.history_file import history_path, read_history, sync_hi
 from hetpatrol.exporters.http_server import MetricsServer
 from hetpatrol.exporters.jsonl import JsonlSink
 from hetpatrol.exporters.prometheus import ExporterStats, Exposition
-from hetpatrol.exporters.state import mark_stopped, read_state, write_atomic, write_state
+from hetpatrol.exporters.state import (
+    clear_stopped,
+    mark_stopped,
+    read_state,
+    write_atomic,
+    write_state,
+)
 from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
 from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock, own_file_check
@@ -376,6 +382,13 @@ class Daemon:
                 action="starting without the kept counts and fault events",
             )
             doc = {}
+        if "stopped" in doc:  # a daemon runs again: the last one's stop mark is not true
+            try:
+                clear_stopped(self.config.state_path, doc)
+            except OSError as exc:
+                log.warning(
+                    "state_stop_mark_not_cleared", path=str(self.config.state_path), error=str(exc)
+                )
         self.patroller.escalation = Escalation.from_dict(
             doc.get("escalation"), time.time(), self.config.actions.escalation
         )

@@ -160,6 +160,23 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
+def started_boot_seconds(pid: int, proc_root: Path | None = None) -> float | None:
+    """Seconds after boot the process ``pid`` started: ``starttime`` (field 22 of
+    ``/proc/<pid>/stat``, clock ticks after boot, proc(5)) over ``SC_CLK_TCK``; None
+    when it has exited or the line cannot be read. The fields are counted after the
+    last ``)``: the process's name before it is its own (spaces, parentheses)."""
+    import os
+
+    text = _read_text((proc_root or PROC_ROOT) / str(pid) / "stat")
+    if text is None:
+        return None
+    fields = text.rpartition(")")[2].split()  # from field 3 (state) on
+    try:
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError, OSError):
+        return None
+
+
 def lookup(pid: int, proc_root: Path | None = None) -> tuple[str | None, str | None]:
     """(user, job_id) of a local pid; (None, None) when it has exited or is unreadable,
     and for pid 0/1 and kernel threads (never a card user's process, see the module).

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_VALUES",
     "DocumentError",
     "format_key_path",
+    "key_text",
     "parse_document",
     "read_document",
     "recording_reads",
@@ -78,11 +79,29 @@ class DocumentError(ValueError):
         self.message, self.line, self.key_path = message, line, key_path
 
 
+#: most characters of one key shown in a key path (a longer key is cut, its length said)
+MAX_KEY_SHOWN = 80
+
+
+def key_text(key: object) -> str:
+    """One key as an error shows it: a control or other unprintable character as its
+    escape (``\\x1b``: a key is text a file's writer chose, and an error goes to a
+    terminal or a log line), at most :data:`MAX_KEY_SHOWN` characters of it."""
+    text = str(key)
+    cut = text[:MAX_KEY_SHOWN]
+    shown = "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in cut
+    )
+    return shown if len(text) <= MAX_KEY_SHOWN else f"{shown}...({len(text)} characters)"
+
+
 def format_key_path(path: tuple | list) -> str:
-    """``("profiles", 0, "name")`` as ``profiles[0].name``; ``<top>`` for ``()``."""
+    """``("profiles", 0, "name")`` as ``profiles[0].name``; ``<top>`` for ``()``. Keys
+    are shown by :func:`key_text` (escaped, cut)."""
     text = ""
     for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        key = key_text(part)
+        text += f"[{part}]" if isinstance(part, int) else (f".{key}" if text else key)
     return text or "<top>"
 
 

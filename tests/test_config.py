@@ -253,6 +253,43 @@ def test_an_unknown_key_near_no_known_one_says_none():
     assert str(info.value) == "bad.yaml:2: zebra: unknown key"
 
 
+def test_a_hostile_key_is_shown_escaped_and_cut():
+    """A key is text the file's writer chose: an error naming it (a terminal, a log line)
+    shows its control characters escaped and at most 80 of its characters, whatever
+    its length (a 1,000,000-character key was printed whole, an ESC raw)."""
+    with pytest.raises(ConfigError) as info:
+        load_config("bad.yaml", text='"interval_secondz\\e[2J\\n\\rx": 1\n')
+    assert str(info.value) == (
+        "bad.yaml:1: interval_secondz\\x1b[2J\\n\\rx: unknown key "
+        "(did you mean 'interval_seconds'?)"
+    )
+    huge = "interval_second" + "s" * 1_000_000
+    with pytest.raises(ConfigError) as info:
+        load_config("bad.yaml", text=f'? "{huge}"\n: 1\n')
+    assert str(info.value) == (f"bad.yaml:1: {huge[:80]}...({len(huge)} characters): unknown key")
+    with pytest.raises(ConfigError) as info:
+        load_config("bad.yaml", text='"a\\e[2Jb": 1\n"a\\e[2Jb": 2\n')
+    assert str(info.value) == "bad.yaml:2: a\\x1b[2Jb: duplicate key"
+    with pytest.raises(ConfigError) as info:
+        load_config("bad.yaml", text=f"profiles:\n  - name: x\n    vendor: nv{'i' * 5000}\n")
+    assert f"unknown vendor 'nv{'i' * 78}...(5002 characters)': a collector's" in str(info.value)
+
+
+def test_validate_config_shows_a_hostile_collector_name_escaped_and_cut(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    name = "nv\x1b[2J" + "i" * 100_000
+    bad.write_text(f'collectors:\n  ? "{name.replace(chr(27), chr(92) + "e")}"\n  : {{}}\n')
+    res = subprocess.run([*HETPATROL, "validate-config", str(bad)], capture_output=True, text=True)
+    assert res.returncode == EX_CONFIG
+    shown = "nv\\x1b[2J" + "i" * 74 + f"...({len(name)} characters)"
+    assert res.stderr == (
+        f"hetpatrol: configuration error: {bad}:2: collectors.{shown}: "
+        f"no collector plugin named '{shown}' is installed (installed: "
+        + ", ".join(sorted(discover()))
+        + ")\n"
+    )
+
+
 def test_a_typo_in_a_plugins_profile_file_says_the_nearest_key(tmp_path, monkeypatch):
     """A plugin's shipped profiles are checked like the config's, with its own file
     and line."""

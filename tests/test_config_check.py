@@ -302,9 +302,9 @@ def test_a_changed_baseline_file_is_checked_again_though_the_config_is_not(tmp_p
 def test_a_plugins_profiles_are_parsed_again_when_replaced_whatever_their_mtime(
     tmp_path, monkeypatch
 ):
-    """Parsed once while (dev, inode, mtime, size) stays; a package upgrade renames a
-    new file in, maybe of the same size and mtime (``install -p``, rsync -t): its
-    inode tells it. A file written in place has a new mtime."""
+    """Parsed once while its bytes stay; a package upgrade renames a new file in,
+    maybe of the same size and mtime (``install -p``, rsync -t), and a file written in
+    place has new bytes: each is parsed again."""
     import os
 
     from hetpatrol import config
@@ -327,3 +327,32 @@ def test_a_plugins_profiles_are_parsed_again_when_replaced_whatever_their_mtime(
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     assert config._plugin_document(path)[0]["profiles"][0]["name"] == "demo-c"
     assert len(config._plugin_documents) == 1  # one parse kept per file
+
+
+def test_a_plugins_profiles_written_in_place_with_the_same_size_and_mtime_are_read(
+    tmp_path, monkeypatch
+):
+    """A file written in place keeps its inode, and two writes within one tick of the
+    kernel's coarse file clock (or ``cp -p``/``touch -r`` onto it) keep its mtime: with
+    the same size too, the stat stamp was unchanged and the old parse was used, so a
+    reload said config_reloaded with the profile's old thresholds. The bytes tell it."""
+    import os
+
+    from hetpatrol import config
+
+    path = tmp_path / "demo_profiles.yaml"
+    body = "profiles:\n  - {name: demo-a, vendor: demo}\n"
+    path.write_text(body)
+    st = path.stat()
+    monkeypatch.setattr(config, "_plugin_documents", {})
+    first = config._plugin_document(path)
+    with path.open("r+") as fh:  # in place, the same size, the same mtime
+        fh.write(body.replace("demo-a", "demo-d"))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_ino, path.stat().st_size) == (st.st_ino, st.st_size)
+    assert config._plugin_document(path)[0]["profiles"][0]["name"] == "demo-d"
+    with path.open("r+") as fh:  # back to the first bytes: the first parse again
+        fh.write(body)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert config._plugin_document(path)[0]["profiles"][0]["name"] == "demo-a"
+    assert first is not None

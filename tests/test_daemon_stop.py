@@ -1,6 +1,6 @@
 """A clean stop (systemctl stop: SIGTERM) marks the state file ``stopped``: ``status``
 and ``check`` say the daemon was stopped at T and the verdict is from then, the Prolog
-does not refuse jobs for the verdict's age, a restart's first patrol clears the mark. A
+does not refuse jobs for the verdict's age, a restarting daemon clears the mark. A
 daemon that dies (SIGKILL) leaves no mark: its verdict only goes stale, as before."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import HETPATROL, replay_run_argv
+from conftest import HETPATROL, NODES, replay_run_argv
 from test_end_to_end import free_port, wait_for
 
 from hetpatrol.healthcheck import check, stopped_mark, utc_text
@@ -93,15 +93,50 @@ def test_a_restart_clears_the_mark_and_sigint_is_a_clean_stop_too(tmp_path):
     stopped_at, reason = stopped_mark(json.loads(state.read_text()))
     assert reason == "SIGTERM"
     proc, state = start(tmp_path)
-    try:  # the first patrol of the new daemon writes a verdict without the mark
-        wait_for(lambda: "stopped" not in json.loads(state.read_text()))
-        assert json.loads(state.read_text())["finished"] > stopped_at  # a new verdict
+    try:  # the new daemon clears the mark at start, its first patrol writes a verdict
+        wait_for(lambda: json.loads(state.read_text())["finished"] > stopped_at)
+        assert "stopped" not in json.loads(state.read_text())
         res = cli("check", "--state-path", str(state))
         assert res.returncode == 0 and res.stdout.startswith("HETPATROL OK - "), res.stdout
     finally:
         err = stop(proc, signal.SIGINT)
     assert proc.returncode == 0, err
     assert stopped_mark(json.loads(state.read_text()))[1] == "SIGINT"
+
+
+def test_a_daemon_that_dies_before_its_first_patrol_leaves_no_stop_mark(tmp_path):
+    """The mark said "no patrol follows" until the next daemon's first patrol wrote a
+    file: one that started and died before (its first patrol hung on a GPU, a crash in
+    NVML, killed) left the old mark, so check said "stopped" and the Prolog judged jobs
+    by that verdict, of any age, for the rest of the boot. A starting daemon clears it:
+    its silence then makes the verdict stale, as any dead daemon's."""
+    proc, state = start(tmp_path)
+    stop(proc)
+    assert stopped_mark(json.loads(state.read_text())) is not None
+    replay = tmp_path / "hang"
+    shutil.copytree(NODES / "healthy-mixed", replay)
+    (replay / "scenario.yaml").write_text(
+        "node: mixed-ok-01\nnvml:\n  gpus:\n    0: {hang_seconds: 60}\n"
+    )
+    argv = replay_run_argv(
+        "healthy-mixed", free_port(), tmp_path / "patrol.jsonl", 0.3, "--state-path", str(state)
+    )
+    argv[argv.index("--replay") + 1] = str(replay)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:  # the first patrol waits 10 s for the hung GPU (collectors' timeout_seconds)
+        wait_for(lambda: "stopped" not in json.loads(state.read_text()), timeout=8)
+        doc = json.loads(state.read_text())
+        assert doc["health"] == "ok" and "cards" in doc  # the last verdict, kept
+    finally:
+        proc.kill()
+        err = proc.communicate(timeout=30)[1]
+    assert "state_stop_mark_not_cleared" not in err, err
+    env = {"SLURM_JOB_GPUS": "0", "SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"}
+    time.sleep(0.6)
+    res = cli("prolog", "--state-path", str(state), "--max-age", "0.5", "--no-set-reason", env=env)
+    assert res.returncode == EXIT_FAIL and "hetpatrol: stale verdict" in res.stdout, res.stdout
+    code, line = check(state, max_age=0.5)
+    assert code == 3 and "stale verdict" in line, line
 
 
 def test_a_killed_daemon_leaves_no_mark_its_verdict_goes_stale(tmp_path):

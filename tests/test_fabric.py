@@ -193,6 +193,57 @@ def test_critical_only_after_the_grace_and_n_patrols_by_identity():
     assert checks(rec) == {"fabric_error": "critical"}
 
 
+def gpu0_fabric_fails(error: str = "Unknown") -> CardRecord:
+    """GPU 0 of healthy-mixed whose fabric info call raises NVML ``error`` (every other
+    call answers)."""
+    faults = {"gpus": {0: {"errors": {"nvmlDeviceGetGpuFabricInfoV": error}}}}
+    collector = NvidiaCollector({}, nvml=load_replay_nvml(HEALTHY_XML, faults))
+    try:
+        return collector.collect().records[0]
+    finally:
+        collector.close()
+
+
+def test_a_fabric_flapping_between_two_failures_is_one_streak():
+    """In Progress, then Completed with InsufficientResources, then In Progress again:
+    in none of these patrols had the GPU a working fabric. Counted apart, each reset the
+    other and the GPU was a warning for ever; one streak makes it critical on the 3rd."""
+    config = load_config()  # h100-h200: patrols 3
+    watch = FabricWatch()
+    for n, overrides in enumerate((IN_PROGRESS, INSUFFICIENT), start=1):
+        rec = _lasting(gpu0(overrides), 0, watch, config)
+        assert checks(rec) in ({"fabric_not_ready": "warning"}, {"fabric_error": "warning"})
+        assert f"{n} of 3 patrols in a row" in fabric_finding(rec).message
+    rec = _lasting(gpu0(IN_PROGRESS), 0, watch, config)
+    assert checks(rec) == {"fabric_not_ready": "critical"} and rec.health == "critical"
+    assert "for 3 patrols in a row" in fabric_finding(rec).message
+    rec = _lasting(gpu0(H100_590), 0, watch, config)  # registered: the streak ends
+    assert checks(rec) == {}
+    rec = _lasting(gpu0(INSUFFICIENT), 0, watch, config)
+    assert "1 of 3 patrols in a row" in fabric_finding(rec).message
+
+
+def test_a_fabric_call_that_fails_keeps_the_streak():
+    """A GPU whose fabric info call raises (NVML Unknown) every other patrol has no
+    reading then, which is no registration: its count is kept, so In Progress / no
+    answer / In Progress / no answer / In Progress is critical on the third In Progress
+    (it was reset by every failed call, a warning for ever)."""
+    config = load_config()
+    failed = gpu0_fabric_fails()
+    assert failed.read_ok and failed.fabric is None
+    assert {"source": "nvmlDeviceGetGpuFabricInfoV", "error": "Unknown"} in failed.errors
+    watch = FabricWatch()
+    for n in (1, 2):
+        rec = _lasting(gpu0(IN_PROGRESS), 0, watch, config)
+        assert f"{n} of 3 patrols in a row" in fabric_finding(rec).message
+        assert checks(_lasting(gpu0_fabric_fails(), 0, watch, config)) == {}
+    rec = _lasting(gpu0(IN_PROGRESS), 0, watch, config)
+    assert checks(rec) == {"fabric_not_ready": "critical"}
+    # a card that answers Not Supported has no fabric: nothing is kept for it
+    rec = _lasting(gpu0(GB200_NOT_SUPPORTED), 0, watch, config)
+    assert checks(rec) == {} and watch.seen == {}
+
+
 def test_streaks_follow_the_card_not_its_position():
     settings = FabricSettings(patrols=2, post_boot_grace_patrols=0)
     config = load_config()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 from dataclasses import replace
 
 import jsonschema
@@ -975,3 +976,53 @@ def test_a_users_file_name_in_a_kernel_message_is_no_xid():
         "name=<unknown>, GPU has fallen off the bus.\n"
     )
     assert brief(parse_text(real)) == [("xid", 79, "0000:cb:00.0", None, None)]
+
+
+def test_a_pid_used_again_since_the_record_is_not_attributed():
+    """A restarted daemon reads the whole ring buffer again: an XID 13 written at 5 s
+    after boot names pid 48213, which by then belongs to a process that started at
+    9000 s (another user's, in another job). The user and job of that process were put
+    on the event (and its job credited with the fault); a process that started before
+    the record is still attributed, and one whose start is unknown as before."""
+    (ev,) = parse_text(
+        "4,100,5000000,-;NVRM: Xid (PCI:0000:9b:00): 13, pid=48213, name=python3, "
+        "Graphics SM Warp Exception on (GPC 0, TPC 0)\n"
+    )
+    assert ev.clock == ("boot", 5.0) and ev.pid == 48213
+
+    class Reader:
+        path = "x"
+
+        def read(self):
+            from hetpatrol.kernel_log import ReadResult
+
+            return ReadResult(events=[(ev, 1_000_000.0 - 60)])
+
+        def close(self):
+            pass
+
+    def attributed(started: float | None):
+        snap = KernelLog(Reader(), clock=_Clock()).poll()
+        (line,) = apply_kernel_log(
+            snap, _cards(), KernelLogRules(), node="n", seq=1, ts_format=rfc,
+            lookup_process=lambda pid: ("bob", "9001"), started_at=lambda pid: started,
+        )[0]  # fmt: skip
+        return line["user"], line["job_id"]
+
+    assert attributed(9000.0) == (None, None)  # started after the record: not its process
+    assert attributed(4.2) == ("bob", "9001")  # started before it
+    assert attributed(None) == ("bob", "9001")  # start unknown (gone, unreadable)
+
+
+def test_started_boot_seconds_reads_field_22_after_the_name(tmp_path):
+    """/proc/<pid>/stat's name may hold spaces and ')' (a user's choice): the fields are
+    counted after the last ')'."""
+    from hetpatrol.processes import started_boot_seconds
+
+    (tmp_path / "77").mkdir()
+    fields = ["S"] + ["0"] * 18 + ["123400"] + ["0"] * 30  # field 22: 123400 ticks
+    (tmp_path / "77" / "stat").write_text("77 (a) b (c)) " + " ".join(fields) + "\n")
+    assert started_boot_seconds(77, tmp_path) == 123400 / os.sysconf("SC_CLK_TCK")
+    assert started_boot_seconds(78, tmp_path) is None
+    here = started_boot_seconds(os.getpid())
+    assert here is not None and 0 < here <= time.clock_gettime(time.CLOCK_BOOTTIME)

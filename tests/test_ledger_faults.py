@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -301,3 +302,120 @@ def test_an_endless_line_is_read_in_bounded_memory(tmp_path, capsys):
     assert peak < 16 << 20, peak  # the line is 40 MiB
     assert main(["ledger", "faults", "/dev/zero"]) == 65
     assert "/dev/zero: not a regular file" in capsys.readouterr().err
+
+
+def test_a_state_file_of_two_million_tiny_values_is_refused_before_it_is_decoded(tmp_path, capsys):
+    """A state file in a gathered directory may be anyone's: a 7 MB first line of
+    ``{},{},...`` (2.1 million objects, some 150 MB once decoded; 64 MiB of them took
+    1.7 GB and 26 s) is left out by its count of values, said by name, and the node's
+    real state file beside it is still read."""
+    import tracemalloc
+
+    state, _ = _patrol_state(tmp_path, "xid79-01", "4242")
+    d = tmp_path / "shared"
+    d.mkdir()
+    state.rename(d / "xid79-01.json")
+    bomb = d / "a-bomb.json"
+    bomb.write_text(
+        '{"schema": "hetpatrol.state/1", "fault_events": [' + ",".join(["{}"] * 2_100_000) + "]}\n"
+    )
+    tracemalloc.start()
+    try:
+        code = main(["ledger", "faults", str(d)])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    out, err = capsys.readouterr()
+    assert code == 1 and out.splitlines()[0] == "job 4242"
+    assert out.splitlines()[-1] == (
+        "1 job(s) on faulted cards; 2 fault event(s), 0 without jobs, 1 line(s) skipped, "
+        "1 state file(s)"
+    )
+    said = [line for line in err.splitlines() if line.startswith("hetpatrol ledger faults:")]
+    assert said == [
+        f"hetpatrol ledger faults: {bomb}: more than 2000000 JSON values in one document "
+        "(no state file the daemon writes): left out"
+    ]
+    assert peak < 40 << 20, peak  # the file is 6.3 MB, its bytes read twice at most
+
+
+def test_a_directory_past_the_file_bound_says_so(tmp_path, capsys, monkeypatch):
+    """A directory of more entries than ``MAX_DIR_FILES`` (100,000) is read up to the
+    bound and says that it was cut (its other files were left out without a word)."""
+    from hetpatrol.ledger import faults
+
+    monkeypatch.setattr(faults, "MAX_DIR_FILES", 3)
+    state, _ = _patrol_state(tmp_path, "xid79-01", "4242")
+    d = tmp_path / "shared"
+    d.mkdir()
+    for i in range(5):
+        (d / f"n{i}.json").write_bytes(state.read_bytes())
+    assert main(["ledger", "faults", str(d)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].endswith(", 3 state file(s)")
+    said = [line for line in err.splitlines() if line.startswith("hetpatrol ledger faults:")]
+    assert said == [
+        f"hetpatrol ledger faults: {d}: more than 3 entries: only the first 3 the "
+        "directory lists are read"
+    ]
+
+
+def test_a_state_file_over_a_mebibyte_is_read_a_jsonl_line_is_not(tmp_path, capsys):
+    """Only a first line that starts as the daemon's state file (``{"schema":
+    "hetpatrol.state/...``, its first key) is read past 1 MiB: a big node's state file
+    of 2 MiB is read; the same document with its keys sorted (no daemon's) is a line
+    too long, skipped."""
+    state, _ = _patrol_state(tmp_path, "xid79-01", "4242")
+    doc = json.loads(state.read_text())
+    doc["pad"] = "x" * (2 << 20)
+    state.write_text(json.dumps(doc) + "\n")
+    assert main(["ledger", "faults", str(state)]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "job 4242" and out.endswith(", 1 state file(s)\n")
+    state.write_text(json.dumps(doc, sort_keys=True) + "\n")
+    assert main(["ledger", "faults", str(state)]) == 0
+    assert capsys.readouterr().out == (
+        "0 job(s) on faulted cards; 0 fault event(s), 0 without jobs, 1 line(s) skipped\n"
+    )
+
+
+def test_a_sparse_file_without_an_end_is_read_in_bounded_time(tmp_path, capsys):
+    """A line longer than 1 MiB was read to its end to find the next: a sparse file of
+    a terabyte after one good line (anyone can make one in a shared directory:
+    ``truncate -s 1T``), or ``/proc/self/pagemap`` (a regular file of /proc, 256 GB of
+    it), was read for hours. Past 64 MiB of one line the rest of the file is left out,
+    said by name; what came before counts."""
+    good = {"kind": "event", "event": "xid", "xid": 79, "jobs": ["5"], "ts": "t", "seq": 1}
+    path = tmp_path / "sparse.jsonl"
+    with path.open("w") as f:
+        f.write(json.dumps(good) + "\n")
+        f.truncate(1 << 40)
+    start = time.monotonic()
+    code = main(["ledger", "faults", str(path), "/proc/self/pagemap"])
+    took = time.monotonic() - start
+    out, err = capsys.readouterr()
+    assert code == 1 and out.splitlines()[0] == "job 5"
+    assert out.splitlines()[-1] == (
+        "1 job(s) on faulted cards; 1 fault event(s), 0 without jobs, 2 line(s) skipped"
+    )
+    assert err == (
+        f"hetpatrol ledger faults: {path}: a line over 67108864 bytes: the rest of the file "
+        "left out\n"
+        "hetpatrol ledger faults: /proc/self/pagemap: a line over 67108864 bytes: the rest "
+        "of the file left out\n"
+    )
+    assert took < 30, took
+
+
+def test_a_file_that_fails_to_read_is_said_by_name_and_the_others_are_read(tmp_path, capsys):
+    """A read that fails (EIO: a failing disk; ``/proc/self/mem`` answers it at offset 0)
+    ended the command with 'hetpatrol: Input/output error' and exit 1, no file named,
+    nothing else read."""
+    _, jsonl = _patrol_state(tmp_path, "xid79-01", "4242")
+    assert main(["ledger", "faults", "/proc/self/mem", str(jsonl)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == "job 4242"
+    said = [line for line in err.splitlines() if line.startswith("hetpatrol ledger faults:")]
+    assert said == [
+        "hetpatrol ledger faults: /proc/self/mem: Input/output error: the rest of the file left out"
+    ]

@@ -364,6 +364,29 @@ def test_a_card_gone_from_the_bus_or_unbound_starts_again_a_failed_tool_keeps_it
     assert reports[2].node_checks["boot"]["unlisted_patrols"] == {E8: 2}
 
 
+def test_a_tool_that_lists_no_card_at_all_counts_every_card_to_critical(monkeypatch):
+    """The count needed the tool to list some card by bus id, so a node whose every GPU
+    is lost kept its nine GPUs at warning for ever: never reset_card. NVML answers and
+    counts no device ("No devices were found": each GPU's RmInitAdapter failed, its
+    driver still bound; NVIDIA/open-gpu-kernel-modules #789, #862): the collector is ok
+    with no record (NvidiaCollector.collect with nvmlDeviceGetCount 0; the replay
+    refuses a dump without <gpu>, so it is stood in for here). No card listed is no card
+    without a bus id either: each is counted."""
+    from hetpatrol.collector import STATE_OK, CollectResult
+    from hetpatrol.collectors.nvidia import NvidiaCollector
+
+    monkeypatch.setattr(
+        NvidiaCollector, "collect", lambda self: CollectResult("nvidia", state=STATE_OK)
+    )
+    reports = patrol_each([LOST, LOST, LOST])
+    assert [r.collectors[0].state for r in reports] == ["ok"] * 3
+    assert [[c.vendor for c in r.cards if c.vendor == "nvidia"] for r in reports] == [[]] * 3
+    counts = [[f[1] for f in unlisted(r)] for r in reports]
+    assert counts == [["warning"] * 9, ["warning"] * 9, ["critical"] * 9]
+    assert E8 in {f.value for f in reports[2].node_findings if f.check == "pci_unwatched"}
+    assert reports[2].node_checks["boot"]["unlisted_patrols"][E8] == 3
+
+
 def test_two_bus_ids_are_counted_apart(tmp_path):
     two = variant(tmp_path, "two", drops_db)
     reports = patrol_each([LOST, LOST, two, two, two])

@@ -331,3 +331,51 @@ def test_the_packaged_wrapper_exits_0_when_hetpatrol_cannot_run(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("print hetpatrol TaskProlog: hetpatrol task-prolog exited 127")
     assert time.monotonic() - start < 30
+
+
+#: what a job's user may have in the environment slurmstepd runs the TaskProlog with
+#: (the task's own): each broke ``hetpatrol task-prolog`` in the packaged wrapper, which
+#: dropped only PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, PYTHONUSERBASE and PYTHONSAFEPATH
+HOSTILE_ENV = [
+    {"PYTHONINSPECT": "1"},  # a traceback of SystemExit and exit 1
+    {"PYTHONIOENCODING": "utf-16"},  # every line UTF-16: slurmstepd reads no export
+    {"PYTHONHASHSEED": "abc"},  # "Fatal Python error: config_init_hash_seed"
+    {"PYTHONPLATLIBDIR": "xx"},  # no standard library found
+    {"PYTHONEXECUTABLE": "/bin/false"},  # no module named 'hetpatrol'
+    {"PYTHONWARNINGS": "error", "PYTHONDEVMODE": "1", "PYTHONMALLOC": "debug"},
+    {"LD_PRELOAD": "/nonexistent/lib.so"},  # ld.so's error on every program
+]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_ENV, ids=lambda e: ",".join(e))
+def test_the_packaged_wrapper_drops_the_users_python_and_loader_settings(tmp_path, hostile):
+    """The wrapper as packaged (its PATH; this checkout's hetpatrol in place of the
+    installed command, as in tests/test_gres_conf.py) with a stand-in squeue replaying the
+    recorded answer: whatever Python or loader settings the job's user has, the task gets
+    its variable, exactly the one line, nothing on stderr."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text(f"#!/bin/sh\ncat {REPO}/fixtures/slurm/squeue-json-22.05-hostile.json\n")
+    squeue.chmod(0o755)
+    wrapper = (REPO / "packaging" / "slurm" / "taskprolog").read_text()
+    assert "\nhetpatrol task-prolog " in wrapper
+    program = tmp_path / "taskprolog"
+    program.write_text(
+        wrapper.replace(
+            "\nhetpatrol task-prolog ", f"\n{sys.executable} -m hetpatrol.entry task-prolog "
+        )
+    )
+    res = subprocess.run(
+        ["sh", str(program), "--scontrol", str(bin_dir / "scontrol"),
+         "--export", "ascend", "ASCEND_RT_VISIBLE_DEVICES", "0=10,1=11"],
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **ENV, **hostile},
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+    )  # fmt: skip
+    # (ld.so says its LD_PRELOAD error once more, for sh itself, before a line of it runs)
+    loader = b"LD_PRELOAD cannot be preloaded"
+    said = [line for line in res.stderr.splitlines() if loader not in line]
+    assert (res.returncode, said, res.stdout) == (
+        0, [], b"export ASCEND_RT_VISIBLE_DEVICES=10\n"
+    )  # fmt: skip
+    assert res.stderr.count(b"\n") <= (1 if "LD_PRELOAD" in hostile else 0)

@@ -182,19 +182,28 @@ class FabricWatch:
     ``boot_patrols(card)`` (the patrols of this boot as the card's checks saw them, 0:
     not counted): a finding that held ``patrols`` patrols in a row, outside the card
     class's post-boot grace, takes its configured severity (and the card's health is
-    raised with it); a card without the finding starts again at 0."""
+    raised with it); a card read with a fabric state and neither finding starts again at
+    0. The two count as one streak: a GPU going from ``In Progress`` to ``Completed``
+    with an error (and back) has had no working fabric in any of those patrols. A card
+    whose fabric was not read this patrol (the card or its fabric call failed: no
+    ``fabric`` or no state) keeps its count, as one the patrol did not list does: an
+    answer that is not there is no registration."""
 
     def __init__(self) -> None:
-        #: (card identity, check) -> consecutive patrols seen
-        self.seen: dict[tuple[str, str], int] = {}
+        #: card identity -> consecutive patrols a LASTING finding was seen
+        self.seen: dict[str, int] = {}
 
     def observe(
         self, cards: Sequence[CardRecord], config: Any, boot_patrols: Callable[[CardRecord], int]
     ) -> None:
-        now: dict[tuple[str, str], int] = {}
+        listed = {card_identity(rec) for rec in cards}
+        now = {k: v for k, v in self.seen.items() if k not in listed}  # not in this patrol
         for rec in cards:
             mine = [f for f in rec.findings if f.check in LASTING]
+            fabric = rec.fabric if rec.read_ok else None
             if not mine:
+                if (not fabric or fabric.get("state") is None) and card_identity(rec) in self.seen:
+                    now[card_identity(rec)] = self.seen[card_identity(rec)]  # unknown: kept
                 continue
             profile = config.profile_for(rec.vendor, rec.card_type, rec.model)
             settings = profile.checks.get(NAME)
@@ -204,9 +213,8 @@ class FabricWatch:
             patrols = boot_patrols(rec)
             grace = settings.post_boot_grace_patrols
             in_grace = 0 < patrols <= grace
+            count = now[ident] = self.seen.get(ident, 0) + 1
             for f in mine:
-                key = (ident, f.check)
-                count = now[key] = self.seen.get(key, 0) + 1
                 wanted = settings.not_ready if f.check == NOT_READY else settings.error
                 if wanted is None or _RANK[wanted] <= _RANK[f.severity]:
                     continue

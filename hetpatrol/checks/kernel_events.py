@@ -342,6 +342,7 @@ def apply_kernel_log(
     seq: int,
     ts_format,
     lookup_process=None,
+    started_at=None,
 ) -> tuple[list[dict[str, Any]], list[Finding]]:
     """Judge one snapshot: add findings to the matching cards (their ``health`` goes up
     to the worst), return the event lines (dicts) and the node findings for events on a
@@ -349,7 +350,9 @@ def apply_kernel_log(
 
     ``ts_format`` turns a wall time into the RFC 3339 text of the lines;
     ``lookup_process(pid) -> (user, job_id)`` attributes an application-class XID to a
-    user and Slurm job (live nodes only).
+    user and Slurm job (live nodes only); ``started_at(pid)`` (seconds after boot the
+    pid started, None: unknown) keeps it from a process that started after the record
+    (see :func:`_pid_reused`).
     """
     counts = snapshot.window_counts
     per_card: dict[int, list[tuple[KernelOccurrence, str]]] = {}
@@ -407,7 +410,8 @@ def apply_kernel_log(
         uuid = ev.uuid or snapshot.uuids.get(ev.bus_id or "")
         card = _match(ev.bus_id, uuid, cards, (ev.vendor,) if ev.vendor else snapshot.vendors)
         user = job = None
-        if lookup_process is not None and ev.pid is not None and cls == CLASS_APPLICATION:
+        attributable = lookup_process is not None and ev.pid is not None
+        if attributable and cls == CLASS_APPLICATION and not _pid_reused(ev, started_at):
             user, job = lookup_process(ev.pid)
         lines.append(
             {
@@ -448,6 +452,20 @@ def apply_kernel_log(
             }
         )
     return lines, node_findings
+
+
+def _pid_reused(ev: Any, started_at: Any) -> bool:
+    """Whether the pid a record names now belongs to a process that started after the
+    record was written (its boot-clock stamp): a pid used again since (a restarted
+    daemon reads the whole ring buffer again, records of hours ago), whose user and job
+    are not the record's. The record's stamp is the kernel's ``local_clock()``, which
+    stops in a suspend while a process's start time does not: after a suspend a
+    record's own process may read as started after it, and is then not attributed (no
+    job named rather than another user's). False when either time is unknown."""
+    if started_at is None or ev.clock is None or ev.clock[0] != "boot":
+        return False
+    started = started_at(ev.pid)
+    return started is not None and started > ev.clock[1] + 1.0
 
 
 def card_xid_totals(
@@ -582,8 +600,16 @@ def patrol_kernel_log(
         earlier = len(snapshot.new) - len(new)
         snapshot = replace(snapshot, new=new, window=window)
     lookup = processes.lookup if enrich_processes else None
+    started = processes.started_boot_seconds if enrich_processes else None
     events, findings = apply_kernel_log(
-        snapshot, cards, rules, node=node, seq=seq, ts_format=ts_format, lookup_process=lookup
+        snapshot,
+        cards,
+        rules,
+        node=node,
+        seq=seq,
+        ts_format=ts_format,
+        lookup_process=lookup,
+        started_at=started,
     )
     blind = unreadable_finding(snapshot, cards, replay=bool(getattr(source, "replay", False)))
     if blind is not None:

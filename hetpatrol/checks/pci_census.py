@@ -11,7 +11,8 @@ finding ``pci_unwatched`` naming its bus id, PCI id and why nobody reads it:
 - ``no driver bound`` (sysfs has no ``driver`` link: the module never loaded or failed to
   probe): warning;
 - ``tool does not list it``: the plugin answered (``ok``), the card has its driver, and
-  the tool gave bus ids for its other cards: the NVIDIA case is a GPU the driver lost,
+  the tool gave bus ids for its other cards, or listed none (NVML's "No devices were
+  found": every GPU's RmInitAdapter failed): the NVIDIA case is a GPU the driver lost,
   it needs a reset. One patrol's answer is no proof: a GPU is briefly missing from NVML
   while an admin's ``nvidia-smi -r`` resets it or a tool gives a partial answer. So it
   is a warning (action ``watch``, "k of N patrols") until ``unlisted_patrols`` (3)
@@ -175,8 +176,10 @@ def judge(
                 reason = f"{plugin} collector absent: {status.error or 'tool not found'}"
             else:
                 reason = f"the {plugin} tool does not list it"
-                if listed.get(plugin) and not anonymous.get(plugin):
-                    # the lost-card case: the same bus id, patrols in a row
+                if not anonymous.get(plugin):
+                    # the lost-card case: the same bus id, patrols in a row (a tool that
+                    # lists no card at all, NVML's "No devices were found" with every
+                    # GPU's driver bound, is every card lost: counted too)
                     count = counts[fn.bus_id] = before.get(fn.bus_id, 0) + 1
                     if count >= patrols:
                         severity = HEALTH_CRITICAL

@@ -178,7 +178,7 @@ def mark_stopped(path: Path, reason: str, *, now: float | None = None) -> None:
     to the state file at ``path`` (its verdict, the last patrol's, is kept as it is):
     the daemon's word, on a clean stop (SIGTERM, SIGINT), that no patrol follows.
     ``check``, ``status`` and ``prolog`` read it (:func:`hetpatrol.healthcheck.stopped_mark`);
-    the next daemon's first patrol writes a file without it. ``reason``: the signal's
+    the next daemon clears it when it starts (:func:`clear_stopped`). ``reason``: the signal's
     name (``SIGTERM``). Raises OSError or ValueError (no state file of this schema)."""
     doc = read_state(path, verify=lambda st: None)  # verify: a last symlink not followed
     doc["stopped"] = {
@@ -187,6 +187,17 @@ def mark_stopped(path: Path, reason: str, *, now: float | None = None) -> None:
         "pid": os.getpid(),
     }
     data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+    write_atomic(path, data, mode=PRIVATE_FILE_MODE)
+
+
+def clear_stopped(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` (the state file at ``path`` as a starting daemon read and trusted
+    it) back without its ``stopped`` mark: a daemon runs again, so "no patrol follows"
+    is no longer true. Until its first patrol the verdict is the last one and ages as
+    any verdict does (a daemon that dies before then, a crash in its first patrol, is a
+    silent daemon again, not a stopped one). Raises OSError."""
+    kept = {k: v for k, v in doc.items() if k != "stopped"}
+    data = (json.dumps(kept, separators=(",", ":")) + "\n").encode()
     write_atomic(path, data, mode=PRIVATE_FILE_MODE)
 
 

@@ -16,8 +16,10 @@ such, never credited to a job.
 
 The files may sit in a shared directory: a symbolic link another user made is not
 followed, a FIFO or device is not read, a line is read up to 1 MiB (a state file up to
-64 MiB), a file whose first line is not a JSON object is left out (said on stderr,
-counted as one line skipped). Only the daemon's own structured fields are read; a line
+64 MiB and 2,000,000 JSON values), a file whose first line is not a JSON object is left
+out (said on stderr, counted as one line skipped), a directory's first 100,000 entries
+are read (more is said); past 64 MiB of one line, or a read that fails, the rest of
+that file is left out and said. Only the daemon's own structured fields are read; a line
 that is not JSON, or an event whose fields have the wrong types, is skipped and counted.
 Names are printed without control characters (:func:`hetpatrol.node_view.printable`).
 Exit 0 no fault with a job, 1 at least one, 65 when no file could be read (files left out
@@ -30,6 +32,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -45,6 +48,15 @@ from hetpatrol.safe_files import UnsafeRead, open_for_reading
 MAX_LINE = 1 << 20
 #: most files read from one directory
 MAX_DIR_FILES = 100_000
+#: how a state file's compact JSON starts (its writer puts ``schema`` first: the head of
+#: :func:`hetpatrol.exporters.state.state_bytes`); only such a first line is read past
+#: ``MAX_LINE``
+_STATE_HEAD = re.compile(rb'\s*\{\s*"schema"\s*:\s*"hetpatrol\.state/')
+#: most JSON values in one document decoded (a state file's first line): the 64-NPU
+#: replay's state file has about 7,000, 10,000 kept events of 64 jobs each about 800,000;
+#: decoded, a value costs up to ~70 bytes (an empty object), so a 64 MiB line of ``{},``
+#: (22 million values, 1.7 GB decoded) is refused before it is decoded
+MAX_DOCUMENT_VALUES = 2_000_000
 EX_DATAERR = 65
 
 
@@ -205,29 +217,57 @@ def _files(paths: Iterable[str], errors: list[str]) -> Iterator[str]:
             continue
         try:
             with os.scandir(path) as entries:
-                names = sorted(
-                    e.name
-                    for e in itertools.islice(entries, MAX_DIR_FILES)
-                    if not e.name.startswith(".")
-                )
+                listed = [e.name for e in itertools.islice(entries, MAX_DIR_FILES + 1)]
         except OSError as exc:
             errors.append(f"{path}: {exc.strerror or exc}")
             continue
+        if len(listed) > MAX_DIR_FILES:  # said, never a silent part of the directory
+            del listed[MAX_DIR_FILES:]
+            errors.append(
+                f"{path}: more than {MAX_DIR_FILES} entries: only the first {MAX_DIR_FILES} "
+                "the directory lists are read"
+            )
+        names = sorted(n for n in listed if not n.startswith("."))
         for name in names:
             yield os.path.join(path, name)
 
 
+class _Endless(Exception):
+    """A line ran past :data:`MAX_SKIP` bytes without a newline."""
+
+
+#: most bytes of one over-long line read past (to find the next line): no line the daemon
+#: writes is near it, and a sparse file of terabytes without a newline, or a regular
+#: file of /proc that has no end (``/proc/self/pagemap``), must not be read to its end
+MAX_SKIP = 64 * 1024 * 1024
+
+
+def _skip_rest(fh: Any, read: int) -> None:
+    """Read to the end of an over-long line (``read`` bytes of it read already); raises
+    :class:`_Endless` past :data:`MAX_SKIP` bytes of it."""
+    while (rest := fh.readline(1 << 20)) and not rest.endswith(b"\n"):
+        read += len(rest)
+        if read > MAX_SKIP:
+            raise _Endless
+
+
 def _read_line(fh: Any, limit: int) -> bytes | None:
-    """The next line up to ``limit`` bytes; a longer one is read to its end and given
-    as ``b"\\0"`` (counted skipped, never parsed); None at the end."""
+    """The next line up to ``limit`` bytes; a longer one is read to its end (at most
+    :data:`MAX_SKIP` bytes, else :class:`_Endless`) and given as ``b"\\0"`` (counted
+    skipped, never parsed); None at the end."""
     line = fh.readline(limit + 1)
     if not line:
         return None
     if len(line) > limit and not line.endswith(b"\n"):
-        while (rest := fh.readline(1 << 20)) and not rest.endswith(b"\n"):
-            pass
+        _skip_rest(fh, len(line))
         return b"\0"
     return line
+
+
+def _values_bound(data: bytes) -> int:
+    """An upper bound of the JSON values in ``data``: every value but the first follows
+    a ``,``, a ``:`` or a ``[`` (counted in C, before anything is decoded)."""
+    return 1 + data.count(b",") + data.count(b":") + data.count(b"[")
 
 
 def _decode(data: bytes) -> Any:
@@ -238,25 +278,61 @@ def _decode(data: bytes) -> Any:
 
 
 def _read_file(path: str, errors: list[str], readable: list[str]) -> Iterator[str | dict]:
-    """The documents of one JSONL or state file (see the module docstring): a state
-    file's first line (or the whole file, when it is indented JSON) is read up to
-    ``STATE_READ_MAX`` bytes and decoded here; every other line up to ``MAX_LINE``."""
+    """The documents of one JSONL or state file (see the module docstring): a first line
+    that starts as a state file does (``{"schema":"hetpatrol.state/``, the writer's first
+    key) is read up to ``STATE_READ_MAX`` bytes, an indented document whole up to that
+    bound, and decoded here when it holds at most :data:`MAX_DOCUMENT_VALUES` values;
+    every other line is read up to ``MAX_LINE`` (a longer one is skipped, never held)."""
     try:
         fd = open_for_reading(Path(path))
     except OSError as exc:
         errors.append(str(exc) if isinstance(exc, UnsafeRead) else f"{path}: {exc.strerror or exc}")
         return
-    with os.fdopen(fd, "rb") as fh:
-        first = _read_line(fh, STATE_READ_MAX)
-        if first is None:  # an empty log (rotated a moment ago): read, nothing in it
-            readable.append(path)
-            return
-        if first.strip() == b"{":  # indented JSON (`status --json > node.json`): one document
-            readable.append(path)
-            whole = first + fh.read(STATE_READ_MAX + 1 - len(first))
-            doc = _decode(whole) if len(whole) <= STATE_READ_MAX else None
-            yield doc if isinstance(doc, dict) else "\0"
-            return
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            yield from _file_documents(path, fh, errors, readable)
+    except _Endless:
+        errors.append(f"{path}: a line over {MAX_SKIP} bytes: the rest of the file left out")
+        yield "\0"
+    except OSError as exc:  # EIO of a failing disk, a file of /proc that refuses reads
+        errors.append(f"{path}: {exc.strerror or exc}: the rest of the file left out")
+
+
+def _file_documents(
+    path: str, fh: Any, errors: list[str], readable: list[str]
+) -> Iterator[str | dict]:
+    """:func:`_read_file`'s documents of the open file ``fh``; ``path`` goes into
+    ``readable`` when the file is the daemon's (an empty log, rotated a moment ago,
+    too: read, nothing in it), never for a README or a compressed copy."""
+    first = fh.readline(MAX_LINE + 1)
+    if not first:
+        readable.append(path)
+        return
+    if len(first) > MAX_LINE and not first.endswith(b"\n"):
+        if _STATE_HEAD.match(first):  # a state file: one line of up to STATE_READ_MAX
+            first += fh.readline(STATE_READ_MAX + 1 - len(first))
+        if not _STATE_HEAD.match(first) or len(first) > STATE_READ_MAX:
+            _skip_rest(fh, len(first))
+            first = b"\0"  # too long for what it starts as: skipped, never parsed
+    indented = first.strip() == b"{"  # `status --json > node.json`: one document
+    if indented:
+        first += fh.read(STATE_READ_MAX + 1 - len(first))
+    if _values_bound(first) > MAX_DOCUMENT_VALUES:
+        errors.append(
+            f"{path}: more than {MAX_DOCUMENT_VALUES} JSON values in one document "
+            "(no state file the daemon writes): left out"
+        )
+        yield "\0"
+        return
+    if indented:
+        readable.append(path)
+        doc = _decode(first) if len(first) <= STATE_READ_MAX else None
+        yield doc if isinstance(doc, dict) else "\0"
+        return
+    if first == b"\0":
+        readable.append(path)
+        yield "\0"
+    else:
         doc = _decode(first)
         if not isinstance(doc, dict):  # a README, an archive (a .gz copy): not read
             errors.append(f"{path}: not a JSONL log or state file (left out)")
@@ -264,8 +340,8 @@ def _read_file(path: str, errors: list[str], readable: list[str]) -> Iterator[st
             return
         readable.append(path)
         yield doc
-        while (line := _read_line(fh, MAX_LINE)) is not None:
-            yield line.decode("utf-8", "replace")
+    while (line := _read_line(fh, MAX_LINE)) is not None:
+        yield line.decode("utf-8", "replace")
 
 
 def _lines(paths: Iterable[str], errors: list[str], readable: list[str]) -> Iterator[str | dict]:
