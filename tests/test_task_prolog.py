@@ -351,13 +351,17 @@ HOSTILE_ENV = [
 def test_the_packaged_wrapper_drops_the_users_python_and_loader_settings(tmp_path, hostile):
     """The wrapper as packaged (its PATH; this checkout's hetpatrol in place of the
     installed command, as in tests/test_gres_conf.py) with a stand-in squeue replaying the
-    recorded answer: whatever Python or loader settings the job's user has, the task gets
+    recorded answer (and an scontrol saying a version whose squeue filters): whatever Python or loader settings the job's user has, the task gets
     its variable, exactly the one line, nothing on stderr."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     squeue = bin_dir / "squeue"
     squeue.write_text(f"#!/bin/sh\ncat {REPO}/fixtures/slurm/squeue-json-22.05-hostile.json\n")
     squeue.chmod(0o755)
+    # a Slurm whose squeue --json honours --jobs (23.02.3 and later): the squeue path
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho 'slurm 23.11.4'\n")
+    scontrol.chmod(0o755)
     wrapper = (REPO / "packaging" / "slurm" / "taskprolog").read_text()
     assert "\nhetpatrol task-prolog " in wrapper
     program = tmp_path / "taskprolog"
