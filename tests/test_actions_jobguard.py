@@ -485,8 +485,9 @@ def test_real_prolog_reads_the_allocation_not_a_hostile_job_name(slurm_node, tmp
     """A job named, commented and run in a directory that all say
     ``Nodes=<node> GRES=ascend:910b:1(IDX:3)`` (and a comment holding a newline and a
     forged ``scontrol show job -d`` detail line) while NPU 3 needs ``isolate_card``: Slurm
-    gives the job NPU 0, the real Prolog reads that from ``squeue --json`` and lets the job
-    run; the node is not drained. (Read from scontrol's text, the name was IDX 3.)"""
+    gives the job NPU 0, the real Prolog reads that from the job's one record (22.05:
+    ``scontrol -d show job``, Slurm's own per-node block only) and lets the job run; the
+    node is not drained. (Read from any ``Nodes=`` line of the text, the name was IDX 3.)"""
     c = slurm_node
     out = tmp_path / "guard.out"
     state_path = tmp_path / "state.json"
@@ -497,7 +498,11 @@ def test_real_prolog_reads_the_allocation_not_a_hostile_job_name(slurm_node, tmp
     forged = f"Nodes={c.node} GRES=ascend:910b:1(IDX:3)"
     workdir = tmp_path / forged
     workdir.mkdir()
+    log = c.root / "log" / "slurmctld.log"
     with c.explain(), c.install_hook("prolog", _prolog_script(state_path, out, tmp_path)):
+        # slurmctld logs each RPC it processes at debug2 (set live, put back below)
+        c.run("scontrol", "setdebug", "debug2")
+        seen = len(log.read_text())
         job = c.run(
             "sbatch",
             "--parsable",
@@ -513,7 +518,12 @@ def test_real_prolog_reads_the_allocation_not_a_hostile_job_name(slurm_node, tmp
             "true",
         ).stdout.strip()
         said = _wait_file(out)
+        rpcs = log.read_text()[seen:]
+        c.run("scontrol", "setdebug", "info")
         assert said.startswith("job cards ok: ascend/0/0 (patrol 42"), said
+        # the Prolog asked for its one job (22.05: scontrol -d show job), not the queue
+        assert "Processing RPC: REQUEST_JOB_INFO from" not in rpcs, rpcs[-3000:]
+        assert rpcs.count("Processing RPC: REQUEST_JOB_INFO_SINGLE from") == 1, rpcs[-3000:]
         c.run("scontrol", "wait_job", job.split(";")[0], check=False)
         line = c.wait_for(lambda line: line.split(" ")[1] == "idle", what="node idle")
         assert c.reason() == "none", line

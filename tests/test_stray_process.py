@@ -1,6 +1,8 @@
 """stray_process (a process holding card memory outside the card's Slurm job, for N
-patrols) and the card -> jobs map from ``squeue --json`` that it and the fault events'
-``jobs`` use.
+patrols) and the card -> jobs map that it and the fault events' ``jobs`` use: the
+node's jobs from Slurm's own cgroup directories, one single-job query each (``scontrol
+-d show job`` on 22.05, ``squeue --json --jobs=`` from 23.02.3), never the whole queue
+per patrol.
 
 Recordings: fixtures/slurm/squeue-json-22.05-hostile.json (slurmctld 22.05.8, job 1
 RUNNING on hp-gpu01 with ``gpu:a100:1(IDX:0),ascend:910b:1(IDX:0)``; its name, comment
@@ -8,10 +10,11 @@ and work directory forge ``GRES=ascend:910b:1(IDX:3)``). Processes: the pids and
 of ../shared/vendor-samples/nvidia/nvidia-smi-query-compute-apps_H200_590.48.01_load.csv
 (10291 memhog 2566 MiB, 10293 memhog 1542 MiB, 10309 gpu_burn 28234 MiB).
 fixtures/slurm/scontrol-show-config-22.05-{linuxproc,cgroup}.txt: ProctrackType.
+fixtures/slurm/scontrol-show-job-d-22.05-{hostile,copied-block}.txt: one job's record.
 
 On the real daemons: the session cluster (proctrack/linuxproc: its jobs have no cgroup,
-only cards with no job are judged) and a cluster of its own with Slurm's job cgroups
-(proctrack/cgroup, cgroup v1), both patrolled through an ``npu-smi info`` stand-in
+nothing is asked per patrol and nothing judged) and a cluster of its own with Slurm's job
+cgroups (proctrack/cgroup, cgroup v1, slurmctld at debug2 to count the RPCs), both patrolled through an ``npu-smi info`` stand-in
 replaying fixtures/vendor-outputs/ascend/npu-smi-info_910B3_8card_AICore-busy_procs_
 v24.1.rc2.1.txt (8 x 910B3, a ``python`` process per NPU) with the real pids.
 """
@@ -441,10 +444,11 @@ slurm_node = cluster.slurm_node
 
 
 @pytest.mark.slurm
-def test_real_squeue_names_the_job_of_each_card(slurm_node):
-    """A running job with ``--gres=gpu:a100:2,ascend:910b:1`` on the real slurmctld:
-    CardJobs (real ``squeue --json`` beside the configured scontrol) gives it GPU 0 and
-    1 and NPU 0, nothing else; after the job, no card has a job."""
+def test_real_squeue_names_the_job_of_each_card_for_a_fault_event(slurm_node):
+    """The session cluster runs proctrack/linuxproc: no job cgroup, so no local job list
+    and nothing asked per patrol (jobs unknown). A card fault event reads the real
+    ``squeue --json`` once: a running job with ``--gres=gpu:a100:2,ascend:910b:1`` holds
+    GPU 0 and 1 and NPU 0, nothing else."""
 
     c = slurm_node
     cs = [CardRecord("nvidia", i, gres="gpu", uuid=f"GPU-{i}") for i in range(8)]
@@ -465,22 +469,19 @@ def test_real_squeue_names_the_job_of_each_card(slurm_node):
         )
         try:
             deadline = time.monotonic() + 30
-            cj = CardJobs(c.scontrol_argv, c.node, cache_seconds=0)
+            cj = CardJobs(c.scontrol_argv, c.node, fault_read_seconds=0)
             while True:
                 cj.refresh(cs)
-                if cj.error is None and cj.jobs_of(cs[0]):
+                assert cj.proctrack == "proctrack/linuxproc" and cj.version is not None
+                assert all(cj.jobs_of(r) is None for r in cs) and cj.queries == 0
+                if cj.fault_jobs_of(cs[0]) and cj.error is None:
                     break
                 assert time.monotonic() < deadline, f"job never on GPU 0: {cj.error}"
                 time.sleep(0.3)
-            held = [(r.vendor, r.index) for r in cs if cj.jobs_of(r) == frozenset({job})]
+            held = [(r.vendor, r.index) for r in cs if cj.fault_jobs_of(r) == frozenset({job})]
             assert held == [("nvidia", 0), ("nvidia", 1), ("ascend", 0)]
         finally:
             c.run("scancel", job, check=False)
-        deadline = time.monotonic() + 30
-        while any(cj.jobs_of(r) for r in cs):
-            assert time.monotonic() < deadline, "the cancelled job still holds cards"
-            time.sleep(0.3)
-            cj.refresh(cs)
 
 
 def test_the_patrol_writes_stray_process_with_action_watch(base_config):
@@ -604,6 +605,8 @@ def cgroup_cluster():
                 # job ids of their own: a build without MULTIPLE_SLURMD puts every
                 # cluster's jobs under /slurm/uid_<uid>/ (src/common/cgroup.c)
                 "FirstJobId": str(100_000 + secrets.randbelow(50_000_000)),
+                # each RPC slurmctld processes is logged: what the daemon asks
+                "SlurmctldDebug": "debug2",
             },
             cgroup_conf=CGROUP_CONF,
             node=node,
@@ -772,6 +775,8 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
                 assert job_from_cgroup(text, uid=user.pw_uid) == job
                 assert job_from_cgroup(text, uid=0) is None  # uid_<n> is the owner's
 
+            log = c.root / "log" / "slurmctld.log"
+            seen = len(log.read_text())
             daemon = Daemon(_stray_config(c, tmp_path, tool))
             recs, found = patrol()  # no process yet: which NPUs the job holds
             jobs = {i: daemon.patroller.card_jobs.jobs_of(r) for i, r in recs.items()}
@@ -835,6 +840,18 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
             recs, found = patrol()
             assert found == {}
             assert daemon.patroller.stray_watch.seen == {}
+            # fault to job: an event on the NPU the job holds with no process of it now
+            event = {"event": "kernel", "vendor": "ascend", "index": escaped}
+            event["chip"] = recs[escaped].chip
+            daemon.patroller._jobs_on_events(list(recs.values()), [event])
+            assert event["jobs"] == [job]
+            # five patrols of a node running a GRES job: slurmctld was asked for that
+            # one job once (REQUEST_JOB_INFO_SINGLE), never for the queue
+            rpcs = log.read_text()[seen:]
+            print(f"slurmctld RPCs during the patrols:\n{rpcs[-3000:]}")
+            assert "Processing RPC: REQUEST_JOB_INFO from" not in rpcs
+            assert rpcs.count("Processing RPC: REQUEST_JOB_INFO_SINGLE from") == 1
+            assert daemon.patroller.card_jobs.queries == 1
         finally:
             if daemon is not None:
                 daemon.shutdown()
@@ -859,11 +876,12 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_no_cgroup_tracking_judges_no_process_on_a_jobs_card(slurm_node, tmp_path):
+def test_no_cgroup_tracking_asks_nothing_per_patrol_and_judges_no_process(slurm_node, tmp_path):
     """The session cluster runs ProctrackType=proctrack/linuxproc: its job's ``sleep``
-    is in no Slurm cgroup, so nothing can tell it from an escaped process. Its card is
-    not judged (an ``info`` node finding names the ProctrackType, read from the real
-    ``scontrol show config``); a card with no job still is."""
+    is in no Slurm cgroup, so neither which jobs run here nor whether a process is in
+    its job can be told without the whole queue. Nothing is asked per patrol, no card
+    is judged (a root ``sleep`` on a free NPU neither), and an ``info`` node finding
+    names the ProctrackType, read from the real ``scontrol show config``."""
     import subprocess
 
     from hetpatrol.daemon import Daemon
@@ -891,26 +909,21 @@ def test_no_cgroup_tracking_judges_no_process_on_a_jobs_card(slurm_node, tmp_pat
             pid = _job_pids(c, job, steps=1)["batch"]
             assert job_from_cgroup(Path(f"/proc/{pid}/cgroup").read_text(), uid=0) is None
             daemon = Daemon(_stray_config(c, tmp_path, tool))
-            report = daemon.patrol_once()
-            recs = {r.index: r for r in report.cards if r.vendor == "ascend"}
-            jobs = {i: daemon.patroller.card_jobs.jobs_of(r) for i, r in recs.items()}
-            (held,) = [i for i, js in jobs.items() if js == frozenset({job})]
-            free = min(i for i, js in jobs.items() if js == frozenset())
             stray = subprocess.Popen(["sleep", "300"])
-            table.write_text(replayed_npu_smi({held: pid, free: stray.pid}))
-            for _ in range(2):
+            table.write_text(replayed_npu_smi({0: pid, 1: stray.pid}))
+            for _ in range(3):
                 report = daemon.patrol_once()
             recs = {r.index: r for r in report.cards if r.vendor == "ascend"}
-            (proc,) = recs[held].processes
+            (proc,) = recs[0].processes
             assert (proc.pid, proc.job_id) == (pid, None)
-            found = {
-                i: [f.value["pid"] for f in r.findings if f.check == "stray_process"]
-                for i, r in recs.items()
-            }
-            assert {i: v for i, v in found.items() if v} == {free: [stray.pid]}
+            cj = daemon.patroller.card_jobs
+            assert all(cj.jobs_of(r) is None for r in recs.values()) and cj.queries == 0
+            found = [f for r in recs.values() for f in r.findings if f.check == "stray_process"]
+            assert found == []
             (note,) = [f for f in report.node_findings if f.check == "stray_process_unjudged"]
             assert note.severity == "info"
             assert "ProctrackType=proctrack/linuxproc" in note.message
+            assert "stray_process is not judged" in note.message
         finally:
             if daemon is not None:
                 daemon.shutdown()
