@@ -14,9 +14,10 @@ fixtures/slurm/scontrol-show-job-d-22.05-{hostile,copied-block}.txt: one job's r
 
 On the real daemons: the session cluster (proctrack/linuxproc: its jobs have no cgroup,
 nothing is asked per patrol and nothing judged) and a cluster of its own with Slurm's job
-cgroups (proctrack/cgroup, cgroup v1, slurmctld at debug2 to count the RPCs), both patrolled through an ``npu-smi info`` stand-in
-replaying fixtures/vendor-outputs/ascend/npu-smi-info_910B3_8card_AICore-busy_procs_
-v24.1.rc2.1.txt (8 x 910B3, a ``python`` process per NPU) with the real pids.
+cgroups (proctrack/cgroup, cgroup v1, slurmctld at debug2 to count the RPCs), both
+patrolled through an ``npu-smi info`` stand-in replaying fixtures/vendor-outputs/ascend/
+npu-smi-info_910B3_8card_AICore-busy_procs_v24.1.rc2.1.txt (8 x 910B3, a ``python``
+process per NPU) with the real pids.
 """
 
 from __future__ import annotations

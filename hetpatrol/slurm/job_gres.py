@@ -1,11 +1,24 @@
 """A job's cards on one node as Slurm names them: from the job's environment and from
-``squeue --json``'s structured fields, never from text a user chose.
+the job's one record in slurmctld, never from the whole queue nor from text a user
+chose where a structured field exists.
 
 Shared by the Prolog and Epilog (:mod:`hetpatrol.slurm.jobguard`, which says which
-variable wins and why ``scontrol show job -d`` text is never read), the card -> job map
-(:mod:`hetpatrol.slurm.card_jobs`) and the TaskProlog (:mod:`hetpatrol.slurm.task_prolog`,
-run before every task: so this module imports only :mod:`json`, :mod:`re` and, for the
-squeue path, :mod:`hetpatrol.slurm.gres`).
+variable wins), the card -> job map (:mod:`hetpatrol.slurm.card_jobs`) and the TaskProlog
+(:mod:`hetpatrol.slurm.task_prolog`, run before every task: so this module imports only
+:mod:`json`, :mod:`os`, :mod:`re` and, on the paths that read Slurm's answers,
+:mod:`hetpatrol.slurm.gres`, :mod:`subprocess` and :mod:`time`).
+
+One job's record (:func:`ask_job`, :func:`job_query`): ``squeue --json --jobs=ID`` from
+Slurm 23.02.3 (read by :func:`parse_squeue_json` from its structured fields), ``scontrol
+-d show job ID`` before (22.05's ``squeue --json`` ignores ``--jobs=`` and lists every
+job), read by :func:`parse_show_job_detail` from Slurm's own per-node block only, and only
+when every block of that shape in the text agrees. Threat boundary of that text: the
+job's owner writes its name and comment, printed raw beside Slurm's block; a copy of the
+block that says otherwise makes the readings differ and the job's cards unknown (never
+the copied ones), so a user can make only their own job's cards unknown. What each
+caller does with unknown cards is in its module (TaskProlog: no variable; Prolog: the
+job goes through; Epilog: every card looked at; daemon: the card a process of that job
+is on not judged).
 """
 
 from __future__ import annotations
