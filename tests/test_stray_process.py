@@ -351,6 +351,42 @@ def test_a_forged_block_in_a_jobs_name_credits_no_card_and_strays_no_one_else(tm
     assert slurm.queue_wide() == []
 
 
+def test_an_arrays_own_id_is_asked_for_its_own_record(tmp_path):
+    """``scontrol -d show job 1`` for an array's own id answers every record of the array
+    (recorded on 22.05: task 1 pending as JobId=1, task 0 running as JobId=2 with ascend
+    IDX 0): the blocks disagree, so ``1_1`` (the id and task of the first line, Slurm's
+    own prefix before the name) is asked for that record alone, and job 1 holds no card
+    here (task 0's IDX 0 is job 2's). A job that is no array is never asked twice."""
+    from hetpatrol.slurm.job_gres import array_task_query, ask_job
+
+    array = {
+        n: (REPO / "fixtures" / "slurm" / f"scontrol-show-job-d-22.05-array-{n}.txt").read_text()
+        for n in ("1", "1_1")
+    }
+    assert array_task_query(array["1"], "1") == "1_1"
+    assert array_task_query(array["1_1"], "1") is None  # one record
+    assert array_task_query(SHOW_JOB["copied-block"], "7") is None  # no array
+    slurm = Slurm({"1": array["1"], "1_1": array["1_1"], "7": SHOW_JOB["copied-block"]})
+    cj = CardJobs(["/usr/bin/sinfo"], "hp-gpu01", runner=slurm, cgroup_root=tmp_path)
+    job_cgroup(tmp_path, "hp-gpu01", 0, "1")
+    cs = cards()
+    cj.refresh(cs)
+    assert [c[-1] for c in slurm.calls[2:]] == ["1", "1_1"]
+    assert cj.error is None and all(cj.jobs_of(c) == set() for c in cs)
+    # the Prolog's / TaskProlog's ask_job the same way
+    said = []
+
+    def run(argv, timeout):
+        said.append(argv[-1])
+        return V22 if argv[-1] == "--version" else slurm(argv, timeout).stdout
+
+    alloc = ask_job("/usr/bin/scontrol", "1", "hp-gpu01", timeout=5, runner=run)
+    assert (alloc.errors, said) == ((), ["--version", "1", "1_1"])
+    said.clear()
+    alloc = ask_job("/usr/bin/scontrol", "7", "hp-gpu01", timeout=5, runner=run)
+    assert "differ" in alloc.errors[0] and said == ["--version", "7"]
+
+
 @pytest.mark.parametrize(
     "config, proctrack",
     [

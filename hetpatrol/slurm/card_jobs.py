@@ -76,8 +76,10 @@ from hetpatrol.slurm.job_gres import (
     JSON_ONE_JOB_SINCE,
     SHOW_JOB,
     Allocation,
+    array_task_query,
     job_query,
     parse_job_answer,
+    parse_show_job_detail,
     slurm_version,
 )
 from hetpatrol.slurm.jobguard import (
@@ -340,6 +342,18 @@ class CardJobs:
         if error:
             return _Asked(key, None, error, now)
         alloc = parse_job_answer(out.stdout, job, self.node, version)
+        task = array_task_query(out.stdout, job) if alloc.errors and what == SHOW_JOB else None
+        if task is not None:  # an array's own id: its record alone, one more answer
+            self.queries += 1
+            try:
+                out = self.runner([*self._head, self._scontrol, "-d", "show", "job", task],
+                                  self.timeout)  # fmt: skip
+            except OSError as exc:
+                return _Asked(key, None, f"{what} {task}: {exc.strerror or exc}", now)
+            error = tool_error(out)
+            if error:
+                return _Asked(key, None, error, now)
+            alloc = parse_show_job_detail(out.stdout, job, self.node)
         if alloc.errors:
             return _Asked(key, None, "; ".join(alloc.errors), now)
         return _Asked(key, alloc, None, now)
