@@ -811,6 +811,29 @@ def test_stray_process_on_real_slurm_job_cgroups(cgroup_cluster, tmp_path):
                     assert rest == f"{user.pw_uid}/job_{job}/step_{step}", paths
                 assert job_from_cgroup(text, uid=user.pw_uid) == job
                 assert job_from_cgroup(text, uid=0) is None  # uid_<n> is the owner's
+            # the job's user cannot add a job directory of its own where the daemon
+            # lists the node's jobs (root's uid_<n>), and one it may make deeper (in its
+            # step's cgroup) is not listed
+            from hetpatrol.slurm.card_jobs import local_slurm_jobs
+
+            top = CGROUP_ROOT / "freezer" / f"slurm_{c.node}" / f"uid_{user.pw_uid}"
+            as_nobody = ("setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}")
+            fake = subprocess.run(
+                [*as_nobody, "--clear-groups", "mkdir", str(top / "job_99")],
+                capture_output=True,
+                text=True,
+            )
+            assert fake.returncode != 0 and "Permission denied" in fake.stderr, fake
+            deeper = top / f"job_{job}" / "step_batch" / "job_98"
+            made = subprocess.run(
+                [*as_nobody, "--clear-groups", "mkdir", str(deeper)], capture_output=True
+            )
+            try:
+                listed = local_slurm_jobs(c.node)
+                assert job in listed and not {"98", "99"} & set(listed), listed
+            finally:
+                if made.returncode == 0:
+                    deeper.rmdir()
 
             log = c.root / "log" / "slurmctld.log"
             seen = len(log.read_text())
