@@ -40,8 +40,12 @@ differ: then J's allocation is unknown (never the forged one; :attr:`error` name
 job's answer only ever credits cards to that job, so another user's job and processes
 are judged from their own jobs' answers; a card on which a process of a job with an
 unknown allocation runs is not judged (``jobs_of`` None), the others are. So J's owner
-can make only J's own cards unjudged, never another user's process stray, and nothing
-here drains (``stray_process`` is ``watch``).
+can make only the cards of J's own processes unjudged (J's own escaped process among
+them: a limit of the 22.05 text, said in ``card_jobs_unread``), never another user's
+process stray: a site that maps ``stray_process`` to a drain is drained by no forgery
+(``stray_process`` is ``watch`` by default). The job ids that are looked up come from
+directories only root makes (the job's user cannot make one at that depth, seen on the
+real slurmd 22.05) and from the processes' cgroups.
 
 Whether a process is in its job can be told only where Slurm puts every task of a step
 in the step's cgroup: ``ProctrackType=proctrack/cgroup``
