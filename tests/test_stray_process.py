@@ -387,6 +387,37 @@ def test_an_arrays_own_id_is_asked_for_its_own_record(tmp_path):
     assert "differ" in alloc.errors[0] and said == ["--version", "7"]
 
 
+def test_a_mig_jobs_idx_that_cannot_be_mapped_leaves_those_cards_unknown(tmp_path):
+    """The MIG rule of match_cards / unmapped_gres holds on the single-job answers too:
+    job 1 given ``gpu:1g.20gb:1(IDX:3)`` (its recorded 22.05 record, the IDX changed, as
+    tests/test_mig_gres_idx.py does) is on the recorded MIG GPU; with two GPUs in MIG mode
+    Slurm's order is not known, so both cards' jobs are unknown (not judged), never
+    "none", and the job is still asked once."""
+    from test_mig_gres_idx import _record_fields, mig_gpu, second_gpu
+
+    doc = json.loads(SQUEUE)
+    doc["jobs"] = [dict(doc["jobs"][0], gres_detail=["gpu:1g.20gb:1(IDX:3)"])]
+
+    class Mig(Slurm):
+        def __call__(self, argv, timeout):
+            if list(argv)[-1] == "--jobs=1":
+                self.calls.append(list(argv))
+                return ToolOutput(tuple(argv), json.dumps(doc), "", 0, False, 0.01)
+            return super().__call__(argv, timeout)
+
+    slurm = Mig(version=V23)
+    cj = CardJobs(["/usr/bin/sinfo"], "hp-gpu01", runner=slurm, cgroup_root=tmp_path)
+    job_cgroup(tmp_path, "hp-gpu01", 0, "1")
+    one = [CardRecord(**_record_fields(mig_gpu()))]
+    cj.refresh(one)
+    assert cj.jobs_of(one[0]) == {"1"} and cj.error is None
+    two = [CardRecord(**_record_fields(mig_gpu())), CardRecord(**_record_fields(second_gpu()))]
+    cj.refresh(two)
+    assert [cj.jobs_of(c) for c in two] == [None, None]
+    assert cj.error.startswith("job 1: gpu IDX not mapped to cards: 2 GPUs in MIG")
+    assert [c[-1] for c in slurm.calls[2:]] == ["--jobs=1"]
+
+
 @pytest.mark.parametrize(
     "config, proctrack",
     [

@@ -24,8 +24,12 @@ slurmctld only for those, once each:
    --version``, local): ``squeue --json --jobs=ID`` from 23.02.3, ``scontrol -d show job
    ID`` (Slurm's own per-node block, :func:`hetpatrol.slurm.job_gres.
    parse_show_job_detail`) before; IDX -> card is :func:`hetpatrol.slurm.jobguard.
-   match_cards`. The answer is kept while the job's directory is the same one (its inode:
-   a requeued job that runs here again gets a new directory and is asked again). An
+   match_cards` (the cards of one GRES name in (index, chip) order; on a GPU in MIG mode
+   its MIG devices, each mapped to its GPU; where Slurm's order cannot be told,
+   :func:`hetpatrol.slurm.jobguard.unmapped_gres`, the cards of that GRES name have
+   unknown jobs, never "none"). The answer is kept while the job's directory is the same
+   one (its inode: a requeued job that runs here again gets a new directory and is asked
+   again). An
    allocation does not change while the job runs on the node: the Slurm FAQ ("Can I
    change my job's size after it has started?", https://slurm.schedmd.com/faq.html)
    shrinks a running job by whole nodes (``scontrol update JobId=.. NumNodes=..``; a
@@ -92,6 +96,7 @@ from hetpatrol.slurm.jobguard import (
     match_cards,
     parse_squeue_json,
     squeue_argv,
+    unmapped_gres,
 )
 from hetpatrol.tool import run_tool
 
@@ -128,6 +133,8 @@ def _card_key(card: CardRecord) -> dict[str, Any]:
         "chip": card.chip,
         "gres": card.gres,
         "uuid": card.uuid,
+        # MIG devices: Slurm's IDX counts them (jobguard._slurm_devices)
+        "partitions": [p.to_dict() for p in card.partitions],
     }
 
 
@@ -136,7 +143,11 @@ def card_jobs(
 ) -> tuple[dict[int, frozenset[str]], str | None]:
     """(position of each card in ``cards`` -> its job ids, error). The jobs are those of
     ``squeue --json`` ``text`` that hold cards on ``node``; an unreadable output is
-    ``({}, why)``. A job whose GRES cannot be read is named in the error and left out."""
+    ``({}, why)``. A job whose GRES cannot be read is named in the error and left out.
+    A job whose IDX cannot be mapped to cards (a node in MIG mode where Slurm's order is
+    not known, :func:`~hetpatrol.slurm.jobguard.unmapped_gres`) is named in the error and
+    the cards of that GRES name are left out of the answer: their jobs are unknown (the
+    job is on one of them), never "none"."""
     if len(text) > SQUEUE_JSON_MAX:
         return {}, f"squeue --json: output larger than {SQUEUE_JSON_MAX} bytes"
     try:
@@ -149,6 +160,7 @@ def card_jobs(
     keys = [_card_key(c) for c in cards]
     out: dict[int, set[str]] = {i: set() for i in range(len(cards))}
     errors: list[str] = []
+    unknown: set[int] = set()
     for record in jobs:
         if not isinstance(record, Mapping) or not (_states(record) & HOLDING_STATES):
             continue
@@ -164,10 +176,14 @@ def card_jobs(
         if alloc.errors:
             errors.append(f"job {job_id}: {'; '.join(alloc.errors)}")
             continue
+        for gres, why in unmapped_gres(keys, alloc).items():
+            errors.append(f"job {job_id}: {gres} IDX not mapped to cards: {why}")
+            unknown.update(i for i, k in enumerate(keys) if str(k["gres"] or "").lower() == gres)
         matched, _missing = match_cards(keys, alloc)
         for card in matched:
             out[next(i for i, k in enumerate(keys) if k is card)].add(str(job_id))
-    return {i: frozenset(v) for i, v in out.items()}, ("; ".join(errors) or None)
+    answer = {i: frozenset(v) for i, v in out.items() if i not in unknown}
+    return answer, ("; ".join(errors) or None)
 
 
 #: where the cgroup hierarchies are mounted (cgroup.conf(5) CgroupMountpoint default)
@@ -366,10 +382,16 @@ class CardJobs:
         keys = [_card_key(c) for c in cards]
         out: dict[int, set[str]] = {i: set() for i in range(len(cards))}
         errors = []
+        unmapped: set[int] = set()
         for job, asked in sorted(self._jobs.items(), key=lambda kv: int(kv[0])):
             if asked.alloc is None:
                 errors.append(f"job {job}: {asked.error}")
                 continue
+            for gres, why in unmapped_gres(keys, asked.alloc).items():
+                errors.append(f"job {job}: {gres} IDX not mapped to cards: {why}")
+                unmapped.update(
+                    i for i, k in enumerate(keys) if str(k["gres"] or "").lower() == gres
+                )
             matched, _missing = match_cards(keys, asked.alloc)
             for card in matched:
                 out[next(i for i, k in enumerate(keys) if k is card)].add(job)
@@ -377,7 +399,7 @@ class CardJobs:
         # a card a process of a job with an unknown allocation runs on: that process
         # may be on its own job's card, so the card is not judged (its jobs unknown);
         # every other card is judged by the answers of its own jobs
-        self._unjudged = {
+        self._unjudged = unmapped | {
             i for i, c in enumerate(cards) if any(p.job_id in unknown for p in c.processes)
         }
         self._by_identity = {i: frozenset(v) for i, v in out.items()}
@@ -426,7 +448,8 @@ class CardJobs:
     def jobs_of(self, card: CardRecord) -> frozenset[str] | None:
         """The job ids of ``card`` (one of the last :meth:`refresh`'s cards), empty for
         none; None when unknown (no local job list, a process of a job whose query failed
-        on the card, not one of the patrol's cards)."""
+        on the card, a job's IDX not mapped to cards of its GRES name, not one of the
+        patrol's cards)."""
         if self._by_identity is None:
             return None
         for i, c in enumerate(self._cards):
@@ -461,5 +484,5 @@ class CardJobs:
             self._fault_map, self.error = card_jobs(out.stdout, self.node, self._cards)
         for i, c in enumerate(self._cards):
             if c is card:
-                return self._fault_map.get(i, frozenset()) if self._fault_map else None
+                return self._fault_map.get(i) if self._fault_map else None  # absent: unknown
         return None

@@ -499,6 +499,7 @@ def check_gres_conf(plan: Plan, text: str, path: str) -> list[Difference]:
                     fix,
                 )
             )
+    out += _mig_order(plan, by_file, fix_of, path)
     known = {c.file for c in plan.cards if c.file} | {f for c in plan.cards for f in c.files}
     for f, ln in by_file.items():
         if f not in known:
@@ -509,6 +510,41 @@ def check_gres_conf(plan: Plan, text: str, path: str) -> list[Difference]:
                     f"remove {f} from line {ln.line}",
                 )
             )
+    return out
+
+
+def _mig_order(
+    plan: Plan, by_file: dict[str, GresConfLine], fix_of: dict[Any, str], path: str
+) -> list[Difference]:
+    """The MIG lines of one GRES name that are not in the plan's order (GPUs by index,
+    MIG devices by MIG index). Slurm numbers a name's devices (the job's IDX) in the order
+    of its records: ``Name=`` lines, then ``NodeName=`` lines, each in file order
+    (``gres_node_config_load``, src/common/gres.c 22.05), one index per ``MultipleFiles=``
+    line (``common_node_config_load``, gres_common.c); hetpatrol's Prolog and card -> job
+    map take a MIG device's IDX in the plan's order (``jobguard._slurm_devices``), so lines
+    in another order would give a job's IDX to another MIG device."""
+    out: list[Difference] = []
+    seen: dict[str, list[tuple[tuple[int, int], CardLine]]] = {}
+    for c in plan.placed:
+        ln = by_file.get(c.file or "")
+        if c.files and ln is not None:
+            seen.setdefault(c.name, []).append(((0 if ln.nodes is None else 1, ln.line), c))
+    for name, rows in seen.items():
+        keys = [k for k, _c in rows]
+        if keys == sorted(keys):
+            continue
+        first = next(c for (k, c), want in zip(rows, sorted(keys), strict=True) if k != want)
+        out.append(
+            Difference(
+                f"{path}:{by_file[first.file or ''].line}",
+                f"{name}: the MIG lines are not in the cards' order (GPU by index, MIG "
+                f"devices by MIG index; {first.card} is out of place): Slurm numbers a "
+                "job's IDX in line order, and hetpatrol maps an IDX to MIG devices in "
+                "the cards' order",
+                f"write the {name} MIG lines in the order gres-conf prints them: "
+                f"{fix_of[first.file]}",
+            )
+        )
     return out
 
 

@@ -63,7 +63,13 @@ class Allocation(NamedTuple):
     order (a ``vendor_order`` variable, :class:`hetpatrol.collector.JobEnvVar`);
     ``sources``: where each part came from (``SLURM_JOB_GPUS``, ``scontrol`` ...);
     ``errors``: text that could not be read; ``uuid_vendors``: the vendors whose
-    variables gave the UUIDs.
+    variables gave the UUIDs; ``numbered``: the GRES names whose vendor variable
+    (``ids: gres_idx``, e.g. ``CUDA_VISIBLE_DEVICES``) listed numbers, not UUIDs. In the
+    Prolog and Epilog Slurm sets that variable itself, to each device's ``unique_id``,
+    else its index (``gres_common_epilog_set_env``, gres_common.c 22.05): AutoDetect=nvml
+    gives every MIG device its UUID, so numbers there mean the devices are gres.conf
+    lines (seen on slurmd 22.05: ``CUDA_VISIBLE_DEVICES=MIG-...`` from AutoDetect's
+    records, ``=3`` from ``MultipleFiles=`` lines; tests/test_mig_gres_idx.py).
     """
 
     by_gres: Mapping[str, frozenset[int]] = {}  # never mutated
@@ -72,6 +78,7 @@ class Allocation(NamedTuple):
     sources: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     uuid_vendors: frozenset[str] = frozenset()
+    numbered: frozenset[str] = frozenset()
 
     @property
     def empty(self) -> bool:
@@ -102,6 +109,7 @@ class Allocation(NamedTuple):
             self.sources + other.sources,
             self.errors + other.errors,
             self.uuid_vendors | other.uuid_vendors,
+            self.numbered | other.numbered,
         )
 
 
@@ -140,6 +148,7 @@ def parse_job_env_rows(env: Mapping[str, str], job_env: Sequence[Mapping[str, An
     uuids: set[str] = set()
     vendor_ids: dict[str, frozenset[int]] = {}
     uuid_vendors: set[str] = set()
+    numbered: set[str] = set()
     sources: list[str] = []
     errors: list[str] = []
     for name in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
@@ -165,9 +174,11 @@ def parse_job_env_rows(env: Mapping[str, str], job_env: Sequence[Mapping[str, An
             sources.append(name)
         elif row["ids"] == "gres_idx":
             gres = str(row["gres"]).lower()
+            idx = parse_index_list(text)
+            if idx is not None and idx:
+                numbered.add(gres)
             if gres in by:  # Slurm's own variable (or an earlier one) said it
                 continue
-            idx = parse_index_list(text)
             if idx is None:
                 errors.append(f"{name}={text[:80]!r} is not readable")
             else:
@@ -187,6 +198,7 @@ def parse_job_env_rows(env: Mapping[str, str], job_env: Sequence[Mapping[str, An
         tuple(sources),
         tuple(errors),
         frozenset(uuid_vendors),
+        frozenset(numbered),
     )
 
 

@@ -23,9 +23,12 @@ Epilog Scripts", and in recorded outputs, fixtures/slurm):
 
 - ``SLURM_JOB_GPUS``: "The GPU IDs of GPUs in the job allocation (if any). Available in
   the Prolog and Epilog" -- the GRES index (IDX) of the ``gpu`` GRES. ``SLURM_STEP_GPUS``
-  (task environment) is the same for a step. ``CUDA_VISIBLE_DEVICES`` is not set in the
-  Prolog; in a step it may be renumbered by cgroup device constraints, so its numbers are
-  used only when neither Slurm variable is there (UUID entries ``GPU-...`` are exact).
+  (task environment) is the same for a step. ``CUDA_VISIBLE_DEVICES``: in the Prolog
+  slurmd sets it to each device's ``unique_id`` (AutoDetect=nvml's MIG UUIDs) or its
+  index (``gres_common_epilog_set_env``; seen on 22.05, tests/test_mig_gres_idx.py; not
+  set when the ``File=`` is no device); in a step it may be renumbered by cgroup device
+  constraints, so its numbers are used only when neither Slurm variable is there (UUID
+  entries ``GPU-...``/``MIG-...`` are exact).
 - The vendors' own variables (``CUDA_VISIBLE_DEVICES``, Ascend's ``ASCEND_VISIBLE_DEVICES``
   ...): the plugins declare them (``VendorInfo.job_env``,
   :class:`hetpatrol.collector.JobEnvVar`, with their sources) and the daemon writes
@@ -54,8 +57,11 @@ IDX -> card: Slurm numbers the devices of one GRES name on a node 0, 1, ... in g
 ``File=`` order (or the order AutoDetect found them); hetpatrol takes the cards of that
 GRES name in (index, chip) order, which is the same order when ``File=/dev/nvidia[0-7]``
 follows the NVML index (the usual case) and, for Ascend, ``/dev/davinci[0-7]`` the NPU
-ID. An IDX with no card is reported, never a reason to fail (a mapping fault must not
-drain a cluster).
+ID. On a GPU in MIG mode IDX counts MIG devices (one per ``MultipleFiles=`` line): the
+job holds the MIG device's GPU, named ``nvidia/0 mig 3`` in the line, see
+:func:`_slurm_devices` for Slurm's rule and where it cannot be told (then the IDX is
+reported unmatched, no card picked). An IDX with no card is reported, never a reason to
+fail (a mapping fault must not drain a cluster).
 
 Nothing here imports yaml, jsonschema, prometheus_client or pynvml. A state file whose
 cards or findings lack the daemon's ``action`` (none the daemon writes) makes the
@@ -66,6 +72,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -158,30 +165,172 @@ def _sort_key(card: Mapping[str, Any]) -> tuple[int, int]:
     return num(card.get("index")), num(card.get("chip"))
 
 
-def match_cards(
+#: the partitions Slurm counts as GRES devices of their own (``hetpatrol gres-conf``
+#: writes a line per MIG device; a vNPU has no GRES model, its chip keeps its line)
+_GRES_PARTITION_KINDS = ("mig",)
+
+
+def _mig_parts(card: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The card's MIG devices (state ``partitions`` of kind ``mig``), in MIG index order."""
+    parts = card.get("partitions")
+    if not isinstance(parts, list):
+        return []
+    migs = [p for p in parts if isinstance(p, Mapping) and p.get("kind") in _GRES_PARTITION_KINDS]
+    return sorted(migs, key=lambda p: _sort_key({"index": p.get("index")}))
+
+
+def _file_number(path: Any) -> int | None:
+    """The number a device file's name ends with (``nvidia-cap165`` -> 165), None if none."""
+    digits = re.search(r"([0-9]{1,9})$", path) if isinstance(path, str) else None
+    return int(digits.group(1)) if digits else None
+
+
+def _slurm_devices(
+    group: Sequence[Mapping[str, Any]], numbered: bool = False
+) -> tuple[list[tuple[Mapping[str, Any], Mapping[str, Any] | None]], str | None]:
+    """The GRES devices of one GRES name in Slurm's IDX order: (card, MIG device or
+    None) each, or ([], why) when that order cannot be told from the card records.
+
+    Slurm's rule (22.05.8 and 25.11.7): slurmd takes the gres.conf records
+    (``gres_node_config_load``, src/common/gres.c; src/interfaces/gres.c in 25.11) and
+    merges them with slurm.conf's ``Gres=``: for each type of the name in ``Gres=`` order,
+    the gres.conf records of that type in file order (``_merge_gres``/``_merge_gres2``,
+    ``_match_type``). ``common_node_config_load`` (src/plugins/gres/common/gres_common.c)
+    then numbers them: one index per ``File=`` entry, one per ``MultipleFiles=`` record
+    ("Don't ... increment the device bitmap index if this is a MultipleFiles GRES", then
+    ``index++`` once per record); slurmctld gives bit ``gres_inx`` in the same record order
+    (``_node_config_validate``), and that bit is the ``(IDX:n)`` of ``gres_detail`` and the
+    number in ``SLURM_JOB_GPUS`` (``gres_common_epilog_set_env``: ``gres_device->index``).
+    So on a node in MIG mode IDX counts MIG devices. ``hetpatrol gres-conf`` writes the
+    cards in (index, chip) order, a GPU in MIG mode as one ``MultipleFiles=`` line per MIG
+    device in MIG index order: that order is IDX order when every device of the name has
+    one type (then ``Gres=`` type order cannot reorder them).
+
+    AutoDetect=nvml orders its records otherwise (``_merge_system_gres_conf``,
+    src/plugins/gres/gpu/gres_gpu.c): by the ``File`` string (``strnatcmp``), then by the
+    position of ``-1`` in ``Links``, which 22.05 sets for a MIG device to its MIG index
+    (``gres_links_create_empty(j, mig_count)``, gpu_nvml.c) and 25.11 leaves empty. On
+    slurmd 22.05 (Slurm's fake_gpus.conf standing in for NVML) two GPUs of four MIG
+    devices were IDX 0 = GPU 1 MIG 0, IDX 1 = GPU 2 MIG 0, IDX 2 = GPU 1 MIG 1 ...;
+    with gres.conf lines IDX 0-3 were GPU 1's. ``numbered``: Slurm's own variable of the
+    name listed numbers (:attr:`Allocation.numbered`), so the devices are gres.conf
+    lines. Not told (``why``) when
+
+    - a MIG device has no profile or no device files: gres-conf writes no line for it
+      and Slurm's IDX of the devices after it depends on what the site wrote;
+    - the devices of the name have several types (MIG profiles, or a whole GPU beside
+      MIG devices): Slurm orders them by slurm.conf's ``Gres=`` types, not known here;
+    - without ``numbered``: several GPUs are in MIG mode (lines and AutoDetect order
+      them differently, see above), or one GPU's MIG devices are not in the order of
+      their GPU instance's nvidia-caps file (25.11's AutoDetect sorts by that file).
+
+    A name without MIG devices is the cards in (index, chip) order, as before.
+    """
+    migs = [(c, _mig_parts(c)) for c in group]
+    if not any(parts for _c, parts in migs):
+        return [(c, None) for c in group], None
+    devices: list[tuple[Mapping[str, Any], Mapping[str, Any] | None]] = []
+    types: set[str] = set()
+    for c, parts in migs:
+        if not parts:
+            devices.append((c, None))
+            types.add(f"{card_name(c)} (a whole GPU)")
+            continue
+        for p in parts:
+            profile, files = p.get("profile"), p.get("device_files")
+            if not (isinstance(profile, str) and profile and isinstance(files, list) and files):
+                return [], (
+                    f"{card_name(c)} mig {p.get('index')} has no MIG profile or device "
+                    "files (no gres.conf line): Slurm's IDX of the others is not known"
+                )
+            types.add(profile.lower())
+            devices.append((c, p))
+    if len(types) > 1:
+        return [], (
+            f"GRES types {', '.join(sorted(types))}: Slurm orders them by slurm.conf's "
+            "Gres= types (_merge_gres), not known here"
+        )
+    if numbered:
+        return devices, None
+    gpus = [c for c, parts in migs if parts]
+    if len(gpus) > 1:
+        return [], (
+            f"{len(gpus)} GPUs in MIG mode: gres.conf lines number their MIG devices GPU "
+            "by GPU, AutoDetect=nvml MIG index by MIG index; which one this node has is "
+            "not known here (Slurm's CUDA_VISIBLE_DEVICES in the Prolog tells)"
+        )
+    caps = [_file_number(p["device_files"][0]) for _c, p in devices if p is not None]
+    if None in caps or caps != sorted(caps):
+        return [], (
+            f"{card_name(gpus[0])}: MIG index order is not its nvidia-caps order "
+            "(AutoDetect=nvml sorts by the files): Slurm's IDX order is not known"
+        )
+    return devices, None
+
+
+def _mig_uuid_hits(
+    cards: Sequence[Mapping[str, Any]], uuid: str
+) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """(card, MIG device) of a MIG UUID: ``MIG-<uuid>`` (drivers >= R470) or
+    ``MIG-GPU-<gpu uuid>/<GI>/<CI>`` (older drivers), the two forms Slurm's AutoDetect
+    puts in ``CUDA_VISIBLE_DEVICES`` (``_nvml_use_mig_uuid``, gpu_nvml.c)."""
+    out = []
+    head, _sep, tail = uuid.partition("/")
+    gi, _sep2, ci = tail.partition("/")
+    for c in cards:
+        for p in _mig_parts(c):
+            if str(p.get("uuid") or "").lower() == uuid or (
+                head.startswith("mig-gpu-")
+                and str(c.get("uuid") or "").lower() == head[len("mig-") :]
+                and f"{p.get('gpu_instance_id')}/{p.get('compute_instance_id')}" == f"{gi}/{ci}"
+            ):
+                out.append((c, p))
+    return out
+
+
+def device_label(card: Mapping[str, Any], part: Mapping[str, Any] | None) -> str:
+    """``nvidia/0`` for a whole card, ``nvidia/0 mig 3`` for one of its MIG devices."""
+    return card_name(card) + ("" if part is None else f" mig {part.get('index')}")
+
+
+def match_devices(
     cards: Sequence[Mapping[str, Any]], alloc: Allocation
-) -> tuple[list[Mapping[str, Any]], list[str]]:
-    """(the state's card lines the job holds, the references that matched no card)."""
-    matched: list[Mapping[str, Any]] = []
+) -> tuple[list[tuple[Mapping[str, Any], Mapping[str, Any] | None]], list[str]]:
+    """(the GRES devices the job holds: (state card line, its MIG device or None), the
+    references that matched none). IDX -> device: :func:`_slurm_devices`; a GRES name
+    whose order cannot be told leaves its IDX unmatched (``gpu IDX 3 (not mapped: why)``),
+    never a card picked. UUIDs match a card or a MIG device (:func:`_mig_uuid_hits`); a
+    GRES name whose MIG devices the job's UUIDs name is taken from the UUIDs alone
+    (AutoDetect=nvml gives MIG UUIDs; its IDX order is Slurm's sort, see docs/slurm.md)."""
+    matched: list[tuple[Mapping[str, Any], Mapping[str, Any] | None]] = []
     missing: list[str] = []
 
-    def add(card: Mapping[str, Any]) -> None:
-        if all(card is not c for c in matched):
-            matched.append(card)
+    def add(card: Mapping[str, Any], part: Mapping[str, Any] | None = None) -> None:
+        if all(card is not c or part is not p for c, p in matched):
+            matched.append((card, part))
 
+    uuid_hits = {u: _mig_uuid_hits(cards, u) for u in sorted(alloc.uuids)}
+    by_uuid = {id(c) for hits in uuid_hits.values() for c, _p in hits}
     for gres, idxs in sorted(alloc.by_gres.items()):
         group = sorted(
             (c for c in cards if str(c.get("gres") or "").lower() == gres), key=_sort_key
         )
+        if idxs and any(id(c) in by_uuid for c in group):
+            continue  # the MIG UUIDs name the devices exactly
+        devices, why = _slurm_devices(group, gres in alloc.numbered)
         for i in sorted(idxs):
-            if i < len(group):
-                add(group[i])
+            if why is not None:
+                missing.append(f"{gres} IDX {i} (not mapped: {why})")
+            elif i < len(devices):
+                add(*devices[i])
             else:
                 missing.append(f"{gres} IDX {i}")
     for uuid in sorted(alloc.uuids):
         hit = [c for c in cards if str(c.get("uuid") or "").lower() == uuid]
         if hit:
             add(hit[0])
+        elif uuid_hits[uuid]:
+            add(*uuid_hits[uuid][0])
         else:
             missing.append(f"uuid {uuid}")
     for vendor, ids in sorted(alloc.vendor_ids.items()):
@@ -192,6 +341,34 @@ def match_cards(
             else:
                 missing.append(f"{vendor} device {i}")
     return matched, missing
+
+
+def unmapped_gres(cards: Sequence[Mapping[str, Any]], alloc: Allocation) -> dict[str, str]:
+    """GRES name -> why, for the names of which the job holds IDX that
+    :func:`match_devices` could not map (:func:`_slurm_devices`): the job is on one of
+    that name's cards, which one is not known."""
+    out = {}
+    for gres, idxs in sorted(alloc.by_gres.items()):
+        group = sorted(
+            (c for c in cards if str(c.get("gres") or "").lower() == gres), key=_sort_key
+        )
+        why = _slurm_devices(group, gres in alloc.numbered)[1] if idxs else None
+        if why is not None:
+            out[gres] = why
+    return out
+
+
+def match_cards(
+    cards: Sequence[Mapping[str, Any]], alloc: Allocation
+) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """(the state's card lines the job holds, the references that matched no card):
+    :func:`match_devices` with each card once (a job on MIG devices holds their GPU)."""
+    devices, missing = match_devices(cards, alloc)
+    held: list[Mapping[str, Any]] = []
+    for card, _part in devices:
+        if all(card is not c for c in held):
+            held.append(card)
+    return held, missing
 
 
 class GuardDecision(NamedTuple):
@@ -289,7 +466,11 @@ def decide(
             f"(max {stale_limit(doc, max_age):.0f} s)",
         )
     cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
-    held, missing = match_cards(cards, alloc)
+    devices, missing = match_devices(cards, alloc)
+    held: list[Mapping[str, Any]] = []
+    for card, _part in devices:
+        if all(card is not c for c in held):
+            held.append(card)
     names = tuple(card_name(c) for c in held)
     blocking = _bad_cards(held, block_on)
     if held and not blocking:
@@ -316,7 +497,8 @@ def decide(
             more = ", ".join(f"{card_name(c)} {v.action}" for c, v in blocking[1:])
             reason = drain_reason(card_name(card), verdict, f"{verdict.reason}; also {more}")
         return GuardDecision(EXIT_FAIL, reason, names, tuple(missing))
-    held_text = ", ".join(names) or "none held"
+    # a MIG device by its GPU and MIG index (nvidia/0 mig 3): its GPU's verdict is its own
+    held_text = ", ".join(device_label(c, p) for c, p in devices) or "none held"
     if not names and alloc.errors:  # the job's cards could not be told: say so
         held_text = f"cards unknown ({'; '.join(alloc.errors)}): job let through"
     text = f"job cards ok: {held_text} (patrol {doc.get('seq')}, {age:.0f} s ago)"
