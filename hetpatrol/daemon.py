@@ -76,15 +76,15 @@ def describe_change(change: dict) -> str:
 
 
 def card_jobs_for(config: Config, replay_dir: Path | None) -> CardJobs | None:
-    """The Slurm jobs of each card (``squeue --json``, :mod:`hetpatrol.slurm.card_jobs`)
-    while ``slurm.enabled``; None in a replay (recorded pids belong to another host) or
-    with Slurm off: stray processes are then not judged, fault events carry the jobs of
-    the card's processes only."""
+    """The Slurm jobs of each card (the node's job cgroups, one single-job query per job:
+    :mod:`hetpatrol.slurm.card_jobs`) while ``slurm.enabled``; None in a replay (recorded
+    pids belong to another host) or with Slurm off: stray processes are then not judged,
+    fault events carry the jobs of the card's processes only."""
     if replay_dir is not None or not config.slurm.enabled:
         return None
     slurm = config.slurm
-    # squeue is read-only and runs as the daemon's user: beside the breaker's sinfo (the
-    # scontrol prefix may be the root helper, which runs no squeue)
+    # scontrol/squeue read-only, as the daemon's user: beside the breaker's sinfo (the
+    # scontrol prefix may be the root helper, which runs no query)
     return CardJobs(slurm.drain.breaker.sinfo, slurm.slurm_node(config.node), slurm.timeout_seconds)
 
 

@@ -628,7 +628,9 @@ class Patroller:
                 continue
             jobs = {p.job_id for p in card.processes if p.job_id}
             if self.card_jobs is not None:
-                jobs |= self.card_jobs.jobs_of(card) or set()
+                # fault_jobs_of: read for the event where no per-patrol map exists
+                ask = getattr(self.card_jobs, "fault_jobs_of", self.card_jobs.jobs_of)
+                jobs |= ask(card) or set()
             if event.get("job_id"):
                 jobs.add(str(event["job_id"]))
             event["jobs"] = sorted(jobs)

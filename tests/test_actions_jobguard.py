@@ -46,6 +46,19 @@ def squeue_json(**changes) -> str:
     return json.dumps(doc)
 
 
+#: ``scontrol --version`` of a Slurm whose squeue --json keeps --jobs= (23.02.3 and later)
+#: and of the 22.05 installed here (it ignores every filter: the whole queue)
+V23, V22 = "slurm 23.11.4\n", "slurm-wlm 22.05.8\n"
+#: recorded ``scontrol -d show job`` of slurmctld 22.05.8 (fixtures/slurm/README.md): job
+#: 5, Slurm's block gpu IDX 0 + ascend IDX 0-2, forged lines of another shape in its name,
+#: work directory and comment; job 7, ascend IDX 0, an exact copy of Slurm's block saying
+#: ascend IDX 4-7 in its name and comment
+SHOW_JOB = {
+    name: (SQUEUE.parent / f"scontrol-show-job-d-22.05-{name}.txt").read_text()
+    for name in ("hostile", "copied-block")
+}
+
+
 def card(vendor, index, gres, *, action=None, chip=None, uuid=None, findings=()):
     c = {
         "vendor": vendor,
@@ -302,14 +315,15 @@ def test_guard_reads_the_file_and_runs_scontrol_only_when_needed(tmp_path):
 
     def runner(argv, timeout):
         calls.append((list(argv), timeout))
-        return squeue_json(job_id=7)
+        return V23 if argv[-1] == "--version" else squeue_json(job_id=7)
 
     env = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "0"}
     d = jobguard.guard(env, path, runner=runner, clock=lambda: NOW)
     # gpu 0 fine, but the verdict has a bad ascend card the env says nothing about:
-    # squeue says ascend IDX 0 (fine) -> pass
+    # the job's one record (Slurm 23.11: squeue --json --jobs=7) says ascend IDX 0 -> pass
     assert d.ok, d.reason
-    assert calls[0][0] == ["squeue", "--json"] and 0 < calls[0][1] <= 5
+    assert [c[0] for c in calls] == [["scontrol", "--version"], ["squeue", "--json", "--jobs=7"]]
+    assert all(0 < c[1] <= 5 for c in calls)
     calls.clear()
     path.write_text(json.dumps(state(NODE[:1])))
     assert jobguard.guard(env, path, runner=runner, clock=lambda: NOW).ok
@@ -471,8 +485,9 @@ def test_real_prolog_reads_the_allocation_not_a_hostile_job_name(slurm_node, tmp
     """A job named, commented and run in a directory that all say
     ``Nodes=<node> GRES=ascend:910b:1(IDX:3)`` (and a comment holding a newline and a
     forged ``scontrol show job -d`` detail line) while NPU 3 needs ``isolate_card``: Slurm
-    gives the job NPU 0, the real Prolog reads that from ``squeue --json`` and lets the job
-    run; the node is not drained. (Read from scontrol's text, the name was IDX 3.)"""
+    gives the job NPU 0, the real Prolog reads that from the job's one record (22.05:
+    ``scontrol -d show job``, Slurm's own per-node block only) and lets the job run; the
+    node is not drained. (Read from any ``Nodes=`` line of the text, the name was IDX 3.)"""
     c = slurm_node
     out = tmp_path / "guard.out"
     state_path = tmp_path / "state.json"
@@ -483,7 +498,11 @@ def test_real_prolog_reads_the_allocation_not_a_hostile_job_name(slurm_node, tmp
     forged = f"Nodes={c.node} GRES=ascend:910b:1(IDX:3)"
     workdir = tmp_path / forged
     workdir.mkdir()
+    log = c.root / "log" / "slurmctld.log"
     with c.explain(), c.install_hook("prolog", _prolog_script(state_path, out, tmp_path)):
+        # slurmctld logs each RPC it processes at debug2 (set live, put back below)
+        c.run("scontrol", "setdebug", "debug2")
+        seen = len(log.read_text())
         job = c.run(
             "sbatch",
             "--parsable",
@@ -499,7 +518,12 @@ def test_real_prolog_reads_the_allocation_not_a_hostile_job_name(slurm_node, tmp
             "true",
         ).stdout.strip()
         said = _wait_file(out)
+        rpcs = log.read_text()[seen:]
+        c.run("scontrol", "setdebug", "info")
         assert said.startswith("job cards ok: ascend/0/0 (patrol 42"), said
+        # the Prolog asked for its one job (22.05: scontrol -d show job), not the queue
+        assert "Processing RPC: REQUEST_JOB_INFO from" not in rpcs, rpcs[-3000:]
+        assert rpcs.count("Processing RPC: REQUEST_JOB_INFO_SINGLE from") == 1, rpcs[-3000:]
         c.run("scontrol", "wait_job", job.split(";")[0], check=False)
         line = c.wait_for(lambda line: line.split(" ")[1] == "idle", what="node idle")
         assert c.reason() == "none", line
@@ -548,6 +572,8 @@ def test_prolog_main_sets_the_drain_reason_then_fails(tmp_path):
 
     def runner(argv, timeout):
         calls.append(list(argv))
+        if argv[-1] == "--version":
+            return V23
         return squeue_json(job_id=9) if argv[0] == "squeue" else ""
 
     env = {"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "1"}
@@ -587,17 +613,77 @@ def test_epilog_cards_from_env_and_scontrol():
 
     def runner(argv, timeout):
         calls.append(argv)
-        return squeue_json(job_id=5)
+        return V23 if argv[-1] == "--version" else squeue_json(job_id=5)
 
     env = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "1"}
     held, alloc = jobguard.epilog_cards(env, state(NODE), runner=runner)
-    # gpu from the env (IDX 1); ascend not covered -> squeue: ascend IDX 0
+    # gpu from the env (IDX 1); ascend not covered -> the job's record: ascend IDX 0
     assert [jobguard.card_name(c) for c in held] == ["ascend/0/0", "nvidia/1"]
-    assert len(calls) == 1
+    assert calls == [["scontrol", "--version"], ["squeue", "--json", "--jobs=5"]]
     calls.clear()
     env["ASCEND_VISIBLE_DEVICES"] = ""
     held, _ = jobguard.epilog_cards(env, state(NODE), runner=runner)
     assert [jobguard.card_name(c) for c in held] == ["nvidia/1"] and calls == []
+
+
+def _slurm_22_05(job_text, calls):
+    """A stand-in scontrol of Slurm 22.05 recording argv: ``--version``, ``-d show job``
+    answering ``job_text``, ``update`` nothing; a squeue (any) fails the test."""
+
+    def runner(argv, timeout):
+        calls.append(list(argv))
+        assert not argv[0].endswith("squeue"), argv  # 22.05: the whole queue
+        if argv[-1] == "--version":
+            return V22
+        if argv[1:4] == ["-d", "show", "job"]:
+            return job_text
+        return ""
+
+    return runner
+
+
+def test_the_prolog_on_22_05_asks_for_its_one_job_never_the_queue(tmp_path):
+    """Slurm 22.05: a blocking ascend card the environment does not cover; the Prolog
+    asks ``scontrol -d show job 5`` (one REQUEST_JOB_INFO_SINGLE), never ``squeue --json``
+    (every job of the cluster there), and reads Slurm's own block: ascend IDX 0-2, so
+    the bad NPU 5 (in the forged IDX 4-7 of the name/comment) is not the job's: pass.
+    The same job on NPU 1 bad: fail, and the drain reason is set."""
+    cards = [card("nvidia", i, "gpu", action="none") for i in range(2)]
+    cards += [card("ascend", i, "ascend", action="none", chip=0) for i in range(8)]
+    cards[2 + 5]["action"] = "isolate_card"
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state(cards, finished=time.time())))
+    env = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "hp-gpu01", "SLURM_JOB_GPUS": "0"}
+    calls, lines = [], []
+    runner = _slurm_22_05(SHOW_JOB["hostile"], calls)
+    assert jobguard.prolog_main(env, path, runner=runner, write=lines.append) == 0
+    assert calls == [["scontrol", "--version"], ["scontrol", "-d", "show", "job", "5"]]
+    assert lines[0].startswith("job cards ok: ascend/0/0, ascend/1/0, ascend/2/0, nvidia/0")
+    cards[2 + 5]["action"], cards[2 + 1]["action"] = "none", "isolate_card"
+    path.write_text(json.dumps(state(cards, finished=time.time())))
+    calls.clear()
+    assert jobguard.prolog_main(env, path, runner=runner, write=lines.append) == 1
+    assert calls[-1][:4] == ["scontrol", "update", "NodeName=hp-gpu01", "State=DRAIN"]
+    assert lines[-1] == "hetpatrol: isolate_card ascend/1/0\n"
+
+
+def test_a_copied_block_in_the_name_can_neither_drain_nor_hide_on_22_05(tmp_path):
+    """Job 7 holds ascend IDX 0; its name and comment copy Slurm's block saying IDX 4-7.
+    NPU 4 needs isolate_card: the forged block would fail the job and drain the node;
+    the readings differ, so the job's ascend cards are unknown and it goes through,
+    saying why. The Epilog then looks at every card (none hidden by the copy)."""
+    cards = [card("ascend", i, "ascend", action="none", chip=0) for i in range(8)]
+    cards[4]["action"] = "isolate_card"
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state(cards, finished=time.time())))
+    env = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "hp-gpu01"}
+    calls, lines = [], []
+    runner = _slurm_22_05(SHOW_JOB["copied-block"], calls)
+    assert jobguard.prolog_main(env, path, runner=runner, write=lines.append) == 0
+    assert all(c[1] != "update" for c in calls)
+    assert "cards unknown (scontrol show job -d: 3 per-node blocks that differ" in lines[0]
+    held, alloc = jobguard.epilog_cards(env, state(cards), runner=runner)
+    assert held == [] and "per-node blocks that differ" in alloc.errors[0]
 
 
 def test_a_newer_state_schema_is_read():

@@ -1,41 +1,95 @@
-"""Which Slurm jobs each card of this node is allocated to, from ``squeue --json``.
+"""Which Slurm jobs each card of this node is allocated to, asked of slurmctld one job
+at a time, never as the whole queue.
 
-Read the way the Prolog reads one job (:func:`hetpatrol.slurm.jobguard.
-parse_squeue_json`): only Slurm's structured fields (``job_id``, ``job_state``,
-``job_resources`` hosts, ``gres_detail`` with its ``(IDX:...)``), never text a user chose
-(job name, comment, work directory). A job counts while it holds its cards: state
-``RUNNING``, ``SUSPENDED`` or ``COMPLETING`` (squeue(1), JOB STATE CODES; 22.05 gives
-``job_state`` as a string, later releases as a list). IDX -> card is
-:func:`hetpatrol.slurm.jobguard.match_cards` (the cards of one GRES name in (index,
-chip) order; on a GPU in MIG mode its MIG devices, each mapped to its GPU).
+Slurm 22.05's ``squeue --json`` ignores every filter and answers with the whole queue
+(squeue(1) 22.05: "All other formatting and filtering arguments will be ignored"; about
+3 KB a job): asked by every node once a minute that is a whole-queue dump many times a
+second on slurmctld at fleet scale, and past a few thousand jobs more than the daemon's
+output cap. So :class:`CardJobs` learns *which* jobs run on this node locally and asks
+slurmctld only for those, once each:
 
-:class:`CardJobs` runs ``squeue --json`` (beside the given command: the daemon gives
-the breaker's ``sinfo``, read-only, as its own user) at most once
-per ``cache_seconds`` and answers ``jobs_of(card)``: the job ids (strings) of the card,
-empty for none, None when the allocation could not be read (then nothing is judged on
-it and :attr:`CardJobs.error` says why).
+1. **Which jobs** (no RPC): the job directories Slurm's own cgroup plugin makes on this
+   node, at the depth Slurm makes them and nowhere else (:func:`local_slurm_jobs`): v1
+   ``<root>/<controller>/slurm[_<NodeName>]/uid_<uid>/job_<id>`` (``CgroupPrepend``
+   ``/slurm`` or ``/slurm_%n``, src/common/cgroup.c; ``uid_%u/job_%u``,
+   src/plugins/cgroup/v1/xcgroup.c), v2 ``<root><init>/system.slice/[<NodeName>_]
+   slurmstepd.scope/job_<id>`` (src/plugins/cgroup/v2/cgroup_v2.c, ``_set_int_cg_ns()``;
+   ``<init>`` from ``/proc/1/cgroup``, :func:`hetpatrol.processes.init_cgroup_root`),
+   plus the job ids of the cards' processes (their cgroup, :mod:`hetpatrol.processes`).
+   Such a directory exists while the job has a step on the node: slurmstepd removes it
+   at the job's end (cgroup_v1.c / cgroup_v2.c, ``cgroup_p_step_destroy``; seen on the
+   real slurmd 22.05, tests/test_stray_process.py).
+2. **Its cards** (one ``REQUEST_JOB_INFO_SINGLE`` per job id newly seen): the query of
+   :func:`hetpatrol.slurm.job_gres.job_query` for the installed Slurm (``scontrol
+   --version``, local): ``squeue --json --jobs=ID`` from 23.02.3, ``scontrol -d show job
+   ID`` (Slurm's own per-node block, :func:`hetpatrol.slurm.job_gres.
+   parse_show_job_detail`) before; IDX -> card is :func:`hetpatrol.slurm.jobguard.
+   match_cards` (the cards of one GRES name in (index, chip) order; on a GPU in MIG mode
+   its MIG devices, each mapped to its GPU; where Slurm's order cannot be told,
+   :func:`hetpatrol.slurm.jobguard.unmapped_gres`, the cards of that GRES name have
+   unknown jobs, never "none"). The answer is kept while the job's directory is the same
+   one (its inode: a requeued job that runs here again gets a new directory and is asked
+   again). An
+   allocation does not change while the job runs on the node: the Slurm FAQ ("Can I
+   change my job's size after it has started?", https://slurm.schedmd.com/faq.html)
+   shrinks a running job by whole nodes (``scontrol update JobId=.. NumNodes=..``; a
+   node released ends the job's steps there, and its directory) and grows one only by
+   merging the nodes of another job submitted with ``--dependency=expand:``; a query
+   that fails is asked again after ``retry_seconds``.
 
-Whether a process is in its job can be told only where Slurm puts every task of a
-step in the step's cgroup: ``ProctrackType=proctrack/cgroup``
+Trust (the text path of Slurm 23.02.2 and earlier): ``scontrol -d show job J`` prints J's
+name, comment and paths raw, so J's owner can write lines of Slurm's shape. Slurm's own
+block is always there whole, and a forged one that says otherwise makes the readings
+differ: then J's allocation is unknown (never the forged one; :attr:`error` names J). A
+job's answer only ever credits cards to that job, so another user's job and processes
+are judged from their own jobs' answers; a card on which a process of a job with an
+unknown allocation runs is not judged (``jobs_of`` None), the others are. So J's owner
+can make only the cards of J's own processes unjudged (J's own escaped process among
+them: a limit of the 22.05 text, said in ``card_jobs_unread``), never another user's
+process stray: a site that maps ``stray_process`` to a drain is drained by no forgery
+(``stray_process`` is ``watch`` by default). The job ids that are looked up come from
+directories only root makes (the job's user cannot make one at that depth, seen on the
+real slurmd 22.05) and from the processes' cgroups.
+
+Whether a process is in its job can be told only where Slurm puts every task of a step
+in the step's cgroup: ``ProctrackType=proctrack/cgroup``
 (``src/plugins/proctrack/cgroup/proctrack_cgroup.c``: ``proctrack_p_create`` makes the
 step's cgroup, ``proctrack_p_add`` puts each task in it). ``proctrack/linuxproc`` and
 ``proctrack/pgid`` make none (slurm.conf(5): they "can fail to identify all processes
 associated with a job"; a real 22.05 slurmd with linuxproc leaves a job's ``sleep`` in
 no Slurm cgroup, tests/test_stray_process.py). :class:`CardJobs` reads ``ProctrackType``
-from ``scontrol show config`` (beside the same command, every ``config_cache_seconds``):
-:meth:`CardJobs.stray_jobs_of` is then None (not judged) for a card a job holds, and
-:attr:`CardJobs.stray_note` says why.
+from ``scontrol show config`` (beside the same command, every ``config_cache_seconds``).
+Without ``proctrack/cgroup`` there is no local job list either: then nothing is asked per
+patrol, :meth:`CardJobs.stray_jobs_of` is None for every card (stray_process not judged,
+:attr:`CardJobs.stray_note` says why), and the allocation is read only when a card fault
+event needs its jobs (:meth:`CardJobs.fault_jobs_of`: the one query that names a node's
+jobs without a job id is the whole queue, ``squeue --json``, so at most once per
+``fault_read_seconds``).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
+from hetpatrol.processes import PROC_ROOT, init_cgroup_root
 from hetpatrol.schema import CardRecord
 from hetpatrol.slurm.inventory import tool_error
+from hetpatrol.slurm.job_gres import (
+    JSON_ONE_JOB_SINCE,
+    SHOW_JOB,
+    Allocation,
+    array_task_query,
+    job_query,
+    parse_job_answer,
+    parse_show_job_detail,
+    slurm_version,
+)
 from hetpatrol.slurm.jobguard import (
     SQUEUE_JSON_MAX,
     _job_nodes,
@@ -132,125 +186,303 @@ def card_jobs(
     return answer, ("; ".join(errors) or None)
 
 
+#: where the cgroup hierarchies are mounted (cgroup.conf(5) CgroupMountpoint default)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_JOB_DIR = re.compile(r"job_([0-9]{1,12})")
+_UID_DIR = re.compile(r"uid_[0-9]{1,10}")
+
+
+def _dirs(path: Path) -> list[os.DirEntry[str]]:
+    """The subdirectories of ``path`` (none when it is missing or unreadable), without
+    following symlinks."""
+    try:
+        with os.scandir(path) as it:
+            return [e for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def local_slurm_jobs(
+    node: str, cgroup_root: Path = CGROUP_ROOT, proc_root: Path | None = None
+) -> dict[str, int]:
+    """The Slurm jobs with a step on this node, from the job directories Slurm's cgroup
+    plugins make (module docstring): job id -> the inode of its directory (a new
+    directory for the same id, a requeued job run here again, is a new inode). Only
+    Slurm's own depth is looked at: v1 ``<root>/<controller>/{slurm,slurm_<node>}/
+    uid_<n>/job_<id>``, v2 ``<root><init>/system.slice/{slurmstepd.scope,
+    <node>_slurmstepd.scope}/job_<id>``; none found is ``{}`` (no job here, or no
+    hierarchy of Slurm's yet). No RPC, no process started; never raises."""
+    found: dict[str, int] = {}
+    init = ""
+    if (cgroup_root / "cgroup.controllers").is_file():  # the unified (v2) hierarchy
+        try:
+            text = (proc_root or PROC_ROOT).joinpath("1", "cgroup").read_text()
+            init = init_cgroup_root(text)
+        except OSError:
+            init = ""
+    v2_base = cgroup_root / init.lstrip("/") / "system.slice"
+    for scope in ("slurmstepd.scope", f"{node}_slurmstepd.scope"):
+        for e in _dirs(v2_base / scope):
+            m = _JOB_DIR.fullmatch(e.name)
+            if m:
+                found.setdefault(m.group(1), e.inode())
+    for controller in sorted(_dirs(cgroup_root), key=lambda e: e.name):
+        for prepend in ("slurm", f"slurm_{node}"):
+            for uid in _dirs(Path(controller.path) / prepend):
+                if not _UID_DIR.fullmatch(uid.name):
+                    continue
+                for e in _dirs(Path(uid.path)):
+                    m = _JOB_DIR.fullmatch(e.name)
+                    if m:
+                        found.setdefault(m.group(1), e.inode())
+    return found
+
+
+class _Asked(NamedTuple):
+    """One job's answer: ``key`` the inode of the directory it was asked for (None: known
+    from a process only), ``alloc`` None while unknown (``error`` says why), ``at``
+    when it was asked (the daemon's clock)."""
+
+    key: int | None
+    alloc: Allocation | None
+    error: str | None
+    at: float
+
+
 class CardJobs:
-    """``squeue --json`` at most once per ``cache_seconds``; ``jobs_of(card)`` answers
-    from the last read (see the module docstring)."""
+    """The Slurm jobs of each card of this node: which jobs from the node's own cgroups,
+    their cards from one single-job query per job (see the module docstring);
+    ``jobs_of(card)`` answers from the last :meth:`refresh`."""
 
     def __init__(
         self,
         scontrol: Sequence[str],
         node: str,
         timeout: float = 10.0,
-        cache_seconds: float = 60.0,
         runner: Callable[..., Any] = run_tool,
         clock: Callable[[], float] = time.monotonic,
         config_cache_seconds: float = 600.0,
+        retry_seconds: float = 60.0,
+        fault_read_seconds: float = 600.0,
+        cgroup_root: Path = CGROUP_ROOT,
+        proc_root: Path | None = None,
     ):
         head = list(scontrol[:-1])
+        #: the fault path's whole-queue read (without a local job list only)
         self.argv = [*head, *squeue_argv(scontrol[-1])]
         # scontrol beside the same command (squeue_argv's rule), read-only
         tool_dir, sep, _tail = scontrol[-1].rpartition("/")
-        self.config_argv = [*head, f"{tool_dir}{sep}scontrol", "show", "config"]
-        self.node, self.timeout, self.cache_seconds = node, timeout, cache_seconds
-        self.config_cache_seconds = config_cache_seconds
+        self._head, self._scontrol = head, f"{tool_dir}{sep}scontrol"
+        self.config_argv = [*head, self._scontrol, "show", "config"]
+        self.version_argv = [*head, self._scontrol, "--version"]
+        self.node, self.timeout = node, timeout
+        self.config_cache_seconds, self.retry_seconds = config_cache_seconds, retry_seconds
+        self.fault_read_seconds = fault_read_seconds
+        self.cgroup_root, self.proc_root = cgroup_root, proc_root
         self.runner, self.clock = runner, clock
-        self._text: str | None = None
-        self._read_at: float | None = None
         self.error: str | None = None
         #: ``ProctrackType`` of ``scontrol show config`` (None: not read, see
         #: :attr:`stray_note`)
         self.proctrack: str | None = None
         self._proctrack_error: str | None = "not read yet"
+        #: the installed Slurm (``scontrol --version``, local), None until read
+        self.version: tuple[int, int, int] | None = None
+        self._version_error: str | None = "not read yet"
         self._config_read_at: float | None = None
-        self._by_identity: dict[int, frozenset[str]] = {}
+        #: job id -> its answer, kept while the job's directory is the same
+        self._jobs: dict[str, _Asked] = {}
+        self._by_identity: dict[int, frozenset[str]] | None = None
+        self._unjudged: set[int] = set()
         self._cards: list[CardRecord] = []
-        #: the job ids squeue was read again for since the last read by age
-        self._asked: set[str] = set()
+        self._fault_read_at: float | None = None
+        self._fault_map: dict[int, frozenset[str]] | None = None
+        #: single-job queries run so far (the whole-queue fault reads not counted)
+        self.queries = 0
+
+    @property
+    def listed(self) -> bool:
+        """True when Slurm's job cgroups say which jobs run here (proctrack/cgroup)."""
+        return self.proctrack == CGROUP_PROCTRACK
 
     def refresh(self, cards: Sequence[CardRecord]) -> None:
-        """Read ``ProctrackType`` (``scontrol show config``) every
-        ``config_cache_seconds``, every ``cache_seconds`` while it is unknown. Read
-        squeue if its cache is old, or if a process of ``cards`` is in a job (its
-        cgroup's job number) that held no card of this node in the last read: a job
-        started since that read, whose processes must not be judged against the
-        allocation before it (read again once per such job until the next read by
-        age). Then map this patrol's ``cards``."""
+        """Read ``ProctrackType`` (``scontrol show config``) and ``scontrol --version``
+        every ``config_cache_seconds`` (every ``retry_seconds`` while either is unknown).
+        Under ``proctrack/cgroup``: list the node's jobs (:func:`local_slurm_jobs`, plus
+        the job ids of ``cards``' processes), ask each job not asked yet (or whose
+        directory is a new one, or whose query failed ``retry_seconds`` ago) with one
+        single-job query, forget the jobs gone, and map this patrol's ``cards``.
+        Otherwise ask nothing: every card's jobs are unknown (None)."""
         now = self.clock()
+        self._cards = list(cards)
+        self._fault_map = None
+        known = self.proctrack is not None and self.version is not None
         if self._config_read_at is None or now - self._config_read_at >= (
-            self.config_cache_seconds if self.proctrack else self.cache_seconds
+            self.config_cache_seconds if known else self.retry_seconds
         ):
             self._config_read_at = now
-            self._read_proctrack()
-        aged = self._read_at is None or now - self._read_at >= self.cache_seconds
-        unknown: set[str] = set()
-        if not aged and self._text is not None:
-            held = set().union(*self._by_identity.values()) | self._asked
-            unknown = {
-                p.job_id
-                for c in cards
-                for p in c.processes
-                if p.job_id is not None and p.job_id.isdigit() and p.job_id not in held
-            }
-        # asked once per job until the next read by age: a process of a job that holds
-        # no card here (a CPU job's process on a GPU: stray) is no reason to read again
-        self._asked = set() if aged else self._asked | unknown
-        if aged or unknown:
-            self._read_at = now
+            self._read_config()
+        if not self.listed:
+            self._jobs.clear()
+            self._by_identity, self.error = None, None
+            return
+        if self.version is None:
+            self._by_identity = None
+            self.error = f"scontrol --version: {self._version_error}"
+            return
+        local: dict[str, int | None] = dict(
+            local_slurm_jobs(self.node, self.cgroup_root, self.proc_root)
+        )
+        for c in cards:
+            for p in c.processes:
+                if p.job_id is not None and p.job_id.isdigit():
+                    local.setdefault(p.job_id, None)
+        for job in [j for j in self._jobs if j not in local]:
+            del self._jobs[job]  # its directory is gone: the job ended here
+        for job, key in sorted(local.items(), key=lambda kv: int(kv[0])):
+            had = self._jobs.get(job)
+            same = had is not None and (key is None or had.key in (key, None))
+            if same and (had.alloc is not None or now - had.at < self.retry_seconds):
+                if had.key is None and key is not None:  # first seen by a process
+                    self._jobs[job] = had._replace(key=key)
+                continue
+            self._jobs[job] = self._ask(job, key, now)
+        self._map(cards)
+
+    def _ask(self, job: str, key: int | None, now: float) -> _Asked:
+        """One single-job query (:func:`hetpatrol.slurm.job_gres.job_query`)."""
+        version = self.version or JSON_ONE_JOB_SINCE
+        argv = [*self._head, *job_query(self._scontrol, job, version)]
+        what = "squeue --json" if version >= JSON_ONE_JOB_SINCE else SHOW_JOB
+        self.queries += 1
+        try:
+            out = self.runner(argv, self.timeout)
+        except OSError as exc:
+            return _Asked(key, None, f"{what}: {exc.strerror or exc}", now)
+        error = tool_error(out)
+        if error:
+            return _Asked(key, None, error, now)
+        alloc = parse_job_answer(out.stdout, job, self.node, version)
+        task = array_task_query(out.stdout, job) if alloc.errors and what == SHOW_JOB else None
+        if task is not None:  # an array's own id: its record alone, one more answer
+            self.queries += 1
             try:
-                out = self.runner(self.argv, self.timeout)
+                out = self.runner([*self._head, self._scontrol, "-d", "show", "job", task],
+                                  self.timeout)  # fmt: skip
             except OSError as exc:
-                self._text, self.error = None, f"squeue: {exc.strerror or exc}"
+                return _Asked(key, None, f"{what} {task}: {exc.strerror or exc}", now)
+            error = tool_error(out)
+            if error:
+                return _Asked(key, None, error, now)
+            alloc = parse_show_job_detail(out.stdout, job, self.node)
+        if alloc.errors:
+            return _Asked(key, None, "; ".join(alloc.errors), now)
+        return _Asked(key, alloc, None, now)
+
+    def _map(self, cards: Sequence[CardRecord]) -> None:
+        keys = [_card_key(c) for c in cards]
+        out: dict[int, set[str]] = {i: set() for i in range(len(cards))}
+        errors = []
+        unmapped: set[int] = set()
+        for job, asked in sorted(self._jobs.items(), key=lambda kv: int(kv[0])):
+            if asked.alloc is None:
+                errors.append(f"job {job}: {asked.error}")
+                continue
+            for gres, why in unmapped_gres(keys, asked.alloc).items():
+                errors.append(f"job {job}: {gres} IDX not mapped to cards: {why}")
+                unmapped.update(
+                    i for i, k in enumerate(keys) if str(k["gres"] or "").lower() == gres
+                )
+            matched, _missing = match_cards(keys, asked.alloc)
+            for card in matched:
+                out[next(i for i, k in enumerate(keys) if k is card)].add(job)
+        unknown = {job for job, asked in self._jobs.items() if asked.alloc is None}
+        # a card a process of a job with an unknown allocation runs on: that process
+        # may be on its own job's card, so the card is not judged (its jobs unknown);
+        # every other card is judged by the answers of its own jobs
+        self._unjudged = unmapped | {
+            i for i, c in enumerate(cards) if any(p.job_id in unknown for p in c.processes)
+        }
+        self._by_identity = {i: frozenset(v) for i, v in out.items()}
+        self.error = "; ".join(errors) or None
+
+    def _read_config(self) -> None:
+        """``ProctrackType`` and the Slurm version, each with why when unread."""
+        for argv, attr in ((self.config_argv, "proctrack"), (self.version_argv, "version")):
+            value: Any = None
+            try:
+                out = self.runner(argv, self.timeout)
+            except OSError as exc:
+                error: str | None = f"{exc.strerror or exc}"
             else:
                 error = tool_error(out)
-                self._text, self.error = (None, error) if error else (out.stdout, None)
-        self._cards = list(cards)
-        if self._text is None:
-            self._by_identity = {}
-            return
-        self._by_identity, self.error = card_jobs(self._text, self.node, self._cards)
-
-    def _read_proctrack(self) -> None:
-        try:
-            out = self.runner(self.config_argv, self.timeout)
-        except OSError as exc:
-            self.proctrack, self._proctrack_error = None, f"{exc.strerror or exc}"
-            return
-        error = tool_error(out)
-        found = None if error else proctrack_type(out.stdout)
-        if error is None and found is None:
-            error = "no ProctrackType line"
-        self.proctrack, self._proctrack_error = found, error
+                if error is None and attr == "proctrack":
+                    value = proctrack_type(out.stdout)
+                    error = None if value else "no ProctrackType line"
+                elif error is None:
+                    value = slurm_version(out.stdout)
+                    error = None if value else f"said {out.stdout[:60]!r}: no Slurm version"
+            setattr(self, attr, value)
+            setattr(self, f"_{attr}_error", error)
 
     @property
     def stray_note(self) -> str | None:
-        """Why processes on the cards a job holds are not judged stray (None: they
-        are): Slurm tracks the job's processes by no cgroup, or that is unknown."""
-        if self.proctrack == CGROUP_PROCTRACK:
+        """Why stray processes are not judged on this node (None: they are): Slurm puts
+        a job's processes in no cgroup of its own, or that is unknown."""
+        if self.listed:
             return None
         if self.proctrack is None:
             why = f"ProctrackType unknown (scontrol show config: {self._proctrack_error})"
         else:
             why = f"ProctrackType={self.proctrack} (scontrol show config)"
         return (
-            f"{why}: only proctrack/cgroup puts a job's processes in its cgroup, so "
-            "processes on the cards a job holds are not judged stray; cards with no "
-            "job are"
+            f"{why}: only proctrack/cgroup puts a job's processes in its cgroup, which "
+            "tells which jobs run here and whether a process is in its job without "
+            "asking slurmctld for the whole queue: stray_process is not judged"
         )
 
     def stray_jobs_of(self, card: CardRecord) -> frozenset[str] | None:
-        """:meth:`jobs_of` for the stray check: None (not judged) also for a card a
-        job holds while the job's processes cannot be told (:attr:`stray_note`)."""
-        jobs = self.jobs_of(card)
-        if jobs and self.proctrack != CGROUP_PROCTRACK:
-            return None
-        return jobs
+        """:meth:`jobs_of` for the stray check: None (not judged) without
+        ``proctrack/cgroup`` (:attr:`stray_note`)."""
+        return self.jobs_of(card) if self.listed else None
 
     def jobs_of(self, card: CardRecord) -> frozenset[str] | None:
         """The job ids of ``card`` (one of the last :meth:`refresh`'s cards), empty for
-        none; None when unknown (squeue unread, or a job's IDX not mapped to cards)."""
-        if self._text is None:
+        none; None when unknown (no local job list, a process of a job whose query failed
+        on the card, a job's IDX not mapped to cards of its GRES name, not one of the
+        patrol's cards)."""
+        if self._by_identity is None:
             return None
         for i, c in enumerate(self._cards):
             if c is card:
-                return self._by_identity.get(i)  # absent: its jobs are unknown
+                return None if i in self._unjudged else self._by_identity.get(i, frozenset())
+        return None
+
+    def fault_jobs_of(self, card: CardRecord) -> frozenset[str] | None:
+        """The job ids of ``card`` for a card fault event: :meth:`jobs_of` where the
+        node's jobs are listed; without a local job list, one ``squeue --json`` (the
+        whole queue: the one query that names a node's jobs without a job id) at most
+        once per ``fault_read_seconds``, its answer used for this patrol's events; None
+        when not read (the event still names the jobs of the card's processes)."""
+        if self.listed:
+            return self.jobs_of(card)
+        if self._fault_map is None:
+            now = self.clock()
+            if self._fault_read_at is not None and (
+                now - self._fault_read_at < self.fault_read_seconds
+            ):
+                return None
+            self._fault_read_at = now
+            try:
+                out = self.runner(self.argv, self.timeout)
+            except OSError as exc:
+                self.error = f"squeue: {exc.strerror or exc}"
+                return None
+            error = tool_error(out)
+            if error:
+                self.error = error
+                return None
+            self._fault_map, self.error = card_jobs(out.stdout, self.node, self._cards)
+        for i, c in enumerate(self._cards):
+            if c is card:
+                return self._fault_map.get(i) if self._fault_map else None  # absent: unknown
         return None

@@ -1,11 +1,24 @@
 """A job's cards on one node as Slurm names them: from the job's environment and from
-``squeue --json``'s structured fields, never from text a user chose.
+the job's one record in slurmctld, never from the whole queue nor from text a user
+chose where a structured field exists.
 
 Shared by the Prolog and Epilog (:mod:`hetpatrol.slurm.jobguard`, which says which
-variable wins and why ``scontrol show job -d`` text is never read), the card -> job map
-(:mod:`hetpatrol.slurm.card_jobs`) and the TaskProlog (:mod:`hetpatrol.slurm.task_prolog`,
-run before every task: so this module imports only :mod:`json`, :mod:`re` and, for the
-squeue path, :mod:`hetpatrol.slurm.gres`).
+variable wins), the card -> job map (:mod:`hetpatrol.slurm.card_jobs`) and the TaskProlog
+(:mod:`hetpatrol.slurm.task_prolog`, run before every task: so this module imports only
+:mod:`json`, :mod:`os`, :mod:`re` and, on the paths that read Slurm's answers,
+:mod:`hetpatrol.slurm.gres`, :mod:`subprocess` and :mod:`time`).
+
+One job's record (:func:`ask_job`, :func:`job_query`): ``squeue --json --jobs=ID`` from
+Slurm 23.02.3 (read by :func:`parse_squeue_json` from its structured fields), ``scontrol
+-d show job ID`` before (22.05's ``squeue --json`` ignores ``--jobs=`` and lists every
+job), read by :func:`parse_show_job_detail` from Slurm's own per-node block only, and only
+when every block of that shape in the text agrees. Threat boundary of that text: the
+job's owner writes its name and comment, printed raw beside Slurm's block; a copy of the
+block that says otherwise makes the readings differ and the job's cards unknown (never
+the copied ones), so a user can make only their own job's cards unknown. What each
+caller does with unknown cards is in its module (TaskProlog: no variable; Prolog: the
+job goes through; Epilog: every card looked at; daemon: the card a process of that job
+is on not judged).
 """
 
 from __future__ import annotations
@@ -338,3 +351,183 @@ def find_scontrol() -> str:
         (f"{d}/scontrol" for d in SLURM_BIN_DIRS if os.access(f"{d}/scontrol", os.X_OK)),
         "scontrol",
     )
+
+
+#: the first Slurm whose ``squeue --json`` keeps ``--jobs=`` (one job, one
+#: slurm_load_job()): squeue(1) of slurm-23-02-3-1 "Formatting options are ignored;
+#: however, filtering arguments are still used"; up to slurm-23-02-2-1 "All other
+#: formatting and filtering arguments will be ignored" (doc/man/man1/squeue.1)
+JSON_ONE_JOB_SINCE = (23, 2, 3)
+#: ``scontrol --version``: ``slurm 23.11.4``, Debian's ``slurm-wlm 22.05.8``
+_VERSION = re.compile(r"slurm(?:-wlm)? ([0-9]{1,4})\.([0-9]{1,2})\.([0-9]{1,3})(?![0-9])")
+#: the lines of one job's per-node block in ``scontrol -d show job``, each of the exact
+#: shape slurm_sprint_job_info() prints (src/api/job_info.c 20.11-23.02: "Line 15"
+#: ``NumNodes=``, ``TRES=`` (23.02: ``ReqTRES=``/``AllocTRES=``), ``Socks/Node=``, with
+#: details ``JOB_GRES=`` and one ``  Nodes=%s CPU_IDs=%s Mem=%u GRES=%s`` line per group
+#: of hosts, then "Line 18" ``MinCPUsNode=``); ``line_end`` is "\n   "
+_BLOCK_START = re.compile(r"   NumNodes=\S+ NumCPUs=\S+ NumTasks=\S+ CPUs/Task=\S+ ReqB:S:C:T=\S+")
+_BLOCK_END = re.compile(r"   MinCPUsNode=\S+ MinMemory(?:Node|CPU)=\S+ MinTmpDiskNode=\S+")
+_BLOCK_OTHER = re.compile(
+    r"   (?:(?:Req|Alloc)?TRES=\S*|JOB_GRES=\S*"
+    r"|Socks/Node=\S+ NtasksPerN:B:S:C=\S+ (?:Core|Thread)Spec=\S+)"
+)
+_NODE_LINE = re.compile(r"     Nodes=(?P<nodes>\S+) CPU_IDs=\S* Mem=[0-9]+ GRES=(?P<gres>\S*)")
+SHOW_JOB = "scontrol show job -d"
+
+
+def slurm_version(text: str) -> tuple[int, int, int] | None:
+    """``slurm-wlm 22.05.8`` (``scontrol --version``'s first line) -> ``(22, 5, 8)``; None
+    when the text names no Slurm version."""
+    m = _VERSION.match(text.split("\n", 1)[0].strip())
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def job_query(scontrol: str, job: str, version: tuple[int, int, int]) -> list[str]:
+    """The command that gives job ``job``'s GRES indices in one single-job answer from
+    slurmctld (module docstring): ``squeue --json --jobs=ID`` (beside ``scontrol``) from
+    :data:`JSON_ONE_JOB_SINCE`, else ``scontrol -d show job ID``."""
+    if version >= JSON_ONE_JOB_SINCE:
+        return [*squeue_argv(scontrol), f"--jobs={job}"]
+    return [scontrol, "-d", "show", "job", job]
+
+
+def parse_show_job_detail(text: str, job: str, node: str) -> Allocation:
+    """The GRES indexes Slurm gave job ``job`` on ``node`` from ``scontrol -d show job
+    ID`` text (Slurm 23.02.2 and earlier, where no one-job JSON exists).
+
+    Read: the record must begin ``JobId=<job> ``; each block from a line of exactly
+    Slurm's ``NumNodes=`` shape to one of its ``MinCPUsNode=`` shape whose every line in
+    between is one of Slurm's (``TRES=``, ``Socks/Node=``, ``JOB_GRES=``, the per-node
+    ``     Nodes=HOSTLIST CPU_IDs=.. Mem=.. GRES=..`` lines); a block with any other
+    line inside is not one. The node's entry (its name in ``Nodes=``' host list) gives
+    the indexes (:func:`hetpatrol.slurm.job_gres.gres_detail_indices`). Lines are split
+    at ``\n`` only (Slurm's line end; a ``\r`` in a name is not one). Slurm's own
+    block is always there whole (free text is printed before or after it); when more
+    than one block is found and they say different things for this node, nothing is
+    taken: ``errors`` says so (the threat boundary: module docstring). Never raises."""
+    from hetpatrol.slurm.gres import hostlist_contains  # this path only
+
+    def fail(why: str) -> Allocation:
+        return Allocation(sources=(SHOW_JOB,), errors=(f"{SHOW_JOB}: {why}",))
+
+    if len(text) > SQUEUE_JSON_MAX:
+        return fail(f"output larger than {SQUEUE_JSON_MAX} bytes")
+    lines = text.split("\n")
+    if not lines[0].startswith(f"JobId={job} "):
+        return fail(f"the output does not begin with job {job}'s record")
+    blocks: list[list[tuple[str, str]]] = []
+    current: list[tuple[str, str]] | None = None
+    for line in lines:
+        if _BLOCK_START.fullmatch(line):
+            current = []  # an open block before this one was no block of Slurm's
+        elif current is None:
+            continue
+        elif _BLOCK_END.fullmatch(line):
+            blocks.append(current)
+            current = None
+        elif m := _NODE_LINE.fullmatch(line):
+            current.append((m.group("nodes"), m.group("gres")))
+        elif not _BLOCK_OTHER.fullmatch(line):
+            current = None  # a line Slurm does not print here: not its block
+    if not blocks:
+        return fail("no per-node block (NumNodes= ... MinCPUsNode= lines of Slurm's shape)")
+    readings = []
+    errors: list[str] = []
+    for block in blocks:
+        by: dict[str, set[int]] = {}
+        for nodes, gres in block:
+            try:
+                here = hostlist_contains(nodes, node)
+            except (ValueError, RecursionError):
+                here = False
+                errors.append(f"Nodes={nodes[:80]!r} is not a host list")
+            if here:
+                gres_detail_indices(gres, by, errors)
+        readings.append({k: frozenset(v) for k, v in by.items()})
+    if any(r != readings[0] for r in readings[1:]):
+        return fail(
+            f"{len(readings)} per-node blocks that differ for {node} (a job name or "
+            "comment copying Slurm's lines?)"
+        )
+    return Allocation(readings[0], sources=(SHOW_JOB,), errors=tuple(dict.fromkeys(errors)))
+
+
+#: the first line of an array's own record in ``scontrol show job``: ``JobId=1
+#: ArrayJobId=1 ArrayTaskId=1 JobName=...`` (slurm_sprint_job_info(), src/api/job_info.c:
+#: the ids before the name, so no text a user chose)
+_ARRAY_HEAD = re.compile(r"JobId=([0-9]+) ArrayJobId=([0-9]+) ArrayTaskId=([0-9]+) ")
+
+
+def array_task_query(text: str, job: str) -> str | None:
+    """``J_T`` when ``scontrol -d show job J`` answered for array ``J``'s own record
+    (array task ``T``, one number): slurm_load_job() of an array's id answers every
+    record of the array (recorded on 22.05, fixtures/slurm/README.md), whose blocks then
+    disagree; ``scontrol -d show job J_T`` prints that task's record only. None
+    otherwise."""
+    m = _ARRAY_HEAD.match(text.split("\n", 1)[0])
+    if m and m.group(1) == job == m.group(2) and "\nJobId=" in text:
+        return f"{job}_{m.group(3)}"
+    return None
+
+
+def parse_job_answer(text: str, job: str, node: str, version: tuple[int, int, int]) -> Allocation:
+    """The answer of :func:`job_query` for ``version`` read by its own rule:
+    :func:`parse_squeue_json` (from :data:`JSON_ONE_JOB_SINCE`) or
+    :func:`parse_show_job_detail`. Never raises."""
+    if version >= JSON_ONE_JOB_SINCE:
+        return parse_squeue_json(text, job, node)
+    return parse_show_job_detail(text, job, node)
+
+
+def ask_job(
+    scontrol: str,
+    job: str,
+    node: str,
+    *,
+    timeout: float,
+    runner: Runner | None = None,
+    version: tuple[int, int, int] | None = None,
+) -> Allocation:
+    """Job ``job``'s GRES indexes on ``node`` in one single-job answer of slurmctld
+    (``REQUEST_JOB_INFO_SINGLE``), never the whole queue: ``scontrol --version`` (local,
+    no RPC; skipped when ``version`` is given), then :func:`job_query`'s command, read by
+    :func:`parse_job_answer`. ``runner(argv, seconds) -> stdout`` (default
+    :func:`run_scontrol`); ``timeout`` seconds for both commands together. Never raises:
+    what fails is in ``errors`` (``scontrol --version: ...``, ``squeue --json: ...``,
+    ``scontrol show job -d: ...``) and the job's cards are then unknown."""
+    import subprocess  # a query is run: the TaskProlog's common path runs one anyway
+    import time
+
+    run = runner or run_scontrol
+    deadline = time.monotonic() + timeout
+
+    def fail(why: str) -> Allocation:
+        return Allocation(errors=(why,))
+
+    if version is None:
+        try:
+            said = run([scontrol, "--version"], timeout)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            return fail(f"scontrol --version: {type(exc).__name__}: {exc}")
+        version = slurm_version(said)
+        if version is None:
+            return fail(f"scontrol --version said {said[:60]!r}: no Slurm version")
+    argv = job_query(scontrol, job, version)
+    what = "squeue --json" if version >= JSON_ONE_JOB_SINCE else SHOW_JOB
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return fail(f"{what}: no time left of {timeout:g} s")
+    try:
+        text = run(argv, left)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return fail(f"{what}: {type(exc).__name__}: {exc}")
+    alloc = parse_job_answer(text, job, node, version)
+    task = array_task_query(text, job) if alloc.errors and what == SHOW_JOB else None
+    left = deadline - time.monotonic()
+    if task is not None and left > 0:
+        try:  # the array's own record alone (one more single-job answer)
+            text = run([scontrol, "-d", "show", "job", task], left)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            return fail(f"{what} {task}: {type(exc).__name__}: {exc}")
+        alloc = parse_show_job_detail(text, job, node)
+    return alloc

@@ -35,17 +35,23 @@ Epilog Scripts", and in recorded outputs, fixtures/slurm):
   them into the state file (``job_env``), so no plugin is imported here; a state file
   without that list (an older daemon's) has them read from the plugins
   (:func:`hetpatrol.collector.job_env_declarations`).
-- Any vendor's GRES: ``squeue --json`` (Slurm 21.08 and later; 22.05 lists every job,
-  squeue(1): "All other formatting and filtering arguments will be ignored"): the job's
-  record (by ``job_id``), its ``gres_detail`` list (one string per host,
-  ``gpu:a100:2(IDX:0-1),ascend:910b:1(IDX:3)``) paired with its hosts
-  (``job_resources``), see :func:`parse_squeue_json`. It is run only when a card with a
-  blocking action has a GRES the environment did not cover. The text of
-  ``scontrol show job -d`` is never read: a job name, comment or work directory is free
-  text that can hold ``Nodes=<node> GRES=...(IDX:3)``, even a newline and a whole forged
-  detail line, indistinguishable from Slurm's own (seen on slurmctld 22.05; a user could
-  drain any node through the Prolog). Without ``--json`` (older Slurm) the job's other
-  GRES are unknown: the job is let through, said in the line.
+- Any vendor's GRES: one single-job answer of slurmctld (``REQUEST_JOB_INFO_SINGLE``,
+  ``slurm_load_job()``), never the queue-wide dump, run only when a card with a blocking
+  action has a GRES the environment did not cover: :func:`hetpatrol.slurm.job_gres.
+  ask_job` picks the query by ``scontrol --version`` (local, no RPC): ``squeue --json
+  --jobs=ID`` from Slurm 23.02.3 (its structured ``gres_detail`` paired with the hosts of
+  ``job_resources``, :func:`parse_squeue_json`); up to 23.02.2 (22.05 here, whose
+  ``squeue --json`` ignores ``--jobs=`` and lists every job, squeue(1): "All other
+  formatting and filtering arguments will be ignored") ``scontrol -d show job ID``, read
+  only from Slurm's own per-node block, and only when every block of that shape in the
+  text agrees (:func:`hetpatrol.slurm.job_gres.parse_show_job_detail`). A job name,
+  comment or work directory is free text that can hold a whole forged detail line or
+  block (seen on slurmctld 22.05): the real block is always printed whole beside it, so
+  a forged block that says otherwise makes the readings differ and nothing is taken
+  (the job's other GRES unknown: the job goes through, the Epilog looks at every card);
+  a copy that agrees says what Slurm says. A user's text can thus only make their own
+  job's cards unknown, never credit it with a card it does not hold (which could drain
+  the node). An answer that cannot be read is said in the line.
 
 IDX -> card: Slurm numbers the devices of one GRES name on a node 0, 1, ... in gres.conf
 ``File=`` order (or the order AutoDetect found them); hetpatrol takes the cards of that
@@ -96,6 +102,7 @@ from hetpatrol.slurm.job_gres import (  # noqa: F401 - the Prolog's callers impo
     Allocation,
     Runner,
     _job_nodes,
+    ask_job,
     find_scontrol,
     job_env_of,
     parse_index_list,
@@ -396,7 +403,7 @@ def needs_scontrol(
     env_alloc: Allocation,
     block_on: frozenset[str] = DEFAULT_DRAIN_ACTIONS,
 ) -> bool:
-    """True when asking ``squeue --json`` could change the answer: a card of the
+    """True when asking slurmctld for the job could change the answer: a card of the
     verdict has a blocking action and the environment does not say whether the job
     holds cards of that card's GRES. False for a stale or missing verdict (that fails
     anyway) and when no card blocks (the common case: no scontrol at all)."""
@@ -524,9 +531,10 @@ def guard(
     scontrol: str = "scontrol",
     clock: Callable[[], float] = time.time,
 ) -> GuardDecision:
-    """One prolog run: read the verdict, the environment, ``squeue --json`` (beside
-    ``scontrol``) only if :func:`needs_scontrol`; never raises, never runs longer than
-    ``timeout`` seconds in squeue. The node name is ``SLURMD_NODENAME``, else the
+    """One prolog run: read the verdict, the environment, the job's one record
+    (:func:`hetpatrol.slurm.job_gres.ask_job` beside ``scontrol``) only if
+    :func:`needs_scontrol`; never raises, never runs longer than ``timeout`` seconds in
+    those commands. The node name is ``SLURMD_NODENAME``, else the
     state's ``node``."""
     start = time.monotonic()
     doc: dict[str, Any] | None = None
@@ -551,15 +559,8 @@ def guard(
             node = env.get("SLURMD_NODENAME") or str((doc or {}).get("node") or "")
             left = timeout - (time.monotonic() - start)
             if job and node and left > 0.05:
-                import subprocess
-
-                try:
-                    text = runner(squeue_argv(scontrol), left)
-                    alloc = alloc.merged(parse_squeue_json(text, str(job), node))
-                except (OSError, subprocess.SubprocessError, ValueError) as exc:
-                    alloc = alloc.merged(
-                        Allocation(errors=(f"squeue --json: {type(exc).__name__}: {exc}",))
-                    )
+                # one single-job answer of slurmctld, never the queue-wide dump
+                alloc = alloc.merged(ask_job(scontrol, str(job), node, timeout=left, runner=runner))
         boot = boot_clock() if clock is time.time else None  # a given clock is a test's
         return decide(
             doc,
@@ -670,9 +671,10 @@ def epilog_cards(
     """The state's card lines the finished job held, for ``hetpatrol epilog``'s one quick
     patrol of them (XIDs the job caused show up there). The environment first
     (``SLURM_JOB_GPUS`` is "Available in the Prolog and Epilog", slurm.conf(5)); when it
-    does not cover every GRES name of the node's cards, ``squeue --json`` (the job
-    record is still there while the Epilog runs, but Slurm 22.05 has already emptied its
-    ``gres_detail`` entry then: every card is looked at, see :mod:`hetpatrol.slurm.epilog`).
+    does not cover every GRES name of the node's cards, the job's one record
+    (:func:`hetpatrol.slurm.job_gres.ask_job`: the record is still there while the
+    Epilog runs, but Slurm 22.05 has already emptied its GRES detail then: every card is
+    looked at, see :mod:`hetpatrol.slurm.epilog`).
     Never raises; returns (cards, the allocation used, whose ``errors`` say what could not
     be read)."""
     alloc = parse_job_env(env, job_env_of(doc))
@@ -683,15 +685,7 @@ def epilog_cards(
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     node = env.get("SLURMD_NODENAME") or str(doc.get("node") or "")
     if uncovered and job and node:
-        import subprocess
-
-        try:
-            text = runner(squeue_argv(scontrol), timeout)
-            alloc = alloc.merged(parse_squeue_json(text, str(job), node))
-        except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            alloc = alloc.merged(
-                Allocation(errors=(f"squeue --json: {type(exc).__name__}: {exc}",))
-            )
+        alloc = alloc.merged(ask_job(scontrol, str(job), node, timeout=timeout, runner=runner))
     return match_cards(cards, alloc)[0], alloc
 
 

@@ -67,18 +67,20 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-from hetpatrol.slurm.job_gres import (
+from hetpatrol.slurm.job_gres import (  # noqa: F401 - moved there, callers import them here
+    JSON_ONE_JOB_SINCE,
+    SHOW_JOB,
     SQUEUE_JSON_MAX,
     Allocation,
+    ask_job,
     find_scontrol,
-    gres_detail_indices,
-    parse_squeue_json,
+    job_query,
+    parse_show_job_detail,
     run_scontrol,
-    squeue_argv,
+    slurm_version,
 )
 
 #: the wrapper the packages install (packaging/slurm/taskprolog): ``hetpatrol task-prolog``
@@ -90,28 +92,6 @@ _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TABLE = re.compile(r"[0-9]{1,6}=[0-9]{1,9}(?:,[0-9]{1,6}=[0-9]{1,9})*")
 #: the job id as Slurm sets SLURM_JOB_ID (a number)
 _JOB_ID = re.compile(r"[0-9]{1,12}")
-
-
-#: the first Slurm whose ``squeue --json`` keeps ``--jobs=`` (one job, one
-#: slurm_load_job()): squeue(1) of slurm-23-02-3-1 "Formatting options are ignored;
-#: however, filtering arguments are still used"; up to slurm-23-02-2-1 "All other
-#: formatting and filtering arguments will be ignored" (doc/man/man1/squeue.1)
-JSON_ONE_JOB_SINCE = (23, 2, 3)
-#: ``scontrol --version``: ``slurm 23.11.4``, Debian's ``slurm-wlm 22.05.8``
-_VERSION = re.compile(r"slurm(?:-wlm)? ([0-9]{1,4})\.([0-9]{1,2})\.([0-9]{1,3})(?![0-9])")
-#: the lines of one job's per-node block in ``scontrol -d show job``, each of the exact
-#: shape slurm_sprint_job_info() prints (src/api/job_info.c 20.11-23.02: "Line 15"
-#: ``NumNodes=``, ``TRES=`` (23.02: ``ReqTRES=``/``AllocTRES=``), ``Socks/Node=``, with
-#: details ``JOB_GRES=`` and one ``  Nodes=%s CPU_IDs=%s Mem=%u GRES=%s`` line per group
-#: of hosts, then "Line 18" ``MinCPUsNode=``); ``line_end`` is "\n   "
-_BLOCK_START = re.compile(r"   NumNodes=\S+ NumCPUs=\S+ NumTasks=\S+ CPUs/Task=\S+ ReqB:S:C:T=\S+")
-_BLOCK_END = re.compile(r"   MinCPUsNode=\S+ MinMemory(?:Node|CPU)=\S+ MinTmpDiskNode=\S+")
-_BLOCK_OTHER = re.compile(
-    r"   (?:(?:Req|Alloc)?TRES=\S*|JOB_GRES=\S*"
-    r"|Socks/Node=\S+ NtasksPerN:B:S:C=\S+ (?:Core|Thread)Spec=\S+)"
-)
-_NODE_LINE = re.compile(r"     Nodes=(?P<nodes>\S+) CPU_IDs=\S* Mem=[0-9]+ GRES=(?P<gres>\S*)")
-SHOW_JOB = "scontrol show job -d"
 
 
 class Export(NamedTuple):
@@ -158,83 +138,6 @@ def export_lines(alloc: Allocation, exports: Sequence[Export]) -> list[str]:
     return out
 
 
-def slurm_version(text: str) -> tuple[int, int, int] | None:
-    """``slurm-wlm 22.05.8`` (``scontrol --version``'s first line) -> ``(22, 5, 8)``; None
-    when the text names no Slurm version."""
-    m = _VERSION.match(text.split("\n", 1)[0].strip())
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
-
-
-def job_query(scontrol: str, job: str, version: tuple[int, int, int]) -> list[str]:
-    """The command that gives job ``job``'s GRES indices in one single-job answer from
-    slurmctld (module docstring): ``squeue --json --jobs=ID`` (beside ``scontrol``) from
-    :data:`JSON_ONE_JOB_SINCE`, else ``scontrol -d show job ID``."""
-    if version >= JSON_ONE_JOB_SINCE:
-        return [*squeue_argv(scontrol), f"--jobs={job}"]
-    return [scontrol, "-d", "show", "job", job]
-
-
-def parse_show_job_detail(text: str, job: str, node: str) -> Allocation:
-    """The GRES indexes Slurm gave job ``job`` on ``node`` from ``scontrol -d show job
-    ID`` text (Slurm 23.02.2 and earlier, where no one-job JSON exists).
-
-    Read: the record must begin ``JobId=<job> ``; each block from a line of exactly
-    Slurm's ``NumNodes=`` shape to one of its ``MinCPUsNode=`` shape whose every line in
-    between is one of Slurm's (``TRES=``, ``Socks/Node=``, ``JOB_GRES=``, the per-node
-    ``     Nodes=HOSTLIST CPU_IDs=.. Mem=.. GRES=..`` lines); a block with any other
-    line inside is not one. The node's entry (its name in ``Nodes=``' host list) gives
-    the indexes (:func:`hetpatrol.slurm.job_gres.gres_detail_indices`). Lines are split
-    at ``\n`` only (Slurm's line end; a ``\r`` in a name is not one). Slurm's own
-    block is always there whole (free text is printed before or after it); when more
-    than one block is found and they say different things for this node, nothing is
-    taken: ``errors`` says so (the threat boundary: module docstring). Never raises."""
-    from hetpatrol.slurm.gres import hostlist_contains  # this path only
-
-    def fail(why: str) -> Allocation:
-        return Allocation(sources=(SHOW_JOB,), errors=(f"{SHOW_JOB}: {why}",))
-
-    if len(text) > SQUEUE_JSON_MAX:
-        return fail(f"output larger than {SQUEUE_JSON_MAX} bytes")
-    lines = text.split("\n")
-    if not lines[0].startswith(f"JobId={job} "):
-        return fail(f"the output does not begin with job {job}'s record")
-    blocks: list[list[tuple[str, str]]] = []
-    current: list[tuple[str, str]] | None = None
-    for line in lines:
-        if _BLOCK_START.fullmatch(line):
-            current = []  # an open block before this one was no block of Slurm's
-        elif current is None:
-            continue
-        elif _BLOCK_END.fullmatch(line):
-            blocks.append(current)
-            current = None
-        elif m := _NODE_LINE.fullmatch(line):
-            current.append((m.group("nodes"), m.group("gres")))
-        elif not _BLOCK_OTHER.fullmatch(line):
-            current = None  # a line Slurm does not print here: not its block
-    if not blocks:
-        return fail("no per-node block (NumNodes= ... MinCPUsNode= lines of Slurm's shape)")
-    readings = []
-    errors: list[str] = []
-    for block in blocks:
-        by: dict[str, set[int]] = {}
-        for nodes, gres in block:
-            try:
-                here = hostlist_contains(nodes, node)
-            except (ValueError, RecursionError):
-                here = False
-                errors.append(f"Nodes={nodes[:80]!r} is not a host list")
-            if here:
-                gres_detail_indices(gres, by, errors)
-        readings.append({k: frozenset(v) for k, v in by.items()})
-    if any(r != readings[0] for r in readings[1:]):
-        return fail(
-            f"{len(readings)} per-node blocks that differ for {node} (a job name or "
-            "comment copying Slurm's lines?)"
-        )
-    return Allocation(readings[0], sources=(SHOW_JOB,), errors=tuple(dict.fromkeys(errors)))
-
-
 def _printable(text: str, limit: int = 300) -> str:
     """One line of at most ``limit`` characters, control characters as ``?``."""
     flat = "".join(ch if ch.isprintable() else "?" for ch in text)
@@ -266,29 +169,7 @@ def task_prolog_lines(
     if not node:
         return unset("SLURMD_NODENAME is not set")
     try:
-        import subprocess
-
-        deadline = time.monotonic() + timeout
-        try:
-            said = runner([scontrol, "--version"], timeout)
-        except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            return unset(f"scontrol --version: {type(exc).__name__}: {exc}")
-        version = slurm_version(said)
-        if version is None:
-            return unset(f"scontrol --version said {said[:60]!r}: no Slurm version")
-        argv = job_query(scontrol, job, version)
-        what = "squeue --json" if argv[1] == "--json" else SHOW_JOB
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return unset(f"{what}: no time left of {timeout:g} s")
-        try:
-            text = runner(argv, left)
-        except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            return unset(f"{what}: {type(exc).__name__}: {exc}")
-        if what == SHOW_JOB:
-            alloc = parse_show_job_detail(text, job, node)
-        else:
-            alloc = parse_squeue_json(text, job, node)
+        alloc = ask_job(scontrol, job, node, timeout=timeout, runner=runner)
         if alloc.errors:
             return unset("; ".join(alloc.errors))
         return export_lines(alloc, exports)
