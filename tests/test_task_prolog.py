@@ -351,8 +351,9 @@ HOSTILE_ENV = [
 def test_the_packaged_wrapper_drops_the_users_python_and_loader_settings(tmp_path, hostile):
     """The wrapper as packaged (its PATH; this checkout's hetpatrol in place of the
     installed command, as in tests/test_gres_conf.py) with a stand-in squeue replaying the
-    recorded answer (and an scontrol saying a version whose squeue filters): whatever Python or loader settings the job's user has, the task gets
-    its variable, exactly the one line, nothing on stderr."""
+    recorded answer (and an scontrol saying a version whose squeue filters): whatever
+    Python or loader settings the job's user has, the task gets its variable, exactly the
+    one line, nothing on stderr."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     squeue = bin_dir / "squeue"
