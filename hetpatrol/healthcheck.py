@@ -16,7 +16,6 @@ intervals + 10 s, the interval read from the state file).
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import stat
@@ -25,6 +24,7 @@ from collections.abc import Mapping
 
 from hetpatrol.exporters.state import STATE_SCHEMA, boot_clock, read_state
 from hetpatrol.output import silence_stdout, write_stdout
+from hetpatrol.path_walk import MAX_SYMLINKS, resolve_checked  # noqa: F401 - kept here
 from hetpatrol.verdict import EXIT_CODES
 
 # typing and argparse are imported only where needed: `check --state-path` is started by
@@ -223,8 +223,6 @@ def utc_text(seconds: float) -> str:
 #: systemd/hetpatrol.sysusers and the Debian package): besides root and the reader itself,
 #: the one owner a state file may have.
 DAEMON_USER = "hetpatrol"
-#: most symlinks followed on the way to a state file (Linux's own limit, MAXSYMLINKS)
-MAX_SYMLINKS = 40
 
 
 class UntrustedStateFile(ValueError):
@@ -262,39 +260,12 @@ def resolve_trusted(path: str | os.PathLike[str], trusted: frozenset[int]) -> st
     by group or others unless sticky. Returns the real path of the last component (not
     itself checked: the caller opens it with ``O_NOFOLLOW`` and checks what it opened).
     Raises :class:`UntrustedStateFile`, or OSError (a missing component, a loop)."""
-    text = os.fspath(path)
-    if not text.startswith("/"):
-        text = f"{os.getcwd()}/{text}"
-    todo = list(reversed(text.split("/")))
-    done = "/"
-    _refuse_writable(done, os.stat(done), trusted)
-    hops = 0
-    while todo:
-        name = todo.pop()
-        if name in ("", "."):
-            continue
-        if name == "..":
-            done = os.path.dirname(done)
-            continue
-        here = os.path.join(done, name)
-        st = os.lstat(here)
-        if stat.S_ISLNK(st.st_mode):
-            if st.st_uid not in trusted:
-                raise UntrustedStateFile(f"{here} is a symlink owned by uid {st.st_uid}")
-            hops += 1
-            if hops > MAX_SYMLINKS:
-                raise OSError(errno.ELOOP, "too many symlinks", os.fspath(path))
-            target = os.readlink(here)
-            if target.startswith("/"):
-                done = "/"
-            todo.extend(reversed(target.split("/")))
-            continue
-        if todo and any(t not in ("", ".") for t in todo):  # a directory on the way
-            if not stat.S_ISDIR(st.st_mode):
-                raise NotADirectoryError(errno.ENOTDIR, "not a directory", here)
-            _refuse_writable(here, st, trusted)
-        done = here
-    return done
+
+    def on_link(here: str, st: os.stat_result) -> None:
+        if st.st_uid not in trusted:
+            raise UntrustedStateFile(f"{here} is a symlink owned by uid {st.st_uid}")
+
+    return resolve_checked(path, on_link, lambda here, st: _refuse_writable(here, st, trusted))
 
 
 def read_trusted_state(path: str | os.PathLike[str], accept: str = STATE_SCHEMA) -> dict[str, Any]:

@@ -39,6 +39,8 @@ import os
 import stat
 from pathlib import Path
 
+from hetpatrol.path_walk import resolve_checked
+
 __all__ = [
     "UnsafePath",
     "check_directory",
@@ -321,43 +323,17 @@ class UnsafeRead(UnsafePath):
         return f"refusing to read {self.filename}: {self.strerror}"
 
 
-#: most symbolic links followed on the way to a file (Linux's own limit, MAXSYMLINKS)
-MAX_SYMLINKS = 40
-
-
 def _resolve_own_links(path: Path) -> str:
     """``path`` resolved component by component, following only the symbolic links
     owned by root or this user (as ``fs.protected_symlinks`` does in a sticky
-    directory, here everywhere). Raises :class:`UnsafeRead` or OSError (a missing
-    component, a loop)."""
-    text = os.path.abspath(os.fspath(path))
-    todo = list(reversed(text.split("/")))
-    done = "/"
-    hops = 0
-    while todo:
-        name = todo.pop()
-        if name in ("", "."):
-            continue
-        if name == "..":
-            done = os.path.dirname(done)
-            continue
-        here = os.path.join(done, name)
-        st = os.lstat(here)
-        if stat.S_ISLNK(st.st_mode):
-            if not _trusted_owner(st.st_uid):
-                raise UnsafeRead(
-                    path, f"{here} is a symbolic link owned by {_owner_name(st.st_uid)}"
-                )
-            hops += 1
-            if hops > MAX_SYMLINKS:
-                raise OSError(errno.ELOOP, "too many symbolic links", str(path))
-            target = os.readlink(here)
-            if target.startswith("/"):
-                done = "/"
-            todo.extend(reversed(target.split("/")))
-            continue
-        done = here
-    return done
+    directory, here everywhere; :func:`hetpatrol.path_walk.resolve_checked`). Raises
+    :class:`UnsafeRead` or OSError (a missing component, a loop)."""
+
+    def on_link(here: str, st: os.stat_result) -> None:
+        if not _trusted_owner(st.st_uid):
+            raise UnsafeRead(path, f"{here} is a symbolic link owned by {_owner_name(st.st_uid)}")
+
+    return resolve_checked(os.path.abspath(os.fspath(path)), on_link)
 
 
 def open_for_reading(path: Path) -> int:
