@@ -341,7 +341,7 @@ def test_audit_slurm_live_with_prometheus(env):
     )
     assert errors[0]["fix"].startswith("Gres=ascend:910_93:16")
     warn = [f for f in vs if f["severity"] == "warning"]
-    assert warn and warn[0]["where"] == "nodes ghost01"
+    assert warn and warn[0]["where"] == "node ghost01"
     layouts = doc["layouts"]
     assert layouts == {
         "debug": "mixed nodes",
