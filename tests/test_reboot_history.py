@@ -321,3 +321,40 @@ def test_a_damaged_history_file_is_said_not_read_silently_as_empty(tmp_path, cap
     capsys.readouterr()
     assert main(["history", "--config", str(cfg), "show"]) == 0
     assert capsys.readouterr().err == ""  # no history yet: nothing to say
+
+
+def test_a_clear_writes_its_audit_line_to_that_state_directorys_log(tmp_path, capsys):
+    """``history --state-path S clear`` wrote its audit line into the bundled config's
+    ``$XDG_STATE_HOME/hetpatrol/patrol.jsonl``, another daemon's log, whatever ``S`` was.
+    The line goes to the log of the daemon whose state is changed: ``--jsonl-path``, or
+    the log of the ``--config`` whose ``state_path`` it is; a ``--state-path`` with no log
+    known to be its own is refused (exit 64), nothing cleared, nothing written."""
+    config = config_for(tmp_path)
+    run_boot(config, 1)
+    other_log = tmp_path / "xdg-state" / "hetpatrol" / "patrol.jsonl"  # the bundled one
+    state = str(config.state_path)
+
+    def audits(path):
+        if not path.exists():
+            return []
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        return [x for x in lines if x.get("event") == "history_clear"]
+
+    capsys.readouterr()
+    assert main(["history", "--state-path", state, "clear", "--card", GPU2]) == 64
+    err = capsys.readouterr().err
+    assert "--jsonl-path" in err and "nothing cleared" in err, err
+    assert f"uuid:{GPU2}" in read_history(history_path(config.state_path), 0.0).cards
+    assert audits(other_log) == [] and audits(config.jsonl_path) == []
+    # a config whose state_path is another: its log is not this state's either
+    cfg = tmp_path / "other.yaml"
+    cfg.write_text(f"state_path: {tmp_path}/elsewhere/state.json\njsonl: {{path: {other_log}}}\n")
+    args = ["history", "--config", str(cfg), "--state-path", state, "clear", "--card", GPU2]
+    assert main(args) == 64
+    assert f"uuid:{GPU2}" in read_history(history_path(config.state_path), 0.0).cards
+    # named: the line is in that log, none in the other daemon's
+    log = ["--jsonl-path", str(config.jsonl_path)]
+    assert main(["history", "--state-path", state, *log, "clear", "--card", GPU2]) == 0
+    assert read_history(history_path(config.state_path), 0.0).cards == {}
+    assert [a["card"] for a in audits(config.jsonl_path)] == [GPU2]
+    assert audits(other_log) == []
