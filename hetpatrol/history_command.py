@@ -44,24 +44,35 @@ def add_history_parser(sub: Any) -> argparse.ArgumentParser:
             "JSONL log."
         ),
     )
-    p.add_argument("--config", type=Path, default=None, help="config file (default: bundled)")
-    p.add_argument("--state-path", type=Path, default=None, metavar="P", help="state file")
-    p.add_argument(
-        "--jsonl-path",
-        type=Path,
-        default=None,
-        metavar="P",
-        help="the JSONL log of the daemon whose state this is (takes the clear's audit line)",
-    )
+    _add_common(p, None)
+    # the same options after the subcommand too (``history show --state-path P``): a parent
+    # whose defaults are SUPPRESS, so that a subcommand given none keeps those given before it
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common(common, argparse.SUPPRESS)
     hs = p.add_subparsers(dest="history_command", required=True)
-    show = hs.add_parser("show", help="print the history")
+    show = hs.add_parser("show", help="print the history", parents=[common])
     show.add_argument("--json", action="store_true", help="the history document as JSON")
-    clear = hs.add_parser("clear", help="forget one card's history (audit line in the log)")
+    clear = hs.add_parser(
+        "clear", help="forget one card's history (audit line in the log)", parents=[common]
+    )
     clear.add_argument(
         "--card", required=True, metavar="ID", help="the card's UUID, serial or PCI bus id"
     )
     p.set_defaults(func=_cmd_history)
     return p
+
+
+def _add_common(p: argparse.ArgumentParser, default: Any) -> None:
+    """``--config``, ``--state-path``, ``--jsonl-path`` on ``p`` with ``default``."""
+    p.add_argument("--config", type=Path, default=default, help="config file (default: bundled)")
+    p.add_argument("--state-path", type=Path, default=default, metavar="P", help="state file")
+    p.add_argument(
+        "--jsonl-path",
+        type=Path,
+        default=default,
+        metavar="P",
+        help="the JSONL log of the daemon whose state this is (takes the clear's audit line)",
+    )
 
 
 def _cmd_history(args: argparse.Namespace) -> int:

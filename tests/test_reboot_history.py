@@ -358,3 +358,22 @@ def test_a_clear_writes_its_audit_line_to_that_state_directorys_log(tmp_path, ca
     assert read_history(history_path(config.state_path), 0.0).cards == {}
     assert [a["card"] for a in audits(config.jsonl_path)] == [GPU2]
     assert audits(other_log) == []
+
+
+def test_the_history_options_are_taken_after_the_subcommand_too(tmp_path, capsys):
+    """``history show --state-path P`` exited 64 "unrecognized arguments": the options of
+    ``history`` are taken before or after ``show`` / ``clear``, and one given before is
+    kept when the subcommand names none."""
+    config = config_for(tmp_path)
+    run_boot(config, 1)
+    state = str(config.state_path)
+    capsys.readouterr()
+    assert main(["history", "show", "--state-path", state]) == 0
+    assert f"uuid:{GPU2}  nvlink_down  seen in 1 boot(s)" in capsys.readouterr().out
+    assert main(["history", "--state-path", state, "show", "--json"]) == 0
+    assert f"uuid:{GPU2}" in json.loads(capsys.readouterr().out)["cards"]
+    log = str(config.jsonl_path)
+    args = ["history", "--state-path", state, "clear", "--card", GPU2, "--jsonl-path", log]
+    assert main(args) == 0
+    assert read_history(history_path(config.state_path), 0.0).cards == {}
+    assert '"event":"history_clear"' in config.jsonl_path.read_text()
