@@ -388,6 +388,15 @@ def did_you_mean(word: str, known) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
+#: JSON Schema's bound keywords (draft 2020-12 validation, section 6.2) as a sentence
+_BOUND_WORDS = {
+    "minimum": "at least",
+    "exclusiveMinimum": "more than",
+    "maximum": "at most",
+    "exclusiveMaximum": "less than",
+}
+
+
 def schema_error(err: Any) -> tuple[tuple, str]:
     """(key path, message) of a ``jsonschema.ValidationError`` of a config-shaped file.
 
@@ -395,7 +404,8 @@ def schema_error(err: Any) -> tuple[tuple, str]:
     with ``unknown key`` and the nearest allowed key of that mapping
     (:func:`did_you_mean`); at the top ``base`` is one (popped before the schema). An
     exponent YAML 1.1 reads as text (``1e1``) says how to write it, and a number where
-    text belongs (a card type ``910_93``, read as 91093) says to quote it."""
+    text belongs (a card type ``910_93``, read as 91093) says to quote it. A bound
+    (``minimum``, ``exclusiveMaximum``...) reads ``must be at least 0 (got -1)``."""
     epath = tuple(err.absolute_path)
     message = err.message
     if err.validator == "additionalProperties":
@@ -408,6 +418,12 @@ def schema_error(err: Any) -> tuple[tuple, str]:
             if not err.absolute_path and "collectors" in allowed:
                 allowed.add("base")
             message = "unknown key" + did_you_mean(extra[0], sorted(allowed))
+    elif err.validator in _BOUND_WORDS:
+        # jsonschema words exclusiveMinimum "-1 is less than or equal to the minimum of 0":
+        # the bound as the operator must meet it, and the value given
+        message = (
+            f"must be {_BOUND_WORDS[err.validator]} {err.validator_value} (got {err.instance})"
+        )
     elif isinstance(err.instance, str) and (m := _YAML11_TEXT_FLOAT.fullmatch(err.instance)):
         exp = m[2] if m[2][0] in "+-" else f"+{m[2]}"
         message += f" (YAML reads an exponent without a dot as text: write {m[1]}.0e{exp})"
