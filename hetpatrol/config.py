@@ -512,6 +512,38 @@ def _layered_profiles(bundled: list, site: list) -> list:
     return kept + [p for i, p in enumerate(merged) if i not in off]
 
 
+def effective_document(path: str | os.PathLike[str] | None) -> tuple[dict[str, Any], list[str]]:
+    """(the config as it will be used, as a plain mapping; the files it came from, in
+    the order laid). ``path=None``: the bundled config alone; a site file with ``base:
+    bundled`` (the default) is laid over it (:func:`layered`), one with ``base: none`` is
+    the whole config. The files are the bundled config, the profile files of the
+    plugins it lays in (:func:`with_plugin_profiles`) and the site file. Raises
+    :class:`ConfigError` as :func:`load_config` does (it is called first)."""
+    load_config(path)  # every check, with the file's lines in the errors
+    data: dict[str, Any] = {}
+    base = "bundled"
+    if path is not None and Path(path) != bundled_config_path():
+        parsed, _node = parse_document(read_document(Path(path)))
+        data = dict(parsed or {})
+        base = data.pop("base", "bundled")
+    sources: list[str] = []
+    if base == "bundled":
+        merged = layered(bundled_document(), data)
+        sections = (_BUNDLED or {}).get("collectors")
+        names = list(sections) if isinstance(sections, Mapping) else _registered_collectors()
+        profiles = (_BUNDLED or {}).get("profiles")
+        written = {p.get("vendor") for p in profiles or [] if isinstance(p, Mapping)}
+        plugin_files = [
+            str(f) for n in names if n not in written and (f := plugin_profiles_path(n)) is not None
+        ]
+        sources += [str(bundled_config_path()), *plugin_files]
+    else:
+        merged = data
+    if path is not None and Path(path) != bundled_config_path():
+        sources.append(str(path))
+    return merged, sources
+
+
 def effective_settings(path: str | os.PathLike[str]) -> list[tuple[str, Any, str]]:
     """(key path, value, where it came from) of every setting of the config at ``path`` as
     it will be used: laid over the bundled config unless it says ``base: none``. Where
