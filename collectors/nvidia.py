@@ -84,7 +84,8 @@ Error mapping (DESIGN section 4):
   from nvidia-ml-py's versioned wrappers) or from this nvidia-ml-py (no such attribute):
   the older call is used (memory v2 -> v1, temperature V -> the deprecated call, clocks
   event reasons -> throttle reasons, processes v3 -> v2, remapped rows -> retired pages),
-  logged once per NVML session (``nvml_fallback``); with no call left the error entry
+  logged once per NVML session (``nvml_fallback``: info when the older call is there, a
+  warning when it is missing too); with no call left the error entry
   says so. Every function is looked up inside that guard: a binding that dropped a
   deprecated name never fails the collector.
 - Anything else: ``{"source": <call>, "error": <NVML error name or exception text>}``.
@@ -418,6 +419,18 @@ class _Reader:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error entry
             self.fail(source, exc)
         return _MISSING
+
+    def lacks(self, source: str, since: int) -> bool:
+        """Whether an error entry from the ``since``-th on says the call ``source`` is
+        missing (from this nvidia-ml-py, the driver: :data:`_MISSING_CALL_ERRORS`), i.e.
+        an older call stood in for nothing."""
+        # the entries fail() writes for them: _error_name's "FunctionNotFound", and
+        # "NVMLLibraryMismatchError: <text>" (not an NVMLError)
+        missing = (NOT_IN_BINDING, "FunctionNotFound", "NVMLLibraryMismatchError")
+        return any(
+            e["source"] == source and str(e["error"]).startswith(missing)
+            for e in self.record.errors[since:]
+        )
 
     def fail(self, source: str, exc: BaseException) -> None:
         """Map one failed call (or one field of ``nvmlDeviceGetFieldValues``)."""
@@ -933,12 +946,16 @@ class NvidiaCollector(Collector):
             )
         )
 
-    def _note_fallback(self, key: str, reason: str, used: str) -> None:
-        """Say once per NVML session that an older call stands in for a missing one."""
+    def _note_fallback(self, key: str, reason: str, used: str, worked: bool = True) -> None:
+        """Say once per NVML session that an older call stands in for a missing one: at
+        info when it ``worked`` (the older call is there: nothing is lost, still in the
+        JSONL and ``-v``), a warning when it is missing too (no call left: the value is
+        not read)."""
         if key in self._fallbacks_said:
             return
         self._fallbacks_said.add(key)
-        log.warning("nvml_fallback", call=key, reason=reason, used=used)
+        say = log.info if worked else log.warning
+        say("nvml_fallback", call=key, reason=reason, used=used, worked=worked)
 
     def _read_identity(self, handle: Any, reader: _Reader) -> None:
         rec = reader.record
@@ -982,18 +999,22 @@ class NvidiaCollector(Collector):
         # nvmlMemory_v2 (and the version argument) came with nvidia-ml-py 11.510; an
         # older binding has only v1
         version = getattr(self.nvml, "nvmlMemory_v2", None)
+        fell: str | None = None
         if not self._memory_v1 and version is not None:
             try:
                 mem = reader.call(source, handle, version=version, fallback=True)
             except _Fallback as exc:
                 self._memory_v1 = True
-                self._note_fallback(source + "_v2", exc.reason, source)
+                fell = exc.reason
             else:
                 if mem is not _MISSING:
                     rec.memory_total_bytes = int(mem.total)
                     rec.memory_used_bytes = int(mem.used) + int(mem.reserved)
                 return
+        since = len(rec.errors)
         mem = reader.call(source, handle)
+        if fell is not None:
+            self._note_fallback(source + "_v2", fell, source, not reader.lacks(source, since))
         if mem is not _MISSING:
             rec.memory_total_bytes = int(mem.total)
             rec.memory_used_bytes = int(mem.used)
@@ -1005,31 +1026,38 @@ class NvidiaCollector(Collector):
         value: Any = _MISSING
         source = "nvmlDeviceGetTemperature"
         sensor = pynvml.NVML_TEMPERATURE_GPU
+        fell: str | None = None
         if not self._temperature_v0:
             try:
                 value = reader.call("nvmlDeviceGetTemperatureV", handle, sensor, fallback=True)
             except _Fallback as exc:
                 self._temperature_v0 = True
-                self._note_fallback("nvmlDeviceGetTemperatureV", exc.reason, source)
+                fell = exc.reason
         if self._temperature_v0:
+            since = len(reader.record.errors)
             value = reader.call(source, handle, sensor)
+            if fell is not None:
+                worked = not reader.lacks(source, since)
+                self._note_fallback("nvmlDeviceGetTemperatureV", fell, source, worked)
         if value is not _MISSING:
             reader.record.temperature_celsius = float(value)
 
     def _clock_reasons(self, handle: Any, reader: _Reader) -> None:
         value: Any = _MISSING
+        fell: str | None = None
+        old = "nvmlDeviceGetCurrentClocksThrottleReasons"
         if not self._throttle_reasons:
             try:
                 value = reader.call("nvmlDeviceGetCurrentClocksEventReasons", handle, fallback=True)
             except _Fallback as exc:
                 self._throttle_reasons = True
-                self._note_fallback(
-                    "nvmlDeviceGetCurrentClocksEventReasons",
-                    exc.reason,
-                    "nvmlDeviceGetCurrentClocksThrottleReasons",
-                )
+                fell = exc.reason
         if self._throttle_reasons:
-            value = reader.call("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+            since = len(reader.record.errors)
+            value = reader.call(old, handle)
+            if fell is not None:
+                worked = not reader.lacks(old, since)
+                self._note_fallback("nvmlDeviceGetCurrentClocksEventReasons", fell, old, worked)
         if value is not _MISSING:
             reader.record.counters["clocks_event_reasons"] = int(value)
 
@@ -1082,6 +1110,19 @@ class NvidiaCollector(Collector):
         if rec.index in self._no_fabric:
             return
         quiet = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_ArgumentVersionMismatch)
+        fell: list[tuple[str, str, str]] = []  # said once the call that works is known
+        try:
+            self._fabric_chain(handle, reader, quiet, fell)
+        finally:
+            worked = self._fabric_call < len(_FABRIC_CALLS)
+            for key, reason, used in fell:
+                self._note_fallback(key, reason, used, worked)
+
+    def _fabric_chain(
+        self, handle: Any, reader: _Reader, quiet: tuple, fell: list[tuple[str, str, str]]
+    ) -> None:
+        """:meth:`_fabric`'s calls, newest first; each one missing goes into ``fell``."""
+        rec = reader.record
         while self._fabric_call < len(_FABRIC_CALLS):
             version, fname, struct_name = _FABRIC_CALLS[self._fabric_call]
             struct = getattr(pynvml, struct_name, None)
@@ -1098,7 +1139,7 @@ class NvidiaCollector(Collector):
                 reason = exc.reason if isinstance(exc, _Fallback) else _error_name(exc)
                 left = self._fabric_call < len(_FABRIC_CALLS)
                 used = _FABRIC_CALLS[self._fabric_call][1] if left else "none"
-                self._note_fallback(f"{fname} {version}", reason, used)
+                fell.append((f"{fname} {version}", reason, used))
                 continue
             except pynvml.NVMLError_NotSupported:
                 self._no_fabric.add(rec.index)
@@ -1174,16 +1215,13 @@ class NvidiaCollector(Collector):
                 setattr(rec, attr, int(value))
             else:
                 rec.counters[attr] = int(value)
+        fell: str | None = None
         if not self._no_remap_fn:
             try:
                 rows = call("nvmlDeviceGetRemappedRows", handle, fallback=True)
             except _Fallback as exc:
                 self._no_remap_fn = True
-                self._note_fallback(
-                    "nvmlDeviceGetRemappedRows",
-                    exc.reason,
-                    "nvmlDeviceGetRetiredPagesPendingStatus",
-                )
+                fell = exc.reason
             else:
                 if rows is not _MISSING:
                     corr, unc, pending, failure = rows
@@ -1192,7 +1230,12 @@ class NvidiaCollector(Collector):
                     rec.counters["remapped_rows_correctable"] = int(corr)
                     rec.counters["remapped_rows_uncorrectable"] = int(unc)
                     return  # row remapping replaces page retirement: no retired pages
+        since = len(rec.errors)
         pending = call("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        if fell is not None:
+            old = "nvmlDeviceGetRetiredPagesPendingStatus"
+            worked = not reader.lacks(old, since)
+            self._note_fallback("nvmlDeviceGetRemappedRows", fell, old, worked)
         if pending is not _MISSING:
             rec.retired_pages_pending = int(pending) == pynvml.NVML_FEATURE_ENABLED
 
@@ -1210,15 +1253,15 @@ class NvidiaCollector(Collector):
             except _Fallback as exc:
                 self._processes_v2 = True
                 self._processes_reason = exc.reason
-                self._note_fallback(source, exc.reason, source + "_v2")
         if self._processes_v2:
+            reason = self._processes_reason
             try:
                 procs = reader.call(source + "_v2", handle, source=source, fallback=True)
             except _Fallback as exc:
-                reader.error(
-                    source,
-                    f"{self._processes_reason}; {exc.reason}: processes cannot be read",
-                )
+                self._note_fallback(source, reason, source + "_v2", worked=False)
+                reader.error(source, f"{reason}; {exc.reason}: processes cannot be read")
+            else:
+                self._note_fallback(source, reason, source + "_v2")
         self._proc_instances = []
         if procs is _MISSING:
             return

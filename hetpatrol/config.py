@@ -388,6 +388,15 @@ def did_you_mean(word: str, known) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
+#: JSON Schema's bound keywords (draft 2020-12 validation, section 6.2) as a sentence
+_BOUND_WORDS = {
+    "minimum": "at least",
+    "exclusiveMinimum": "more than",
+    "maximum": "at most",
+    "exclusiveMaximum": "less than",
+}
+
+
 def schema_error(err: Any) -> tuple[tuple, str]:
     """(key path, message) of a ``jsonschema.ValidationError`` of a config-shaped file.
 
@@ -395,7 +404,8 @@ def schema_error(err: Any) -> tuple[tuple, str]:
     with ``unknown key`` and the nearest allowed key of that mapping
     (:func:`did_you_mean`); at the top ``base`` is one (popped before the schema). An
     exponent YAML 1.1 reads as text (``1e1``) says how to write it, and a number where
-    text belongs (a card type ``910_93``, read as 91093) says to quote it."""
+    text belongs (a card type ``910_93``, read as 91093) says to quote it. A bound
+    (``minimum``, ``exclusiveMaximum``...) reads ``must be at least 0 (got -1)``."""
     epath = tuple(err.absolute_path)
     message = err.message
     if err.validator == "additionalProperties":
@@ -408,6 +418,12 @@ def schema_error(err: Any) -> tuple[tuple, str]:
             if not err.absolute_path and "collectors" in allowed:
                 allowed.add("base")
             message = "unknown key" + did_you_mean(extra[0], sorted(allowed))
+    elif err.validator in _BOUND_WORDS:
+        # jsonschema words exclusiveMinimum "-1 is less than or equal to the minimum of 0":
+        # the bound as the operator must meet it, and the value given
+        message = (
+            f"must be {_BOUND_WORDS[err.validator]} {err.validator_value} (got {err.instance})"
+        )
     elif isinstance(err.instance, str) and (m := _YAML11_TEXT_FLOAT.fullmatch(err.instance)):
         exp = m[2] if m[2][0] in "+-" else f"+{m[2]}"
         message += f" (YAML reads an exponent without a dot as text: write {m[1]}.0e{exp})"
@@ -494,6 +510,38 @@ def _layered_profiles(bundled: list, site: list) -> list:
         if not (isinstance(p, Mapping) and p.get("enabled") is False)
     ]
     return kept + [p for i, p in enumerate(merged) if i not in off]
+
+
+def effective_document(path: str | os.PathLike[str] | None) -> tuple[dict[str, Any], list[str]]:
+    """(the config as it will be used, as a plain mapping; the files it came from, in
+    the order laid). ``path=None``: the bundled config alone; a site file with ``base:
+    bundled`` (the default) is laid over it (:func:`layered`), one with ``base: none`` is
+    the whole config. The files are the bundled config, the profile files of the
+    plugins it lays in (:func:`with_plugin_profiles`) and the site file. Raises
+    :class:`ConfigError` as :func:`load_config` does (it is called first)."""
+    load_config(path)  # every check, with the file's lines in the errors
+    data: dict[str, Any] = {}
+    base = "bundled"
+    if path is not None and Path(path) != bundled_config_path():
+        parsed, _node = parse_document(read_document(Path(path)))
+        data = dict(parsed or {})
+        base = data.pop("base", "bundled")
+    sources: list[str] = []
+    if base == "bundled":
+        merged = layered(bundled_document(), data)
+        sections = (_BUNDLED or {}).get("collectors")
+        names = list(sections) if isinstance(sections, Mapping) else _registered_collectors()
+        profiles = (_BUNDLED or {}).get("profiles")
+        written = {p.get("vendor") for p in profiles or [] if isinstance(p, Mapping)}
+        plugin_files = [
+            str(f) for n in names if n not in written and (f := plugin_profiles_path(n)) is not None
+        ]
+        sources += [str(bundled_config_path()), *plugin_files]
+    else:
+        merged = data
+    if path is not None and Path(path) != bundled_config_path():
+        sources.append(str(path))
+    return merged, sources
 
 
 def effective_settings(path: str | os.PathLike[str]) -> list[tuple[str, Any, str]]:

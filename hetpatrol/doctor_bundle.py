@@ -5,6 +5,10 @@ The ``.tar.gz`` holds, under ``hetpatrol-doctor-<node>/``:
 - ``doctor.json``: the doctor's checks (:class:`hetpatrol.doctor.Check` dicts);
 - ``versions.txt``: hetpatrol, Python, the kernel (``uname``), ``/etc/os-release``;
 - ``config.yaml``: the config file the unit runs (as it is on disk);
+- ``config-effective.yaml``: the config as it is used (the bundled config, its plugins'
+  profiles and the site file laid over them, or the bundled one alone when no file is
+  given: :func:`hetpatrol.config.effective_document`), its first lines naming those
+  files; redacted as ``config.yaml`` is;
 - ``state.json`` and ``patrol.jsonl`` (its last :data:`JSONL_LINES` lines, at most
   :data:`JSONL_BYTES` read from its end; the state file at most :data:`STATE_BYTES`):
   the daemon's files, where readable and trusted as ``check`` trusts a state file (no
@@ -208,6 +212,26 @@ def _record_patrol(directory: Path, config: str | None) -> str:
     return out
 
 
+def _effective_config(config: str | None) -> str:
+    """``config-effective.yaml``'s text: a comment naming the files laid, then the
+    effective config as YAML (or a comment saying why there is none)."""
+    import yaml
+
+    from hetpatrol.config import ConfigError, effective_document
+
+    try:
+        doc, sources = effective_document(Path(config) if config else None)
+    except (ConfigError, OSError) as exc:
+        return f"# no effective config: {exc}\n"
+    head = "".join(f"#   {s}\n" for s in sources)
+    body = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    return (
+        "# the config as hetpatrol uses it, laid from: the bundled config, the plugins'\n"
+        "# profiles for vendors it writes none for, then the site file (its values win):\n"
+        f"{head}{body}"
+    )
+
+
 def write_bundle(path: Path, checks: list[Any], config: str | None, *, redact: bool = True) -> Path:
     """Write the tarball to ``path`` (see the module docstring); returns ``path``.
 
@@ -230,6 +254,7 @@ def write_bundle(path: Path, checks: list[Any], config: str | None, *, redact: b
             texts["config.yaml"] = Path(config).read_text()
         except OSError as exc:
             texts["config.yaml"] = f"# unreadable: {exc}\n"
+    texts["config-effective.yaml"] = _effective_config(config)
     jsonl: list[Any] = []  # patrol.jsonl: a document a line, or a line that is none
     if cfg is not None:
         node = cfg.node or node

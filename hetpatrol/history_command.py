@@ -6,8 +6,9 @@ operator has judged the fault) and appends an audit line to the JSONL log: ``kin
 event``, ``event: history_clear``, the card as given, the identities cleared, their
 history before, the operator (uid and user name). See :mod:`hetpatrol.actions.
 reboot_history` for the rule and :mod:`hetpatrol.exporters.history_file` for the file.
-Exit: 0 done, 1 no such card in the history (nothing written), 73 the JSONL log
-refused (a symlink, another user's file: nothing cleared), 78 a bad config.
+Exit: 0 done, 1 no such card in the history (nothing written), 64 no log known to be
+that state directory's daemon's (nothing cleared: see :func:`audit_log_path`), 73 the JSONL
+log refused (a symlink, another user's file: nothing cleared), 78 a bad config.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import pwd
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ from hetpatrol.node_view import printable
 from hetpatrol.output import write_stdout
 from hetpatrol.safe_files import open_for_append
 from hetpatrol.schema import EVENT_SCHEMA, rfc3339
+
+EX_USAGE = 64
 
 
 def add_history_parser(sub: Any) -> argparse.ArgumentParser:
@@ -40,17 +44,35 @@ def add_history_parser(sub: Any) -> argparse.ArgumentParser:
             "JSONL log."
         ),
     )
-    p.add_argument("--config", type=Path, default=None, help="config file (default: bundled)")
-    p.add_argument("--state-path", type=Path, default=None, metavar="P", help="state file")
+    _add_common(p, None)
+    # the same options after the subcommand too (``history show --state-path P``): a parent
+    # whose defaults are SUPPRESS, so that a subcommand given none keeps those given before it
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common(common, argparse.SUPPRESS)
     hs = p.add_subparsers(dest="history_command", required=True)
-    show = hs.add_parser("show", help="print the history")
+    show = hs.add_parser("show", help="print the history", parents=[common])
     show.add_argument("--json", action="store_true", help="the history document as JSON")
-    clear = hs.add_parser("clear", help="forget one card's history (audit line in the log)")
+    clear = hs.add_parser(
+        "clear", help="forget one card's history (audit line in the log)", parents=[common]
+    )
     clear.add_argument(
         "--card", required=True, metavar="ID", help="the card's UUID, serial or PCI bus id"
     )
     p.set_defaults(func=_cmd_history)
     return p
+
+
+def _add_common(p: argparse.ArgumentParser, default: Any) -> None:
+    """``--config``, ``--state-path``, ``--jsonl-path`` on ``p`` with ``default``."""
+    p.add_argument("--config", type=Path, default=default, help="config file (default: bundled)")
+    p.add_argument("--state-path", type=Path, default=default, metavar="P", help="state file")
+    p.add_argument(
+        "--jsonl-path",
+        type=Path,
+        default=default,
+        metavar="P",
+        help="the JSONL log of the daemon whose state this is (takes the clear's audit line)",
+    )
 
 
 def _cmd_history(args: argparse.Namespace) -> int:
@@ -75,9 +97,14 @@ def _cmd_history(args: argparse.Namespace) -> int:
                     f"{len(entry['boots'])} boot(s), last {rfc3339(entry['last'])}\n"
                 )
         return 0
+    try:
+        log_path = audit_log_path(args.jsonl_path, args.state_path, config.state_path, config)
+    except ValueError as e:
+        print(f"hetpatrol history clear: {e}; nothing cleared", file=sys.stderr)
+        return EX_USAGE
     # the log that takes the audit line is opened first: a clear it cannot record is no
     # clear (raises UnsafePath / OSError before anything is forgotten)
-    log_fd = open_log(config.jsonl_path) if config.jsonl_path is not None else None
+    log_fd = open_log(log_path) if log_path is not None else None
     try:
         with locked(path):
             history = read_history(path, now, config.actions.reboot_survival)
@@ -95,6 +122,37 @@ def _cmd_history(args: argparse.Namespace) -> int:
             os.close(log_fd)
     write_stdout(f"cleared {', '.join(printable(i) for i in cleared)} from {path}\n")
     return 0
+
+
+def audit_log_path(
+    jsonl_path: Path | None, state_path: Path | None, config_state: Path | None, config: Any
+) -> Path | None:
+    """The JSONL log that takes a clear's audit line: the log of the daemon whose state
+    directory is changed, never another daemon's. ``jsonl_path`` (``--jsonl-path``) when
+    given; else the config's ``jsonl.path`` when ``state_path`` (``--state-path``) is not
+    given or names the config's own ``state_path`` (the config is that daemon's); None when
+    that config keeps no log. A ``--state-path`` other than the config's (a daemon run with
+    its own ``--state-path``) has no log known to be its own: ValueError, so that the line
+    is never written into another daemon's log (``~/.local/state/hetpatrol/patrol.jsonl``
+    of the bundled config) nor a file in the state directory nobody reads."""
+    if jsonl_path is not None:
+        return jsonl_path.expanduser()
+    if state_path is None or _same_path(state_path, config_state):
+        return config.jsonl_path
+    where = f"config {printable(config.source)}"
+    raise ValueError(
+        f"--state-path {printable(str(state_path))} is not the state_path of {where} "
+        f"({printable(str(config_state))}): its log is another daemon's; name the log of "
+        "the daemon of that state directory with --jsonl-path (or its config with --config)"
+    )
+
+
+def _same_path(a: Path, b: Path | None) -> bool:
+    """Whether ``a`` and ``b`` name the same file (``~`` expanded, made absolute, symlinks
+    of the directories resolved; the files need not exist)."""
+    if b is None:
+        return False
+    return a.expanduser().resolve() == b.expanduser().resolve()
 
 
 def audit_line(node: str, card: str, cleared: dict[str, Any], now: float) -> dict[str, Any]:

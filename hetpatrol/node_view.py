@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
@@ -212,6 +211,42 @@ def _partition_line(q: Mapping[str, Any]) -> str:
     return "  ".join(parts)
 
 
+#: where a word too long for a line may break: after a path separator, else (a file name
+#: wider than a whole line, such as a recording named after its argv,
+#: ``rocm-smi_-i_--showmeminfo_vram_..._--json.txt``) after the ``_`` or ``,`` between
+#: its parts; never inside a run of letters, digits, dots or dashes
+_PATH_BREAKS = re.compile(r"[^/]*/+|[^/]+")
+_NAME_BREAKS = re.compile(r"[^_,]*[_,]+|[^_,]+")
+
+
+def wrap_words(text: str, width: int, first: str, rest: str) -> list[str]:
+    """``text`` wrapped to ``width`` columns: the first line after ``first``, the others
+    after ``rest`` (indents). Breaks at spaces; a word wider than a line breaks after a
+    ``/`` (a path), and only a piece still wider than a whole line after a ``_`` or
+    ``,`` (:data:`_NAME_BREAKS`); a piece with none of them stays whole (the line is
+    wider, never cut in a name). Whitespace runs read as one space."""
+    room = max(width - len(rest), 1)
+    lines: list[str] = []
+    line = first
+    fresh = True  # nothing but the indent on ``line`` yet
+    for word in text.split():
+        pieces = [word]
+        if len(word) > room:
+            pieces = []
+            for part in _PATH_BREAKS.findall(word):
+                pieces += _NAME_BREAKS.findall(part) if len(part) > room else [part]
+        for i, piece in enumerate(pieces):
+            sep = "" if fresh or i > 0 else " "
+            if not fresh and len(line) + len(sep) + len(piece) > width:
+                lines.append(line)
+                line, fresh = rest, True
+                sep = ""
+            line += sep + piece
+            fresh = False
+    lines.append(line)
+    return lines
+
+
 class _Writer:
     """Lines, with long ones wrapped to ``width`` under a hanging indent."""
 
@@ -227,15 +262,7 @@ class _Writer:
         if self.width is None or indent + visible <= self.width or plain_len is not None:
             self.lines.append(pad + text)
             return
-        self.lines.extend(
-            textwrap.wrap(
-                text,
-                width=max(self.width, indent + 20),
-                initial_indent=pad,
-                subsequent_indent=pad + " " * hang,
-                break_on_hyphens=False,
-            )
-        )
+        self.lines.extend(wrap_words(text, max(self.width, indent + 20), pad, pad + " " * hang))
 
     def add_painted(self, text: str, indent: int, paint: Painter, style: str, hang: int = 2):
         """``text`` wrapped as :meth:`add` does, then each line painted in ``style``."""

@@ -16,7 +16,7 @@ LEVELS = "card_thresholds"  # the check family that holds the per-card levels
 
 BAD_CONFIGS = [
     # (text, line, key path, words in the message)
-    ("interval_seconds: -1\n", 1, "interval_seconds", "minimum"),
+    ("interval_seconds: -1\n", 1, "interval_seconds", "must be more than 0 (got -1)"),
     ("interval_seconds: fast\n", 1, "interval_seconds", "not of type"),
     ("node: a\njsonl:\n  pathh: /tmp/x\n", 3, "jsonl.pathh", "unknown key"),
     ("colectors: {}\n", 1, "colectors", "unknown key"),
@@ -44,7 +44,7 @@ BAD_CONFIGS = [
         "collectors:\n  ascend:\n    timeout_seconds: 0\n",
         3,
         "collectors.ascend.timeout_seconds",
-        "minimum",
+        "must be more than 0 (got 0)",
     ),
     # the plugins' own option schemas (Collector.options_schema): NVML takes no command
     (
@@ -57,7 +57,7 @@ BAD_CONFIGS = [
         "collectors:\n  nvidia:\n    field_error_patrols: 0\n",
         3,
         "collectors.nvidia.field_error_patrols",
-        "minimum",
+        "must be at least 1 (got 0)",
     ),
     (
         "collectors:\n  ascend:\n    detail: yes please\n",
@@ -69,11 +69,11 @@ BAD_CONFIGS = [
         "collectors:\n  hygon:\n    timeout_seconds: 0\n",
         3,
         "collectors.hygon.timeout_seconds",
-        "minimum",
+        "must be more than 0 (got 0)",
     ),
     ("listen: localhost\n", 1, "listen", "host:port"),
     ("node: a\nnode: b\n", 2, "node", "duplicate key"),
-    ("recovery_patrols: 0\n", 1, "recovery_patrols", "minimum"),
+    ("recovery_patrols: 0\n", 1, "recovery_patrols", "must be at least 1 (got 0)"),
     (
         "defaults:\n  retired_pages_pending: fatal\n",
         2,
@@ -618,3 +618,21 @@ def test_the_collector_option_schemas_are_the_plugins():
     assert "hccn_tool" in AscendCollector.options_schema["properties"]
     assert config_module.config_schema({"nvidia": {"enabled": True}}) is config_module.CONFIG_SCHEMA
     assert "properties" not in config_module.CONFIG_SCHEMA["properties"]["collectors"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        # jsonschema: "0 is less than or equal to the minimum of 0" (exclusiveMinimum)
+        ("interval_seconds: 0\n", "interval_seconds: must be more than 0 (got 0)"),
+        ("interval_seconds: 90000\n", "interval_seconds: must be at most 86400 (got 90000)"),
+        ("recovery_patrols: -1\n", "recovery_patrols: must be at least 1 (got -1)"),
+        ("missing_patrols: 1\n", "missing_patrols: must be at least 2 (got 1)"),
+    ],
+)
+def test_a_value_out_of_bounds_says_the_bound_in_words(text, message):
+    with pytest.raises(ConfigError) as info:
+        load_config("site.yaml", text=text)
+    assert message in str(info.value), str(info.value)
+    assert "less than or equal" not in str(info.value) and "minimum of" not in str(info.value)
+    assert info.value.line == 1

@@ -374,3 +374,40 @@ def test_the_bundle_bounds_the_state_file_and_does_not_wait_on_a_fifo(tmp_path, 
     assert time.monotonic() - start < 60
     assert b"larger than" in members["state.json.error"]
     assert b"not a regular file" in members["patrol.jsonl.error"]
+
+
+def test_the_bundle_holds_the_effective_config_and_names_its_files(tmp_path, monkeypatch):
+    """``doctor --bundle`` held no config when the bundled one was used, and only the
+    site file's few lines otherwise: ``config-effective.yaml`` is the config as it is
+    used (bundled plus site), its head naming the files, redacted as the rest."""
+    import yaml
+
+    from hetpatrol import doctor_bundle
+    from hetpatrol.config_file import bundled_config_path
+
+    (tmp_path / "state").mkdir()
+    proc = {"pid": 7, "name": "python", "user": "zoe", "job_id": "42"}
+    (tmp_path / "state" / "state.json").write_text(json.dumps({"cards": [{"processes": [proc]}]}))
+    cfg = tmp_path / "hetpatrol.yaml"
+    cfg.write_text(
+        f"interval_seconds: 30\nnode: zoe\nstate_path: {tmp_path}/state/state.json\n"
+        f"jsonl:\n  path: {tmp_path}/log/patrol.jsonl\n"
+    )
+    members = _bundle(tmp_path, monkeypatch, cfg)
+    text = members["config-effective.yaml"].decode()
+    head = [x for x in text.splitlines() if x.startswith("#   ")]
+    assert head[0] == f"#   {bundled_config_path()}" and head[-1] == f"#   {cfg}", head
+    doc = yaml.safe_load(text)
+    assert doc["interval_seconds"] == 30  # the site's
+    assert doc["recovery_patrols"] == 3 and doc["jsonl"]["backups"] == 5  # bundled
+    assert any(p["name"] == "a100" for p in doc["profiles"])  # the plugin's profiles
+    assert "zoe" not in text and re.fullmatch(r"user-\d+", doc["node"]), doc["node"]
+    # no config file: the bundled config alone, named, not nothing
+    monkeypatch.setattr(doctor_bundle, "_record_patrol", lambda d, c: d.mkdir() or "{}")
+    out = doctor_bundle.write_bundle(tmp_path / "c.tgz", [], None)
+    with tarfile.open(out) as tar:
+        names = {m.name.split("/", 1)[1]: m for m in tar}
+        text = tar.extractfile(names["config-effective.yaml"]).read().decode()
+    assert "config.yaml" not in names
+    assert f"#   {bundled_config_path()}\n" in text and f"#   {cfg}" not in text
+    assert yaml.safe_load(text)["interval_seconds"] == 10

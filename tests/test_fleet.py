@@ -373,3 +373,31 @@ def test_a_down_nodes_cards_are_counted_down_not_idle(state):
     assert narrow[at + 1].split()[7:10] == ["3", "5", "8"]
     wide = render(doc).splitlines()
     assert wide[0].split()[-5:] == ["idle", "down", "drain-hp", "drain-other", "silent"]
+
+
+def test_a_host_without_slurm_conf_gets_the_ledgers_hint(tmp_path):
+    """``hetpatrol fleet`` on a host without a slurm.conf said scontrol's error and no
+    hint, unlike ``ledger``: the same ``hint: no slurm.conf found`` line follows it, read
+    off the real scontrol ("Could not establish a configuration source")."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from conftest import HETPATROL, require_program
+
+    require_program("scontrol", package="slurm-client")
+    if Path("/etc/slurm/slurm.conf").exists():
+        pytest.skip("this host has /etc/slurm/slurm.conf")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["HOME"] = str(tmp_path)
+    res = subprocess.run(
+        [*HETPATROL, "fleet", "--prometheus", "http://127.0.0.1:9", "--timeout", "60"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    err = res.stderr.splitlines()
+    assert res.returncode == 3, res.stderr
+    assert err[0].startswith("hetpatrol fleet: scontrol -d -o show node: scontrol:"), err
+    assert err[-1] == "hint: no slurm.conf found: set SLURM_CONF or pass --scontrol/--slurm-nodes"

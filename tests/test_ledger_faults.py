@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import HETPATROL
 
 from hetpatrol.cli import main
 from hetpatrol.config import load_config
@@ -102,16 +103,16 @@ def test_events_without_jobs_are_counted_not_credited():
 def test_unreadable_files_exit_65(tmp_path, capsys):
     assert main(["ledger", "faults", str(tmp_path / "missing.jsonl")]) == 65
     assert "missing.jsonl" in capsys.readouterr().err
-    # files that are not the daemon's (the wrong directory: a README, logrotate's .gz
-    # copies) are no file read: 65, not "0 fault events" and exit 0
-    import gzip
+    # files that are not the daemon's (the wrong directory: a README, an .xz archive) are
+    # no file read: 65, not "0 fault events" and exit 0
+    import lzma
 
     (tmp_path / "README.md").write_text("# notes\n")
-    (tmp_path / "patrol.jsonl.2.gz").write_bytes(gzip.compress(b'{"kind": "event"}\n'))
+    (tmp_path / "patrol.jsonl.2.xz").write_bytes(lzma.compress(b'{"kind": "event"}\n'))
     assert main(["ledger", "faults", str(tmp_path)]) == 65
     err = capsys.readouterr().err
     assert "README.md: not a JSONL log or state file (left out)" in err
-    assert "patrol.jsonl.2.gz: not a JSONL log or state file (left out)" in err
+    assert "patrol.jsonl.2.xz: not a JSONL log or state file (left out)" in err
     (tmp_path / "patrol.jsonl").write_text("")  # a log just rotated: read, nothing in it
     assert main(["ledger", "faults", str(tmp_path)]) == 0
 
@@ -419,3 +420,77 @@ def test_a_file_that_fails_to_read_is_said_by_name_and_the_others_are_read(tmp_p
     assert said == [
         "hetpatrol ledger faults: /proc/self/mem: Input/output error: the rest of the file left out"
     ]
+
+
+# ------------------------------------------------------------------ stdin, gzip copies
+def test_stdin_and_logrotates_gzip_copies_are_read(tmp_path):
+    """``zcat patrol.jsonl.1.gz | hetpatrol ledger faults -`` (or ``/dev/stdin``) said
+    "No such file or directory", exit 65, and logrotate's ``.gz`` copies in a directory
+    were left out. ``-`` and ``/dev/stdin`` are standard input; a gzip file is read
+    through the stdlib's gzip, by itself or in a directory (job 4242 on GPU 6's XID 79)."""
+    import gzip
+    import subprocess
+
+    path, _ = _patrol_jsonl(tmp_path)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "patrol.jsonl.2.gz").write_bytes(gzip.compress(path.read_bytes()))
+    for args, stdin in (
+        (["-"], path.read_bytes()),
+        (["/dev/stdin"], path.read_bytes()),
+        (["-"], gzip.compress(path.read_bytes())),  # `cat x.gz |`: gzip on stdin too
+        ([str(logs / "patrol.jsonl.2.gz")], b""),
+        ([str(logs)], b""),
+    ):
+        run = subprocess.run(
+            [*HETPATROL, "ledger", "faults", *args],
+            input=stdin,
+            capture_output=True,
+            timeout=120,
+        )
+        out = run.stdout.decode()
+        assert run.returncode == 1, (args, run.stderr.decode())
+        assert out.splitlines()[0] == "job 4242" and " xid 79 " in out.splitlines()[1], out
+        assert "0 line(s) skipped" in out, out
+
+
+def test_a_gzip_bomb_is_cut_at_the_decompressed_bound(tmp_path, capsys, monkeypatch):
+    """The bound is on the DECOMPRESSED bytes: a 64 KB gzip file of one fault line, then
+    64 MiB of blanks (about 1,000:1), then a second fault line is read to the bound
+    (here 1 MiB) and no further: the first job counted, the second never reached, said on
+    stderr. A gzip copy cut short is said, its lines before the cut read."""
+    import gzip
+    import time as _time
+    import zlib
+
+    from hetpatrol.ledger import faults
+
+    monkeypatch.setattr(faults, "MAX_GZIP_BYTES", 1 << 20)
+    one = {"kind": "event", "event": "xid", "xid": 79, "jobs": ["4"], "ts": "s", "seq": 0}
+    two = {"kind": "event", "event": "xid", "xid": 79, "jobs": ["5"], "ts": "t", "seq": 1}
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: a gzip header and trailer
+    data = [packer.compress((json.dumps(one) + "\n").encode())]
+    block = b" " * (8 << 20) + b"\n"  # blank lines of 8 MiB: each skipped as too long
+    data += [packer.compress(block) for _ in range(8)]
+    data += [packer.compress((json.dumps(two) + "\n").encode()), packer.flush()]
+    bomb = tmp_path / "patrol.jsonl.3.gz"
+    bomb.write_bytes(b"".join(data))
+    assert bomb.stat().st_size < 200_000
+    started = _time.monotonic()
+    code = main(["ledger", "faults", str(bomb)])
+    assert _time.monotonic() - started < 20
+    out, err = capsys.readouterr()
+    assert code == 1 and out.splitlines()[0] == "job 4" and "job 5" not in out, out
+    assert f"more than {1 << 20} bytes decompressed" in err, err
+    # without the bound both are read: the test sees the cut, not an unreadable file
+    monkeypatch.setattr(faults, "MAX_GZIP_BYTES", 1 << 30)
+    assert main(["ledger", "faults", str(bomb)]) == 1
+    out = capsys.readouterr().out
+    assert "job 5" in out and "8 line(s) skipped" in out, out
+    # cut short (a copy taken while logrotate compressed): the lines before, and said
+    whole = gzip.compress((json.dumps(one) + "\n").encode() + b"x" * 5000)
+    cut = tmp_path / "patrol.jsonl.4.gz"
+    cut.write_bytes(whole[: len(whole) - 12])
+    assert main(["ledger", "faults", str(cut)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == "job 4" and "damaged gzip file" in err, err

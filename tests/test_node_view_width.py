@@ -4,6 +4,7 @@ gets every column whole. Values asserted here are the replays' recorded ones."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 
@@ -128,3 +129,47 @@ def test_a_node_finding_says_its_action(columns):
     action = next(ln for ln in lines[at + 1 :] if not ln.startswith("           "))
     assert action == "    action reset_card: the card at 0000:e8:00.0"
     assert all(len(ln) <= int(columns or 1000) for ln in lines)
+
+
+ROCM_NAME = (
+    "rocm-smi_-i_--showmeminfo_vram_--showpower_--showserial_--showuse_--showtemp_"
+    "--showproductname_--showuniqueid_--json.txt"
+)  # the recording the hygon and amd collectors look for (collectors/rocm_smi.py's argv)
+
+
+@pytest.mark.parametrize("columns", ["80", "160"])
+def test_a_missing_recordings_name_is_never_cut_mid_word(columns):
+    """``once -v`` at 80 columns cut the missing recordings' names mid-word
+    (``rocm-smi_-i_--showprodu`` / ``ctname...``). Lines break at spaces; a name wider
+    than the line goes on a line of its own, broken (only when wider than a whole line)
+    after a ``_`` between its parts, a path after a ``/``."""
+    lines = _once("mig-a100", columns)
+    at = next(i for i, x in enumerate(lines) if x.startswith("  hygon absent"))
+    block = [lines[at]] + [
+        x for x in itertools.takewhile(lambda x: x.startswith("    "), lines[at + 1 :])
+    ]
+    if columns == "160":
+        assert block[1].startswith(f"    {ROCM_NAME} in"), block
+        return
+    joined = "".join(x.strip() if x.endswith(("_", "/", ",")) else x.strip() + " " for x in block)
+    assert f"no recording {ROCM_NAME} in {NODES}/mig-a100" in joined, block
+    words = joined.split()
+    for line in block[:-1]:  # each break after a whole word, or after a _ / , in one
+        assert line.endswith(("_", "/", ",")) or line.split()[-1] in words, line
+
+
+def test_words_wrap_at_spaces_then_path_separators():
+    from hetpatrol.node_view import wrap_words
+
+    path = "/var/lib/hetpatrol/replays/site-a/node-0042/rocm-smi_--showuse.txt"
+    assert wrap_words(f"no recording in {path} today", 30, "", "  ") == [
+        "no recording in /var/lib/",
+        "  hetpatrol/replays/site-a/",
+        "  node-0042/",
+        "  rocm-smi_--showuse.txt today",
+    ]
+    # a piece with no break left stays whole, wider than the line: never cut
+    assert wrap_words("x abcdefghijklmnopqrstuvwxyz", 10, "", "") == [
+        "x",
+        "abcdefghijklmnopqrstuvwxyz",
+    ]

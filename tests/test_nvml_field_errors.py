@@ -560,3 +560,38 @@ def test_recovery_action_fixture_through_the_cli():
     assert cards[4]["bus_id"] == "0000:9b:00.0"
     assert found[2] == {"nvml_field_error": "warning"} and cards[2]["pcie_link_gen"] is None
     assert all(found[i] == {} for i in (0, 1, 3, 5, 6, 7))
+
+
+def test_a_fallback_that_works_is_info_one_that_fails_a_warning():
+    """``once --replay fixtures/nodes/mig-a100`` printed two ``[warning] nvml_fallback``
+    for a fallback that worked: the A100's driver lacks nvmlDeviceGetGpuFabricInfoV (v3
+    and v2 structs), the deprecated nvmlDeviceGetGpuFabricInfo answers. The fallback was
+    said as a warning when the new call failed, before the older one was tried. Now it
+    is said once the older call's outcome is known: info when it is there (nothing lost;
+    in the daemon's log and at --log-level info), a warning when it is missing too."""
+    mig = REPO / "fixtures" / "nodes" / "mig-a100" / "nvidia-smi-q.xml"
+    with capture_logs() as logs:
+        NvidiaCollector({}, nvml=load_replay_nvml(mig, {})).collect()
+    said = [(e["call"], e["level"]) for e in logs if e["event"] == "nvml_fallback"]
+    assert said == [
+        ("nvmlDeviceGetGpuFabricInfoV v3", "info"),
+        ("nvmlDeviceGetGpuFabricInfoV v2", "info"),
+    ]
+    # the binding lacks the new temperature call: the old one answers, info; it lacks
+    # the new clocks call and the old one too: nothing read, a warning
+    lacks = [
+        "nvmlDeviceGetTemperatureV",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+    ]
+    with capture_logs() as logs:
+        NvidiaCollector({}, nvml=load_replay_nvml(HEALTHY_XML, {"binding_lacks": lacks})).collect()
+    said = {e["call"]: (e["level"], e["worked"]) for e in logs if e["event"] == "nvml_fallback"}
+    assert said["nvmlDeviceGetTemperatureV"] == ("info", True)
+    assert said["nvmlDeviceGetCurrentClocksEventReasons"] == ("warning", False)
+    # a driver with no fabric call at all: the chain's end is a warning
+    no_fabric = ["nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"]
+    with capture_logs() as logs:
+        NvidiaCollector({}, nvml=load_replay_nvml(mig, {"binding_lacks": no_fabric})).collect()
+    said = [(e["used"], e["level"]) for e in logs if e["event"] == "nvml_fallback"]
+    assert said[-1] == ("none", "warning"), said

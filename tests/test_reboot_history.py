@@ -321,3 +321,59 @@ def test_a_damaged_history_file_is_said_not_read_silently_as_empty(tmp_path, cap
     capsys.readouterr()
     assert main(["history", "--config", str(cfg), "show"]) == 0
     assert capsys.readouterr().err == ""  # no history yet: nothing to say
+
+
+def test_a_clear_writes_its_audit_line_to_that_state_directorys_log(tmp_path, capsys):
+    """``history --state-path S clear`` wrote its audit line into the bundled config's
+    ``$XDG_STATE_HOME/hetpatrol/patrol.jsonl``, another daemon's log, whatever ``S`` was.
+    The line goes to the log of the daemon whose state is changed: ``--jsonl-path``, or
+    the log of the ``--config`` whose ``state_path`` it is; a ``--state-path`` with no log
+    known to be its own is refused (exit 64), nothing cleared, nothing written."""
+    config = config_for(tmp_path)
+    run_boot(config, 1)
+    other_log = tmp_path / "xdg-state" / "hetpatrol" / "patrol.jsonl"  # the bundled one
+    state = str(config.state_path)
+
+    def audits(path):
+        if not path.exists():
+            return []
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        return [x for x in lines if x.get("event") == "history_clear"]
+
+    capsys.readouterr()
+    assert main(["history", "--state-path", state, "clear", "--card", GPU2]) == 64
+    err = capsys.readouterr().err
+    assert "--jsonl-path" in err and "nothing cleared" in err, err
+    assert f"uuid:{GPU2}" in read_history(history_path(config.state_path), 0.0).cards
+    assert audits(other_log) == [] and audits(config.jsonl_path) == []
+    # a config whose state_path is another: its log is not this state's either
+    cfg = tmp_path / "other.yaml"
+    cfg.write_text(f"state_path: {tmp_path}/elsewhere/state.json\njsonl: {{path: {other_log}}}\n")
+    args = ["history", "--config", str(cfg), "--state-path", state, "clear", "--card", GPU2]
+    assert main(args) == 64
+    assert f"uuid:{GPU2}" in read_history(history_path(config.state_path), 0.0).cards
+    # named: the line is in that log, none in the other daemon's
+    log = ["--jsonl-path", str(config.jsonl_path)]
+    assert main(["history", "--state-path", state, *log, "clear", "--card", GPU2]) == 0
+    assert read_history(history_path(config.state_path), 0.0).cards == {}
+    assert [a["card"] for a in audits(config.jsonl_path)] == [GPU2]
+    assert audits(other_log) == []
+
+
+def test_the_history_options_are_taken_after_the_subcommand_too(tmp_path, capsys):
+    """``history show --state-path P`` exited 64 "unrecognized arguments": the options of
+    ``history`` are taken before or after ``show`` / ``clear``, and one given before is
+    kept when the subcommand names none."""
+    config = config_for(tmp_path)
+    run_boot(config, 1)
+    state = str(config.state_path)
+    capsys.readouterr()
+    assert main(["history", "show", "--state-path", state]) == 0
+    assert f"uuid:{GPU2}  nvlink_down  seen in 1 boot(s)" in capsys.readouterr().out
+    assert main(["history", "--state-path", state, "show", "--json"]) == 0
+    assert f"uuid:{GPU2}" in json.loads(capsys.readouterr().out)["cards"]
+    log = str(config.jsonl_path)
+    args = ["history", "--state-path", state, "clear", "--card", GPU2, "--jsonl-path", log]
+    assert main(args) == 0
+    assert read_history(history_path(config.state_path), 0.0).cards == {}
+    assert '"event":"history_clear"' in config.jsonl_path.read_text()

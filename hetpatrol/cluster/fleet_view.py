@@ -217,6 +217,12 @@ def render(doc: dict[str, Any], *, color: bool = False, width: int | None = None
     return "\n".join(out) + "\n"
 
 
+#: what scontrol prints on a host without a slurm.conf (nor DNS SRV records):
+#: slurm_conf_init() in src/common/read_config.c, "Could not establish a configuration
+#: source" (the last of those lines with Debian 12's Slurm 22.05.8), as `ledger` reads it
+_NO_CONF = "Could not establish a configuration source"
+
+
 def cmd_fleet(args: argparse.Namespace) -> int:
     notes: list[str] = []
     deadline = time.monotonic() + args.timeout
@@ -244,6 +250,12 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             daemons = read_daemons(client, args.node_label, args.job, notes)
     except (SlurmReadError, PrometheusError, OSError, ValueError) as exc:  # RecordingError too
         print(printable(f"hetpatrol fleet: {exc}"), file=sys.stderr)
+        if isinstance(exc, SlurmReadError) and _NO_CONF in str(exc):
+            # the same hint as `ledger`'s (hetpatrol/ledger/command.py)
+            print(
+                "hint: no slurm.conf found: set SLURM_CONF or pass --scontrol/--slurm-nodes",
+                file=sys.stderr,
+            )
         return EXIT_UNKNOWN
     if not daemons:
         print(

@@ -19,21 +19,28 @@ followed, a FIFO or device is not read, a line is read up to 1 MiB (a state file
 64 MiB and 2,000,000 JSON values), a file whose first line is not a JSON object is left
 out (said on stderr, counted as one line skipped), a directory's first 100,000 entries
 are read (more is said); past 64 MiB of one line, or a read that fails, the rest of
-that file is left out and said. Only the daemon's own structured fields are read; a line
-that is not JSON, or an event whose fields have the wrong types, is skipped and counted.
+that file is left out and said. ``-`` (or ``/dev/stdin``) is standard input, read with
+the same bounds (``zcat patrol.jsonl.2.gz | hetpatrol ledger faults -``). A gzip file
+(logrotate's ``patrol.jsonl.N.gz``, told by its magic bytes, in a directory too) is read
+through the stdlib's gzip with the same bounds on its decompressed lines, and no more
+than 4 GiB decompressed (a gzip bomb is cut there, said). Only the daemon's own
+structured fields are read; a line that is not JSON, or an event whose fields have the
+wrong types, is skipped and counted.
 Names are printed without control characters (:func:`hetpatrol.node_view.printable`).
 Exit 0 no fault with a job, 1 at least one, 65 when no file could be read (files left out
-as not the daemon's, such as a README or a compressed copy, are none).
+as not the daemon's, such as a README or an .xz archive, are none).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import os
 import re
 import sys
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -277,24 +284,81 @@ def _decode(data: bytes) -> Any:
         return None
 
 
+#: most DECOMPRESSED bytes read from one gzip file (logrotate's ``patrol.jsonl.N.gz``): a
+#: day of a 16-card node's log at a 10 s interval is about 216 MB (docs/deploy.md), so a
+#: copy past 4 GiB is no log the daemon wrote; a gzip bomb (deflate packs about 1,000:1)
+#: is read no further (said), never decompressed to its end
+MAX_GZIP_BYTES = 4 << 30
+#: the names read as standard input (``zcat patrol.jsonl.2.gz | ... faults -``)
+STDIN_NAMES = frozenset({"-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"})
+_GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952 section 2.3.1: ID1 ID2
+
+
+class _TooLarge(Exception):
+    """A gzip file decompressed past :data:`MAX_GZIP_BYTES`."""
+
+
+class _Bounded:
+    """A gzip stream's ``readline``/``read`` that raise :class:`_TooLarge` once more than
+    ``limit`` decompressed bytes were asked of it (each call asks at most one byte past
+    what is left, so no more than ``limit + 1`` bytes are ever decompressed)."""
+
+    def __init__(self, fh: Any, limit: int) -> None:
+        self._fh = fh
+        self._left = limit
+
+    def _take(self, data: bytes) -> bytes:
+        self._left -= len(data)
+        if self._left < 0:
+            raise _TooLarge
+        return data
+
+    def readline(self, size: int) -> bytes:
+        return self._take(self._fh.readline(min(size, self._left + 1)))
+
+    def read(self, size: int) -> bytes:
+        return self._take(self._fh.read(min(size, self._left + 1)))
+
+
 def _read_file(path: str, errors: list[str], readable: list[str]) -> Iterator[str | dict]:
     """The documents of one JSONL or state file (see the module docstring): a first line
     that starts as a state file does (``{"schema":"hetpatrol.state/``, the writer's first
     key) is read up to ``STATE_READ_MAX`` bytes, an indented document whole up to that
     bound, and decoded here when it holds at most :data:`MAX_DOCUMENT_VALUES` values;
     every other line is read up to ``MAX_LINE`` (a longer one is skipped, never held)."""
+    if path in STDIN_NAMES:  # the user's own pipe or file: read as a file is, same bounds
+        fd, path = os.dup(sys.stdin.fileno()), "(stdin)"
+        os.set_blocking(fd, True)
+    else:
+        try:
+            fd = open_for_reading(Path(path))
+        except OSError as exc:
+            errors.append(
+                str(exc) if isinstance(exc, UnsafeRead) else f"{path}: {exc.strerror or exc}"
+            )
+            return
     try:
-        fd = open_for_reading(Path(path))
-    except OSError as exc:
-        errors.append(str(exc) if isinstance(exc, UnsafeRead) else f"{path}: {exc.strerror or exc}")
-        return
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            yield from _file_documents(path, fh, errors, readable)
+        with os.fdopen(fd, "rb") as raw:
+            if raw.peek(2)[:2] != _GZIP_MAGIC:
+                yield from _file_documents(path, raw, errors, readable)
+                return
+            # logrotate's `compress` copy (gzip(1)): read through the stdlib's gzip, its
+            # decompressed bytes bounded (MAX_GZIP_BYTES) beside the bounds of each line
+            with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
+                yield from _file_documents(path, _Bounded(gz, MAX_GZIP_BYTES), errors, readable)
     except _Endless:
         errors.append(f"{path}: a line over {MAX_SKIP} bytes: the rest of the file left out")
         yield "\0"
-    except OSError as exc:  # EIO of a failing disk, a file of /proc that refuses reads
+    except _TooLarge:
+        errors.append(
+            f"{path}: more than {MAX_GZIP_BYTES} bytes decompressed (no log the daemon "
+            "wrote): the rest of the file left out"
+        )
+        yield "\0"
+    except (EOFError, zlib.error) as exc:  # a gzip copy cut short or damaged
+        errors.append(f"{path}: a damaged gzip file ({exc}): the rest of the file left out")
+        yield "\0"
+    except OSError as exc:  # EIO of a failing disk, a file of /proc; gzip.BadGzipFile
         errors.append(f"{path}: {exc.strerror or exc}: the rest of the file left out")
 
 
@@ -303,7 +367,7 @@ def _file_documents(
 ) -> Iterator[str | dict]:
     """:func:`_read_file`'s documents of the open file ``fh``; ``path`` goes into
     ``readable`` when the file is the daemon's (an empty log, rotated a moment ago,
-    too: read, nothing in it), never for a README or a compressed copy."""
+    too: read, nothing in it), never for a README or an archive of another kind."""
     first = fh.readline(MAX_LINE + 1)
     if not first:
         readable.append(path)
@@ -334,7 +398,7 @@ def _file_documents(
         yield "\0"
     else:
         doc = _decode(first)
-        if not isinstance(doc, dict):  # a README, an archive (a .gz copy): not read
+        if not isinstance(doc, dict):  # a README, an archive (.xz, .zst): not read
             errors.append(f"{path}: not a JSONL log or state file (left out)")
             yield "\0"
             return
@@ -377,7 +441,10 @@ def add_parser(lsub: Any) -> None:
         "jsonl",
         nargs="+",
         metavar="FILE|DIR",
-        help="patrol.jsonl and its rotated copies, state files, directories of them",
+        help=(
+            "patrol.jsonl and its rotated copies (.gz too), state files, directories of "
+            "them; - for standard input"
+        ),
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_faults)
