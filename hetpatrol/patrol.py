@@ -817,6 +817,12 @@ class Patroller:
         now = time.time()
         for r in result.records:
             self._listed_at[card_identities(r)[0]] = now
+        # only the cards some collector still tracks (listed, or gone and counted): a
+        # card read under a new first identity (a new UUID on its bus id: a swapped card)
+        # must not leave its old key here for the life of the daemon
+        tracked = {k for cards in self._seen_cards.values() for k in cards}
+        if len(self._listed_at) > len(tracked):
+            self._listed_at = {k: t for k, t in self._listed_at.items() if k in tracked}
         present = {i for r in result.records for i in card_identities(r)}
         need = self.config.recovery_patrols
         before = self._missing.get(collector, {})

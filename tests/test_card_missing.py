@@ -183,6 +183,35 @@ def test_a_census_read_before_the_card_was_last_listed_says_nothing():
     )
 
 
+def test_a_card_read_under_new_identities_leaves_no_old_key_behind(tmp_path):
+    """The GPU on DB swapped for another one patrol after patrol (a new UUID and serial
+    on the same bus id, as an RMA swap reads): the per-card bookkeeping holds the cards
+    of the last patrol, never every identity read since the daemon started."""
+
+    def swapped(n: int):
+        def edit(d: Path) -> None:
+            xml = d / "nvidia-smi-q.xml"
+            text = xml.read_text().replace(DB_UUID, f"GPU-004dc5e2-7c1d-cc17-c721-{n:012x}")
+            xml.write_text(text.replace("<serial>9458441022271<", f"<serial>{9000 + n}<"))
+
+        return edit
+
+    config = replace(load_config(), node="n1")
+    before, sizes = None, []
+    for n in range(6):
+        p = Patroller(config, replay_dir=variant(tmp_path, f"swap{n}", swapped(n)))
+        if before is not None:
+            p.adopt(before)
+            before.close()
+        report = p.run()
+        assert missing(report) == []  # the same bus id: the card is there, not gone
+        sizes.append(len(p._listed_at))
+        before = p
+    before.close()
+    assert len(report.cards) == sizes[0]
+    assert sizes == [sizes[0]] * 6, sizes
+
+
 def test_listed_again_resets_the_count_and_a_critical_one_is_held(back):
     reports = patrol_each([back, LOST, LOST, back, LOST])
     assert [missing(r) for r in reports] == [
