@@ -167,19 +167,19 @@ def _pcie_findings(record: CardRecord, th: InterconnectSettings) -> list[Finding
     ]
 
 
-def expected_nvlinks(
-    record: CardRecord, th: InterconnectSettings, boot: BootFacts
+def expected_links(
+    record: CardRecord, kind: str, profile: int | None, boot: BootFacts, tool: str
 ) -> tuple[int, str]:
-    """(NVLink links the card should have up, where that number comes from): the
-    profile's ``expected_links``, the first healthy patrol of this boot, or the links
-    NVML lists now."""
-    if th.nvlink_expected_links is not None:
-        return th.nvlink_expected_links, "its profile"
-    learned = boot.learned_links.get("nvlink")
-    listed = sum(1 for lk in record.links if lk.get("kind") == "nvlink")
+    """(links of ``kind`` the card should have up, where that number comes from): the
+    profile's ``expected_links`` (``profile``), the first healthy patrol of this boot,
+    or the links ``tool`` lists now."""
+    if profile is not None:
+        return profile, "its profile"
+    learned = boot.learned_links.get(kind)
+    listed = sum(1 for lk in record.links if lk.get("kind") == kind)
     if learned is not None and learned > listed:
         return learned, "its first healthy patrol of this boot"
-    return listed, "NVML"
+    return listed, tool
 
 
 def _nvlink_findings(
@@ -189,7 +189,7 @@ def _nvlink_findings(
     if th.nvlink_expected_links == 0:
         return []  # a PCIe board: no NVLink to be down (NVSentinel PR #1481)
     links = [lk for lk in record.links if lk.get("kind") == "nvlink"]
-    expected, source = expected_nvlinks(record, th, boot)
+    expected, source = expected_links(record, "nvlink", th.nvlink_expected_links, boot, "NVML")
     if not links and not expected:
         return []
     out = []
@@ -237,27 +237,12 @@ def _nvlink_findings(
     return out
 
 
-def expected_roce_ports(
-    record: CardRecord, th: InterconnectSettings, boot: BootFacts
-) -> tuple[int, str]:
-    """(RoCE ports the card should list up, where that number comes from): the profile's
-    ``roce.expected_links``, the first healthy patrol of this boot, or the ports listed
-    now."""
-    if th.roce_expected_links is not None:
-        return th.roce_expected_links, "its profile"
-    learned = boot.learned_links.get("roce")
-    listed = sum(1 for lk in record.links if lk.get("kind") == "roce")
-    if learned is not None and learned > listed:
-        return learned, "its first healthy patrol of this boot"
-    return listed, "hccn_tool"
-
-
 def _roce_missing(record: CardRecord, th: InterconnectSettings, boot: BootFacts) -> list[Finding]:
     """``roce_link_down`` for ports no longer listed: fewer listed than expected."""
     if not record.read_ok or th.roce_link_down is None:
         return []
     ports = [lk for lk in record.links if lk.get("kind") == "roce"]
-    expected, source = expected_roce_ports(record, th, boot)
+    expected, source = expected_links(record, "roce", th.roce_expected_links, boot, "hccn_tool")
     missing = expected - len(ports)
     if missing <= 0:
         return []
