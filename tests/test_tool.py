@@ -53,17 +53,31 @@ def test_hung_tool_and_its_children_are_killed(tmp_path):
 
 def test_a_hung_tools_child_in_a_session_of_its_own_is_killed_too(tmp_path):
     """``setsid`` takes the child out of the tool's process group: killpg alone would
-    leave it running (and holding the output pipe)."""
+    leave it running (and holding the output pipe).
+
+    The child writes its own pid (``$$`` of the shell that then execs ``sleep``), so the
+    pid is the sleeper's whether or not ``setsid`` forked. Once killed, the child may be
+    reaped at once (its parent died with it) or linger as a zombie: both are gone; a
+    ``sleep`` still sleeping after 5 s is the failure."""
     pidfile = tmp_path / "child.pid"
-    exe = script(tmp_path, "hang", f"setsid sleep 300 &\necho $! > {pidfile}\nsleep 300\n")
+    exe = script(
+        tmp_path,
+        "hang",
+        f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' &\nsleep 300\n",
+    )
     res = run_tool([exe], 3)  # time for the script to write the pid on a loaded machine
     assert res.hung
-    child = psutil.Process(int(pidfile.read_text()))
-    assert child.name() in ("sleep", "setsid") or child.status() == "zombie"
-    try:
-        child.wait(timeout=5)
-    except psutil.TimeoutExpired:
-        pytest.fail(f"the setsid child {child.pid} survived")
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            child = psutil.Process(pid)
+            if child.status() == psutil.STATUS_ZOMBIE or child.name() != "sleep":
+                return  # killed (a zombie), or the pid already reused by another program
+        except psutil.NoSuchProcess:
+            return  # killed and reaped
+        time.sleep(0.05)
+    pytest.fail(f"the setsid child {pid} survived")
 
 
 def test_no_children_or_zombies_after_many_hung_runs(tmp_path):
