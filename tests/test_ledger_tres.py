@@ -164,7 +164,9 @@ CASES = [
         {"gpu"},
     ),
     # composed: a two-node job, 4 A100 on hp-gpu01 (tracked) and 4 untyped GPUs on
-    # plain01: the remainder goes to the one type the nodes name, added to its cards
+    # plain01: the remainder goes to the one type the nodes name, added to its cards.
+    # The usage ledger listed it apart from the typed A100s: the job and its run counted
+    # twice, max_cards 4 for 8 cards (the defect the one split fixed)
     (
         "typed and a remainder of the same type",
         "gres/gpu:a100=4,gres/gpu=8",
@@ -218,21 +220,9 @@ CASES = [
 ]
 
 
-#: the usage ledger listed the remainder apart from the typed cards of its type: the job
-#: counted twice, its runs twice, max_cards 4 for 8 cards (fixed by the one split)
-BEFORE_THE_FIX = pytest.mark.xfail(strict=True, reason="usage counted the job twice")
-
-
 @pytest.mark.parametrize(
     "alloc,req,nodes,cards,named,untyped",
-    [
-        pytest.param(
-            *c[1:],
-            id=c[0],
-            marks=BEFORE_THE_FIX if c[0] == "typed and a remainder of the same type" else (),
-        )
-        for c in CASES
-    ],
+    [pytest.param(*c[1:], id=c[0]) for c in CASES],
 )
 def test_the_three_readers_agree(alloc, req, nodes, cards, named, untyped):
     types = node_types_of(nodes, NODE_GRES)
