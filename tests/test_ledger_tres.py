@@ -290,3 +290,14 @@ def test_pending_job_asks_the_types_of_its_partition():
     run.partition = "p"  # two types: the bare name
     rep = capacity.build([(run, req)], WINDOW, NOW, "hour", inv)
     assert rep.classes["gpu"].pending_jobs == 1
+
+
+def test_one_tres_string_on_nodes_of_other_types():
+    """The same untyped ``AllocTRES`` (the ledger sample's ``gres/gpu=2``, typed items
+    removed) on three nodes: each run takes its own nodes' type, or none."""
+    alloc = "billing=1,cpu=1,gres/gpu=2,mem=1M,node=1"
+    runs = [run_of(alloc, n) for n in ("hp-gpu01", "hp-h100", "two01", "hp-gpu01")]
+    led = aggregate(runs, WINDOW, NOW, by=(), node_gres=NODE_GRES)
+    got = {lab: (t.card_seconds / HELD, t.jobs) for lab, t in led.by_gres().items()}
+    assert got == {"gpu:a100": (4, 2), "gpu:h100": (2, 1), "gpu": (2, 1)}
+    assert led.untyped == {"gpu"}

@@ -154,6 +154,7 @@ def aggregate(
     running_cards = ledger.running_cards
     cache: dict = {}
     types_cache: dict[str, dict[str, frozenset[str]]] = {}
+    held_cache: dict[tuple[str, str], tuple[list, list[str]]] = {}
     node_gres = node_gres or {}
     bad: list[str] = []
     count_running = now < we + 1
@@ -176,16 +177,27 @@ def aggregate(
         if split.bad:
             ledger.bad_tres_count += len(split.bad)
         if split.rest:
-            types = types_cache.get(run.nodes)
-            if types is None:
-                types = node_types_of(run.nodes, node_gres)
-                if len(types_cache) >= _CACHE_MAX:
-                    types_cache.clear()
-                types_cache[run.nodes] = types
-            # one (label, count) per label: a rest given a type adds to that type's cards
-            held = split.cards(types)
-            ledger.untyped.update(name for name, gtype in held if gtype is None)
-            cards = [(label(k), c) for k, c in held.items()]
+            hkey = (run.alloc_tres, run.nodes)
+            got = held_cache.get(hkey)
+            if got is None:
+                types = types_cache.get(run.nodes)
+                if types is None:
+                    types = node_types_of(run.nodes, node_gres)
+                    if len(types_cache) >= _CACHE_MAX:
+                        types_cache.clear()
+                    types_cache[run.nodes] = types
+                # one (label, count) per label: a rest given a type adds to its cards
+                held = split.cards(types)
+                got = (
+                    [(label(k), c) for k, c in held.items()],
+                    [name for name, gtype in held if gtype is None],
+                )
+                if len(held_cache) >= _CACHE_MAX:
+                    held_cache.clear()
+                held_cache[hkey] = got
+            cards, untyped = got
+            if untyped:
+                ledger.untyped.update(untyped)
         elif typed:
             cards = typed
         else:
