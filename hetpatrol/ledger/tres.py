@@ -116,10 +116,11 @@ def split_cards(text: str) -> CardSplit:
     of any type". So the untyped ``gres/gpu`` count already holds the typed ones: a job
     holds the typed counts plus the untyped count beyond their sum (GPUs of a type not in
     ``AccountingStorageTRES``), never the sum of both. A job that asked for untyped GPUs
-    has only the untyped item in ``ReqTRES``; a typed request shows both (and so does
-    ``AllocTRES`` where the type is tracked: fixtures/ledger-sample/sacct.txt, job 2). An
-    untyped count below the typed sum (never written by Slurm) leaves no rest and the
-    typed counts stand.
+    has only the untyped item in ``ReqTRES``; a typed request shows both. ``AllocTRES``
+    of an untyped request shows both too where the type Slurm gave is tracked (the man
+    page says otherwise, the real 22.05.8 records it: fixtures/ledger-sample/sacct.txt,
+    job 2). An untyped count below the typed sum (never written by Slurm) leaves no rest
+    and the typed counts stand.
     """
     cards, bad = gres_tres(text)
     typed: dict[CardKey, int] = {}
