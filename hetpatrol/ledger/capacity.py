@@ -55,7 +55,7 @@ from hetpatrol.ledger.sacct_stream import (
     decode_line,
     parse_lines,
 )
-from hetpatrol.ledger.tres import gres_tres, label
+from hetpatrol.ledger.tres import label, split_cards
 from hetpatrol.ledger.usage import aggregate, node_types_of
 from hetpatrol.slurm.gres import parse_scontrol_nodes
 from hetpatrol.slurm.states import ours
@@ -497,35 +497,6 @@ def _node_gres(inventory: Mapping[str, NodeCards]) -> dict[str, dict[str, frozen
     return out
 
 
-def _classes_of(
-    tres_text: str, types: Mapping[str, frozenset[str]]
-) -> tuple[dict[str, int], dict[str, int]]:
-    """(cards per class label, typed-by-name count per label) of a TRES string; an
-    untyped count beyond the typed ones goes to the one type ``types`` names (the rule of
-    :func:`.tres.card_counts`), else stays the bare name."""
-    cards, _bad = gres_tres(tres_text)
-    out: dict[str, int] = {}
-    named: dict[str, int] = {}
-    untyped: dict[str, int] = {}
-    typed_sum: dict[str, int] = {}
-    for (name, gtype), count in cards.items():
-        if gtype is None:
-            untyped[name] = untyped.get(name, 0) + count
-        else:
-            lab = label((name, gtype))
-            out[lab] = out.get(lab, 0) + count
-            named[lab] = named.get(lab, 0) + count
-            typed_sum[name] = typed_sum.get(name, 0) + count
-    for name, total in untyped.items():
-        rest = total - typed_sum.get(name, 0)
-        if rest <= 0:
-            continue
-        t = types.get(name)
-        lab = f"{name}:{next(iter(t))}" if t and len(t) == 1 else name
-        out[lab] = out.get(lab, 0) + rest
-    return out, named
-
-
 def build(
     records: Iterable[tuple[JobRun, Request]],
     window: tuple[float, float],
@@ -616,7 +587,13 @@ def build(
                 for p in partition.split(","):
                     for name, ts in part_types.get(p, {}).items():
                         types[name] = types.get(name, frozenset()) | ts
-            hit = _classes_of(tres_text, types)
+            # one split for the ledger and the report (.tres.split_cards): the cards per
+            # class, and the typed ones alone (what ReqTRES names by type)
+            split = split_cards(tres_text)
+            hit = (
+                {label(k): c for k, c in split.cards(types).items()},
+                {label(k): c for k, c in split.typed.items()},
+            )
             if len(class_cache) > 65536:
                 class_cache.clear()
             class_cache[key] = hit

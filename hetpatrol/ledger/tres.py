@@ -8,9 +8,13 @@ the untyped ``gres/gpu`` counts every GPU of the job whatever its type. So:
 * ``gres/gpu:a100=2,gres/gpu=2``: 2 A100 (the untyped count repeats the typed one);
 * ``gres/gpu=2`` alone (a ``--gres=gpu:2`` job where the type is not tracked, or a type
   not in ``AccountingStorageTRES``): 2 GPUs of an unknown type, which
-  :func:`card_counts` attributes to the one GPU type the job's nodes have, if they have
-  one; else they stay ``gpu`` (untyped) and the report says so;
+  :meth:`CardSplit.cards` attributes to the one GPU type the job's nodes have, if they
+  have one; else they stay ``gpu`` (untyped) and the report says so;
 * ``gres/gpu:a100=1,gres/gpu=3``: 1 A100 and 2 GPUs of an untracked type (same rule).
+
+:func:`split_cards` is the one place this rule is applied: ``ledger usage``
+(:mod:`.usage`), ``ledger capacity`` (:mod:`.capacity`) and ``ledger efficiency``
+(:func:`card_counts`) all read card GRES through it.
 
 GRES that are not cards are left out: usage TRES (``gres/gpumem``, ``gres/gpuutil`` of
 the NVML acct_gather plugin), shares of a card (``gres/mps``, ``gres/shard``) and GRES
@@ -20,6 +24,7 @@ some sites define for other things (``gres/cpu``, ``gres/vmem``, ``gres/craynetw
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from hetpatrol.slurm.gres import parse_count
 
@@ -76,35 +81,67 @@ def gres_tres(text: str) -> tuple[dict[CardKey, int], list[str]]:
     return cards, bad
 
 
-def card_counts(
-    text: str, node_types: Mapping[str, frozenset[str]] | None = None
-) -> dict[CardKey, int]:
-    """Cards per (GRES name, type) of a job's ``AllocTRES``, typed and untyped reconciled.
+@dataclass(frozen=True, slots=True)
+class CardSplit:
+    """The card GRES of one TRES string, typed and untyped apart (:func:`split_cards`).
 
-    Per GRES name: the typed counts as recorded; the untyped count minus their sum (GPUs
-    of a type not in ``AccountingStorageTRES``) goes to the single type that
-    ``node_types[name]`` names (the types the job's nodes have, from ``scontrol show
-    node``), else stays untyped ``(name, None)``. An untyped count below the typed sum
-    (never written by Slurm) keeps the typed counts.
+    ``typed``: ``{(name, type): cards}`` as recorded; ``rest``: ``{name: cards}``, the
+    untyped count beyond the sum of that name's typed counts (only where it is above it);
+    ``bad``: the items whose count could not be read (:func:`gres_tres`), raw.
     """
-    cards, _bad = gres_tres(text)
-    out: dict[CardKey, int] = {}
+
+    typed: Mapping[CardKey, int]
+    rest: Mapping[str, int]
+    bad: tuple[str, ...]
+
+    def cards(self, node_types: Mapping[str, frozenset[str]] | None = None) -> dict[CardKey, int]:
+        """Cards per (GRES name, type): the typed counts, and each name's ``rest`` added to
+        the one type ``node_types[name]`` names (the types the job's nodes have, from
+        ``scontrol show node``; the typed count of that type, if any, grows by it), else
+        kept as ``(name, None)``, type unknown."""
+        out = dict(self.typed)
+        for name, count in self.rest.items():
+            types = node_types.get(name) if node_types else None
+            key = (name, next(iter(types))) if types and len(types) == 1 else (name, None)
+            out[key] = out.get(key, 0) + count
+        return out
+
+
+def split_cards(text: str) -> CardSplit:
+    """Split the card GRES of ``AllocTRES``/``ReqTRES`` text into typed and untyped cards.
+
+    Slurm's rule, slurm.conf(5) of Slurm 22.05, AccountingStorageTRES: with
+    "AccountingStorageTRES=gres/gpu,gres/gpu:tesla,gres/gpu:volta", "gres/gpu:tesla" and
+    "gres/gpu:volta" track the GPUs of those types while "gres/gpu" tracks "allocated GPUs
+    of any type". So the untyped ``gres/gpu`` count already holds the typed ones: a job
+    holds the typed counts plus the untyped count beyond their sum (GPUs of a type not in
+    ``AccountingStorageTRES``), never the sum of both. A job that asked for untyped GPUs
+    has only the untyped item in ``ReqTRES``; a typed request shows both. ``AllocTRES``
+    of an untyped request shows both too where the type Slurm gave is tracked (the man
+    page says otherwise, the real 22.05.8 records it: fixtures/ledger-sample/sacct.txt,
+    job 2). An untyped count below the typed sum (never written by Slurm) leaves no rest
+    and the typed counts stand.
+    """
+    cards, bad = gres_tres(text)
+    typed: dict[CardKey, int] = {}
     untyped: dict[str, int] = {}
     typed_sum: dict[str, int] = {}
     for (name, gtype), count in cards.items():
         if gtype is None:
-            untyped[name] = untyped.get(name, 0) + count
+            untyped[name] = count  # one per name: parse_tres kept the last
         else:
-            out[(name, gtype)] = out.get((name, gtype), 0) + count
+            typed[(name, gtype)] = count
             typed_sum[name] = typed_sum.get(name, 0) + count
-    for name, total in untyped.items():
-        rest = total - typed_sum.get(name, 0)
-        if rest <= 0:
-            continue
-        types = node_types.get(name) if node_types else None
-        key = (name, next(iter(types))) if types and len(types) == 1 else (name, None)
-        out[key] = out.get(key, 0) + rest
-    return out
+    rest = {n: c - typed_sum.get(n, 0) for n, c in untyped.items() if c > typed_sum.get(n, 0)}
+    return CardSplit(typed, rest, tuple(bad))
+
+
+def card_counts(
+    text: str, node_types: Mapping[str, frozenset[str]] | None = None
+) -> dict[CardKey, int]:
+    """Cards per (GRES name, type) of a job's ``AllocTRES``, typed and untyped reconciled:
+    ``split_cards(text).cards(node_types)`` (:class:`CardSplit`)."""
+    return split_cards(text).cards(node_types)
 
 
 def label(key: CardKey) -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from hetpatrol.ledger.sacct_stream import JobRun
-from hetpatrol.ledger.tres import gres_tres, label
+from hetpatrol.ledger.tres import label, split_cards
 from hetpatrol.slurm.gres import expand_hostlist
 
 #: what runs can be grouped by (the :class:`JobRun` attribute of each)
@@ -99,24 +99,14 @@ class Ledger:
 
 
 def _split(alloc_tres: str, cache: dict, bad: list[str]) -> tuple:
+    """(:class:`.tres.CardSplit` of ``alloc_tres``, its typed cards as (label, count)
+    pairs), cached by the text; the unreadable items of a text not seen yet go to ``bad``."""
     hit = cache.get(alloc_tres)
     if hit is not None:
         return hit
-    cards, bad_items = gres_tres(alloc_tres)
-    bad.extend(bad_items)
-    typed: dict[str, int] = {}
-    untyped: dict[str, int] = {}
-    typed_sum: dict[str, int] = {}
-    for (name, gtype), count in cards.items():
-        if gtype is None:
-            untyped[name] = untyped.get(name, 0) + count
-        else:
-            typed[label((name, gtype))] = count
-            typed_sum[name] = typed_sum.get(name, 0) + count
-    rest = tuple(
-        (n, c - typed_sum.get(n, 0)) for n, c in untyped.items() if c > typed_sum.get(n, 0)
-    )
-    hit = (tuple(typed.items()), rest, len(bad_items))
+    split = split_cards(alloc_tres)
+    bad.extend(split.bad)
+    hit = (split, tuple((label(k), c) for k, c in split.typed.items()))
     if len(cache) >= _CACHE_MAX:
         cache.clear()
     cache[alloc_tres] = hit
@@ -148,7 +138,7 @@ def aggregate(
     """Add up ``runs`` over ``window`` = (start, end) Unix seconds, grouped by ``by``.
 
     ``node_gres`` (node -> GRES name -> types, from ``scontrol show node``) attributes an
-    untyped GPU count to the node's one type (:func:`hetpatrol.ledger.tres.card_counts`).
+    untyped GPU count to the node's one type (:meth:`hetpatrol.ledger.tres.CardSplit.cards`).
     ``ValueError`` for an unknown ``by`` field.
     """
     for b in by:
@@ -164,6 +154,7 @@ def aggregate(
     running_cards = ledger.running_cards
     cache: dict = {}
     types_cache: dict[str, dict[str, frozenset[str]]] = {}
+    held_cache: dict[tuple[str, str], tuple[list, list[str]]] = {}
     node_gres = node_gres or {}
     bad: list[str] = []
     count_running = now < we + 1
@@ -182,25 +173,31 @@ def aggregate(
         started_in = ws <= start < we
         if secs <= 0 and not started_in:
             continue
-        typed, rest, nbad = _split(run.alloc_tres, cache, bad)
-        if nbad:
-            ledger.bad_tres_count += nbad
-        if rest:
-            cards = list(typed)
-            types = types_cache.get(run.nodes)
-            if types is None:
-                types = node_types_of(run.nodes, node_gres)
-                if len(types_cache) >= _CACHE_MAX:
-                    types_cache.clear()
-                types_cache[run.nodes] = types
-            for name, count in rest:
-                t = types.get(name)
-                if t and len(t) == 1:
-                    lab = f"{name}:{next(iter(t))}"
-                else:
-                    lab = name
-                    ledger.untyped.add(name)
-                cards.append((lab, count))
+        split, typed = _split(run.alloc_tres, cache, bad)
+        if split.bad:
+            ledger.bad_tres_count += len(split.bad)
+        if split.rest:
+            hkey = (run.alloc_tres, run.nodes)
+            got = held_cache.get(hkey)
+            if got is None:
+                types = types_cache.get(run.nodes)
+                if types is None:
+                    types = node_types_of(run.nodes, node_gres)
+                    if len(types_cache) >= _CACHE_MAX:
+                        types_cache.clear()
+                    types_cache[run.nodes] = types
+                # one (label, count) per label: a rest given a type adds to its cards
+                held = split.cards(types)
+                got = (
+                    [(label(k), c) for k, c in held.items()],
+                    [name for name, gtype in held if gtype is None],
+                )
+                if len(held_cache) >= _CACHE_MAX:
+                    held_cache.clear()
+                held_cache[hkey] = got
+            cards, untyped = got
+            if untyped:
+                ledger.untyped.update(untyped)
         elif typed:
             cards = typed
         else:
