@@ -384,3 +384,20 @@ def test_private_data_jobs_on_the_real_slurmctld():
         c.run("scancel", "--user=nobody", check=False)
         c.stop()
         shutil.rmtree(c.root, ignore_errors=True)
+
+
+def test_recorded_24_05_node_text_read_by_the_fleet_reader():
+    """``scontrol show node`` of 24.05.0rc1 (../shared/vendor-samples/slurm, multi-line):
+    ``State=IDLE+DRAIN``, ``Gres=gpu:nvidia-rtx-3090:1``, ``Partitions=compute100`` and
+    Slurm's own reason ``gres/gpu count reported lower than configured (0 < 1)
+    [slurm@2024-12-19T11:03:34]``."""
+    from conftest import samples_dir
+
+    from hetpatrol.cluster.slurm_nodes import parse_nodes_text
+
+    name = "scontrol-show-node.slurm24.05.idle-drain-gres-count-mismatch.txt"
+    (node,) = parse_nodes_text((samples_dir("slurm") / name).read_text())
+    assert (node.name, node.state, node.flags) == ("devhost-102-68", "IDLE", {"DRAIN"})
+    assert [(g.label, g.count) for g in node.gres] == [("gpu:nvidia-rtx-3090", 1)]
+    assert node.partitions == ("compute100",) and node.reason_user == "slurm"
+    assert node.reason == "gres/gpu count reported lower than configured (0 < 1)"

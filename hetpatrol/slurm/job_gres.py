@@ -569,6 +569,8 @@ def ask_job(
     if version is None:
         try:
             said = run([scontrol, "--version"], timeout)
+        except subprocess.CalledProcessError as exc:
+            return fail(f"scontrol --version: exit {exc.returncode}: {_last_line(exc.stderr)}")
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             return fail(f"scontrol --version: {type(exc).__name__}: {exc}")
         version = slurm_version(said)
@@ -591,6 +593,8 @@ def ask_job(
     if task is not None and left > 0:
         try:  # the array's own record alone (one more single-job answer)
             text = run([scontrol, "-d", "show", "job", task], left)
+        except subprocess.CalledProcessError as exc:
+            return fail(f"{what} {task}: exit {exc.returncode}: {_last_line(exc.stderr)}")
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             return fail(f"{what} {task}: {type(exc).__name__}: {exc}")
         alloc = parse_show_job_detail(text, job, node)
