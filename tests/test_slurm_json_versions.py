@@ -299,6 +299,45 @@ def test_hidden_jobs_make_the_cards_unknown_never_none(tmp_path):
     assert op.fault_jobs_of(cs[0]) == {"1"} and op.private_note is None and op.error is None
 
 
+def test_under_job_cgroups_a_hidden_job_leaves_every_card_it_may_hold_unknown(tmp_path):
+    """Composed: the recorded proctrack/cgroup config with its ``PrivateData = none``
+    line replaced by the recorded ``PrivateData = jobs`` one. Job 1's cgroup is on the
+    node; its query answers as the real 22.05 slurmctld did for uid 65534 (exit 1,
+    "Invalid job id specified"). No card is "no job" (any may be job 1's), and the
+    reason names PrivateData. As root the same failure leaves only the cards of job 1's
+    processes unknown (as before)."""
+    from test_stray_process import SHOW_CONFIG, job_cgroup
+
+    line = next(x for x in PRIVATE_CONFIG.splitlines() if x.startswith("PrivateData "))
+    config = SHOW_CONFIG["cgroup"].replace("PrivateData             = none", line)
+    assert line in config
+
+    def slurm(argv, timeout):
+        argv = list(argv)
+        if argv[-2:] == ["show", "config"]:
+            return ToolOutput(tuple(argv), config, "", 0, False, 0.01)
+        if argv[-1] == "--version":
+            return ToolOutput(tuple(argv), "slurm-wlm 22.05.8\n", "", 0, False, 0.01)
+        assert argv[-4:] == ["-d", "show", "job", "1"], argv
+        err = "slurm_load_jobs error: Invalid job id specified\n"
+        return ToolOutput(tuple(argv), "", err, 1, False, 0.01)
+
+    job_cgroup(tmp_path, "hp-gpu01", 0, "1")
+    cs = [CardRecord("nvidia", i, gres="gpu", uuid=f"GPU-{i}") for i in range(2)]
+    hidden = CardJobs(["/usr/bin/scontrol"], "hp-gpu01", runner=slurm, uid=65534,
+                      cgroup_root=tmp_path)  # fmt: skip
+    hidden.refresh(cs)
+    assert hidden.listed and [hidden.jobs_of(c) for c in cs] == [None, None]
+    assert "job 1: /usr/bin/scontrol exited 1: slurm_load_jobs error: Invalid job id" in (
+        hidden.error or ""
+    )
+    assert "PrivateData=jobs (scontrol show config) hides" in hidden.error
+    root = CardJobs(["/usr/bin/scontrol"], "hp-gpu01", runner=slurm, uid=0, cgroup_root=tmp_path)
+    root.refresh(cs)
+    assert [root.jobs_of(c) for c in cs] == [frozenset(), frozenset()]
+    assert "PrivateData" not in (root.error or "")
+
+
 # ---------------------------------------------------------------- real slurmctld
 def _running(c: cluster.SlurmCluster, job: str) -> None:
     deadline = time.monotonic() + 30

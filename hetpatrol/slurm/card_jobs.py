@@ -464,6 +464,10 @@ class CardJobs:
         self._unjudged = unmapped | {
             i for i, c in enumerate(cards) if any(p.job_id in unknown for p in c.processes)
         }
+        if unknown and self.private_note:
+            # a job hidden by PrivateData may hold any card no answer names: unknown,
+            # never "no job"
+            self._unjudged |= {i for i, v in out.items() if not v}
         self._by_identity = {i: frozenset(v) for i, v in out.items()}
         self.error = "; ".join(errors) or None
 
