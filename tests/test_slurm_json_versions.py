@@ -189,6 +189,10 @@ def test_a_number_object_where_a_plain_number_was_is_no_job_id():
         ("gpu:1(IDX:0)", {"gpu": {0}}, None),  # untyped: no ":TYPE"
         ("gpu:h100:2(IDX:0-1),gpu:h200:4(IDX:2-5)", {"gpu": {0, 1, 2, 3, 4, 5}}, None),
         ("gpu:h100:1(IDX:0),gpu:h200:0(IDX:)", {"gpu": {0}}, None),  # 24.11.5
+        # a MIG profile as its type (gres/gpu:a100_3g.20gb of
+        # ../shared/vendor-samples/slurm/sacct-alloctres-gpu-types.txt): IDX counts MIG
+        # devices (docs/slurm.md), read as any type
+        ("gpu:a100_3g.20gb:1(IDX:3)", {"gpu": {3}}, None),
         ("gpu(CNT:0)", {"gpu": set()}, None),
         ("shard:2(0/4,2/4)", {"shard": {1}}, None),  # _build_shared_gres_details()
         # held with no device bitmap: which cards is not known
