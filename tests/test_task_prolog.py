@@ -188,7 +188,8 @@ def test_a_failing_or_hung_query_sets_nothing(version, what):
         raise subprocess.TimeoutExpired(argv, timeout)
 
     what = what or "scontrol --version"  # None: scontrol --version itself fails
-    for runner, said in ((fails, "CalledProcessError"), (hangs, "TimeoutExpired")):
+    # a refusal says scontrol's own last stderr line (ask_job)
+    for runner, said in ((fails, "exit 1: slurm_load_jobs error"), (hangs, "TimeoutExpired")):
         (line,) = task_prolog_lines(ENV, [ASCEND], scontrol="scontrol", runner=runner)
         assert f"TaskProlog: {what}: {said}" in line and line.isprintable(), line
 

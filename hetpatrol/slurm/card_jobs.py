@@ -110,11 +110,58 @@ def proctrack_type(text: str) -> str | None:
     """``ProctrackType`` of ``scontrol show config`` (``ProctrackType           =
     proctrack/cgroup``), lower-case, printable and at most 64 characters (it goes into a
     message); None when the output names none."""
+    value = config_value(text, "ProctrackType")
+    return value.lower()[:64] if value else None
+
+
+#: ``PrivateData`` words that hide other users' jobs: slurm.conf(5) 22.05 "jobs:
+#: Prevents users from viewing jobs or job steps belonging to other users" (``all`` of
+#: older releases too)
+PRIVATE_JOBS = frozenset({"jobs", "all"})
+
+
+def config_value(text: str, key: str) -> str | None:
+    """The value of ``key`` in ``scontrol show config`` (``PrivateData             =
+    jobs``; keys case-insensitive), printable and at most 200 characters; None when the
+    output names it not."""
     for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip().lower() == "proctracktype" and value.strip():
-            return "".join(ch for ch in value.strip().lower() if ch.isprintable())[:64]
+        k, sep, value = line.partition("=")
+        if sep and k.strip().lower() == key.lower() and value.strip():
+            return "".join(ch for ch in value.strip() if ch.isprintable())[:200]
     return None
+
+
+def private_jobs(text: str) -> frozenset[str]:
+    """The words of ``PrivateData`` (``accounts,jobs`` -> ``{accounts, jobs}``; ``none``
+    or no line: empty) of ``scontrol show config``, lower-case."""
+    value = (config_value(text, "PrivateData") or "").lower()
+    words = {w.strip() for w in value.split(",") if w.strip()}
+    return frozenset(words - {"none", "(null)"})
+
+
+def slurm_user_uid(text: str) -> int | None:
+    """The uid of ``SlurmUser`` (``SlurmUser               = root(0)``, scontrol show
+    config 22.05), None when not printed so."""
+    m = re.fullmatch(r"\S*\(([0-9]{1,10})\)", config_value(text, "SlurmUser") or "")
+    return int(m.group(1)) if m else None
+
+
+def lists_other_users(text: str, uid: int) -> bool:
+    """True when ``squeue --json`` ``text`` lists a job whose ``user_id`` is not
+    ``uid``: the reader sees other users' jobs (PrivateData does not hide them from it:
+    an operator or admin, slurm.conf(5))."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    jobs = doc.get("jobs") if isinstance(doc, Mapping) else None
+    return any(
+        isinstance(j, Mapping)
+        and isinstance(j.get("user_id"), int)
+        and not isinstance(j.get("user_id"), bool)
+        and j["user_id"] != uid
+        for j in (jobs if isinstance(jobs, list) else ())
+    )
 
 
 def _states(record: Mapping[str, Any]) -> set[str]:
@@ -266,6 +313,7 @@ class CardJobs:
         fault_read_seconds: float = 600.0,
         cgroup_root: Path = CGROUP_ROOT,
         proc_root: Path | None = None,
+        uid: int | None = None,
     ):
         head = list(scontrol[:-1])
         #: the fault path's whole-queue read (without a local job list only)
@@ -285,6 +333,13 @@ class CardJobs:
         #: :attr:`stray_note`)
         self.proctrack: str | None = None
         self._proctrack_error: str | None = "not read yet"
+        #: the uid slurmctld sees asking (the daemon's own, unless ``scontrol``'s argv
+        #: prefix runs it as another: then that one's, passed here)
+        self.uid = os.geteuid() if uid is None else uid
+        #: ``PrivateData`` hides other users' jobs from :attr:`uid` (scontrol show config:
+        #: not root, not SlurmUser); an answer that lists another user's job clears it
+        self._private: str | None = None
+        self._sees_others = False
         #: the installed Slurm (``scontrol --version``, local), None until read
         self.version: tuple[int, int, int] | None = None
         self._version_error: str | None = "not read yet"
@@ -323,7 +378,7 @@ class CardJobs:
             self._read_config()
         if not self.listed:
             self._jobs.clear()
-            self._by_identity, self.error = None, None
+            self._by_identity, self.error = None, self.private_note
             return
         if self.version is None:
             self._by_identity = None
@@ -349,7 +404,14 @@ class CardJobs:
         self._map(cards)
 
     def _ask(self, job: str, key: int | None, now: float) -> _Asked:
-        """One single-job query (:func:`hetpatrol.slurm.job_gres.job_query`)."""
+        """One single-job query (:func:`hetpatrol.slurm.job_gres.job_query`); a failed
+        one says so, and that PrivateData may hide the job (:attr:`private_note`)."""
+        asked = self._ask_once(job, key, now)
+        if asked.error is not None and self.private_note:
+            return asked._replace(error=f"{asked.error} ({self.private_note})")
+        return asked
+
+    def _ask_once(self, job: str, key: int | None, now: float) -> _Asked:
         version = self.version or JSON_ONE_JOB_SINCE
         argv = [*self._head, *job_query(self._scontrol, job, version)]
         what = "squeue --json" if version >= JSON_ONE_JOB_SINCE else SHOW_JOB
@@ -402,6 +464,10 @@ class CardJobs:
         self._unjudged = unmapped | {
             i for i, c in enumerate(cards) if any(p.job_id in unknown for p in c.processes)
         }
+        if unknown and self.private_note:
+            # a job hidden by PrivateData may hold any card no answer names: unknown,
+            # never "no job"
+            self._unjudged |= {i for i, v in out.items() if not v}
         self._by_identity = {i: frozenset(v) for i, v in out.items()}
         self.error = "; ".join(errors) or None
 
@@ -418,11 +484,39 @@ class CardJobs:
                 if error is None and attr == "proctrack":
                     value = proctrack_type(out.stdout)
                     error = None if value else "no ProctrackType line"
+                    self._read_private(out.stdout)
                 elif error is None:
                     value = slurm_version(out.stdout)
                     error = None if value else f"said {out.stdout[:60]!r}: no Slurm version"
             setattr(self, attr, value)
             setattr(self, f"_{attr}_error", error)
+
+    def _read_private(self, config: str) -> None:
+        """:attr:`private_note`'s facts from ``scontrol show config`` text: slurm.conf(5)
+        PrivateData=jobs: "Prevents users from viewing jobs or job steps belonging to
+        other users"; SlurmUser and root see every job (shown on slurmctld 22.05: as
+        another uid, ``scontrol -d show job ID`` of root's job exits 1 "Invalid job id
+        specified", ``squeue --json`` leaves it out; tests/test_slurm_json_versions.py)."""
+        words = private_jobs(config) & PRIVATE_JOBS
+        privileged = self.uid == 0 or self.uid == slurm_user_uid(config)
+        self._private = (
+            None if privileged or not words else "PrivateData=" + ",".join(sorted(words))
+        )
+
+    @property
+    def private_note(self) -> str | None:
+        """Why other users' jobs may be hidden from this reader (None: they are not):
+        ``PrivateData=jobs`` and a uid that is neither root nor SlurmUser. slurmctld then
+        answers for another user's job as for no job, so its cards are unknown, never
+        "none". An operator or admin sees them (slurm.conf(5)), which scontrol show
+        config cannot tell: a whole-queue answer listing another user's job clears it."""
+        if self._private is None or self._sees_others:
+            return None
+        return (
+            f"{self._private} (scontrol show config) hides other users' jobs from uid "
+            f"{self.uid} (not root, not SlurmUser): a job hidden so answers as none, so "
+            "the jobs of the cards are unknown"
+        )
 
     @property
     def stray_note(self) -> str | None:
@@ -481,7 +575,12 @@ class CardJobs:
             if error:
                 self.error = error
                 return None
-            self._fault_map, self.error = card_jobs(out.stdout, self.node, self._cards)
+            if self.private_note and lists_other_users(out.stdout, self.uid):
+                self._sees_others = True  # an operator or admin: nothing is hidden
+            if self.private_note:  # another user's job on a card would be missing
+                self._fault_map, self.error = {}, self.private_note
+            else:
+                self._fault_map, self.error = card_jobs(out.stdout, self.node, self._cards)
         for i, c in enumerate(self._cards):
             if c is card:
                 return self._fault_map.get(i) if self._fault_map else None  # absent: unknown

@@ -202,7 +202,6 @@ def parse_job_env_rows(env: Mapping[str, str], job_env: Sequence[Mapping[str, An
     )
 
 
-_IDX_RE = re.compile(r"\(IDX:(?P<idx>[^)]*)\)")
 #: most bytes of ``squeue --json`` looked at (22.05 lists every job of the cluster)
 SQUEUE_JSON_MAX = 64 * 1024 * 1024
 
@@ -217,26 +216,33 @@ def _job_nodes(record: Mapping[str, Any]) -> list[str]:
     """The job's hosts in Slurm's order of ``gres_detail``: Slurm pairs
     ``gres_detail_str[i]`` with the i-th host of ``job_resrcs->nodes``
     (``hostlist_shift`` in ``slurm_sprint_job_info()``, src/api/job_info.c, 22.05; the
-    openapi/v0.0.38 dump copies both lists as they are). 22.05 also names each host in
-    ``job_resources.allocated_nodes[i].nodename``: when both are there they must agree.
-    Raises ValueError when neither is readable or they differ."""
+    openapi/v0.0.38 dump copies both lists as they are). The host list is
+    ``job_resources.nodes``: a string up to data_parser v0.0.40 (22.05 to 23.11,
+    recorded in fixtures/slurm/job-json-23.02.8-*, -23.11.10-*), an object from v0.0.41
+    (24.05 on: ``nodes.list``, with ``nodes.allocation[i].name`` per host; recorded in
+    fixtures/slurm/job-json-24.05.3-* to -25.05.4-*). Each host is named a second time
+    (``allocated_nodes[i].nodename`` up to v0.0.40, ``nodes.allocation[i].name`` from
+    v0.0.41): when both are there they must agree, in order. Raises ValueError when
+    neither is readable or they differ."""
     from hetpatrol.slurm.gres import expand_hostlist  # the squeue path only
 
     res = record.get("job_resources")
     if not isinstance(res, Mapping):
         raise ValueError("no job_resources (the job holds no node)")
     nodes = res.get("nodes")
-    if isinstance(nodes, Mapping):  # later data_parser versions: {"list": "n[1-2]", ...}
+    listed = res.get("allocated_nodes")
+    if isinstance(nodes, Mapping):  # data_parser v0.0.41 on: {"list": "n[1-2]", ...}
+        listed = nodes.get("allocation")
         nodes = nodes.get("list")
     names = expand_hostlist(nodes) if isinstance(nodes, str) and nodes else None
-    listed = res.get("allocated_nodes")
     if isinstance(listed, list) and listed:
         named = [
             n.get("nodename", n.get("name")) if isinstance(n, Mapping) else None for n in listed
         ]
         if all(isinstance(n, str) and n for n in named):
             if names is not None and names != named:
-                raise ValueError(f"job_resources.nodes {nodes!r} and allocated_nodes differ")
+                what = "allocated_nodes" if "allocated_nodes" in res else "nodes.allocation"
+                raise ValueError(f"job_resources.nodes {nodes!r} and {what} differ")
             names = named  # type: ignore[assignment]
     if not names:
         raise ValueError("job_resources names no host")
@@ -248,10 +254,15 @@ def parse_squeue_json(text: str, job: str, node: str) -> Allocation:
 
     Only Slurm's structured fields are read: the record whose ``job_id`` is ``job``, its
     ``gres_detail`` (one string per host, ``gpu:a100:2(IDX:0-1),ascend:910b:1(IDX:3)``:
-    the text of ``scontrol show job -d``'s ``GRES=``) and its hosts (:func:`_job_nodes`).
+    the text of ``scontrol show job -d``'s ``GRES=``, read by
+    :func:`gres_detail_indices`) and its hosts (:func:`_job_nodes`).
     Nothing a user chose (job name, comment, work directory: free text that may hold
-    ``Nodes=... GRES=...(IDX:3)`` and even a newline) is looked at. A GRES name on the
-    node's entry without IDX is recorded with no index. Never raises: what cannot be
+    ``Nodes=... GRES=...(IDX:3)`` and even a newline) is looked at. Read the same for
+    data_parser v0.0.38 (22.05) to v0.0.43 (25.05): the fields read (``job_id`` a
+    plain integer, ``gres_detail`` strings, ``job_resources``) kept their shapes but for
+    the host list (:func:`_job_nodes`); the ``{"set", "infinite", "number"}`` objects
+    of v0.0.40 on wrap none of them (a ``job_id`` in one is no job id: "0 records").
+    Never raises: what cannot be
     read is in ``errors`` (then the job's cards are unknown, never guessed)."""
 
     def fail(why: str) -> Allocation:
@@ -301,26 +312,69 @@ def parse_squeue_json(text: str, job: str, node: str) -> Allocation:
 
 
 def gres_detail_indices(gres: str, by: dict[str, set[int]], errors: list[str]) -> None:
-    """Add the indexes of one host's GRES detail string (``gpu:a100:2(IDX:0-1),ascend:
-    910b:1(IDX:3)``: squeue --json's ``gres_detail`` entry, the ``GRES=`` of ``scontrol
-    show job -d``'s per-node line; both are ``gres_detail_str[i]``, src/api/job_info.c)
-    to ``by`` (GRES name, lower case -> indexes; a name without IDX gets an empty set);
-    an IDX that cannot be read goes to ``errors``."""
+    """Add the indexes of one host's GRES detail string (squeue --json's
+    ``gres_detail`` entry, the ``GRES=`` of ``scontrol show job -d``'s per-node line;
+    both are ``gres_detail_str[i]``, src/api/job_info.c) to ``by`` (GRES name, lower
+    case -> indexes); what cannot be read goes to ``errors`` and that GRES name is left
+    out of ``by`` (its cards unknown, never "none").
+
+    Slurm writes one item per GRES name and type (``gres_ctld_job_build_details()``,
+    src/slurmctld/gres_ctld.c 22.05-23.11; ``gres_stepmgr_job_build_details()``,
+    src/stepmgr/gres_stepmgr.c from 24.05), always with a parenthesis:
+
+    - ``NAME[:TYPE]:COUNT(IDX:LIST)``: the devices' bitmap (``gpu:a100:2(IDX:0-1)``,
+      untyped ``gpu:1(IDX:0)``, a type with no device here ``gpu:h200:0(IDX:)``;
+      recorded 22.05 to 25.05, fixtures/slurm/README.md). The IDX of every type of one
+      name count in one list (``gpu:h100:2(IDX:0-1),gpu:h200:4(IDX:2-5)``, 24.11.5).
+    - ``NAME[:TYPE](CNT:N)``: N held with no device bitmap on this node: which cards is
+      not known (an error when N > 0).
+    - ``NAME[:TYPE]:COUNT(A/B,...)``: a shared GRES (``shard``, ``mps``;
+      ``_build_shared_gres_details()`` of gres_stepmgr.c, not in 22.05's gres_ctld.c):
+      one ``allocated/available`` pair per device
+      of the node in index order; the devices with A > 0 are the job's.
+
+    Anything else (no parenthesis, another spec) is an error."""
     from hetpatrol.slurm.gres import split_top  # the squeue / scontrol paths only
 
+    failed: set[str] = set()
     for item in split_top(gres):
         name = re.split(r"[:(]", item, maxsplit=1)[0].strip().lower()
         if not name or name in ("(null)", "n/a"):
             continue
-        slot = by.setdefault(name, set())
-        im = _IDX_RE.search(item)
-        if im is None:
-            continue
-        idx = parse_index_list(im.group("idx"))
+        why, idx = _detail_item(item)
         if idx is None:
-            errors.append(f"GRES item {item[:80]!r}: IDX not readable")
+            errors.append(f"GRES item {item[:80]!r}: {why}")
+            failed.add(name)
             continue
-        slot.update(idx)
+        by.setdefault(name, set()).update(idx)
+    for name in failed:
+        by.pop(name, None)
+
+
+_DETAIL_ITEM = re.compile(r"(?P<head>[^()]*)\((?P<spec>[^()]*)\)")
+_SHARED_PAIR = re.compile(r"([0-9]{1,12})/([0-9]{1,12})")
+
+
+def _detail_item(item: str) -> tuple[str, frozenset[int] | None]:
+    """(why, indexes) of one item of :func:`gres_detail_indices`; indexes None when
+    they cannot be told (``why`` says so)."""
+    m = _DETAIL_ITEM.fullmatch(item.strip())
+    if m is None:
+        return "no (IDX:...) part: the job's devices of it unknown", None
+    spec = m.group("spec").strip()
+    if spec.startswith("IDX:"):
+        idx = parse_index_list(spec[4:])
+        return ("IDX not readable", None) if idx is None else ("", idx)
+    if spec.startswith("CNT:"):
+        count = spec[4:].strip()
+        if count == "0":
+            return "", frozenset()
+        return f"{count[:12]} held with no device index (CNT:): which cards unknown", None
+    pairs = spec.split(",")
+    shared = [_SHARED_PAIR.fullmatch(p.strip()) for p in pairs]
+    if pairs and all(shared):
+        return "", frozenset(i for i, p in enumerate(shared) if p and int(p.group(1)) > 0)
+    return f"({spec[:40]}) is no IDX, CNT nor shared-device list", None
 
 
 Runner = Callable[[Sequence[str], float], str]
@@ -479,6 +533,14 @@ def parse_job_answer(text: str, job: str, node: str, version: tuple[int, int, in
     return parse_show_job_detail(text, job, node)
 
 
+def _last_line(err: bytes | str | None) -> str:
+    """The last line of a command's stderr (``slurm_load_jobs error: Invalid job id
+    specified``), printable and at most 200 characters; ``no message`` when empty."""
+    text = err.decode("utf-8", "replace") if isinstance(err, bytes) else (err or "")
+    lines = text.strip().splitlines()
+    return "".join(ch for ch in lines[-1] if ch.isprintable())[:200] if lines else "no message"
+
+
 def ask_job(
     scontrol: str,
     job: str,
@@ -507,6 +569,8 @@ def ask_job(
     if version is None:
         try:
             said = run([scontrol, "--version"], timeout)
+        except subprocess.CalledProcessError as exc:
+            return fail(f"scontrol --version: exit {exc.returncode}: {_last_line(exc.stderr)}")
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             return fail(f"scontrol --version: {type(exc).__name__}: {exc}")
         version = slurm_version(said)
@@ -519,6 +583,8 @@ def ask_job(
         return fail(f"{what}: no time left of {timeout:g} s")
     try:
         text = run(argv, left)
+    except subprocess.CalledProcessError as exc:  # Slurm's own words: why it refused
+        return fail(f"{what}: exit {exc.returncode}: {_last_line(exc.stderr)}")
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         return fail(f"{what}: {type(exc).__name__}: {exc}")
     alloc = parse_job_answer(text, job, node, version)
@@ -527,6 +593,8 @@ def ask_job(
     if task is not None and left > 0:
         try:  # the array's own record alone (one more single-job answer)
             text = run([scontrol, "-d", "show", "job", task], left)
+        except subprocess.CalledProcessError as exc:
+            return fail(f"{what} {task}: exit {exc.returncode}: {_last_line(exc.stderr)}")
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             return fail(f"{what} {task}: {type(exc).__name__}: {exc}")
         alloc = parse_show_job_detail(text, job, node)
