@@ -13,7 +13,7 @@ when ``v`` is the job's current AdminComment with a ``hetpatrol:`` note appended
 
 The job is read alone (:func:`job_note_argv`, one ``REQUEST_JOB_INFO_SINGLE``, never the
 whole queue): ``squeue --jobs=ID --states=all --noheader
---Format=JobID:|,NodeList:|,admin_comment:0``, Slurm 17.11 to 25.11 alike (squeue.c
+--Format=JobID:|,NodeList:|,admin_comment:0``, the same in Slurm 22.05 to 25.11 (squeue.c
 ``_print_job()``: one job id -> ``slurm_load_job()``; opts.c ``_parse_long_token()``:
 ``:|`` is size 0 with the suffix ``|``, and print.c ``_print_str()`` pads and cuts
 nothing at size 0). Those three fields only: the job number, the host list (node names
