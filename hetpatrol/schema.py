@@ -643,7 +643,7 @@ def gres_json_schema() -> dict[str, Any]:
     """The ``gres`` key of the patrol line: Slurm GRES registration vs the cards.
 
     ``null`` while ``slurm.enabled`` is off. ``source`` is where the registration was
-    read (``scontrol``, ``gres.conf``; ``null`` when it could not be read, ``error``
+    read (``sinfo``, ``scontrol``, ``gres.conf``; ``null`` when it could not be read, ``error``
     says why). One entry per (GRES name, type): registered, found, found and healthy.
     """
     count = {"type": "integer", "minimum": 0}
@@ -668,7 +668,7 @@ def gres_json_schema() -> dict[str, Any]:
         "required": ["slurm_node", "source", "error", "entries"],
         "properties": {
             "slurm_node": {"type": "string"},
-            "source": {"enum": ["scontrol", "gres.conf", None]},
+            "source": {"enum": ["sinfo", "scontrol", "gres.conf", None]},
             "error": {"type": ["string", "null"]},
             "read_at": {"type": "number"},
             "entries": {"type": "array", "items": entry},

@@ -28,7 +28,8 @@ The helper accepts only what hetpatrol needs, whatever the caller asks:
   under the drain's rules (no reason of anyone else's, a state the table drains in);
 - ``update JobId=<n> AdminComment=<v>`` (``slurm.admin_comment``): only for a job that
   ran on this node, and only when ``v`` keeps the job's current AdminComment and appends
-  one ``hetpatrol:`` note (both read from ``squeue --json``);
+  one ``hetpatrol:`` note (both read from the job alone: ``squeue --jobs=<n>
+  --Format=JobID:|,NodeList:|,admin_comment:0``, one single-job RPC);
 - ``update NodeName=<this node> State=RESUME``: only while the node is DOWN, with no
   flag, after a reboot hetpatrol asked for (its reason ends in Slurm's ``: reboot
   complete``; :func:`hetpatrol.slurm.states.rebooted_by_us`). ``RESUME`` of any other
@@ -256,16 +257,18 @@ def _check_admin_comment(
     scontrol: str, job: str, value: str, nodes: Sequence[str], timeout: float
 ) -> None:
     """:class:`Refused` unless ``job`` ran on this node and ``value`` is its current
-    AdminComment with one hetpatrol note appended (read from ``squeue --json``:
-    :func:`hetpatrol.slurm.admin_comment.check_append`)."""
-    from hetpatrol.slurm.admin_comment import check_append, job_on_node_argv, job_records
+    AdminComment with one hetpatrol note appended: the job read alone (one
+    ``REQUEST_JOB_INFO_SINGLE``: :func:`hetpatrol.slurm.admin_comment.job_on_node_argv`,
+    its number, host list and AdminComment only), judged by
+    :func:`hetpatrol.slurm.admin_comment.check_append`."""
+    from hetpatrol.slurm.admin_comment import check_append, job_on_node_argv, parse_job_note
 
-    res = _run(list(job_on_node_argv(scontrol)), timeout)
+    res = _run(job_on_node_argv(scontrol, job), timeout)
     if res["rc"] != 0:
-        raise Refused(f"cannot read the job: {res['stderr'].strip()}")
-    record = job_records(res["stdout"]).get(job)
-    if record is None:
-        raise Refused(f"squeue --json does not list job {job}")
+        raise Refused(f"cannot read job {job}: {res['stderr'].strip()[-300:]}")
+    record = parse_job_note(res["stdout"], job)
+    if isinstance(record, str):
+        raise Refused(f"job {job}: {record}")
     reasons = [check_append(record, n, value) for n in nodes]
     if not nodes or all(r is not None for r in reasons):
         why = next((r for r in reasons if r), "no node known")

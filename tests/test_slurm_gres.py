@@ -254,6 +254,7 @@ def test_expand_hostlist_refuses_a_list_over_the_cap(base_config, tmp_path):
     result = GresCheck(fake).run([], statuses(), slurm_on(base_config, gres_conf=gres_conf))
     assert result.data["source"] is None
     assert result.data["error"] == (
+        "sinfo exited 1: slurm_load_node: Unable to contact; "
         f"scontrol exited 1: slurm_load_node: Unable to contact; fallback {gres_conf}: "
         "line 1: host list '/dev/nvidia[0-99999999]' expands to 100000000 names "
         "(limit 65536)"
@@ -319,18 +320,28 @@ def test_compare_profile_gres_type_and_unread_cards():
 
 # ------------------------------------------------------------------ the node check
 class FakeScontrol:
-    """A scripted scontrol: answers ``show node -o N`` from ``text``; counts calls."""
+    """A scripted Slurm: answers ``scontrol show node -o N`` with ``text`` and the
+    registration's one-node sinfo (``--Format=NodeList:|,Gres:0``) with the same node's
+    ``NodeName|Gres`` line, as both print ``node_ptr->gres`` (``sinfo=False``: no sinfo
+    installed); counts calls."""
 
-    def __init__(self, text: str = "", returncode: int = 0, stderr: str = ""):
+    def __init__(self, text: str = "", returncode: int = 0, stderr: str = "", sinfo=True):
         self.text, self.returncode, self.stderr = text, returncode, stderr
         self.calls: list[list[str]] = []
         self.missing = False
+        self.sinfo = sinfo
 
     def __call__(self, argv, timeout):
         self.calls.append(list(argv))
-        if self.missing:
+        is_sinfo = argv[-5].endswith("sinfo")
+        if self.missing or (is_sinfo and not self.sinfo):
             raise FileNotFoundError(2, "No such file or directory", argv[0])
-        return ToolOutput(tuple(argv), self.text, self.stderr, self.returncode, False, 0.01)
+        text = self.text
+        if is_sinfo:
+            from hetpatrol.slurm.gres import parse_scontrol_nodes
+
+            text = "".join(f"{n.name}|{n.fields.get('Gres')}\n" for n in parse_scontrol_nodes(text))
+        return ToolOutput(tuple(argv), text, self.stderr, self.returncode, False, 0.01)
 
 
 class Clock:
@@ -370,8 +381,10 @@ def test_gres_check_caches_the_registration(base_config):
     cards += [card("ascend", i, "910b", chip=0) for i in range(8)]
     result = check.run(cards, statuses(), config)
     assert result.findings == ()
-    assert result.data["source"] == "scontrol" and result.data["slurm_node"] == "gpu07"
-    assert fake.calls == [["sudo", "-n", "scontrol", "show", "node", "-o", "gpu07"]]
+    assert result.data["source"] == "sinfo" and result.data["slurm_node"] == "gpu07"
+    # the one node alone (REQUEST_NODE_INFO_SINGLE), sinfo beside scontrol, same prefix
+    one_node = ["--noheader", "--Node", "--nodes=gpu07", "--Format=NodeList:|,Gres:0"]
+    assert fake.calls == [["sudo", "-n", "sinfo", *one_node]]
     clock.now += 299
     check.run(cards, statuses(), config)
     assert len(fake.calls) == 1
@@ -400,9 +413,9 @@ def test_gres_check_falls_back_to_gres_conf(base_config, tmp_path):
         ("910b", 8, 0),
     ]
     assert {f.severity for f in result.findings} == {"critical"}
-    clock.now += 61  # a failed scontrol read is retried sooner than the cache time
+    clock.now += 61  # a failed read is retried sooner than the cache time
     check.run(cards, statuses(), config)
-    assert len(fake.calls) == 2
+    assert len(fake.calls) == 4  # sinfo, then scontrol, twice
 
 
 def test_gres_check_without_any_registration_is_info_only(base_config, tmp_path):
@@ -680,7 +693,50 @@ def test_unparseable_registration_is_unknown_never_critical(base_config):
     (f,) = result.findings
     assert (f.check, f.severity) == ("gres_registration", "unknown")
     assert "Gres=gpu:a100:X(S:0-1),ascend:910b:8" in f.message
-    assert result.data["source"] == "scontrol" and result.data["entries"] == []
+    assert result.data["source"] == "sinfo" and result.data["entries"] == []
+
+
+def test_registration_without_sinfo_is_scontrol_and_a_hung_sinfo_asks_no_scontrol(base_config):
+    """No sinfo to run (or one that cannot be read): scontrol show node -o, as before
+    (the whole node table: the fallback only). A sinfo that hung: slurmctld would keep
+    scontrol waiting too, so gres.conf, and the error says why."""
+    fake = FakeScontrol(ONE_LINE, sinfo=False)
+    result = GresCheck(fake).run([], statuses(), slurm_on(base_config))
+    assert result.data["source"] == "scontrol"
+    assert [c[0] for c in fake.calls] == ["sinfo", "scontrol"]
+    assert result.data["error"] is None
+    # the helper's client is no scontrol: the breaker's sinfo, as the daemon's user
+    helper = slurm_on(base_config, scontrol=("/usr/local/bin/hetpatrol-scontrol",))
+    fake = FakeScontrol(ONE_LINE)
+    assert GresCheck(fake).run([], statuses(), helper).data["source"] == "sinfo"
+    assert fake.calls[0][0] == "sinfo"
+
+    def hung(argv, timeout):
+        return ToolOutput(tuple(argv), "", "", None, True, timeout)
+
+    result = GresCheck(hung).run([], statuses(), slurm_on(base_config))
+    assert result.data["source"] is None
+    assert result.data["error"].startswith("sinfo did not answer within its timeout")
+    assert "scontrol" not in result.data["error"]
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "sinfo: no node named 'gpu07' in the answer"),
+        ("gpu070|gpu:8\n", "sinfo: no node named 'gpu07'"),
+        ("gpu07|gpu:8\ngpu07|gpu:4\n", "listed with different GRES ['gpu:4', 'gpu:8']"),
+    ],
+)
+def test_sinfo_answers_that_are_not_the_node(text, why):
+    from hetpatrol.slurm.inventory import parse_sinfo_gres
+
+    with pytest.raises(ValueError, match=re.escape(why)):
+        parse_sinfo_gres(text, "gpu07")
+    # one line per partition of the node, the same GRES: read (recorded shape, 22.05)
+    assert parse_sinfo_gres("gpu07|gpu:a100:8(S:0-1)\ngpu07|gpu:a100:8(S:0-1)\n", "gpu07") == (
+        "gpu:a100:8(S:0-1)"
+    )
 
 
 def test_gres_conf_count_that_is_not_a_count_is_refused():

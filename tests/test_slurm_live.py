@@ -91,13 +91,23 @@ def test_gres_registration_matches_gres_conf(slurm_node):
 
 
 def test_gres_mismatch_six_of_eight_gpus(slurm_node, replays, tmp_path):
+    """The registration is read for this node alone: slurmctld logs (at debug2) one
+    REQUEST_NODE_INFO_SINGLE (sinfo --nodes=<node>) and no REQUEST_NODE_INFO (the whole
+    node table, which scontrol show node <node> loads)."""
+    log = slurm_node.root / "log" / "slurmctld.log"
     with slurm_node.explain():
         config = slurm_config(slurm_node, tmp_path, drain=False)
         daemon = Daemon(config, replay_dir=replays["six"])
+        slurm_node.run("scontrol", "setdebug", "debug2")  # each RPC logged (put back below)
         try:
+            seen = len(log.read_text())
             report = daemon.patrol_once()
+            rpcs = log.read_text()[seen:]
         finally:
+            slurm_node.run("scontrol", "setdebug", "info")
             daemon.shutdown()
+        assert "Processing RPC: REQUEST_NODE_INFO from" not in rpcs, rpcs[-3000:]
+        assert rpcs.count("Processing RPC: REQUEST_NODE_INFO_SINGLE from") == 1, rpcs[-3000:]
         assert report.health == "critical"
         assert all(c.health == "ok" for c in report.cards)
         (finding,) = [f for f in report.node_findings if f.check == "gres_mismatch"]
@@ -105,7 +115,7 @@ def test_gres_mismatch_six_of_eight_gpus(slurm_node, replays, tmp_path):
         assert finding.message.startswith("gpu:a100: Slurm has 8 registered, 6 healthy")
         assert (finding.value, finding.threshold) == (6, 8)
         patrol = [x for x in read_lines(tmp_path / "patrol.jsonl") if x["kind"] == "patrol"][0]
-        assert patrol["gres"]["source"] == "scontrol"
+        assert patrol["gres"]["source"] == "sinfo"
         assert patrol["gres"]["slurm_node"] == slurm_node.node
         assert patrol["gres"]["entries"] == [
             {"name": "gpu", "type": "a100", "configured": 8, "found": 6, "healthy": 6},

@@ -1,10 +1,13 @@
 """GRES registration compared with the cards that are really there and healthy.
 
-The registration is what Slurm believes this node has: ``Gres=`` of ``scontrol show
-node -o <NodeName>``, or, when scontrol cannot answer (slurmctld down, no scontrol),
-the ``gres.conf`` lines for this node. It is read at most every
-``registration_cache_seconds`` (a failed scontrol read is retried after at most 60 s),
-each scontrol call under ``timeout_seconds``.
+The registration is what Slurm believes this node has: the node's GRES in slurmctld,
+read for this one node (:func:`registration_argv`: ``sinfo --noheader --Node
+--nodes=<NodeName> --Format=NodeList:|,Gres:0``, one ``REQUEST_NODE_INFO_SINGLE``);
+when sinfo cannot be run or read, ``Gres=`` of ``scontrol show node -o <NodeName>``
+(which loads the whole node table: ``REQUEST_NODE_INFO``); when neither answers
+(slurmctld down, no Slurm commands), the ``gres.conf`` lines for this node. It is read
+at most every ``registration_cache_seconds`` (a failed read is retried after at most
+60 s), each command under ``timeout_seconds``.
 
 Each card counts under its GRES name (the card's ``gres``, from its profile). A
 registered type names a card as Slurm's AutoDetect matches a configured type to a
@@ -58,8 +61,10 @@ from hetpatrol.schema import (
 )
 from hetpatrol.slurm.gres import (
     GresEntry,
+    GresParseError,
     find_node,
     gres_conf_for_node,
+    parse_gres,
     parse_gres_conf,
     sum_gres,
 )
@@ -74,8 +79,16 @@ Runner = Callable[[Sequence[str], float], ToolOutput]
 #: A failed scontrol read is retried after at most this many seconds.
 FAILED_READ_RETRY_SECONDS = 60.0
 
+SOURCE_SINFO = "sinfo"
 SOURCE_SCONTROL = "scontrol"
 SOURCE_GRES_CONF = "gres.conf"
+#: the sources that are slurmctld's own answer (cached for registration_cache_seconds)
+SLURMCTLD_SOURCES = (SOURCE_SINFO, SOURCE_SCONTROL)
+#: the node's name and GRES, nothing padded or cut (sinfo(1) ``--Format``:
+#: "type[:[.][size][suffix]]"; ``:|`` is size 0 with the suffix ``|``, and size 0 prints
+#: the value whole: ``_parse_long_token()`` in src/sinfo/opts.c, ``_print_str()`` in
+#: src/sinfo/print.c, 22.05)
+REGISTRATION_FORMAT = "NodeList:|,Gres:0"
 
 
 @dataclass(frozen=True)
@@ -122,10 +135,81 @@ def run_scontrol(
     return out, tool_error(out)
 
 
+def registration_sinfo(settings: SlurmSettings) -> list[str]:
+    """The sinfo the registration is read with: beside ``slurm.scontrol`` with the same
+    argv prefix when that command is named ``scontrol`` (``["env", "SLURM_CONF=...",
+    "/usr/bin/scontrol"]`` -> ``[..., "/usr/bin/sinfo"]``), else ``slurm.drain.breaker.
+    sinfo`` (the root helper's client runs scontrol only; sinfo needs no privilege)."""
+    *prefix, tool = settings.scontrol
+    head, sep, name = tool.rpartition("/")
+    if name == "scontrol":
+        return [*prefix, f"{head}{sep}sinfo"]
+    return list(settings.drain.breaker.sinfo)
+
+
+def registration_argv(sinfo: Sequence[str], node: str) -> list[str]:
+    """``sinfo --noheader --Node --nodes=<node> --Format=NodeList:|,Gres:0``: one node
+    named in ``--nodes`` is ``slurm_load_node_single()`` (src/sinfo/opts.c 22.05 sets
+    ``node_name_single`` when the host list has one name, src/sinfo/sinfo.c then asks
+    for that node alone), where ``scontrol show node <node>`` loads every node and
+    picks one (``scontrol_load_nodes()`` -> ``slurm_load_node()``, src/scontrol/
+    info_node.c, 22.05 to 25.11). Seen at debug2 on the real slurmctld 22.05:
+    ``REQUEST_NODE_INFO_SINGLE`` against ``REQUEST_NODE_INFO``."""
+    return [*sinfo, "--noheader", "--Node", f"--nodes={node}", f"--Format={REGISTRATION_FORMAT}"]
+
+
+def parse_sinfo_gres(text: str, node: str) -> str | None:
+    """The node's GRES string (``gpu:a100:8(S:0-1),ascend:910b:8``, ``(null)``: the same
+    ``node_ptr->gres`` as scontrol's ``Gres=``, src/sinfo/sinfo.c) from
+    :func:`registration_argv`'s answer: one ``NODE|GRES`` line per partition of the
+    node. Raises ValueError when no line names ``node`` or two lines differ."""
+    said = set()
+    for line in text.splitlines():
+        name, sep, gres = line.partition("|")
+        if sep and name == node:
+            said.add(gres.strip())
+    if not said:
+        raise ValueError(f"sinfo: no node named {node!r} in the answer")
+    if len(said) > 1:
+        raise ValueError(f"sinfo: node {node!r} listed with different GRES {sorted(said)}")
+    return said.pop()
+
+
+def _read_sinfo(settings: SlurmSettings, node: str, runner: Runner, now: float):
+    """The registration from sinfo, or (None, why not, whether sinfo hung)."""
+    argv = registration_argv(registration_sinfo(settings), node)
+    try:
+        out = runner(argv, settings.timeout_seconds)
+    except OSError as exc:
+        return None, f"cannot run {argv[0]}: {exc.strerror or exc}", False
+    error = tool_error(out)
+    if error is not None:
+        return None, error, out.hung
+    try:
+        raw = parse_sinfo_gres(out.stdout, node)
+    except ValueError as exc:
+        return None, str(exc), False
+    try:
+        gres = parse_gres(raw)
+    except GresParseError as exc:
+        return Registration(node, SOURCE_SINFO, (), str(exc), now, raw), None, False
+    return Registration(node, SOURCE_SINFO, gres, None, now), None, False
+
+
 def read_registration(settings: SlurmSettings, node: str, runner: Runner) -> Registration:
-    """Read the registration now: scontrol first, ``gres.conf`` when scontrol fails."""
+    """Read the registration now: sinfo for this one node first; ``scontrol show node -o``
+    when sinfo cannot be run or read (not when it hung: slurmctld would not answer
+    scontrol either); ``gres.conf`` when both fail. The error says each failure."""
     now = time.time()
-    out, error = run_scontrol(settings, ["show", "node", "-o", node], runner)
+    reg, sinfo_error, hung = _read_sinfo(settings, node, runner, now)
+    if reg is not None:
+        return reg
+    if hung:
+        out, error = None, sinfo_error
+    else:
+        out, error = run_scontrol(settings, ["show", "node", "-o", node], runner)
+        if error is not None:
+            error = f"{sinfo_error}; {error}"
     if out is not None and error is None:
         info = find_node(out.stdout, node)
         if info is not None and info.gres_error is not None:
@@ -133,7 +217,7 @@ def read_registration(settings: SlurmSettings, node: str, runner: Runner) -> Reg
             return Registration(node, SOURCE_SCONTROL, (), info.gres_error, now, raw)
         if info is not None:
             return Registration(node, SOURCE_SCONTROL, info.gres, None, now)
-        error = f"scontrol show node: no node named {node!r} in the answer"
+        error = f"{sinfo_error}; scontrol show node: no node named {node!r} in the answer"
     if settings.gres_conf is not None:
         conf_error = None
         try:
@@ -171,13 +255,13 @@ class RegistrationCache:
         now = self.clock()
         if self._value is not None and self._key == key:
             ttl = settings.registration_cache_seconds
-            if self._value.source != SOURCE_SCONTROL:
+            if self._value.source not in SLURMCTLD_SOURCES:
                 ttl = min(ttl, FAILED_READ_RETRY_SECONDS)
             if now - self._at < ttl:
                 return self._value
         reg = read_registration(settings, node, self.runner)
         self.reads += 1
-        if reg.source != SOURCE_SCONTROL and (
+        if reg.source not in SLURMCTLD_SOURCES and (
             self._value is None or self._value.error != reg.error
         ):
             log.warning("gres_registration_fallback", node=node, source=reg.source, error=reg.error)
