@@ -26,7 +26,6 @@ import slurm_cluster as cluster
 
 from hetpatrol.cluster.slurm_nodes import parse_nodes_json
 from hetpatrol.schema import CardRecord
-from hetpatrol.slurm.admin_comment import job_records, on_node
 from hetpatrol.slurm.card_jobs import (
     CardJobs,
     card_jobs,
@@ -119,8 +118,6 @@ def test_each_recorded_job_reads_its_own_indexes_on_each_of_its_hosts(
     # a host the job is not on, another job id: nothing of this job
     assert parse_squeue_json(text, str(job), "cn999").by_gres == {}
     assert "0 records of job" in parse_squeue_json(text, str(job + 1), hosts[0]).errors[0]
-    # the root helper's reader (admin_comment): the same record and host list
-    assert on_node(job_records(text)[str(job)], hosts[-1])
 
 
 def test_the_whole_queue_reader_credits_each_card_to_its_own_job_only():
