@@ -11,8 +11,9 @@ One row per job: the job id, then each fault (time, node, card, XID or reason,
 severity). An event seen in a JSONL file and in a state file (or in two copies), or a
 kernel record a restarted daemon read again (same node, boot id and ``kmsg_seq``),
 counts once. Events without jobs (``jobs: []``: none on the card; no ``jobs``: written
-before the field existed, or on a card that was not one of the patrol's) are counted as
-such, never credited to a job.
+before the field existed, or on a card that was not one of the patrol's; ``null`` with
+``jobs_unknown``: a record older than the daemon's first read of the cards' jobs) are
+counted as such, never credited to a job.
 
 The files may sit in a shared directory: only files owned by root, the user running
 the command or the daemon's user (``hetpatrol``), and not writable by their group or
