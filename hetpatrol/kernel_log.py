@@ -459,6 +459,10 @@ class ReadResult:
     clock (``/dev/kmsg`` records: the kernel's ``local_clock()`` microseconds), so the
     window can be timed on them whatever the wall clock does; False for a recorded log
     (its ``[secs]`` stamps are another boot's).
+
+    ``earlier``: every record of this read was in the log before the reader first
+    looked, and none carries a time the reader can tell (a text log's content at its
+    first read): how long before, and so whose job it was, is not known.
     """
 
     events: list[tuple[KernelEvent, float | None]] = field(default_factory=list)
@@ -467,6 +471,7 @@ class ReadResult:
     error: str | None = None
     lost: int = 0
     boot_clock: bool = False
+    earlier: bool = False
 
 
 class KmsgReader:
@@ -589,11 +594,14 @@ class TextLogReader:
         self._offset = 0
         self._partial = ""
         self._uuids: dict[str, str] = {}
+        #: no read tried yet: what the first finds was written before the reader looked
+        self._first = True
 
     def close(self) -> None:
         pass
 
     def read(self) -> ReadResult:
+        first, self._first = self._first, False
         skipped = 0
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -619,7 +627,7 @@ class TextLogReader:
         self._partial = lines.pop()  # an unfinished last line waits for its newline
         if len(self._partial) > TEXT_READ_MAX:  # no newline in sight: not a log line
             self._partial = ""
-        result = ReadResult()
+        result = ReadResult(earlier=first)
         if skipped:
             del lines[:1]  # the line the skip cut in two
             result.error = (
@@ -641,6 +649,9 @@ class KernelOccurrence:
     ``first_ts``/``last_ts`` are wall times (for the event lines, as the wall clock
     said when the record was read); ``count`` counts the records folded in (1 for a
     single line). ``id`` numbers episodes in the order they were first read.
+    ``earlier``: its first record was in a text log before the reader's first read, its
+    time not told (:attr:`ReadResult.earlier`; never for a replay's recording, which
+    stands for the present).
     """
 
     id: int
@@ -648,6 +659,7 @@ class KernelOccurrence:
     first_ts: float
     last_ts: float
     count: int
+    earlier: bool = False
 
 
 @dataclass(frozen=True)
@@ -688,9 +700,12 @@ class _Episode:
     last_clock: tuple[str, float] | None
     #: the monotonic time of the last record: what the window is timed on
     last_mono: float = 0.0
+    earlier: bool = False
 
     def frozen(self) -> KernelOccurrence:
-        return KernelOccurrence(self.id, self.event, self.first_ts, self.last_ts, self.count)
+        return KernelOccurrence(
+            self.id, self.event, self.first_ts, self.last_ts, self.count, self.earlier
+        )
 
 
 class KernelLog:
@@ -793,7 +808,8 @@ class KernelLog:
                 last.last_mono = max(last.last_mono, mono)
                 last.last_clock = ev.clock or last.last_clock
                 continue
-            ep = _Episode(self._next_id, ev, ts, ts, 1, ev.clock, mono)
+            earlier = result.earlier and not self.replay
+            ep = _Episode(self._next_id, ev, ts, ts, 1, ev.clock, mono, earlier)
             self._next_id += 1
             episodes.append(ep)
             del episodes[:-MAX_OCCURRENCES_PER_KEY]

@@ -570,7 +570,10 @@ def render(
 def _jobs_text(e: Mapping[str, Any]) -> str:
     jobs = e.get("jobs")
     if not isinstance(jobs, list):
-        return "jobs unknown (not one of the patrol's cards)"
+        why = e.get("jobs_unknown")  # a record older than what the daemon could know
+        if not isinstance(why, str):
+            why = "not one of the patrol's cards"
+        return f"jobs unknown ({why})"
     if not jobs:
         return "no job"
     more = e.get("jobs_more")

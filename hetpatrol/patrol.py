@@ -29,7 +29,7 @@ from hetpatrol import processes
 from hetpatrol.actions import findings as action_findings
 from hetpatrol.actions.apply import judge_card, kernel_event_key, state_keys
 from hetpatrol.actions.escalation import CARD_MISSING_KEY, Escalation, card_identity
-from hetpatrol.actions.fault_events import FaultLog
+from hetpatrol.actions.fault_events import FaultLog, event_time
 from hetpatrol.actions.reboot_history import RebootHistory
 from hetpatrol.actions.vocabulary import highest, worst_verdict
 from hetpatrol.boot import BootWatch, learn_links, read_boot
@@ -236,6 +236,12 @@ class Patroller:
         #: the recent card fault events with their jobs, for the state file (restored
         #: from it by the daemon)
         self.fault_log = FaultLog(config.actions.fault_events)
+        #: wall time of the first patrol that read the cards' jobs (their allocation and
+        #: the jobs of their processes) since this kernel-log reader started: a kernel
+        #: record older than it (the ring buffer read again at a start, a record past the
+        #: kept fault events) happened while nobody read whose job held the card, so it
+        #: gets no jobs (:meth:`_jobs_on_events`); None until that patrol
+        self.jobs_known_since: float | None = None
         #: boots each card's critical fault families were seen in (restored and written
         #: by the daemon: reboot-history.json beside the state file)
         self.reboot_history = RebootHistory(config.actions.reboot_survival)
@@ -315,6 +321,9 @@ class Patroller:
             if self.kernel_log is not None:
                 self.kernel_log.close()
             self.kernel_log, previous.kernel_log = previous.kernel_log, None
+            # the same reader goes on: what it reads next is new; a new reader reads
+            # the ring buffer again, and its older records get no jobs
+            self.jobs_known_since = previous.jobs_known_since
 
     def restore_cards(self, cards: Iterable[Any]) -> int:
         """Take the cards the last daemon of this boot listed (the state file's card
@@ -428,6 +437,10 @@ class Patroller:
                 )
             self._last_collector_state[result.collector] = result.state
         statuses.extend(CollectorStatus(n, STATE_DISABLED, 0, 0.0) for n in disabled)
+        # the cards' processes were read above, their allocation just below: the first
+        # such read marks where the jobs of kernel records begin to be known
+        if self.jobs_known_since is None:
+            self.jobs_known_since = time.time()
         self.hung_watch.observe(cards, self.config, self.monotonic())
         self.fabric_watch.observe(cards, self.config, lambda rec: self._boot_facts(rec).patrols)
         if self.card_jobs is not None:
@@ -602,8 +615,28 @@ class Patroller:
         card then (the card's allocation, where read, and the jobs of its processes),
         matched by UUID or bus id, else by the vendor and index the kernel-log reader gave
         the event (a GPU lost before this patrol read its identity); ``None`` when the card
-        is not one of this patrol's."""
+        is not one of this patrol's.
+
+        ``None`` too, with ``jobs_unknown`` saying why, for a record older than what this
+        daemon can know: from before :attr:`jobs_known_since` by its own time (a
+        ``/dev/kmsg`` record's stamp: the ring buffer read again by a restarted daemon,
+        a record past the kept fault events), or in a text log before its first read
+        (the reader marked it). The jobs on the card now may be a later job's. A record
+        kept in the state file keeps the jobs of its first read
+        (:meth:`hetpatrol.actions.fault_events.FaultLog.observe`)."""
+        since = self.jobs_known_since
         for event in events:
+            if event.get("jobs_unknown"):  # the reader could not time it
+                event["jobs"] = None
+                continue
+            when = event_time(event.get("ts"))
+            # ``ts`` is cut to the millisecond: one in the same millisecond is not older
+            if since is not None and when is not None and when < since - 0.001:
+                event["jobs"] = None
+                event["jobs_unknown"] = (
+                    f"older than this daemon's first read of the cards' jobs ({rfc3339(since)})"
+                )
+                continue
             card = next(
                 (
                     c

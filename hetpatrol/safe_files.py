@@ -52,6 +52,7 @@ __all__ = [
     "check_replaceable",
     "UnsafeRead",
     "open_for_reading",
+    "check_trusted_file",
     "own_file_check",
 ]
 
@@ -323,34 +324,58 @@ class UnsafeRead(UnsafePath):
         return f"refusing to read {self.filename}: {self.strerror}"
 
 
-def _resolve_own_links(path: Path) -> str:
+def _resolve_own_links(path: Path, owners: frozenset[int] | None = None) -> str:
     """``path`` resolved component by component, following only the symbolic links
     owned by root or this user (as ``fs.protected_symlinks`` does in a sticky
-    directory, here everywhere; :func:`hetpatrol.path_walk.resolve_checked`). Raises
-    :class:`UnsafeRead` or OSError (a missing component, a loop)."""
+    directory, here everywhere; :func:`hetpatrol.path_walk.resolve_checked`), or by one
+    of ``owners`` when given. Raises :class:`UnsafeRead` or OSError (a missing
+    component, a loop)."""
 
     def on_link(here: str, st: os.stat_result) -> None:
-        if not _trusted_owner(st.st_uid):
+        if not (_trusted_owner(st.st_uid) if owners is None else st.st_uid in owners):
             raise UnsafeRead(path, f"{here} is a symbolic link owned by {_owner_name(st.st_uid)}")
 
     return resolve_checked(os.path.abspath(os.fspath(path)), on_link)
 
 
-def open_for_reading(path: Path) -> int:
+def check_trusted_file(st: os.stat_result, path: Path, owners: frozenset[int]) -> None:
+    """A file read from a shared directory is believed only when one of ``owners`` (uids)
+    owns it and nobody else may change it: not writable by its group or by others (the
+    rule of :func:`hetpatrol.healthcheck.read_trusted_state` for state files). Raises
+    :class:`UnsafeRead` saying whose it is or who may write it."""
+    if st.st_uid not in owners:
+        raise UnsafeRead(
+            path, f"the file is owned by {_owner_name(st.st_uid)}, not a trusted owner"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "others" if st.st_mode & stat.S_IWOTH else f"its group {_group_name(st.st_gid)}"
+        raise UnsafeRead(
+            path, f"the file is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+        )
+
+
+def open_for_reading(path: Path, owners: frozenset[int] | None = None) -> int:
     """Open ``path`` read-only without following another user's symbolic link anywhere
     on the way (:func:`_resolve_own_links`; the last component opened ``O_NOFOLLOW``)
     and without blocking (``O_NONBLOCK``: a FIFO put there is refused, never waited
-    on). Returns the fd of a regular file. Raises :class:`UnsafeRead`, or OSError
-    (missing, unreadable; EINVAL: not a regular file)."""
-    real = _resolve_own_links(Path(path))
+    on). With ``owners`` (uids), only their links are followed and the file must be one
+    of theirs, not writable by group or others (:func:`check_trusted_file`). Returns the
+    fd of a regular file. Raises :class:`UnsafeRead`, or OSError (missing, unreadable;
+    EINVAL: not a regular file)."""
+    real = _resolve_own_links(Path(path), owners)
     try:
         fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # a link put there since it was resolved
             raise UnsafeRead(path, "it is a symbolic link") from None
         raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if owners is not None:
+            check_trusted_file(st, Path(path), owners)
+    except BaseException:
         os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
+        raise
     return fd

@@ -710,6 +710,9 @@ def kernel_event_properties() -> dict[str, Any]:
         #: the Slurm jobs on the card when the fault was read: its allocation (squeue
         #: --json) and the jobs of the processes on it; null when not known
         "jobs": {"type": ["array", "null"], "items": {"type": "string"}},
+        #: why ``jobs`` is null for a record older than what the daemon can know (read
+        #: at its start from before its first read of the cards' jobs); absent otherwise
+        "jobs_unknown": string,
         "nvlink_unit": string,
         "fatal": {"type": ["boolean", "null"]},
         "link": integer,
@@ -818,6 +821,7 @@ def fault_event_json_schema() -> dict[str, Any]:
             "kmsg_seq": {"type": "integer"},
             "jobs": {"type": ["array", "null"], "items": text, "maxItems": 64},
             "jobs_more": {"type": "integer", "minimum": 1},
+            "jobs_unknown": text,
         },
     }
 

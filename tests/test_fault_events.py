@@ -144,7 +144,13 @@ def test_the_state_file_keeps_the_fault_events_with_their_jobs_across_a_restart(
     files = [str(tmp_path / "state" / n) for n in ("patrol.jsonl", "state.json")]
     assert main(["ledger", "faults", *files, "--format", "json"]) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert doc["counts"] == {"events": 2, "without_jobs": 0, "skipped": 0, "state_files": 1}
+    assert doc["counts"] == {
+        "events": 2,
+        "without_jobs": 0,
+        "skipped": 0,
+        "state_files": 1,
+        "untrusted_files": 0,
+    }
     assert [f["what"] for f in doc["jobs"]["4242"]] == ["xid 79", "fallen_off_bus"]
     assert "5555" not in doc["jobs"]
 

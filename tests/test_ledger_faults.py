@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -149,7 +150,13 @@ def test_state_files_and_the_jsonl_count_an_event_once(tmp_path, capsys):
     code = main(["ledger", "faults", str(state), str(jsonl), "--format", "json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 1
-    assert doc["counts"] == {"events": 2, "without_jobs": 0, "skipped": 0, "state_files": 1}
+    assert doc["counts"] == {
+        "events": 2,
+        "without_jobs": 0,
+        "skipped": 0,
+        "state_files": 1,
+        "untrusted_files": 0,
+    }
     faults = doc["jobs"]["4242"]
     assert [(f["node"], f["card"], f["what"], f["severity"]) for f in faults] == [
         ("xid79-01", "nvidia/6", "xid 79", "critical"),
@@ -482,8 +489,9 @@ def test_a_gzip_bomb_is_cut_at_the_decompressed_bound(tmp_path, capsys, monkeypa
     out, err = capsys.readouterr()
     assert code == 1 and out.splitlines()[0] == "job 4" and "job 5" not in out, out
     assert f"more than {1 << 20} bytes decompressed" in err, err
-    # without the bound both are read: the test sees the cut, not an unreadable file
+    # without the bounds both are read: the test sees the cut, not an unreadable file
     monkeypatch.setattr(faults, "MAX_GZIP_BYTES", 1 << 30)
+    monkeypatch.setattr(faults, "MAX_GZIP_RATIO", 10_000)
     assert main(["ledger", "faults", str(bomb)]) == 1
     out = capsys.readouterr().out
     assert "job 5" in out and "8 line(s) skipped" in out, out
@@ -494,3 +502,73 @@ def test_a_gzip_bomb_is_cut_at_the_decompressed_bound(tmp_path, capsys, monkeypa
     assert main(["ledger", "faults", str(cut)]) == 1
     out, err = capsys.readouterr()
     assert out.splitlines()[0] == "job 4" and "damaged gzip file" in err, err
+
+
+def _replayed_day_log(tmp_path: Path, patrols: int) -> bytes:
+    """The most compressible log the daemon writes: one patrol of the 16-card
+    healthy-mixed replay written ``patrols`` times with its own time and seq each (a
+    replay: the same values every patrol), with xid-79's fault line (job 4242) last."""
+    p = Patroller(
+        replace(load_config(), node="mixed-01"),
+        replay_dir=REPO / "fixtures" / "nodes" / "healthy-mixed",
+    )
+    try:
+        report = p.run()
+    finally:
+        p.close()
+    one = "".join([report.patrol_line, *report.card_lines])
+    ts = json.loads(report.patrol_line)["ts"]
+    out = []
+    for n in range(patrols):
+        stamp = f"2026-12-01T{n // 360 % 24:02d}:{n // 6 % 60:02d}:{n % 6 * 10:02d}.{n % 1000:03d}Z"
+        out.append(one.replace(ts, stamp).replace('"seq":1,', f'"seq":{n + 1},'))
+    _, events = _patrol_jsonl(tmp_path)
+    out.append(json.dumps(events[0]) + "\n")
+    return "".join(out).encode()
+
+
+def test_a_gzip_bomb_is_cut_by_its_ratio_a_real_log_is_not(tmp_path, capsys, monkeypatch):
+    """Deflate packs up to 1032:1; the daemon's lines 74:1 at most (the identical
+    patrols of a replay), a log of one patrol repeated byte for byte but its time and
+    seq ~110:1. Past the floor (here 1 MiB instead of 16 MiB, so that a few
+    MB show it), a file giving more than 250 bytes per compressed byte is cut, said
+    with both sizes, in a fraction of the time the whole bomb would take; the replayed
+    log, the most compressible the daemon writes, is read to its end."""
+    import gzip
+    import time as _time
+    import zlib
+
+    from hetpatrol.ledger import faults
+
+    monkeypatch.setattr(faults, "GZIP_RATIO_FLOOR", 1 << 20)
+    log = _replayed_day_log(tmp_path, 300)
+    real = tmp_path / "patrol.jsonl.2.gz"
+    real.write_bytes(gzip.compress(log, 6))  # logrotate's compress: gzip -6
+    # ~110:1: more than the daemon's own replayed log (74:1), whose durations vary
+    assert 80 < len(log) / real.stat().st_size < 150
+    assert main(["ledger", "faults", str(real)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == "job 4242" and "decompressed" not in err, err
+    assert "0 line(s) skipped" in out
+
+    one = {"kind": "event", "event": "xid", "xid": 79, "jobs": ["4"], "ts": "s", "seq": 0}
+    two = {"kind": "event", "event": "xid", "xid": 79, "jobs": ["5"], "ts": "t", "seq": 1}
+    bomb = tmp_path / "patrol.jsonl.3.gz"
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: a gzip header and trailer
+    data = [packer.compress((json.dumps(one) + "\n").encode())]
+    block = b" " * (8 << 20) + b"\n"  # 64 MiB of blank lines, each skipped as too long
+    data += [packer.compress(block) for _ in range(8)]
+    data += [packer.compress((json.dumps(two) + "\n").encode()), packer.flush()]
+    bomb.write_bytes(b"".join(data))
+    body = 8 * len(block)
+    assert body / bomb.stat().st_size > 900  # deflate's most, about 1000:1
+    started = _time.monotonic()
+    code = main(["ledger", "faults", str(bomb)])
+    assert _time.monotonic() - started < 20
+    out, err = capsys.readouterr()
+    assert code == 1 and out.splitlines()[0] == "job 4" and "job 5" not in out, out
+    assert f"{bomb}: " in err and "more than 250 times as many" in err, err
+    assert "a gzip bomb, no log the daemon wrote" in err
+    cut = re.search(r"(\d+) bytes decompressed from (\d+)", err)
+    assert cut and int(cut[1]) <= (1 << 20) + 250 * int(cut[2]) + (1 << 20) + 1, err
+    assert int(cut[1]) < body // 2  # cut early, not at the end

@@ -498,7 +498,9 @@ def test_jobs_on_fault_events():
     from hetpatrol.patrol import Patroller
 
     card = _gpu0(ProcessInfo(10309, "./gpu_burn", 28234 * MIB, "alice", "5"))
-    fake = SimpleNamespace(card_jobs=SimpleNamespace(jobs_of=lambda c: frozenset({"1"})))
+    fake = SimpleNamespace(
+        card_jobs=SimpleNamespace(jobs_of=lambda c: frozenset({"1"})), jobs_known_since=None
+    )
     events = [{"event": "xid", "xid": 79, "uuid": "GPU-0"}, {"event": "xid", "bus_id": "x"}]
     Patroller._jobs_on_events(fake, [card], events)
     assert events[0]["jobs"] == ["1", "5"]

@@ -15,7 +15,9 @@ same event in both is one), ``event``, ``xid`` or ``reason``, ``severity``, the 
 ``uuid``, ``bus_id``, ``vendor``, ``index`` (and ``chip``), ``kmsg_seq`` (the
 ``/dev/kmsg`` record's sequence number) and ``jobs`` (a list of job ids, null when the
 card was not one of the patrol's; at most :data:`MAX_JOBS`, ``jobs_more`` counts the
-rest). Fields that are null are left out but ``ts``, ``boot_id``, ``event``,
+rest), ``jobs_unknown`` (why ``jobs`` is null for a record older than what the daemon
+could know: read at its start from before its first read of the cards' jobs). Fields
+that are null are left out but ``ts``, ``boot_id``, ``event``,
 ``severity`` and ``jobs``.
 
 Bounds (``actions.fault_events``, :class:`FaultEventRule`): the newest ``max_events``
@@ -26,7 +28,9 @@ Prolog, so it holds the recent past only (100 events are about 25 KB).
 A restarted daemon reads the kernel ring buffer again: a record already kept (same boot
 id and ``kmsg_seq``, same card and fault) is not kept twice, and the new JSONL line of it
 gets the jobs kept from its first read (the jobs when it happened, not those on the card
-at the restart). Standard library only.
+at the restart). A record it no longer keeps (past ``max_events``), or one from before
+its first read of the cards' jobs, gets no jobs (``jobs_unknown`` says why:
+:meth:`hetpatrol.patrol.Patroller._jobs_on_events`). Standard library only.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ MAX_TEXT = 128
 DEFAULT_MAX_EVENTS = 100
 DEFAULT_MAX_AGE_SECONDS = 7 * 86400.0
 
-_TEXT_FIELDS = ("run_id", "reason", "uuid", "bus_id", "vendor")
+_TEXT_FIELDS = ("run_id", "reason", "uuid", "bus_id", "vendor", "jobs_unknown")
 _INT_FIELDS = ("seq", "xid", "index", "chip", "kmsg_seq")
 _SEVERITIES = ("info", "warning", "critical")
 
@@ -197,8 +201,11 @@ class FaultLog:
                 continue
             key = record_key(kept)
             first = self._records.get(key) if key is not None else None
-            if first is not None:
+            if first is not None:  # as first read: its jobs, or why they are not known
                 event["jobs"] = list(first["jobs"]) if first["jobs"] is not None else None
+                event.pop("jobs_unknown", None)
+                if first.get("jobs_unknown") is not None:
+                    event["jobs_unknown"] = first["jobs_unknown"]
                 continue
             self._append(kept)
             changed = True

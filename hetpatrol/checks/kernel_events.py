@@ -287,6 +287,10 @@ def off_bus_events(
 #: GPU bus ids no card has that get findings of their own; past them one finding says
 #: how many more there are.
 MAX_UNREAD_BUSES = 16
+#: ``jobs_unknown`` of an event line whose record was in a text kernel log before its
+#: first read (:attr:`hetpatrol.kernel_log.KernelOccurrence.earlier`): its time, and so
+#: its jobs, are not known (the event gets ``jobs: null``, never today's jobs)
+JOBS_UNKNOWN_EARLIER = "in the kernel log before this daemon first read it, its time not told"
 
 
 def _findings(
@@ -449,6 +453,8 @@ def apply_kernel_log(
                 "log_time": ev.log_time,
                 "kmsg_seq": ev.seq,
                 "raw": ev.raw,
+                # whose job it was cannot be known (Patroller._jobs_on_events)
+                **({"jobs_unknown": JOBS_UNKNOWN_EARLIER} if occ.earlier else {}),
             }
         )
     return lines, node_findings

@@ -11,21 +11,28 @@ One row per job: the job id, then each fault (time, node, card, XID or reason,
 severity). An event seen in a JSONL file and in a state file (or in two copies), or a
 kernel record a restarted daemon read again (same node, boot id and ``kmsg_seq``),
 counts once. Events without jobs (``jobs: []``: none on the card; no ``jobs``: written
-before the field existed, or on a card that was not one of the patrol's) are counted as
-such, never credited to a job.
+before the field existed, or on a card that was not one of the patrol's; ``null`` with
+``jobs_unknown``: a record older than the daemon's first read of the cards' jobs) are
+counted as such, never credited to a job.
 
-The files may sit in a shared directory: a symbolic link another user made is not
-followed, a FIFO or device is not read, a line is read up to 1 MiB (a state file up to
-64 MiB and 2,000,000 JSON values), a file whose first line is not a JSON object is left
-out (said on stderr, counted as one line skipped), a directory's first 100,000 entries
-are read (more is said); past 64 MiB of one line, or a read that fails, the rest of
-that file is left out and said. ``-`` (or ``/dev/stdin``) is standard input, read with
-the same bounds (``zcat patrol.jsonl.2.gz | hetpatrol ledger faults -``). A gzip file
-(logrotate's ``patrol.jsonl.N.gz``, told by its magic bytes, in a directory too) is read
-through the stdlib's gzip with the same bounds on its decompressed lines, and no more
-than 4 GiB decompressed (a gzip bomb is cut there, said). Only the daemon's own
-structured fields are read; a line that is not JSON, or an event whose fields have the
-wrong types, is skipped and counted.
+The files may sit in a shared directory: only files owned by root, the user running
+the command or the daemon's user (``hetpatrol``), and not writable by their group or
+others, are read, and only such users' symbolic links are followed (the state-file
+rule of ``check``); ``--trust-owner USER`` adds an owner (a service user the files are
+gathered as). Each file left out is said on stderr with why and counted ("N file(s)
+not trusted"; ``untrusted_files`` in JSON). A FIFO or device is not read, a line is
+read up to 1 MiB (a state file up to 64 MiB and 2,000,000 JSON values), a file whose
+first line is not a JSON object is left out (said on stderr, counted as one line
+skipped), a directory's first 100,000 entries are read (more is said); past 64 MiB of
+one line, or a read that fails, the rest of that file is left out and said. ``-`` (or
+``/dev/stdin``) is standard input, read with the same bounds (``zcat
+patrol.jsonl.2.gz | hetpatrol ledger faults -``). A gzip file (logrotate's
+``patrol.jsonl.N.gz``, told by its magic bytes, in a directory too) is read through
+the stdlib's gzip with the same bounds on its decompressed lines, no more than 2 GiB
+decompressed and, past its first 16 MiB, no more than 250 bytes per compressed byte
+(the daemon's logs compress 75:1 at most: a gzip bomb is cut there, said). Only the
+daemon's own structured fields are read; a line that is not JSON, or an event whose
+fields have the wrong types, is skipped and counted.
 Names are printed without control characters (:func:`hetpatrol.node_view.printable`).
 Exit 0 no fault with a job, 1 at least one, 65 when no file could be read (files left out
 as not the daemon's, such as a README or an .xz archive, are none).
@@ -47,6 +54,7 @@ from typing import Any
 
 from hetpatrol.actions.fault_events import FAULT_EVENTS, kept_event
 from hetpatrol.exporters.state import STATE_READ_MAX, STATE_SCHEMA_PREFIX
+from hetpatrol.healthcheck import trusted_uids
 from hetpatrol.node_view import printable
 from hetpatrol.output import plain_help
 from hetpatrol.safe_files import UnsafeRead, open_for_reading
@@ -205,6 +213,8 @@ def render_text(jobs: Mapping[str, list[dict[str, Any]]], counts: Mapping[str, i
                 + " ".join(printable(str(f[k])) for k in ("ts", "node", "card", "what", "severity"))
             )
     states = f", {counts['state_files']} state file(s)" if counts.get("state_files") else ""
+    if counts.get("untrusted_files"):  # said on stderr, file by file, with why
+        states += f", {counts['untrusted_files']} file(s) not trusted (left out)"
     out.append(
         f"{len(jobs)} job(s) on faulted cards; {counts['events']} fault event(s), "
         f"{counts['without_jobs']} without jobs, {counts['skipped']} line(s) skipped{states}"
@@ -284,33 +294,74 @@ def _decode(data: bytes) -> Any:
         return None
 
 
-#: most DECOMPRESSED bytes read from one gzip file (logrotate's ``patrol.jsonl.N.gz``): a
-#: day of a 16-card node's log at a 10 s interval is about 216 MB (docs/deploy.md), so a
-#: copy past 4 GiB is no log the daemon wrote; a gzip bomb (deflate packs about 1,000:1)
-#: is read no further (said), never decompressed to its end
-MAX_GZIP_BYTES = 4 << 30
+#: most DECOMPRESSED bytes read from one gzip file (logrotate's ``patrol.jsonl.N.gz``).
+#: The daemon writes ~25 KB a patrol at 16 cards (docs/deploy.md), 8,640 patrols a day at
+#: the default 10 s: the shipped ``daily`` rotation makes ~216 MB files; 64 cards (~100 KB
+#: a patrol) ~870 MB, an NVLink event storm (the 8-card ``nvlink-storm`` replay: ~46 KB a
+#: patrol) ~400 MB at 8 cards. 2 GiB holds the largest of these with a margin of two.
+MAX_GZIP_BYTES = 2 << 30
+#: most decompressed bytes per compressed byte read (past :data:`GZIP_RATIO_FLOOR`). The
+#: daemon's lines compress about 74:1 at most: the 16-card ``healthy-mixed`` replay, the
+#: same values every patrol, measured patrol after patrol with gzip -6 (the first patrols
+#: 47:1; the ``nvlink-storm`` replay 19:1; real, changing values less; one patrol copied
+#: byte for byte but its time and seq, more alike than any daemon's, 110:1). Deflate packs up
+#: to 1032:1 (zlib's technical details, "Maximum Compression Factor"), so a gzip bomb
+#: passes this ratio within its first bytes and is cut there, said: at most
+#: ``GZIP_RATIO_FLOOR`` + 250 bytes decompressed per byte of the file, never 2 GiB from
+#: a few megabytes
+MAX_GZIP_RATIO = 250
+#: decompressed bytes always allowed before the ratio is applied (gzip's header and the
+#: first read of 128 KiB make the ratio of a file's start meaningless)
+GZIP_RATIO_FLOOR = 16 << 20
 #: the names read as standard input (``zcat patrol.jsonl.2.gz | ... faults -``)
 STDIN_NAMES = frozenset({"-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"})
 _GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952 section 2.3.1: ID1 ID2
 
 
 class _TooLarge(Exception):
-    """A gzip file decompressed past :data:`MAX_GZIP_BYTES`."""
+    """A gzip file decompressed past :data:`MAX_GZIP_BYTES`, or past
+    :data:`MAX_GZIP_RATIO` times what was read of it (``ratio`` True; ``out`` and
+    ``read``: the decompressed and compressed bytes at the cut)."""
+
+    def __init__(self, ratio: bool = False, out: int = 0, read: int = 0) -> None:
+        super().__init__(ratio, out, read)
+        self.ratio, self.out, self.read = ratio, out, read
+
+
+class _Counted:
+    """A file's ``read`` counting the bytes it gave (the compressed bytes gzip read)."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._fh.read(size)
+        self.count += len(data)
+        return data
 
 
 class _Bounded:
     """A gzip stream's ``readline``/``read`` that raise :class:`_TooLarge` once more than
     ``limit`` decompressed bytes were asked of it (each call asks at most one byte past
-    what is left, so no more than ``limit + 1`` bytes are ever decompressed)."""
+    what is left, so no more than ``limit + 1`` bytes are ever decompressed), or once
+    the bytes decompressed pass ``floor + ratio *`` the compressed bytes ``raw`` (a
+    :class:`_Counted`) gave: at most one call's size (1 MiB, a state file's 64 MiB)
+    past that."""
 
-    def __init__(self, fh: Any, limit: int) -> None:
+    def __init__(self, fh: Any, limit: int, raw: _Counted, ratio: int, floor: int) -> None:
         self._fh = fh
         self._left = limit
+        self._out = 0
+        self._raw, self._ratio, self._floor = raw, ratio, floor
 
     def _take(self, data: bytes) -> bytes:
         self._left -= len(data)
         if self._left < 0:
             raise _TooLarge
+        self._out += len(data)
+        if self._out > self._floor + self._ratio * self._raw.count:
+            raise _TooLarge(True, self._out, self._raw.count)
         return data
 
     def readline(self, size: int) -> bytes:
@@ -320,22 +371,33 @@ class _Bounded:
         return self._take(self._fh.read(min(size, self._left + 1)))
 
 
-def _read_file(path: str, errors: list[str], readable: list[str]) -> Iterator[str | dict]:
+def _read_file(
+    path: str,
+    errors: list[str],
+    readable: list[str],
+    owners: frozenset[int] | None = None,
+    untrusted: list[str] | None = None,
+) -> Iterator[str | dict]:
     """The documents of one JSONL or state file (see the module docstring): a first line
     that starts as a state file does (``{"schema":"hetpatrol.state/``, the writer's first
     key) is read up to ``STATE_READ_MAX`` bytes, an indented document whole up to that
     bound, and decoded here when it holds at most :data:`MAX_DOCUMENT_VALUES` values;
-    every other line is read up to ``MAX_LINE`` (a longer one is skipped, never held)."""
+    every other line is read up to ``MAX_LINE`` (a longer one is skipped, never held).
+    ``owners``: the uids whose files and links are believed (:func:`trusted_owners`); a
+    file refused for its owner, its mode or a link on the way goes into ``untrusted``."""
     if path in STDIN_NAMES:  # the user's own pipe or file: read as a file is, same bounds
         fd, path = os.dup(sys.stdin.fileno()), "(stdin)"
         os.set_blocking(fd, True)
     else:
         try:
-            fd = open_for_reading(Path(path))
+            fd = open_for_reading(Path(path), owners)
+        except UnsafeRead as exc:
+            errors.append(f"{exc} (left out: {TRUST_HINT})")
+            if untrusted is not None:
+                untrusted.append(path)
+            return
         except OSError as exc:
-            errors.append(
-                str(exc) if isinstance(exc, UnsafeRead) else f"{path}: {exc.strerror or exc}"
-            )
+            errors.append(f"{path}: {exc.strerror or exc}")
             return
     try:
         with os.fdopen(fd, "rb") as raw:
@@ -343,17 +405,27 @@ def _read_file(path: str, errors: list[str], readable: list[str]) -> Iterator[st
                 yield from _file_documents(path, raw, errors, readable)
                 return
             # logrotate's `compress` copy (gzip(1)): read through the stdlib's gzip, its
-            # decompressed bytes bounded (MAX_GZIP_BYTES) beside the bounds of each line
-            with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
-                yield from _file_documents(path, _Bounded(gz, MAX_GZIP_BYTES), errors, readable)
+            # decompressed bytes bounded (MAX_GZIP_BYTES, MAX_GZIP_RATIO) beside the
+            # bounds of each line
+            counted = _Counted(raw)
+            with gzip.GzipFile(fileobj=counted, mode="rb") as gz:
+                bounded = _Bounded(gz, MAX_GZIP_BYTES, counted, MAX_GZIP_RATIO, GZIP_RATIO_FLOOR)
+                yield from _file_documents(path, bounded, errors, readable)
     except _Endless:
         errors.append(f"{path}: a line over {MAX_SKIP} bytes: the rest of the file left out")
         yield "\0"
-    except _TooLarge:
-        errors.append(
-            f"{path}: more than {MAX_GZIP_BYTES} bytes decompressed (no log the daemon "
-            "wrote): the rest of the file left out"
-        )
+    except _TooLarge as cut:
+        if cut.ratio:
+            errors.append(
+                f"{path}: {cut.out} bytes decompressed from {cut.read}, more than "
+                f"{MAX_GZIP_RATIO} times as many (the daemon's logs compress 75:1 at most: "
+                "a gzip bomb, no log the daemon wrote): the rest of the file left out"
+            )
+        else:
+            errors.append(
+                f"{path}: more than {MAX_GZIP_BYTES} bytes decompressed (no log the daemon "
+                "wrote): the rest of the file left out"
+            )
         yield "\0"
     except (EOFError, zlib.error) as exc:  # a gzip copy cut short or damaged
         errors.append(f"{path}: a damaged gzip file ({exc}): the rest of the file left out")
@@ -408,16 +480,50 @@ def _file_documents(
         yield line.decode("utf-8", "replace")
 
 
-def _lines(paths: Iterable[str], errors: list[str], readable: list[str]) -> Iterator[str | dict]:
+def _lines(
+    paths: Iterable[str],
+    errors: list[str],
+    readable: list[str],
+    owners: frozenset[int] | None = None,
+    untrusted: list[str] | None = None,
+) -> Iterator[str | dict]:
     for path in _files(paths, errors):
-        yield from _read_file(path, errors, readable)
+        yield from _read_file(path, errors, readable, owners, untrusted)
+
+
+#: said with every file left out as not trusted
+TRUST_HINT = "only files of root, this user and the daemon's user are read; --trust-owner adds one"
+
+
+def trusted_owners(extra: Iterable[int] = ()) -> frozenset[int]:
+    """The uids whose files (and symbolic links) ``ledger faults`` believes: those of
+    :func:`hetpatrol.healthcheck.trusted_uids` (root, this user, the daemon's user
+    ``hetpatrol`` where it exists: the state-file rule) and ``extra``
+    (``--trust-owner``)."""
+    return trusted_uids() | frozenset(extra)
+
+
+def owner_uid(text: str) -> int:
+    """``--trust-owner``'s value: a user name (the password database) or a numeric uid.
+    Raises ``argparse.ArgumentTypeError`` for a name no user has."""
+    if text.isascii() and text.isdigit():
+        return int(text)
+    import pwd
+
+    try:
+        return pwd.getpwnam(text).pw_uid
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"no user named {printable(text)!s}") from None
 
 
 def cmd_faults(args: argparse.Namespace) -> int:
     """``ledger faults``: see the module docstring."""
     errors: list[str] = []
     readable: list[str] = []
-    jobs, counts = faults_by_job(_lines(args.jsonl, errors, readable))
+    untrusted: list[str] = []
+    owners = trusted_owners(getattr(args, "trust_owner", None) or ())
+    jobs, counts = faults_by_job(_lines(args.jsonl, errors, readable, owners, untrusted))
+    counts["untrusted_files"] = len(untrusted)
     for error in errors:
         print(f"hetpatrol ledger faults: {printable(error)}", file=sys.stderr)
     if not readable:
@@ -447,4 +553,15 @@ def add_parser(lsub: Any) -> None:
         ),
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--trust-owner",
+        action="append",
+        type=owner_uid,
+        default=[],
+        metavar="USER",
+        help=(
+            "also read the files (and follow the links) of USER (a name or uid; repeat "
+            "for more), e.g. the service user a site gathers files as"
+        ),
+    )
     p.set_defaults(func=cmd_faults)
