@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import jsonschema
 import pytest
 from test_actions_jobguard import JOB_ENV, _prolog_script, _wait_file, state
 from test_partitions import _mig_cards
@@ -30,7 +31,7 @@ from test_slurm_gres import FakeScontrol
 from hetpatrol.collectors.nvidia import NvidiaCollector
 from hetpatrol.collectors.nvml_replay import load_replay_nvml
 from hetpatrol.exporters.state import state_document
-from hetpatrol.schema import CardRecord
+from hetpatrol.schema import CardRecord, gres_json_schema
 from hetpatrol.slurm.card_jobs import card_jobs
 from hetpatrol.slurm.gres import GresEntry, parse_gres
 from hetpatrol.slurm.inventory import GresCheck, gres_order
@@ -200,6 +201,36 @@ def test_alternating_models_in_the_met_order_need_gres_conf(base_config):
     assert labels(runs, env("2"), o) == (["nvidia/2"], [])
 
 
+def test_two_models_under_one_registration_keep_the_cards_order(base_config):
+    """Gres=gpu:3 (untyped): _match_type takes every line of the name in file order, so
+    the cards' own order; the daemon writes the name's one type to say so. A typed
+    Gres=gpu:a100:3 leaves the H100's line out (Slurm takes no line of another type):
+    unmatched."""
+    cards = two_models()
+    o = order_doc(cards, "gpu:3", base_config)
+    assert o["names"]["gpu"] == {
+        "types": [
+            {
+                "type": None,
+                "count": 3,
+                "devices": [[0, None, None], [1, None, None], [2, None, None]],
+            }
+        ],
+        "error": None,
+    }
+    assert labels(cards, env("1"), o) == (["nvidia/1"], [])
+    o = order_doc(cards, "gpu:a100:3", base_config)
+    held, missing = labels(cards, env("1"), o)
+    assert held == [] and missing == [
+        "gpu IDX 1 (not mapped: the node's registered Gres= does not fit its cards: "
+        "1 gpu devices of no registered type)"
+    ]
+    # a lost card under one type is no reason to stop mapping (the GRES check says it)
+    o = order_doc(cards, "gpu:4", base_config)
+    assert o["names"]["gpu"]["error"] is None
+    assert labels(cards, env("2"), o) == (["nvidia/2"], [])
+
+
 def test_without_the_order_two_models_are_not_guessed(base_config):
     """A state without gres_order (an older daemon, an unread registration): two models
     leave the IDX unmatched. Before: index order."""
@@ -295,6 +326,7 @@ def test_the_gres_check_writes_the_order_and_gres_confs_word_into_the_state(base
         "gres_conf": f"{gres_conf}: lines, AutoDetect=none",
     }
     assert result.data["order"] == want and check.order == want
+    jsonschema.validate(result.data, gres_json_schema())  # the patrol line's gres key
     report = SimpleNamespace(
         node="host07", seq=1, finished=NOW, health="ok", exit_code=0, collectors=[],
         node_findings=[], action="none", escalation={}, node_checks={"gres": result.data},

@@ -540,6 +540,7 @@ class GresCheck:
         config: Any,
     ) -> NodeCheckResult | None:
         settings = config.slurm
+        self.order = None  # this patrol's, as the state file has it
         if not settings.enabled:
             return None
         node = settings.slurm_node(config.node)
@@ -595,7 +596,9 @@ def gres_order(
     beside MIG devices): ``{"types": [{"type", "count", "devices": [[index, chip, mig],
     ...]}, ...], "error": None}`` in ``entries``' order, each type's devices in
     gres-conf's order (cards by (index, chip), a GPU's MIG devices by MIG index); or
-    ``{"types": [...], "error": why}`` when the cards do not fit the registration.
+    ``{"types": [...], "error": why}`` when the cards do not fit the registration. Also
+    written for a name of one registration whose devices are of several kinds (two
+    models under ``gpu:2``): it says that Slurm has one type there (file order).
 
     Slurm's rule (slurmd, gres.conf lines): ``_merge_gres()`` takes the types of the
     node's ``Gres=`` in the order ``gres_add_type()`` met them (src/common/gres.c 22.05,
@@ -632,9 +635,9 @@ def gres_order(
             devices.setdefault(g[0].lower(), []).append((crd, _device_key(rec, None)))
     out: dict[str, dict[str, Any]] = {}
     for name, group in by_name.items():
-        if len(group) < 2:
-            continue
         these = devices.get(name, [])
+        if len(group) < 2 and len({(c.short, c.device) for c, _k in these}) < 2:
+            continue  # one type, one kind of device: the cards' own order is Slurm's
         taken, left = _assign([c for c, _k in these], group)
         types = [
             {
@@ -645,11 +648,11 @@ def gres_order(
             for j, e in enumerate(group)
         ]
         error = None
-        if any(e.type is None for e in group):
+        if len(group) > 1 and any(e.type is None for e in group):
             error = "typed and untyped registrations of one name (Slurm merges them otherwise)"
         elif left:
             error = f"{len(left)} {name} devices of no registered type"
-        else:
+        elif len(group) > 1:  # one type: Slurm numbers its lines in file order whatever the count
             wrong = [t for t in types if len(t["devices"]) != t["count"]]
             if wrong:
                 error = ", ".join(

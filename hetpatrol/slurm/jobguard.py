@@ -318,6 +318,9 @@ def _slurm_devices(
     """
     entry = _order_entry(order, gres)
     several = entry is not None and len(entry["types"]) > 1
+    if entry is not None and not several and entry.get("error"):
+        # one registered type that some devices do not have: Slurm left their lines out
+        return [], f"the node's registered Gres= does not fit its cards: {entry['error']}"
     migs = [(c, _mig_parts(c)) for c in group]
     if not any(parts for _c, parts in migs):
         plain = [(c, None) for c in group]
