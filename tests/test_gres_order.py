@@ -332,6 +332,11 @@ def test_the_gres_check_writes_the_order_and_gres_confs_word_into_the_state(base
         node_findings=[], action="none", escalation={}, node_checks={"gres": result.data},
     )  # fmt: skip
     assert state_document(report, 60.0, cards=False)["gres_order"] == want
+    # scontrol unanswered: the gres.conf fallback has its lines' type order, not Gres='s
+    failing = FakeScontrol("", returncode=1, stderr="slurm_load_node error: Unable to contact")
+    check = GresCheck(failing)
+    result = check.run(cards, [CollectorStatus("nvidia", "ok", 3, 0.1)], config)
+    assert result.data["source"] == "gres.conf" and "order" not in result.data
     gres_conf.write_text("AutoDetect=nvml\n")
     check = GresCheck(FakeScontrol(line))
     result = check.run(cards, [CollectorStatus("nvidia", "ok", 3, 0.1)], config)
