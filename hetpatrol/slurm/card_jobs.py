@@ -25,7 +25,8 @@ slurmctld only for those, once each:
    ID`` (Slurm's own per-node block, :func:`hetpatrol.slurm.job_gres.
    parse_show_job_detail`) before; IDX -> card is :func:`hetpatrol.slurm.jobguard.
    match_cards` (the cards of one GRES name in (index, chip) order; on a GPU in MIG mode
-   its MIG devices, each mapped to its GPU; where Slurm's order cannot be told,
+   its MIG devices, each mapped to its GPU; several types in the registered ``Gres=``
+   order, :attr:`CardJobs.gres_order`; where Slurm's order cannot be told,
    :func:`hetpatrol.slurm.jobguard.unmapped_gres`, the cards of that GRES name have
    unknown jobs, never "none"). The answer is kept while the job's directory is the same
    one (its inode: a requeued job that runs here again gets a new directory and is asked

@@ -58,10 +58,12 @@ IDX -> card: Slurm numbers the devices of one GRES name on a node 0, 1, ... in g
 GRES name in (index, chip) order, which is the same order when ``File=/dev/nvidia[0-7]``
 follows the NVML index (the usual case) and, for Ascend, ``/dev/davinci[0-7]`` the NPU
 ID. On a GPU in MIG mode IDX counts MIG devices (one per ``MultipleFiles=`` line): the
-job holds the MIG device's GPU, named ``nvidia/0 mig 3`` in the line, see
-:func:`_slurm_devices` for Slurm's rule and where it cannot be told (then the IDX is
-reported unmatched, no card picked). An IDX with no card is reported, never a reason to
-fail (a mapping fault must not drain a cluster).
+job holds the MIG device's GPU, named ``nvidia/0 mig 3`` in the line. A GRES name of
+several types (two models, MIG profiles, a whole GPU beside MIG devices) is numbered type
+by type in the node's registered ``Gres=`` order, which the daemon writes into the state
+file (``gres_order``). See :func:`_slurm_devices` for Slurm's rule and where it cannot be
+told (then the IDX is reported unmatched, no card picked). An IDX with no card is
+reported, never a reason to fail (a mapping fault must not drain a cluster).
 
 Nothing here imports yaml, jsonschema, prometheus_client or pynvml. A state file whose
 cards or findings lack the daemon's ``action`` (none the daemon writes) makes the
