@@ -273,6 +273,17 @@ def test_a_whole_gpu_beside_mig_devices_maps_on_gres_conf_lines_only(base_config
     assert (d.exit_code, d.reason) == (1, "hetpatrol: reset_card nvidia/0")
 
 
+def test_the_epilog_patrols_the_card_of_the_registered_order(base_config):
+    """hetpatrol epilog looks at the cards the job held: SLURM_JOB_GPUS=0 under
+    Gres=gpu:h100:1,gpu:a100:2 is the H100, nvidia/1."""
+    from hetpatrol.slurm.jobguard import epilog_cards
+
+    cards = two_models()
+    doc = _state(cards, order_doc(cards, "gpu:h100:1,gpu:a100:2", base_config))
+    held, _alloc = epilog_cards({"SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"}, doc)
+    assert [c["index"] for c in held] == [1]
+
+
 def test_an_order_naming_other_devices_is_not_used(base_config):
     cards = two_models()
     o = order_doc(cards, "gpu:h100:1,gpu:a100:2", base_config)
