@@ -444,6 +444,11 @@ class Patroller:
         self.hung_watch.observe(cards, self.config, self.monotonic())
         self.fabric_watch.observe(cards, self.config, lambda rec: self._boot_facts(rec).patrols)
         if self.card_jobs is not None:
+            # the IDX order of GRES names of several types: the last GRES check's (the
+            # registration is read every registration_cache_seconds; jobguard checks it
+            # against these cards)
+            orders = [c.order for c in self.node_checks if isinstance(c, GresCheck)]
+            self.card_jobs.gres_order = orders[0] if orders else None
             self.card_jobs.refresh(cards)
             self.stray_watch.observe(
                 cards, self.card_jobs.stray_jobs_of, self.config.top[stray_check.NAME]

@@ -672,6 +672,28 @@ def gres_json_schema() -> dict[str, Any]:
             "error": {"type": ["string", "null"]},
             "read_at": {"type": "number"},
             "entries": {"type": "array", "items": entry},
+            "order": {
+                "type": "object",
+                "required": ["names", "gres_conf_lines", "gres_conf"],
+                "description": "GRES names of several registered types only: their IDX "
+                "order (hetpatrol.slurm.inventory.gres_order), also the state file's "
+                "gres_order",
+                "properties": {
+                    "names": {
+                        "type": "object",
+                        "additionalProperties": {
+                            "type": "object",
+                            "required": ["types", "error"],
+                            "properties": {
+                                "types": {"type": "array", "items": {"type": "object"}},
+                                "error": {"type": ["string", "null"]},
+                            },
+                        },
+                    },
+                    "gres_conf_lines": {"type": ["boolean", "null"]},
+                    "gres_conf": {"type": "string"},
+                },
+            },
         },
     }
 

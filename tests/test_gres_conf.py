@@ -207,6 +207,30 @@ def test_ascend_chips_whose_phy_ids_are_not_in_order_get_a_line_each():
     assert "--export ascend ASCEND_RT_VISIBLE_DEVICES 0=0,1=1,2=3,3=2" in plan.task_prolog()
 
 
+def test_task_prolog_numbers_several_types_type_by_type_in_the_gres_order():
+    """Chips of two types alternating (davinci0 910b, davinci1 310p, davinci2 910b):
+    the plan's Gres= is ascend:910b:2,ascend:310p:1 (first seen) and Slurm numbers the
+    910b lines first (_merge_gres, seen for gpu types on slurmd 22.05 in
+    tests/test_gres_order.py): IDX 1 is davinci2, IDX 2 davinci1. Before: 1=1, 2=2."""
+    plan = Plan("n1")
+    for phy, kind in enumerate(("910b", "310p", "910b")):
+        plan.cards.append(
+            CardLine(f"ascend/{phy}/0", "ascend", "ascend", kind, f"/dev/davinci{phy}", phy,
+                     (0, 1), visible=(("ASCEND_RT_VISIBLE_DEVICES", phy),)))  # fmt: skip
+    assert plan.slurm_conf()[1] == "NodeName=n1 Gres=ascend:910b:2,ascend:310p:1 Features=910b,310p"
+    assert "--export ascend ASCEND_RT_VISIBLE_DEVICES 0=0,1=2,2=1" in plan.task_prolog()
+    # slurmctld registered the types the other way round: --check says the table is off
+    line = "NodeName=n1 Gres=ascend:310p:1,ascend:910b:2 State=IDLE"
+    assert [d.message for d in check_registration(plan, line)] == [
+        "ascend: slurmctld's Gres= has the types in the order 310p, 910b, the TaskProlog "
+        "numbers them 910b, 310p: Slurm numbers a job's IDX type by type in Gres= order "
+        "(_merge_gres)"
+    ]
+    assert (
+        check_registration(plan, line.replace("310p:1,ascend:910b:2", "910b:2,ascend:310p:1")) == []
+    )
+
+
 def test_hygon_without_a_bus_id_has_no_line_and_says_why(tmp_path, capsys):
     scenario = NODES / "mixed-three-vendor"
     root = sysfs(tmp_path / "root", {}, two_sockets())

@@ -142,21 +142,22 @@ def test_mig_profiles_that_differ_leave_the_idx_unmatched_never_a_card_picked():
     """On a real 22.05 slurmd, gres.conf's 3g.40gb line first and slurm.conf's
     Gres=gpu:1g.20gb:4,gpu:3g.40gb:1 made the 3g.40gb device IDX 4; Gres= the other way
     round, IDX 0 (Slurm's _merge_gres, see docs/slurm.md): the order of several types is
-    slurm.conf's, which the state does not hold. Before: IDX 0 -> GPU 0."""
+    the registered Gres=, and a state without its gres_order (tests/test_gres_order.py)
+    leaves the IDX unmatched. Before: IDX 0 -> GPU 0."""
     gpu = mig_gpu("reset_card")
     gpu["partitions"][0]["profile"] = "3g.40gb"
     d = decide(state([gpu]), prolog_env("0", "0"), now=NOW)
     assert d.ok and d.cards == ()
     assert d.unmatched == (
-        "gpu IDX 0 (not mapped: GRES types 1g.20gb, 3g.40gb: Slurm orders them by "
-        "slurm.conf's Gres= types (_merge_gres), not known here)",
+        "gpu IDX 0 (not mapped: GRES types 1g.20gb, 3g.40gb: Slurm orders them by the "
+        "node's registered Gres= types (_merge_gres), not in the state)",
     )
     # a whole GPU beside a MIG GPU: two types as well
     whole = card("nvidia", 1, "gpu", action="reset_card")
     _held, missing = match_cards([mig_gpu(), whole], prolog_env("4", "4"))
     assert missing == [
         "gpu IDX 4 (not mapped: GRES types 1g.20gb, nvidia/1 (a whole GPU): Slurm orders "
-        "them by slurm.conf's Gres= types (_merge_gres), not known here)"
+        "them by the node's registered Gres= types (_merge_gres), not in the state)"
     ]
 
 
@@ -432,8 +433,10 @@ def test_real_slurm_orders_several_types_by_slurm_conf_gres(gres, idx, tmp_path)
     """gres.conf with GPU 0's 3g.40gb line first, then GPU 1's four 1g.20gb lines (the
     recorded GPU as GPU 1; GPU 0's nvidia-caps 30/31 composed): the real 22.05 gives the
     3g.40gb device IDX 4 when slurm.conf says Gres=gpu:1g.20gb:4,gpu:3g.40gb:1 and IDX 0
-    the other way round (_merge_gres). The state holds no slurm.conf, so hetpatrol leaves
-    that IDX unmatched, never a card picked (before: IDX 0 -> GPU 0, IDX 4 -> none)."""
+    the other way round (_merge_gres). Without the state's gres_order hetpatrol leaves
+    that IDX unmatched, never a card picked (before: IDX 0 -> GPU 0, IDX 4 -> none); with
+    the order the real GRES check writes (the registered Gres= and the cluster's
+    gres.conf) squeue's IDX alone maps it to GPU 0's MIG device."""
     from slurm_cluster import BINARIES, start_cluster
 
     from hetpatrol.slurm.jobguard import parse_squeue_json
@@ -444,7 +447,7 @@ def test_real_slurm_orders_several_types_by_slurm_conf_gres(gres, idx, tmp_path)
     big = second_gpu("reset_card")
     big["index"], big["device_number"] = 0, 0
     big["partitions"] = big["partitions"][:1]
-    big["partitions"][0].update(profile="3g.40gb", device_files=[
+    big["partitions"][0].update(profile="3g.40gb", slices=3, memory_size_mib=40192, device_files=[
         "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"])  # fmt: skip
     small = mig_gpu()
     small["index"] = 1
@@ -479,7 +482,39 @@ def test_real_slurm_orders_several_types_by_slurm_conf_gres(gres, idx, tmp_path)
             held, unmatched = match_cards(cards, alloc)
             assert held == [] and len(unmatched) == 1, unmatched
             assert unmatched[0].startswith(f"gpu IDX {idx} (not mapped: GRES types 1g.20gb, ")
+            order = _real_order(c, cards)
+            devices, unmatched = match_devices(cards, alloc, order)
+            assert [(g["index"], p["index"]) for g, p in devices] == [(0, 0)] and not unmatched
         c.run("scancel", "--user=root", check=False)
     finally:
         c.stop()
         shutil.rmtree(c.root, ignore_errors=True)
+
+
+def _real_order(cluster, cards: list[dict]) -> dict:
+    """The state's gres_order as the daemon's GRES check writes it for ``cards`` (state
+    card lines) on the real ``cluster``: its registered Gres= and its gres.conf."""
+    from dataclasses import replace
+
+    from hetpatrol.collector import CollectorStatus
+    from hetpatrol.config import load_config
+    from hetpatrol.schema import PartitionInfo
+    from hetpatrol.slurm.inventory import GresCheck
+    from hetpatrol.slurm.settings import SlurmSettings
+
+    keep = ("vendor", "index", "chip", "gres", "uuid", "device_number", "model", "health")
+    recs = [
+        CardRecord(
+            **{k: c.get(k) for k in keep}, partitions=[PartitionInfo(**p) for p in c["partitions"]]
+        )
+        for c in cards
+    ]
+    settings = SlurmSettings(
+        enabled=True,
+        node_name=cluster.node,
+        gres_conf=cluster.gres_conf,
+        scontrol=tuple(cluster.scontrol_argv),
+    )
+    config = replace(load_config(), node=cluster.node, slurm=settings)
+    result = GresCheck().run(recs, [CollectorStatus("nvidia", "ok", len(recs), 0.1)], config)
+    return result.data["order"]

@@ -82,6 +82,11 @@ def state_document(
         # the patrol's end on this boot's clock: staleness survives a wall clock step
         doc["boot_id"] = boot[0]
         doc["finished_boot"] = round(boot[1] - max(0.0, time.time() - report.finished), 3)
+    gres_doc = (getattr(report, "node_checks", None) or {}).get("gres")
+    if isinstance(gres_doc, dict) and isinstance(gres_doc.get("order"), dict):
+        # GRES names of several types: the IDX order of their devices, from the node's
+        # registered Gres= (hetpatrol.slurm.inventory.gres_order): the Prolog maps by it
+        doc["gres_order"] = gres_doc["order"]
     if cards:
         doc["fault_events"] = json.loads(getattr(report, "fault_events", "[]"))
         doc["cards"] = [json.loads(line) for line in report.card_lines]

@@ -25,7 +25,8 @@ slurmctld only for those, once each:
    ID`` (Slurm's own per-node block, :func:`hetpatrol.slurm.job_gres.
    parse_show_job_detail`) before; IDX -> card is :func:`hetpatrol.slurm.jobguard.
    match_cards` (the cards of one GRES name in (index, chip) order; on a GPU in MIG mode
-   its MIG devices, each mapped to its GPU; where Slurm's order cannot be told,
+   its MIG devices, each mapped to its GPU; several types in the registered ``Gres=``
+   order, :attr:`CardJobs.gres_order`; where Slurm's order cannot be told,
    :func:`hetpatrol.slurm.jobguard.unmapped_gres`, the cards of that GRES name have
    unknown jobs, never "none"). The answer is kept while the job's directory is the same
    one (its inode: a requeued job that runs here again gets a new directory and is asked
@@ -180,13 +181,17 @@ def _card_key(card: CardRecord) -> dict[str, Any]:
         "chip": card.chip,
         "gres": card.gres,
         "uuid": card.uuid,
+        "model": card.model,
         # MIG devices: Slurm's IDX counts them (jobguard._slurm_devices)
         "partitions": [p.to_dict() for p in card.partitions],
     }
 
 
 def card_jobs(
-    text: str, node: str, cards: Sequence[CardRecord]
+    text: str,
+    node: str,
+    cards: Sequence[CardRecord],
+    gres_order: Mapping[str, Any] | None = None,
 ) -> tuple[dict[int, frozenset[str]], str | None]:
     """(position of each card in ``cards`` -> its job ids, error). The jobs are those of
     ``squeue --json`` ``text`` that hold cards on ``node``; an unreadable output is
@@ -194,7 +199,8 @@ def card_jobs(
     A job whose IDX cannot be mapped to cards (a node in MIG mode where Slurm's order is
     not known, :func:`~hetpatrol.slurm.jobguard.unmapped_gres`) is named in the error and
     the cards of that GRES name are left out of the answer: their jobs are unknown (the
-    job is on one of them), never "none"."""
+    job is on one of them), never "none". ``gres_order``: the IDX order of GRES names of
+    several types (the state file's ``gres_order``)."""
     if len(text) > SQUEUE_JSON_MAX:
         return {}, f"squeue --json: output larger than {SQUEUE_JSON_MAX} bytes"
     try:
@@ -223,10 +229,10 @@ def card_jobs(
         if alloc.errors:
             errors.append(f"job {job_id}: {'; '.join(alloc.errors)}")
             continue
-        for gres, why in unmapped_gres(keys, alloc).items():
+        for gres, why in unmapped_gres(keys, alloc, gres_order).items():
             errors.append(f"job {job_id}: {gres} IDX not mapped to cards: {why}")
             unknown.update(i for i, k in enumerate(keys) if str(k["gres"] or "").lower() == gres)
-        matched, _missing = match_cards(keys, alloc)
+        matched, _missing = match_cards(keys, alloc, gres_order)
         for card in matched:
             out[next(i for i, k in enumerate(keys) if k is card)].add(str(job_id))
     answer = {i: frozenset(v) for i, v in out.items() if i not in unknown}
@@ -351,6 +357,9 @@ class CardJobs:
         self._cards: list[CardRecord] = []
         self._fault_read_at: float | None = None
         self._fault_map: dict[int, frozenset[str]] | None = None
+        #: the IDX order of GRES names of several types (the GRES check's ``order``, set
+        #: by the patrol; :func:`hetpatrol.slurm.jobguard.match_devices`)
+        self.gres_order: Mapping[str, Any] | None = None
         #: single-job queries run so far (the whole-queue fault reads not counted)
         self.queries = 0
 
@@ -449,12 +458,12 @@ class CardJobs:
             if asked.alloc is None:
                 errors.append(f"job {job}: {asked.error}")
                 continue
-            for gres, why in unmapped_gres(keys, asked.alloc).items():
+            for gres, why in unmapped_gres(keys, asked.alloc, self.gres_order).items():
                 errors.append(f"job {job}: {gres} IDX not mapped to cards: {why}")
                 unmapped.update(
                     i for i, k in enumerate(keys) if str(k["gres"] or "").lower() == gres
                 )
-            matched, _missing = match_cards(keys, asked.alloc)
+            matched, _missing = match_cards(keys, asked.alloc, self.gres_order)
             for card in matched:
                 out[next(i for i, k in enumerate(keys) if k is card)].add(job)
         unknown = {job for job, asked in self._jobs.items() if asked.alloc is None}
@@ -580,7 +589,9 @@ class CardJobs:
             if self.private_note:  # another user's job on a card would be missing
                 self._fault_map, self.error = {}, self.private_note
             else:
-                self._fault_map, self.error = card_jobs(out.stdout, self.node, self._cards)
+                self._fault_map, self.error = card_jobs(
+                    out.stdout, self.node, self._cards, self.gres_order
+                )
         for i, c in enumerate(self._cards):
             if c is card:
                 return self._fault_map.get(i) if self._fault_map else None  # absent: unknown

@@ -181,7 +181,16 @@ class Plan:
         one ``--export NAME VAR INDEX=ID,...`` per GRES name and variable."""
         tables: dict[tuple[str, str], list[tuple[int, int]]] = {}
         index: dict[str, int] = {}
-        for c in self.placed:  # Slurm's index: the file's position among its name's files
+        # Slurm's index: the file's position among its name's files, type by type in the
+        # order of the node's Gres= (this plan's, slurm_conf()): _merge_gres takes each
+        # Gres= type's lines in file order (src/common/gres.c 22.05, 1981-1999; the same
+        # in src/interfaces/gres.c 23.02 to 25.11), and common_node_config_load numbers
+        # the merged records (gres_common.c)
+        rank = {(n, t): i for i, (n, t, _k) in enumerate(self.totals())}
+        ordered = sorted(
+            enumerate(self.placed), key=lambda ic: (rank[ic[1].name, ic[1].type], ic[0])
+        )
+        for _pos, c in ordered:
             i = index.get(c.name, 0)
             index[c.name] = i + 1
             for var, ident in c.visible:
@@ -570,6 +579,22 @@ def check_registration(plan: Plan, scontrol_text: str) -> list[Difference]:
     names = {n for n, _t in want}
     out = []
     reason = f" (Reason: {info.reason})" if info.reason else ""
+    tables = {c.name.lower() for c in plan.placed if c.visible}
+    for name in sorted(tables):
+        # the TaskProlog numbers a name's devices type by type in the plan's Gres= order;
+        # Slurm in the registered Gres= order (_merge_gres, src/common/gres.c 22.05)
+        ours = [t for n, t in want if n == name]
+        theirs = [t for n, t in have if n == name and (n, t) in want]
+        if len(ours) > 1 and sorted(theirs) == sorted(ours) and theirs != ours:
+            out.append(
+                Difference(
+                    "slurmctld",
+                    f"{name}: slurmctld's Gres= has the types in the order "
+                    f"{', '.join(theirs)}, the TaskProlog numbers them {', '.join(ours)}: "
+                    "Slurm numbers a job's IDX type by type in Gres= order (_merge_gres)",
+                    fix,
+                )
+            )
     for key in sorted(set(have) | set(want)):
         if key[0] not in names:
             continue  # mps, shard, a site's own GRES: not cards

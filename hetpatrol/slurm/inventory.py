@@ -583,6 +583,39 @@ class GresCheck:
         self.cache = RegistrationCache(runner, clock)
         #: this patrol's PCI census (set by the patrol; None: no census)
         self.census: Callable[[], Any] | None = None
+        #: the last patrol's IDX order of GRES names of several types (``data["order"]``)
+        self.order: dict[str, Any] | None = None
+        self._lines: tuple[float, tuple[bool | None, str]] | None = None
+
+    def _lines_of(
+        self, settings: SlurmSettings, node: str, read_at: float
+    ) -> tuple[bool | None, str]:
+        """(True: the node's GRES are gres.conf lines, no AutoDetect; False: AutoDetect;
+        None: not known) and what was read, once per registration read. AutoDetect
+        numbers its records otherwise (by device file and NVML order,
+        ``_merge_system_gres_conf``, src/plugins/gres/gpu/gres_gpu.c), so a node with a
+        whole GPU beside MIG devices is mapped by type order only on lines' word."""
+        if self._lines is not None and self._lines[0] == read_at:
+            return self._lines[1]
+        answer: tuple[bool | None, str]
+        if settings.gres_conf is None:
+            answer = (None, "no gres_conf configured")
+        else:
+            try:
+                text = Path(settings.gres_conf).read_text(encoding="utf-8")
+                conf = gres_conf_for_node(parse_gres_conf(text), node)
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                answer = (None, f"{settings.gres_conf}: {getattr(exc, 'strerror', None) or exc}")
+            else:
+                mode = conf.autodetect
+                if mode not in (None, "off"):
+                    answer = (False, f"{settings.gres_conf}: AutoDetect={mode}")
+                elif not conf.entries:
+                    answer = (None, f"{settings.gres_conf}: no lines for {node}")
+                else:
+                    answer = (True, f"{settings.gres_conf}: lines, AutoDetect={mode or 'none'}")
+        self._lines = (read_at, answer)
+        return answer
 
     def run(
         self,
@@ -591,6 +624,7 @@ class GresCheck:
         config: Any,
     ) -> NodeCheckResult | None:
         settings = config.slurm
+        self.order = None  # this patrol's, as the state file has it
         if not settings.enabled:
             return None
         node = settings.slurm_node(config.node)
@@ -620,7 +654,95 @@ class GresCheck:
         up = all(c.state in (STATE_OK, STATE_ABSENT, STATE_DISABLED) for c in collectors)
         counts, findings = compare(cards, reg.entries, config, collectors_up=up)
         data["entries"] = [c.to_dict() for c in counts]
+        # the gres.conf fallback lists types in its own line order, not Gres='s: no order
+        order = gres_order(cards, reg.entries, config) if reg.source == SOURCE_SCONTROL else {}
+        if order:
+            # several types of one name: the IDX order the Prolog and card_jobs map by
+            lines, why = self._lines_of(settings, node, reg.read_at)
+            data["order"] = {"names": order, "gres_conf_lines": lines, "gres_conf": why}
+        self.order = data.get("order")
         pc = self.census() if self.census is not None else None
         if pc is not None and pc.census.known:
             findings = _with_census(counts, findings, data["entries"], pc.cards, config)
         return NodeCheckResult(tuple(findings), data)
+
+
+# ------------------------------------------------------------ IDX order, several types
+def _device_key(rec: CardRecord, part: PartitionInfo | None) -> list[int | None]:
+    """``[card index, chip, MIG index or None]``: a GRES device as the state file names it."""
+    return [rec.index, rec.chip, None if part is None else part.index]
+
+
+def gres_order(
+    cards: Sequence[CardRecord], entries: Sequence[GresEntry], config: Any
+) -> dict[str, dict[str, Any]]:
+    """GRES name -> the devices Slurm numbers type by type, for each name whose
+    registration has several types (``gpu:v100:1,gpu:a100:2``; MIG profiles; a whole GPU
+    beside MIG devices): ``{"types": [{"type", "count", "devices": [[index, chip, mig],
+    ...]}, ...], "error": None}`` in ``entries``' order, each type's devices in
+    gres-conf's order (cards by (index, chip), a GPU's MIG devices by MIG index); or
+    ``{"types": [...], "error": why}`` when the cards do not fit the registration. Also
+    written for a name of one registration whose devices are of several kinds (two
+    models under ``gpu:2``): it says that Slurm has one type there (file order).
+
+    Slurm's rule (slurmd, gres.conf lines): ``_merge_gres()`` takes the types of the
+    node's ``Gres=`` in the order ``gres_add_type()`` met them (src/common/gres.c 22.05,
+    lines 1981-1999 and 2711-2742; src/interfaces/gres.c 23.02-24.05, ``_merge_gres``
+    2031/2033/2034; 25.11 ``_merge_gres``) and for each the gres.conf records of that
+    type in file order (``_match_type()``, the first left each time);
+    ``common_node_config_load()`` numbers them in that order, one IDX per ``File=``
+    entry or ``MultipleFiles=`` record, and slurmctld's bits (``_node_config_validate``)
+    follow it. The registered ``Gres=`` that ``scontrol show node`` prints is rebuilt
+    from those records at registration (``_build_node_gres_str()``, called by
+    ``gres_node_config_validate()``; node_mgr.c packs ``node_ptr->gres``), so its type
+    order is slurmd's. Seen on slurmd 22.05 (tests/test_gres_order.py): gres.conf a100,
+    v100, a100 with ``Gres=gpu:v100:1,gpu:a100:2`` made the v100 IDX 0 and the first
+    a100 IDX 1. Each device is given its type as :func:`compare` counts it
+    (:func:`_assign`: MIG devices by profile, whole cards by model); the error is set
+    when a device fits no type, a type's count is not its devices' number, or a typed
+    and an untyped registration of the name are both there.
+    """
+    entries = sum_gres(entries)
+    by_name: dict[str, list[GresEntry]] = {}
+    for e in entries:
+        by_name.setdefault(e.key[0], []).append(e)
+    devices: dict[str, list[tuple[_Card, list[int | None]]]] = {}
+    for rec in sorted(cards, key=lambda r: (r.index, -1 if r.chip is None else r.chip)):
+        g = card_gres(rec, config)
+        if g is None:
+            continue
+        migs = sorted((p for p in rec.partitions if p.kind == "mig"), key=lambda p: p.index)
+        for p in migs:
+            crd = _Card(rec, g[0], p.profile, slurm_mig_name(rec.model, p))
+            devices.setdefault(g[0].lower(), []).append((crd, _device_key(rec, p)))
+        if not migs:
+            crd = _Card(rec, g[0], g[1], slurm_device_name(rec.model))
+            devices.setdefault(g[0].lower(), []).append((crd, _device_key(rec, None)))
+    out: dict[str, dict[str, Any]] = {}
+    for name, group in by_name.items():
+        these = devices.get(name, [])
+        if len(group) < 2 and len({(c.short, c.device) for c, _k in these}) < 2:
+            continue  # one type, one kind of device: the cards' own order is Slurm's
+        taken, left = _assign([c for c, _k in these], group)
+        types = [
+            {
+                "type": e.type,
+                "count": e.count,
+                "devices": [these[c][1] for c in taken[j]],
+            }
+            for j, e in enumerate(group)
+        ]
+        error = None
+        if len(group) > 1 and any(e.type is None for e in group):
+            error = "typed and untyped registrations of one name (Slurm merges them otherwise)"
+        elif left:
+            error = f"{len(left)} {name} devices of no registered type"
+        elif len(group) > 1:  # one type: Slurm numbers its lines in file order whatever the count
+            wrong = [t for t in types if len(t["devices"]) != t["count"]]
+            if wrong:
+                error = ", ".join(
+                    f"{name}:{t['type']} registered {t['count']}, {len(t['devices'])} found"
+                    for t in wrong
+                )
+        out[name] = {"types": types, "error": error}
+    return out

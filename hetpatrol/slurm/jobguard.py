@@ -58,10 +58,12 @@ IDX -> card: Slurm numbers the devices of one GRES name on a node 0, 1, ... in g
 GRES name in (index, chip) order, which is the same order when ``File=/dev/nvidia[0-7]``
 follows the NVML index (the usual case) and, for Ascend, ``/dev/davinci[0-7]`` the NPU
 ID. On a GPU in MIG mode IDX counts MIG devices (one per ``MultipleFiles=`` line): the
-job holds the MIG device's GPU, named ``nvidia/0 mig 3`` in the line, see
-:func:`_slurm_devices` for Slurm's rule and where it cannot be told (then the IDX is
-reported unmatched, no card picked). An IDX with no card is reported, never a reason to
-fail (a mapping fault must not drain a cluster).
+job holds the MIG device's GPU, named ``nvidia/0 mig 3`` in the line. A GRES name of
+several types (two models, MIG profiles, a whole GPU beside MIG devices) is numbered type
+by type in the node's registered ``Gres=`` order, which the daemon writes into the state
+file (``gres_order``). See :func:`_slurm_devices` for Slurm's rule and where it cannot be
+told (then the IDX is reported unmatched, no card picked). An IDX with no card is
+reported, never a reason to fail (a mapping fault must not drain a cluster).
 
 Nothing here imports yaml, jsonschema, prometheus_client or pynvml. A state file whose
 cards or findings lack the daemon's ``action`` (none the daemon writes) makes the
@@ -185,26 +187,115 @@ def _file_number(path: Any) -> int | None:
     return int(digits.group(1)) if digits else None
 
 
+def _key(card: Mapping[str, Any], part: Mapping[str, Any] | None) -> tuple[Any, Any, Any]:
+    """(card index, chip, MIG index or None): a device as ``gres_order`` names it."""
+    return card.get("index"), card.get("chip"), None if part is None else part.get("index")
+
+
+def _order_entry(order: Mapping[str, Any] | None, gres: str) -> Mapping[str, Any] | None:
+    """The state's ``gres_order`` entry of GRES name ``gres`` (None: none written)."""
+    names = order.get("names") if isinstance(order, Mapping) else None
+    entry = names.get(gres) if isinstance(names, Mapping) else None
+    types = entry.get("types") if isinstance(entry, Mapping) else None
+    return entry if isinstance(types, list) and types else None
+
+
+def _by_types(
+    devices: Sequence[tuple[Mapping[str, Any], Mapping[str, Any] | None]],
+    entry: Mapping[str, Any],
+    order: Mapping[str, Any],
+    numbered: bool,
+) -> tuple[list[tuple[Mapping[str, Any], Mapping[str, Any] | None]], str | None]:
+    """The devices of a GRES name of several registered types in Slurm's IDX order, or
+    ([], why): see :func:`_slurm_devices`. ``devices``: in gres-conf's order."""
+    if entry.get("error"):
+        return [], f"the node's registered Gres= does not fit its cards: {entry['error']}"
+    at = {_key(c, p): (c, p) for c, p in devices}
+    typed: list[tuple[Any, tuple[Any, Any, Any]]] = []
+    for t in entry["types"]:
+        keys = t.get("devices") if isinstance(t, Mapping) else None
+        if not isinstance(keys, list):
+            return [], "the state's gres_order is unreadable"
+        for k in keys:
+            if not (isinstance(k, list) and len(k) == 3):
+                return [], "the state's gres_order is unreadable"
+            typed.append((t.get("type"), (k[0], k[1], k[2])))
+    order_keys = [k for _t, k in typed]
+    if len(set(order_keys)) != len(order_keys) or set(order_keys) != set(at):
+        return [], "the registered Gres= order names other devices than the cards"
+    by_type = [at[k] for k in order_keys]
+    plain = list(devices)
+    mig = [p is not None for _c, p in plain]
+    lines = order.get("gres_conf_lines")
+    types = [str(t) for t, _k in typed]
+    if lines is True:  # gres.conf lines: _merge_gres's order
+        return by_type, None
+    if not any(mig):
+        pos = {_key(c, p): i for i, (c, p) in enumerate(plain)}
+        if lines is False or order_keys == sorted(order_keys, key=pos.__getitem__):
+            return plain, None  # AutoDetect: device file / NVML order; or the same
+        met = dict.fromkeys(t for t, _k in sorted(typed, key=lambda tk: pos[tk[1]]))
+        if list(dict.fromkeys(types)) != list(met):
+            # AutoDetect's registration lists its types as its records (device order)
+            # meet them (_build_node_gres_str): this one does not, so these are lines
+            return by_type, None
+        return [], (
+            f"GRES types {', '.join(dict.fromkeys(types))} alternate among the cards: "
+            "gres.conf lines number them by the registered Gres= types, AutoDetect=nvml "
+            "by device; which one this node has is not known (gres.conf: "
+            f"{order.get('gres_conf') or 'not read'})"
+        )
+    if lines is None and numbered and all(mig):
+        return by_type, None  # numbers for MIG devices: gres.conf lines (no MIG UUIDs)
+    return [], (
+        f"GRES types {', '.join(dict.fromkeys(types))}"
+        + (" (a whole GPU beside MIG devices)" if not all(mig) else "")
+        + ": gres.conf lines number them by the registered Gres= types, AutoDetect=nvml "
+        "otherwise; which one this node has is not known (gres.conf: "
+        f"{order.get('gres_conf') or 'not read'})"
+    )
+
+
 def _slurm_devices(
-    group: Sequence[Mapping[str, Any]], numbered: bool = False
+    group: Sequence[Mapping[str, Any]],
+    numbered: bool = False,
+    order: Mapping[str, Any] | None = None,
+    gres: str = GPU_GRES,
 ) -> tuple[list[tuple[Mapping[str, Any], Mapping[str, Any] | None]], str | None]:
     """The GRES devices of one GRES name in Slurm's IDX order: (card, MIG device or
     None) each, or ([], why) when that order cannot be told from the card records.
 
-    Slurm's rule (22.05.8 and 25.11.7): slurmd takes the gres.conf records
-    (``gres_node_config_load``, src/common/gres.c; src/interfaces/gres.c in 25.11) and
-    merges them with slurm.conf's ``Gres=``: for each type of the name in ``Gres=`` order,
-    the gres.conf records of that type in file order (``_merge_gres``/``_merge_gres2``,
-    ``_match_type``). ``common_node_config_load`` (src/plugins/gres/common/gres_common.c)
-    then numbers them: one index per ``File=`` entry, one per ``MultipleFiles=`` record
-    ("Don't ... increment the device bitmap index if this is a MultipleFiles GRES", then
-    ``index++`` once per record); slurmctld gives bit ``gres_inx`` in the same record order
-    (``_node_config_validate``), and that bit is the ``(IDX:n)`` of ``gres_detail`` and the
-    number in ``SLURM_JOB_GPUS`` (``gres_common_epilog_set_env``: ``gres_device->index``).
-    So on a node in MIG mode IDX counts MIG devices. ``hetpatrol gres-conf`` writes the
-    cards in (index, chip) order, a GPU in MIG mode as one ``MultipleFiles=`` line per MIG
-    device in MIG index order: that order is IDX order when every device of the name has
-    one type (then ``Gres=`` type order cannot reorder them).
+    Slurm's rule (22.05.8, 23.02-24.05 and 25.11.7): slurmd takes the gres.conf records
+    (``gres_node_config_load``, src/common/gres.c; src/interfaces/gres.c from 23.02; the
+    ``Name=`` lines before the ``NodeName=`` lines, ``s_p_get_array`` of each) and
+    merges them with slurm.conf's ``Gres=``: for each type of the name in the order
+    ``gres_add_type`` met them in ``Gres=``, the gres.conf records of that type in file
+    order (``_merge_gres``/``_merge_gres2``, ``_match_type``; an untyped ``Gres=`` takes
+    every record of the name in file order). ``common_node_config_load``
+    (src/plugins/gres/common/gres_common.c) then numbers them: one index per ``File=``
+    entry, one per ``MultipleFiles=`` record ("Don't ... increment the device bitmap
+    index if this is a MultipleFiles GRES", then ``index++`` once per record); slurmctld
+    gives bit ``gres_inx`` in the same record order (``_node_config_validate``), and that
+    bit is the ``(IDX:n)`` of ``gres_detail`` and the number in ``SLURM_JOB_GPUS``
+    (``gres_common_epilog_set_env``: ``gres_device->index``). So on a node in MIG mode
+    IDX counts MIG devices. ``hetpatrol gres-conf`` writes the cards in (index, chip)
+    order, a GPU in MIG mode as one ``MultipleFiles=`` line per MIG device in MIG index
+    order: that order is IDX order when every device of the name has one type.
+
+    Several types (two GPU models, MIG profiles, a whole GPU beside MIG devices): the
+    order is the registered types' (``order``: the state's ``gres_order``, written by
+    the daemon from ``scontrol show node``'s ``Gres=``, which slurmctld rebuilds from
+    slurmd's records at registration; :func:`hetpatrol.slurm.inventory.gres_order`),
+    each type's devices in gres-conf's order (:func:`_by_types`), taken when
+
+    - the node's gres.conf (as the daemon read it) has lines and no AutoDetect, or
+    - no MIG device: that order is the cards' own (AutoDetect's too), or the registered
+      types are not in the order the cards meet them (AutoDetect's registration would
+      be: its records are in device order, ``_merge_system_gres_conf``, gres_gpu.c), or
+      gres.conf says AutoDetect (then the cards' own order: seen on slurmd 22.05 with
+      Slurm's fake_gpus.conf, tests/test_gres_order.py), or
+    - every device a MIG device and Slurm's variable numbered them (``numbered``:
+      AutoDetect=nvml would have given their UUIDs).
 
     AutoDetect=nvml orders its records otherwise (``_merge_system_gres_conf``,
     src/plugins/gres/gpu/gres_gpu.c): by the ``File`` string (``strnatcmp``), then by the
@@ -218,17 +309,32 @@ def _slurm_devices(
 
     - a MIG device has no profile or no device files: gres-conf writes no line for it
       and Slurm's IDX of the devices after it depends on what the site wrote;
-    - the devices of the name have several types (MIG profiles, or a whole GPU beside
-      MIG devices): Slurm orders them by slurm.conf's ``Gres=`` types, not known here;
+    - the devices of the name have several types and the state has no ``gres_order``
+      for it (an older daemon, an unread registration), the registration does not fit
+      the cards, or none of the cases above says lines or AutoDetect;
     - without ``numbered``: several GPUs are in MIG mode (lines and AutoDetect order
       them differently, see above), or one GPU's MIG devices are not in the order of
       their GPU instance's nvidia-caps file (25.11's AutoDetect sorts by that file).
 
-    A name without MIG devices is the cards in (index, chip) order, as before.
+    A name of one type without MIG devices is the cards in (index, chip) order.
     """
+    entry = _order_entry(order, gres)
+    several = entry is not None and len(entry["types"]) > 1
+    if entry is not None and not several and entry.get("error"):
+        # one registered type that some devices do not have: Slurm left their lines out
+        return [], f"the node's registered Gres= does not fit its cards: {entry['error']}"
     migs = [(c, _mig_parts(c)) for c in group]
     if not any(parts for _c, parts in migs):
-        return [(c, None) for c in group], None
+        plain = [(c, None) for c in group]
+        if several:
+            return _by_types(plain, entry, order or {}, numbered)
+        models = sorted({str(c["model"]) for c in group if isinstance(c.get("model"), str)})
+        if entry is None and len(models) > 1:
+            return [], (
+                f"cards of models {', '.join(models)}: Slurm orders several types by the "
+                "node's registered Gres=, which the state does not hold"
+            )
+        return plain, None
     devices: list[tuple[Mapping[str, Any], Mapping[str, Any] | None]] = []
     types: set[str] = set()
     for c, parts in migs:
@@ -245,10 +351,12 @@ def _slurm_devices(
                 )
             types.add(profile.lower())
             devices.append((c, p))
-    if len(types) > 1:
+    if several:
+        return _by_types(devices, entry, order or {}, numbered)
+    if len(types) > 1 and entry is None:
         return [], (
-            f"GRES types {', '.join(sorted(types))}: Slurm orders them by slurm.conf's "
-            "Gres= types (_merge_gres), not known here"
+            f"GRES types {', '.join(sorted(types))}: Slurm orders them by the node's "
+            "registered Gres= types (_merge_gres), not in the state"
         )
     if numbered:
         return devices, None
@@ -288,20 +396,30 @@ def _mig_uuid_hits(
     return out
 
 
+def gres_order_of(doc: Any) -> Mapping[str, Any] | None:
+    """The state document's ``gres_order`` (:func:`hetpatrol.slurm.inventory.gres_order`
+    with the gres.conf word the daemon read), None when it has none."""
+    order = doc.get("gres_order") if isinstance(doc, Mapping) else None
+    return order if isinstance(order, Mapping) else None
+
+
 def device_label(card: Mapping[str, Any], part: Mapping[str, Any] | None) -> str:
     """``nvidia/0`` for a whole card, ``nvidia/0 mig 3`` for one of its MIG devices."""
     return card_name(card) + ("" if part is None else f" mig {part.get('index')}")
 
 
 def match_devices(
-    cards: Sequence[Mapping[str, Any]], alloc: Allocation
+    cards: Sequence[Mapping[str, Any]],
+    alloc: Allocation,
+    order: Mapping[str, Any] | None = None,
 ) -> tuple[list[tuple[Mapping[str, Any], Mapping[str, Any] | None]], list[str]]:
     """(the GRES devices the job holds: (state card line, its MIG device or None), the
     references that matched none). IDX -> device: :func:`_slurm_devices`; a GRES name
     whose order cannot be told leaves its IDX unmatched (``gpu IDX 3 (not mapped: why)``),
     never a card picked. UUIDs match a card or a MIG device (:func:`_mig_uuid_hits`); a
     GRES name whose MIG devices the job's UUIDs name is taken from the UUIDs alone
-    (AutoDetect=nvml gives MIG UUIDs; its IDX order is Slurm's sort, see docs/slurm.md)."""
+    (AutoDetect=nvml gives MIG UUIDs; its IDX order is Slurm's sort, see docs/slurm.md).
+    ``order``: the state's ``gres_order`` (GRES names of several types)."""
     matched: list[tuple[Mapping[str, Any], Mapping[str, Any] | None]] = []
     missing: list[str] = []
 
@@ -317,7 +435,7 @@ def match_devices(
         )
         if idxs and any(id(c) in by_uuid for c in group):
             continue  # the MIG UUIDs name the devices exactly
-        devices, why = _slurm_devices(group, gres in alloc.numbered)
+        devices, why = _slurm_devices(group, gres in alloc.numbered, order, gres)
         for i in sorted(idxs):
             if why is not None:
                 missing.append(f"{gres} IDX {i} (not mapped: {why})")
@@ -343,7 +461,11 @@ def match_devices(
     return matched, missing
 
 
-def unmapped_gres(cards: Sequence[Mapping[str, Any]], alloc: Allocation) -> dict[str, str]:
+def unmapped_gres(
+    cards: Sequence[Mapping[str, Any]],
+    alloc: Allocation,
+    order: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
     """GRES name -> why, for the names of which the job holds IDX that
     :func:`match_devices` could not map (:func:`_slurm_devices`): the job is on one of
     that name's cards, which one is not known."""
@@ -352,18 +474,20 @@ def unmapped_gres(cards: Sequence[Mapping[str, Any]], alloc: Allocation) -> dict
         group = sorted(
             (c for c in cards if str(c.get("gres") or "").lower() == gres), key=_sort_key
         )
-        why = _slurm_devices(group, gres in alloc.numbered)[1] if idxs else None
+        why = _slurm_devices(group, gres in alloc.numbered, order, gres)[1] if idxs else None
         if why is not None:
             out[gres] = why
     return out
 
 
 def match_cards(
-    cards: Sequence[Mapping[str, Any]], alloc: Allocation
+    cards: Sequence[Mapping[str, Any]],
+    alloc: Allocation,
+    order: Mapping[str, Any] | None = None,
 ) -> tuple[list[Mapping[str, Any]], list[str]]:
     """(the state's card lines the job holds, the references that matched no card):
     :func:`match_devices` with each card once (a job on MIG devices holds their GPU)."""
-    devices, missing = match_devices(cards, alloc)
+    devices, missing = match_devices(cards, alloc, order)
     held: list[Mapping[str, Any]] = []
     for card, _part in devices:
         if all(card is not c for c in held):
@@ -466,7 +590,7 @@ def decide(
             f"(max {stale_limit(doc, max_age):.0f} s)",
         )
     cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
-    devices, missing = match_devices(cards, alloc)
+    devices, missing = match_devices(cards, alloc, gres_order_of(doc))
     held: list[Mapping[str, Any]] = []
     for card, _part in devices:
         if all(card is not c for c in held):
@@ -581,7 +705,7 @@ def job_card_names(doc: Mapping[str, Any], alloc: Allocation) -> list[str]:
     """The names (``nvidia/3``) of the state's cards the job holds: what ``hetpatrol
     epilog`` patrols after the job."""
     cards = [c for c in doc.get("cards") or [] if isinstance(c, Mapping)]
-    return [card_name(c) for c in match_cards(cards, alloc)[0]]
+    return [card_name(c) for c in match_cards(cards, alloc, gres_order_of(doc))[0]]
 
 
 class _HardLimit(BaseException):  # noqa: N818 - not an error: the clock ran out
@@ -686,7 +810,7 @@ def epilog_cards(
     node = env.get("SLURMD_NODENAME") or str(doc.get("node") or "")
     if uncovered and job and node:
         alloc = alloc.merged(ask_job(scontrol, str(job), node, timeout=timeout, runner=runner))
-    return match_cards(cards, alloc)[0], alloc
+    return match_cards(cards, alloc, gres_order_of(doc))[0], alloc
 
 
 def _seconds(text: str) -> float:
