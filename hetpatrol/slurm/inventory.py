@@ -654,8 +654,10 @@ class GresCheck:
         up = all(c.state in (STATE_OK, STATE_ABSENT, STATE_DISABLED) for c in collectors)
         counts, findings = compare(cards, reg.entries, config, collectors_up=up)
         data["entries"] = [c.to_dict() for c in counts]
-        # the gres.conf fallback lists types in its own line order, not Gres='s: no order
-        order = gres_order(cards, reg.entries, config) if reg.source == SOURCE_SCONTROL else {}
+        # slurmctld's node_ptr->gres (sinfo's Gres and scontrol's Gres= print the same
+        # string) is rebuilt from slurmd's records; the gres.conf fallback lists types in
+        # its own line order, not Gres='s: no order from it
+        order = gres_order(cards, reg.entries, config) if reg.source in SLURMCTLD_SOURCES else {}
         if order:
             # several types of one name: the IDX order the Prolog and card_jobs map by
             lines, why = self._lines_of(settings, node, reg.read_at)
