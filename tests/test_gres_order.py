@@ -314,7 +314,7 @@ def test_card_jobs_map_by_the_order(base_config):
 
 
 def test_the_gres_check_writes_the_order_and_gres_confs_word_into_the_state(base_config, tmp_path):
-    """The daemon's GRES check reads the registration (scontrol show node, every
+    """The daemon's GRES check reads the registration (sinfo --nodes, every
     registration_cache_seconds) and, for a node of several types, gres.conf's
     AutoDetect: the state file carries both as gres_order."""
     from hetpatrol.collector import CollectorStatus
@@ -415,7 +415,7 @@ def test_real_slurm_idx_of_several_types_and_the_prolog_follows(case, tmp_path):
     """A real 22.05 cluster, gres-conf's lines for the cards (character devices, so
     slurmd sets SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES in the Prolog) and a Gres= whose
     type order is not the lines' order. The real GRES check reads the node's registered
-    Gres= (scontrol show node) and the cluster's gres.conf and writes gres_order into the
+    Gres= (sinfo --nodes) and the cluster's gres.conf and writes gres_order into the
     state; the card the job should be on needs a reset. slurmd gives the job the IDX of
     Slurm's rule, says it in the Prolog's variables, and the real Prolog refuses the job
     naming that card. (Before: unmatched or another card, and the job ran.)"""
@@ -447,7 +447,7 @@ def test_real_slurm_idx_of_several_types_and_the_prolog_follows(case, tmp_path):
             config = replace(base, node=node, slurm=settings)
             check = GresCheck()
             result = check.run(cards, [CollectorStatus("nvidia", "ok", len(cards), 0.1)], config)
-            assert result.data["source"] == "scontrol", result.data
+            assert result.data["source"] == "sinfo", result.data
             order = result.data["order"]
             assert order["gres_conf_lines"] is True, order
             assert [t["type"] for t in order["names"]["gpu"]["types"]] == [
