@@ -149,6 +149,32 @@ def test_the_state_file_keeps_the_fault_events_with_their_jobs_across_a_restart(
     assert "5555" not in doc["jobs"]
 
 
+def test_a_fault_read_after_its_job_ended_is_credited_to_that_job_too(tmp_path):
+    """Job 4242 holds GPU 6 at patrol 1; XID 79 (records 2103, 2104) is written after it,
+    4242 ends (its cgroup gone) and 5555 is given the card before patrol 2 reads the
+    record: the job the fault hit is 4242 (before the fix: ["5555"] alone)."""
+    replay = booted_replay(tmp_path, int(time.time()) - 3600)
+    lines = (XID79 / "kmsg.txt").read_text().splitlines(keepends=True)
+    (replay / "kmsg.txt").unlink()
+    (replay / "kmsg.txt").write_text("".join(lines[:2]))  # the GPU's lines, before the Xid
+    d = daemon(tmp_path, replay, "4242")
+    try:
+        d.patrol_once()
+        assert jsonl_events(tmp_path) == []
+        (replay / "kmsg.txt").write_text("".join(lines))
+        d.patroller.card_jobs = jobs_stand_in("5555")
+        d.patrol_once()
+        d.patrol_once()  # read already: no new line, and the kept jobs stay
+    finally:
+        d.shutdown()
+    events = jsonl_events(tmp_path)
+    assert [(e["kmsg_seq"], e["jobs"]) for e in events] == [
+        (2103, ["4242", "5555"]),
+        (2104, ["4242", "5555"]),
+    ]
+    assert [e["jobs"] for e in state(tmp_path)["fault_events"]] == [["4242", "5555"]] * 2
+
+
 def test_a_restarted_daemon_drops_the_kept_faults_older_than_the_age_bound(tmp_path):
     replay = booted_replay(tmp_path, int(time.time()) - 3600)
     path = tmp_path / "state" / "state.json"

@@ -498,12 +498,30 @@ def test_jobs_on_fault_events():
     from hetpatrol.patrol import Patroller
 
     card = _gpu0(ProcessInfo(10309, "./gpu_burn", 28234 * MIB, "alice", "5"))
-    fake = SimpleNamespace(card_jobs=SimpleNamespace(jobs_of=lambda c: frozenset({"1"})))
+    jobs = SimpleNamespace(jobs_of=lambda c: frozenset({"1"}))
+    fake = SimpleNamespace(card_jobs=jobs, _jobs_before=[])
     events = [{"event": "xid", "xid": 79, "uuid": "GPU-0"}, {"event": "xid", "bus_id": "x"}]
     Patroller._jobs_on_events(fake, [card], events)
     assert events[0]["jobs"] == ["1", "5"]
     assert events[1]["jobs"] is None
     json.dumps(events)
+
+
+def test_a_fault_on_a_card_no_longer_listed_names_its_last_patrols_jobs():
+    """GPU 0 held by job 9 in the last patrol, gone from this patrol's list when its
+    fault is read: the event names job 9 (not null); a card of neither patrol: null."""
+    from types import SimpleNamespace
+
+    from hetpatrol.patrol import Patroller
+
+    card = _gpu0()
+    jobs = SimpleNamespace(jobs_of=lambda c: frozenset())
+    fake = SimpleNamespace(card_jobs=jobs, _jobs_before=[(card, frozenset({"9"}))])
+    events = [{"event": "xid", "xid": 79, "uuid": "GPU-0"}, {"event": "xid", "bus_id": "x"}]
+    Patroller._jobs_on_events(fake, [], events)
+    assert events[0]["jobs"] == ["9"]
+    assert events[1]["jobs"] is None
+    assert fake._jobs_before == []  # this patrol listed no card
 
 
 # ------------------------------------------------------------------ real slurmctld
