@@ -39,6 +39,7 @@ from hetpatrol.exporters.http_server import MetricsServer
 from hetpatrol.exporters.jsonl import JsonlSink
 from hetpatrol.exporters.prometheus import ExporterStats, Exposition
 from hetpatrol.exporters.state import (
+    boot_clock,
     clear_stopped,
     mark_stopped,
     read_state,
@@ -393,7 +394,9 @@ class Daemon:
             doc.get("escalation"), time.time(), self.config.actions.escalation
         )
         # the card fault events with their jobs: the next events go on from them
-        faults = FaultLog.from_state(doc, time.time(), self.config.actions.fault_events)
+        faults = FaultLog.from_state(
+            doc, time.time(), self.config.actions.fault_events, boot=boot_clock()
+        )
         if faults.dropped:
             log.warning(
                 "state_fault_events_dropped",

@@ -473,7 +473,9 @@ class Patroller:
         self._jobs_on_events(cards, kernel.events)
         for event in kernel.events:  # the boot it was read in: with kmsg_seq, the record
             event["boot_id"] = self.boot.boot_id
-        self.fault_log.observe(kernel.events, self.boot.boot_id, time.time(), self.run_id)
+        now = time.time()
+        self.fault_log.note_clock(now, self.monotonic())  # a clock step ages no event
+        self.fault_log.observe(kernel.events, self.boot.boot_id, now, self.run_id)
         changes.extend(self._apply_recovery(cards))
         check_data: dict[str, Any] = {}
         for check in self.node_checks:

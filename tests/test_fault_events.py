@@ -223,6 +223,71 @@ def _event(ts: float, seq: int, **more) -> dict:
     }
 
 
+def test_a_step_of_the_wall_clock_ages_no_kept_event():
+    """A kept event a day old; the wall clock is stepped 8 days ahead for one patrol (a
+    bad time source), then back, while the monotonic clock goes on 60 s a patrol: the
+    event stays (before the fix the ahead patrol dropped it for good). A real week on
+    both clocks still drops it."""
+    wall, mono = 1_800_000_000.0, 5000.0
+    log = FaultLog()
+    log.note_clock(wall, mono)
+    log.observe([{**_event(wall - 86400, 1), "boot_id": "b"}], "b", wall)
+    for step_wall, step_mono in ((60 + 8 * 86400, 60), (120, 120), (180, 180)):
+        assert log.note_clock(wall + step_wall, mono + step_mono) in (8 * 86400, -8 * 86400, 0)
+        log.observe([], "b", wall + step_wall)
+        assert [e["kmsg_seq"] for e in log.events] == [1]
+    assert log.events[0]["ts"] == rfc3339(wall - 86400)  # the JSONL's text, unchanged
+    log.note_clock(wall + 7 * 86400, mono + 7 * 86400)
+    log.observe([], "b", wall + 7 * 86400)
+    assert log.events == []
+
+
+def test_a_restart_in_the_same_boot_takes_the_clock_step_since_the_state_was_written():
+    """The state file was written at wall W, 1000 s after boot; the daemon restarts 60 s
+    later on the boot clock while the wall clock reads 8 days more: no kept event is
+    dropped. Another boot, or no boot clock, has no such link: the wall clock ages it."""
+    wall = 1_800_000_000.0
+    doc = {
+        "boot_id": "b",
+        "finished": wall,
+        "finished_boot": 1000.0,
+        "fault_events": [{**_event(wall - 86400, 1), "boot_id": "b"}],
+    }
+    ahead = wall + 60 + 8 * 86400
+    assert len(FaultLog.from_state(doc, ahead, boot=("b", 1060.0)).events) == 1
+    assert FaultLog.from_state(doc, ahead, boot=("other", 1060.0)).events == []
+    assert FaultLog.from_state(doc, ahead).events == []
+    bad = {**doc, "finished_boot": "1000"}
+    assert FaultLog.from_state(bad, ahead, boot=("b", 1060.0)).events == []
+
+
+def test_the_daemon_keeps_its_fault_events_over_a_clock_step(tmp_path, monkeypatch):
+    """The daemon's own patrols: XID 79 kept at patrol 1; patrol 2 runs with the wall
+    clock 8 days ahead, patrol 3 with it back: both events are still in the state file
+    (before the fix: none)."""
+    import hetpatrol.patrol as patrol_module
+
+    class Ahead:
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        def time(self):
+            return time.time() + 8 * 86400
+
+    replay = booted_replay(tmp_path, int(time.time()) - 3600)
+    d = daemon(tmp_path, replay, "4242")
+    try:
+        d.patrol_once()
+        assert len(state(tmp_path)["fault_events"]) == 2
+        monkeypatch.setattr(patrol_module, "time", Ahead())
+        d.patrol_once()
+        monkeypatch.undo()
+        d.patrol_once()
+    finally:
+        d.shutdown()
+    assert [e["kmsg_seq"] for e in state(tmp_path)["fault_events"]] == [2103, 2104]
+
+
 def test_bounds_by_count_and_age_and_the_json_is_encoded_only_on_change():
     now = 1_800_000_000.0
     log = FaultLog(FaultEventRule(max_events=3, max_age_seconds=3600))
