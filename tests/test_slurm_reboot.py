@@ -330,3 +330,47 @@ def test_real_slurmctld_helper_reboots_only_by_the_drain_rules(rc, tmp_path):
         res = call(path, "update", f"NodeName={node}", "State=RESUME")
         assert res.returncode == 0, res.stderr
         rc.wait_for(lambda s: s.split(" ")[1] == "idle", what="idle after RESUME")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_real_slurmctld_an_admins_drain_during_our_pending_reboot_is_never_resumed(rc, base_config):
+    """Hostile trial (h34g): hetpatrol asks for the reboot while a job runs (ASAP: DRAIN
+    and REBOOT_REQUESTED, the reboot waits for the job); an admin drains the node with a
+    reason of their own before the job ends. slurmctld reboots it (the admin's reason
+    now carries ": reboot complete", slurmctld 22.05): the healthy patrols of the new
+    boot must leave the node DOWN with the admin's reason (before, as after: held)."""
+    sinfo = ["env", f"SLURM_CONF={rc.conf}", shutil.which("sinfo") or "sinfo"]
+    cfg = replace(
+        base_config, node="host07", slurm=settings(rc.node, rc.scontrol_argv, sinfo=sinfo)
+    )
+    policy = DrainPolicy()
+    job = rc.run("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 300")
+    job_id = job.stdout.strip().split(";")[0]
+    try:
+        _admin_drain_during_reboot(rc, cfg, policy, job_id)
+    finally:
+        rc.run("scancel", job_id, check=False)
+
+
+def _admin_drain_during_reboot(rc, cfg, policy, job_id) -> None:
+    with rc.explain():
+        rc.wait_for(lambda s: s.split(" ")[1].startswith(("alloc", "mix")), what="the job running")
+        (event,) = [json.loads(x) for x in policy.on_report(report("critical", time.time()), cfg)]
+        assert event["event"] == "reboot", event
+        assert "REBOOT_REQUESTED" in _node(rc)
+        rc.scontrol("update", f"NodeName={rc.node}", "State=DRAIN", "Reason=admin: DIMM swap")
+        # the critical patrols go on: nothing over the admin's reason
+        second = [json.loads(x) for x in policy.on_report(report("critical", time.time(), 2), cfg)]
+        assert all(e["event"] not in ("reboot", "drain") for e in second), second
+        rc.run("scancel", job_id)
+        line = _rebooted(rc)
+        info = find_node(line, rc.node)
+        assert info.reason.startswith("admin: DIMM swap"), info.reason
+        boot = boot_epoch(info)
+        now = max(time.time(), (boot or 0) + 1)
+        events = []
+        for seq in range(3, 8):
+            events += [json.loads(x) for x in policy.on_report(report("ok", now + seq, seq), cfg)]
+        assert all(e["event"] != "resume" for e in events), events
+        assert rc.state() == "down" and rc.reason().startswith("admin: DIMM swap")
