@@ -323,6 +323,33 @@ def test_a_damaged_history_file_is_said_not_read_silently_as_empty(tmp_path, cap
     assert capsys.readouterr().err == ""  # no history yet: nothing to say
 
 
+@pytest.mark.parametrize("last", [1e300, 1e308, -1e300, 2.6e11])
+def test_a_history_time_no_clock_writes_is_dropped_and_show_says_no_traceback(
+    tmp_path, capsys, last
+):
+    """Hostile trial (h34g): a damaged entry whose ``last`` is finite but beyond any date
+    (1e300) made ``history show`` end in an OverflowError traceback and the family never
+    decayed. Such an entry is now malformed: dropped, the others kept."""
+    config = config_for(tmp_path)
+    path = history_path(config.state_path)
+    path.parent.mkdir(parents=True)
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(f"state_path: {config.state_path}\nnode: survives-01\n")
+    good = {"boots": ["b1", "b2"], "first": 1.8e9, "last": 1.8e9}
+    doc = {
+        "schema": "hetpatrol.reboot_history/1",
+        "cards": {"uuid:GPU-a": {"nvlink_down": good, "xid": {**good, "last": last}}},
+    }
+    path.write_text(json.dumps(doc))
+    os.chmod(path, PRIVATE_FILE_MODE)
+    history = read_history(path, 1.8e9 + 60)
+    assert list(history.cards) == ["uuid:GPU-a"]
+    assert list(history.cards["uuid:GPU-a"]) == ["nvlink_down"]
+    assert main(["history", "--config", str(cfg), "show"]) == 0
+    out = capsys.readouterr().out
+    assert out == "uuid:GPU-a  nvlink_down  seen in 2 boot(s), last 2027-01-15T08:00:00.000Z\n"
+
+
 def test_a_clear_writes_its_audit_line_to_that_state_directorys_log(tmp_path, capsys):
     """``history --state-path S clear`` wrote its audit line into the bundled config's
     ``$XDG_STATE_HOME/hetpatrol/patrol.jsonl``, another daemon's log, whatever ``S`` was.
