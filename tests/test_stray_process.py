@@ -492,6 +492,38 @@ def test_a_failed_query_is_asked_again_after_retry_seconds(tmp_path):
     assert cj.jobs_of(cs[0]) is None and cj.jobs_of(cs[1]) == set()
 
 
+def test_a_refused_answer_is_asked_again_ever_later_never_each_minute(tmp_path):
+    """Hostile trial (h34g): job 7's name copies Slurm's per-node block (the recorded
+    22.05 answer): its answer is read and refused, and saying the same each time it was
+    asked again every ``retry_seconds`` for the job's life (61 single-job RPCs in an hour
+    of 60 s patrols, per job). Now 60, 120, 240 ... s after each refused answer: 6 in
+    the hour; the cards stay unknown throughout; a job renamed (a readable answer)
+    is taken at the next ask."""
+    slurm = Slurm({"7": SHOW_JOB["copied-block"]})
+    clock = [0.0]
+    cj = CardJobs(
+        ["/usr/bin/sinfo"], "hp-gpu01", runner=slurm, clock=lambda: clock[0], cgroup_root=tmp_path
+    )
+    job_cgroup(tmp_path, "hp-gpu01", 1000, "7")
+
+    def asked():
+        return [c for c in slurm.calls if c[-4:-1] == ["-d", "show", "job"]]
+
+    for minute in range(61):
+        clock[0] = 60.0 * minute
+        cs = cards()
+        cs[0].processes = [ProcessInfo(40001, "train", 4096 * MIB, "alice", "7")]
+        cj.refresh(cs)
+        assert cj.jobs_of(cs[0]) is None
+    assert len(asked()) == 6  # at 0, 60, 180, 420, 900, 1860 s
+    assert "job 7" in (cj.error or "")
+    slurm.jobs["7"] = SHOW_JOB["hostile"].replace("JobId=5 ", "JobId=7 ", 1)
+    clock[0] = 1860.0 + 1920.0
+    cs = cards()
+    cj.refresh(cs)
+    assert len(asked()) == 7 and cj.jobs_of(cs[0]) == {"7"}
+
+
 def test_jobs_on_fault_events():
     from types import SimpleNamespace
 
