@@ -30,7 +30,7 @@ from types import FrameType
 
 from hetpatrol import sdnotify
 from hetpatrol.actions.escalation import Escalation
-from hetpatrol.actions.fault_events import FaultLog
+from hetpatrol.actions.fault_events import FaultLog, restart_step
 from hetpatrol.boot import read_boot
 from hetpatrol.config import Config, ConfigError, load_config, parse_listen
 from hetpatrol.exporters.failures import WriteFailures
@@ -124,6 +124,8 @@ class Daemon:
         self.patroller = Patroller(self.config, replay_dir=replay_dir)
         self.patroller.post_boot_grace = True  # the daemon counts the patrols of a boot
         self.patroller.card_jobs = card_jobs_for(self.config, replay_dir)
+        #: (wall, steady) when this run's history clock started (see _history_now)
+        self._history_base = (time.time(), _steady())
         self.stats = ExporterStats(interval_seconds=self.config.interval_seconds)
         #: Slurm drain / resume after each report (a no-op unless slurm.drain.enabled)
         self.drain_policy = DrainPolicy()
@@ -268,7 +270,7 @@ class Daemon:
                     self.patroller.reboot_history = sync_history(
                         history_path(self.config.state_path),
                         self.patroller.reboot_history,
-                        time.time(),
+                        self._history_now(),
                     )
                     st = history_path(self.config.state_path).stat()
                     self._history_stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -325,6 +327,17 @@ class Daemon:
         self.publish(report)
         return report
 
+    def _history_now(self) -> float:
+        """The time the reboot history ages by (seconds since the epoch): the earlier of
+        the wall clock and this run's start advanced by ``CLOCK_BOOTTIME``. A step of
+        the wall clock ahead (a bad time source; 31 days ahead for one patrol forgot
+        every boot a fault was seen in, and the card that should be ``replace_card`` was
+        reset again) ages nothing; a step back is taken, as the history's ``last`` times
+        are never moved back (:meth:`hetpatrol.actions.reboot_history.RebootHistory.
+        decay`)."""
+        wall, steady = self._history_base
+        return min(time.time(), wall + (_steady() - steady))
+
     def _reread_history(self) -> None:
         """Read the reboot-survival history again when another process (``hetpatrol
         history clear``) replaced the file since this daemon last read or wrote it: the
@@ -339,7 +352,7 @@ class Daemon:
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp != getattr(self, "_history_stamp", stamp):
             self.patroller.reboot_history = read_history(
-                path, time.time(), self.config.actions.reboot_survival
+                path, self._history_now(), self.config.actions.reboot_survival
             )
         self._history_stamp = stamp
 
@@ -415,8 +428,15 @@ class Daemon:
                 and boot.get("boot_id") == info.boot_id
             ):  # and the cards it listed: one gone while no daemon ran is card_missing
                 self.patroller.restore_cards(doc.get("cards") or [])
+        # the history ages on this run's clock, from the one the state file was written on
+        # when it is this boot's (a clock step since then ages nothing: _history_now)
+        now = time.time()
+        step = restart_step(doc, now, boot_clock())
+        self._history_base = (now - step, _steady())
         self.patroller.reboot_history = read_history(
-            history_path(self.config.state_path), time.time(), self.config.actions.reboot_survival
+            history_path(self.config.state_path),
+            self._history_now(),
+            self.config.actions.reboot_survival,
         )
 
     def run(self) -> int:
@@ -639,3 +659,12 @@ def claim_path(path: Path) -> int | None:
     except OSError:
         pass
     return fd
+
+
+def _steady() -> float:
+    """Seconds on ``CLOCK_BOOTTIME`` (never stepped, counts a suspend), else the
+    monotonic clock."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):
+        return time.monotonic()

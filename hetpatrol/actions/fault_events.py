@@ -276,7 +276,7 @@ class FaultLog:
         :attr:`dropped`, the bounds applied; a missing or foreign value gives an empty
         log, never an exception. ``boot``: (this boot's id, ``CLOCK_BOOTTIME`` seconds,
         :func:`hetpatrol.exporters.state.boot_clock`): a document written in this boot
-        says the wall clock's step since (:func:`_restart_step`), and the events' times
+        says the wall clock's step since (:func:`restart_step`), and the events' times
         are moved by it before the age bound."""
         log = cls(rule)
         raw = doc.get("fault_events") if isinstance(doc, Mapping) else None
@@ -295,7 +295,7 @@ class FaultLog:
                 continue
             log._append(kept)
         log.dropped += max(0, len(raw) - (log.rule.max_events or 1) * 4)
-        step = _restart_step(doc, now, boot)
+        step = restart_step(doc, now, boot)
         if step:
             log._times = [t + step for t in log._times]
         log._bound(now)
@@ -303,12 +303,12 @@ class FaultLog:
         return log
 
 
-def _restart_step(doc: Mapping[str, Any], now: float, boot: tuple[str, float] | None) -> float:
+def restart_step(doc: Mapping[str, Any], now: float, boot: tuple[str, float] | None) -> float:
     """The wall clock's step since the state document was written, when it was written
     in this boot: (``now`` - its ``finished``) - (``boot``'s seconds - its
     ``finished_boot``), 0.0 when within :data:`CLOCK_STEP_SECONDS` or not known (another
     boot, a field missing or not a finite number)."""
-    if boot is None or doc.get("boot_id") != boot[0]:
+    if boot is None or not isinstance(doc, Mapping) or doc.get("boot_id") != boot[0]:
         return 0.0
     wall, on_boot = doc.get("finished"), doc.get("finished_boot")
     values = (wall, on_boot, now, boot[1])
