@@ -46,6 +46,7 @@ from hetpatrol.exporters.state import (
     write_atomic,
     write_state,
 )
+from hetpatrol.healthcheck import verdict_age
 from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
 from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock, own_file_check
@@ -420,7 +421,9 @@ class Daemon:
         self.patroller.fault_log = faults
         if self.patroller.boot_root is not None:  # the same boot: its patrols go on
             info = read_boot(self.patroller.boot_root)
-            self.patroller.boot.restore(doc.get("boot"), info)
+            # the patrols-in-a-row counts go on only from a verdict `check` calls fresh
+            fresh = bool(doc) and not verdict_age(doc)[1]
+            self.patroller.boot.restore(doc.get("boot"), info, streaks=fresh)
             boot = doc.get("boot")
             if (
                 info.boot_id is not None
