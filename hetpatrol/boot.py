@@ -140,11 +140,15 @@ class BootWatch:
             "off_bus": dict(sorted(self.off_bus.items())),
         }
 
-    def restore(self, doc: Any, info: BootInfo) -> None:
+    def restore(self, doc: Any, info: BootInfo, streaks: bool = True) -> None:
         """Go on from a state file's ``boot`` object when it names the boot ``info``
         reads now (a daemon restarted within the boot); another boot, or a damaged
         object, leaves the counts at 0 (a damaged ``unlisted_patrols`` or
-        ``missing_cards`` entry is left out: that card counts from 0 again)."""
+        ``missing_cards`` entry is left out: that card counts from 0 again).
+        ``streaks`` False (the state file's verdict is stale: no daemon patrolled for
+        longer than ``check`` allows) leaves out the patrols-in-a-row counts
+        (``unlisted_patrols``; ``missing_cards`` keeps its cards, each at 0 patrols): a
+        count frozen hours ago and this run's first patrol are no patrols in a row."""
         if not isinstance(doc, dict) or info.boot_id is None:
             return
         if doc.get("boot_id") != info.boot_id:
@@ -167,7 +171,7 @@ class BootWatch:
                 if isinstance(v, dict)
             }
             self.learned_links = {k: v for k, v in kept.items() if v}
-        unlisted = doc.get("unlisted_patrols")
+        unlisted = doc.get("unlisted_patrols") if streaks else None
         if isinstance(unlisted, dict):
             self.unlisted_patrols = {
                 str(bus): n
@@ -179,6 +183,10 @@ class BootWatch:
             self.missing_cards = {
                 str(key): dict(entry) for key, entry in missing.items() if _missing_entry(entry)
             }
+            if not streaks:  # the cards gone are still known: each counts from 0 again
+                for entry in self.missing_cards.values():
+                    entry["patrols"] = 0
+                    entry.pop("severity", None)
         off_bus = doc.get("off_bus")
         if isinstance(off_bus, dict):
             self.off_bus = {

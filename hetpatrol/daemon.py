@@ -30,7 +30,7 @@ from types import FrameType
 
 from hetpatrol import sdnotify
 from hetpatrol.actions.escalation import Escalation
-from hetpatrol.actions.fault_events import FaultLog
+from hetpatrol.actions.fault_events import FaultLog, restart_step
 from hetpatrol.boot import read_boot
 from hetpatrol.config import Config, ConfigError, load_config, parse_listen
 from hetpatrol.exporters.failures import WriteFailures
@@ -39,12 +39,14 @@ from hetpatrol.exporters.http_server import MetricsServer
 from hetpatrol.exporters.jsonl import JsonlSink
 from hetpatrol.exporters.prometheus import ExporterStats, Exposition
 from hetpatrol.exporters.state import (
+    boot_clock,
     clear_stopped,
     mark_stopped,
     read_state,
     write_atomic,
     write_state,
 )
+from hetpatrol.healthcheck import verdict_age
 from hetpatrol.logs import get_logger
 from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller, PatrolReport
 from hetpatrol.safe_files import UnsafePath, make_directories, open_for_lock, own_file_check
@@ -123,6 +125,8 @@ class Daemon:
         self.patroller = Patroller(self.config, replay_dir=replay_dir)
         self.patroller.post_boot_grace = True  # the daemon counts the patrols of a boot
         self.patroller.card_jobs = card_jobs_for(self.config, replay_dir)
+        #: (wall, steady) when this run's history clock started (see _history_now)
+        self._history_base = (time.time(), _steady())
         self.stats = ExporterStats(interval_seconds=self.config.interval_seconds)
         #: Slurm drain / resume after each report (a no-op unless slurm.drain.enabled)
         self.drain_policy = DrainPolicy()
@@ -267,7 +271,7 @@ class Daemon:
                     self.patroller.reboot_history = sync_history(
                         history_path(self.config.state_path),
                         self.patroller.reboot_history,
-                        time.time(),
+                        self._history_now(),
                     )
                     st = history_path(self.config.state_path).stat()
                     self._history_stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -324,6 +328,17 @@ class Daemon:
         self.publish(report)
         return report
 
+    def _history_now(self) -> float:
+        """The time the reboot history ages by (seconds since the epoch): the earlier of
+        the wall clock and this run's start advanced by ``CLOCK_BOOTTIME``. A step of
+        the wall clock ahead (a bad time source; 31 days ahead for one patrol forgot
+        every boot a fault was seen in, and the card that should be ``replace_card`` was
+        reset again) ages nothing; a step back is taken, as the history's ``last`` times
+        are never moved back (:meth:`hetpatrol.actions.reboot_history.RebootHistory.
+        decay`)."""
+        wall, steady = self._history_base
+        return min(time.time(), wall + (_steady() - steady))
+
     def _reread_history(self) -> None:
         """Read the reboot-survival history again when another process (``hetpatrol
         history clear``) replaced the file since this daemon last read or wrote it: the
@@ -338,7 +353,7 @@ class Daemon:
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp != getattr(self, "_history_stamp", stamp):
             self.patroller.reboot_history = read_history(
-                path, time.time(), self.config.actions.reboot_survival
+                path, self._history_now(), self.config.actions.reboot_survival
             )
         self._history_stamp = stamp
 
@@ -393,7 +408,9 @@ class Daemon:
             doc.get("escalation"), time.time(), self.config.actions.escalation
         )
         # the card fault events with their jobs: the next events go on from them
-        faults = FaultLog.from_state(doc, time.time(), self.config.actions.fault_events)
+        faults = FaultLog.from_state(
+            doc, time.time(), self.config.actions.fault_events, boot=boot_clock()
+        )
         if faults.dropped:
             log.warning(
                 "state_fault_events_dropped",
@@ -404,7 +421,9 @@ class Daemon:
         self.patroller.fault_log = faults
         if self.patroller.boot_root is not None:  # the same boot: its patrols go on
             info = read_boot(self.patroller.boot_root)
-            self.patroller.boot.restore(doc.get("boot"), info)
+            # the patrols-in-a-row counts go on only from a verdict `check` calls fresh
+            fresh = bool(doc) and not verdict_age(doc)[1]
+            self.patroller.boot.restore(doc.get("boot"), info, streaks=fresh)
             boot = doc.get("boot")
             if (
                 info.boot_id is not None
@@ -412,8 +431,15 @@ class Daemon:
                 and boot.get("boot_id") == info.boot_id
             ):  # and the cards it listed: one gone while no daemon ran is card_missing
                 self.patroller.restore_cards(doc.get("cards") or [])
+        # the history ages on this run's clock, from the one the state file was written on
+        # when it is this boot's (a clock step since then ages nothing: _history_now)
+        now = time.time()
+        step = restart_step(doc, now, boot_clock())
+        self._history_base = (now - step, _steady())
         self.patroller.reboot_history = read_history(
-            history_path(self.config.state_path), time.time(), self.config.actions.reboot_survival
+            history_path(self.config.state_path),
+            self._history_now(),
+            self.config.actions.reboot_survival,
         )
 
     def run(self) -> int:
@@ -636,3 +662,12 @@ def claim_path(path: Path) -> int | None:
     except OSError:
         pass
     return fd
+
+
+def _steady() -> float:
+    """Seconds on ``CLOCK_BOOTTIME`` (never stepped, counts a suspend), else the
+    monotonic clock."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):
+        return time.monotonic()

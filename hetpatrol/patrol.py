@@ -254,6 +254,8 @@ class Patroller:
         #: the Slurm jobs of each card (hetpatrol.slurm.card_jobs.CardJobs: refresh(cards),
         #: jobs_of(card)); set by the daemon where Slurm is on, else None
         self.card_jobs: Any = None
+        #: the last patrol's cards with the jobs then on each (see _jobs_on_events)
+        self._jobs_before: list[tuple[CardRecord, frozenset[str]]] = []
         self._lock = threading.Lock()
         #: the monotonic clock escalation spans are checked against (a test's may follow
         #: the wall times it passes)
@@ -312,6 +314,7 @@ class Patroller:
         self.fabric_watch = previous.fabric_watch
         self.stray_watch = previous.stray_watch
         self.card_jobs = previous.card_jobs
+        self._jobs_before = previous._jobs_before
         self.escalation.rules = self.config.actions.escalation
         self.fault_log = previous.fault_log
         self.fault_log.rule = self.config.actions.fault_events
@@ -488,7 +491,9 @@ class Patroller:
         self._jobs_on_events(cards, kernel.events)
         for event in kernel.events:  # the boot it was read in: with kmsg_seq, the record
             event["boot_id"] = self.boot.boot_id
-        self.fault_log.observe(kernel.events, self.boot.boot_id, time.time(), self.run_id)
+        now = time.time()
+        self.fault_log.note_clock(now, self.monotonic())  # a clock step ages no event
+        self.fault_log.observe(kernel.events, self.boot.boot_id, now, self.run_id)
         changes.extend(self._apply_recovery(cards))
         check_data: dict[str, Any] = {}
         for check in self.node_checks:
@@ -619,8 +624,15 @@ class Patroller:
         """Each card fault event read this patrol gets ``jobs``: the Slurm jobs on its
         card then (the card's allocation, where read, and the jobs of its processes),
         matched by UUID or bus id, else by the vendor and index the kernel-log reader gave
-        the event (a GPU lost before this patrol read its identity); ``None`` when the card
-        is not one of this patrol's.
+        the event (a GPU lost before this patrol read its identity); with them the jobs
+        on the same card in the last patrol. A record first read now was written since
+        the last patrol read the log, and the job it hit has often ended before this
+        read (the fault kills its processes, Slurm removes the job's cgroup, the next job
+        may be given the card at once): without the last patrol's jobs the fault would
+        be credited to the next job alone. ``None`` when the card is neither one of this
+        patrol's nor of the last one's (a card no longer listed: its last patrol's
+        jobs). The last patrol's jobs are the local ones only (its map and its
+        processes): no query of slurmctld is made for them.
 
         ``None`` too, with ``jobs_unknown`` saying why, for a record older than what this
         daemon can know: from before :attr:`jobs_known_since` by its own time (a
@@ -629,6 +641,10 @@ class Patroller:
         (the reader marked it). The jobs on the card now may be a later job's. A record
         kept in the state file keeps the jobs of its first read
         (:meth:`hetpatrol.actions.fault_events.FaultLog.observe`)."""
+        cards = list(cards)
+        now = [_local_jobs(self.card_jobs, c) for c in cards]
+        before, self._jobs_before = self._jobs_before, list(zip(cards, now, strict=True))
+        earlier_cards = [c for c, _jobs in before]
         since = self.jobs_known_since
         for event in events:
             if event.get("jobs_unknown"):  # the reader could not time it
@@ -642,29 +658,13 @@ class Patroller:
                     f"older than this daemon's first read of the cards' jobs ({rfc3339(since)})"
                 )
                 continue
-            card = next(
-                (
-                    c
-                    for c in cards
-                    if (event.get("uuid") and c.uuid == event.get("uuid"))
-                    or (event.get("bus_id") and c.bus_id == event.get("bus_id"))
-                ),
-                None,
-            ) or next(  # a card lost before it was read whole: as the kernel log matched it
-                (
-                    c
-                    for c in cards
-                    if event.get("vendor") == c.vendor
-                    and event.get("index") is not None
-                    and event.get("index") == c.index
-                    and event.get("chip") == c.chip
-                ),
-                None,
-            )
+            card = _event_card(event, cards)
+            earlier = _event_card(event, earlier_cards)
+            prior = next((j for c, j in before if c is earlier), frozenset())
             if card is None:
-                event.setdefault("jobs", None)
+                event.setdefault("jobs", sorted(prior) if earlier is not None else None)
                 continue
-            jobs = {p.job_id for p in card.processes if p.job_id}
+            jobs = {p.job_id for p in card.processes if p.job_id} | prior
             if self.card_jobs is not None:
                 # fault_jobs_of: read for the event where no per-patrol map exists
                 ask = getattr(self.card_jobs, "fault_jobs_of", self.card_jobs.jobs_of)
@@ -1314,3 +1314,36 @@ def _epoch(ts: Any, default: float) -> float:
         return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return default
+
+
+def _event_card(event: Mapping[str, Any], cards: Sequence[CardRecord]) -> CardRecord | None:
+    """The card of a fault event: by UUID or bus id, else by the vendor, index and chip
+    the kernel-log reader gave the event (a card lost before it was read whole)."""
+    return next(
+        (
+            c
+            for c in cards
+            if (event.get("uuid") and c.uuid == event.get("uuid"))
+            or (event.get("bus_id") and c.bus_id == event.get("bus_id"))
+        ),
+        None,
+    ) or next(
+        (
+            c
+            for c in cards
+            if event.get("vendor") == c.vendor
+            and event.get("index") is not None
+            and event.get("index") == c.index
+            and event.get("chip") == c.chip
+        ),
+        None,
+    )
+
+
+def _local_jobs(card_jobs: Any, card: CardRecord) -> frozenset[str]:
+    """The jobs of ``card`` known without asking slurmctld: its processes' jobs and
+    ``card_jobs``' map of the last refresh (never the whole-queue fault read)."""
+    jobs = {p.job_id for p in card.processes if p.job_id}
+    if card_jobs is not None:
+        jobs |= card_jobs.jobs_of(card) or set()
+    return frozenset(jobs)

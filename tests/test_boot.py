@@ -314,3 +314,42 @@ def test_a_damaged_state_files_learned_links_are_not_taken():
     watch.restore(doc, BootInfo(BOOT2, 2.0))
     assert watch.patrols == 3
     assert watch.learned_links == {"uuid:A": {"nvlink": 18, "roce": 1}}
+
+
+def test_a_stale_state_restores_the_boot_but_no_patrols_in_a_row_count():
+    """Hostile trial (h34g): ``streaks=False`` (the daemon's state file is stale: no
+    daemon patrolled for longer than ``check`` allows) keeps the boot's patrols, links
+    and off-bus events, and the cards known gone, but every patrols-in-a-row count
+    starts again: a count frozen hours ago plus one patrol drained at once."""
+    gone = {
+        "patrols": 2,
+        "collector": "nvidia",
+        "vendor": "nvidia",
+        "index": 3,
+        "chip": None,
+        "uuid": "GPU-x",
+        "bus_id": "0000:e8:00.0",
+        "severity": "warning",
+    }
+    doc = {
+        "boot_id": BOOT2,
+        "patrols": 9,
+        "learned_links": {"uuid:A": {"nvlink": 18}},
+        "unlisted_patrols": {"0000:e8:00.0": 2},
+        "missing_cards": {"uuid:GPU-x": gone},
+        "off_bus": {"0000:e8:00.0": "xid 79"},
+    }
+    fresh, stale = BootWatch(), BootWatch()
+    fresh.restore(doc, BootInfo(BOOT2, 2.0))
+    stale.restore(doc, BootInfo(BOOT2, 2.0), streaks=False)
+    assert fresh.unlisted_patrols == {"0000:e8:00.0": 2}
+    assert fresh.missing_cards["uuid:GPU-x"]["patrols"] == 2
+    assert (stale.patrols, stale.learned_links, stale.off_bus) == (
+        9,
+        {"uuid:A": {"nvlink": 18}},
+        {"0000:e8:00.0": "xid 79"},
+    )
+    assert stale.unlisted_patrols == {}
+    assert list(stale.missing_cards) == ["uuid:GPU-x"]
+    entry = stale.missing_cards["uuid:GPU-x"]
+    assert entry["patrols"] == 0 and "severity" not in entry and entry["uuid"] == "GPU-x"

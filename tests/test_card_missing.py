@@ -10,6 +10,7 @@ in the next is the case; one patrol's short list is never critical on its own.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -296,6 +297,18 @@ def test_the_count_goes_on_after_a_restart_within_the_boot_never_a_new_boot(tmp_
     assert [missing(r) for r in reports] == [[], [("warning", "watch")], [("warning", "watch")]]
     entry = read_state(state)["boot"]["missing_cards"][f"uuid:{E8_UUID}"]
     assert (entry["patrols"], entry["collector"], entry["bus_id"]) == (2, "nvidia", E8)
+    # hostile trial (h34g): the same state file, stale (written an hour ago on both
+    # clocks: no daemon patrolled since): its count is no patrols in a row with this
+    # run's first, which is "1 of 3" (before: critical and a drain at once)
+    kept = state.read_text()
+    doc = json.loads(kept)
+    doc["finished"] -= 3600
+    doc["finished_boot"] -= 3600
+    state.write_text(json.dumps(doc))
+    (report,) = daemon_patrols(lost1, 1)
+    assert missing(report) == [("warning", "watch")]
+    assert "1 of 3 patrols" in message(report)
+    state.write_text(kept)
     # a daemon restarted within the boot knows the card from the state file: the third
     (report,) = daemon_patrols(lost1, 1)
     assert missing(report) == [("critical", "reboot_node")]

@@ -7,6 +7,7 @@ the bus during the job: XID 79 and "fallen off the bus" in the kernel log, NVML 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -254,14 +255,14 @@ def test_an_npu_gone_after_the_job_drains_only_when_the_daemons_rule_does(tmp_pa
                 table.write_text("".join(lines[:21] + lines[24:43] + lines[45:]))
             report = daemon.run()
             states.append(tmp_path / f"state{n}.json")
-            write_state(states[-1], report, 10.0)
+            write_state(states[-1], report, 60.0)
         assert [
             (f.check, f.severity, f.action) for f in report.node_findings if f.check != "pci_census"
         ] == [("card_missing", "warning", "watch")]  # the daemon's 2 of 3
         assert "ascend/5/0 (0000:02:00.0) 2 of 3 patrols" in report.node_findings[0].message
         third = daemon.run()
         states.append(tmp_path / "state3.json")
-        write_state(states[-1], third, 10.0)
+        write_state(states[-1], third, 60.0)
     finally:
         daemon.close()
     env = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n1", "ASCEND_VISIBLE_DEVICES": "5"}
@@ -283,6 +284,7 @@ def test_an_npu_gone_after_the_job_drains_only_when_the_daemons_rule_does(tmp_pa
         code, line = run_epilog(env, state, patrol, runner=scontrol, scontrol="sc")
         return code, line, calls
 
+    # (60 s patrols: a fresh verdict for 190 s, however loaded the machine running this)
     # the daemon listed NPU 5 at its last patrol: the Epilog's read is the first
     code, line, calls = epilog(states[0])
     assert (code, calls) == (0, [])
@@ -295,6 +297,27 @@ def test_an_npu_gone_after_the_job_drains_only_when_the_daemons_rule_does(tmp_pa
     code, line, calls = epilog(states[2])
     assert code == 0 and line.startswith("hetpatrol: reboot_node ascend/5/0 "), line
     assert calls == [["sc", "update", "NodeName=n1", "State=DRAIN", f"Reason={line}"]]
+    # hostile trial (h34g): the same count frozen in the state file of a daemon gone
+    # since (stale: written an hour ago on both clocks; or its stop marked): no patrols
+    # in a row with the Epilog's read, which is one short list: before, a drain
+    frozen = json.loads(states[2].read_text())
+    frozen["finished"] -= 3600
+    frozen["finished_boot"] -= 3600
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps(frozen))
+    stopped = tmp_path / "stopped.json"
+    stopped.write_text(
+        json.dumps(
+            {**json.loads(states[2].read_text()), "stopped": {"at": 1.0, "reason": "SIGTERM"}}
+        )
+    )
+    for state in (stale, stopped):
+        code, line, calls = epilog(state)
+        assert (code, calls) == (0, []), line
+        assert line == (
+            "hetpatrol epilog: no card to drain for; ascend/5/0 no longer listed (1 of 3 "
+            "patrols; watch): not drained"
+        )
     # the daemon's own third patrol: critical, and the Prolog refuses the next job
     assert [
         (f.check, f.severity, f.action) for f in third.node_findings if f.check != "pci_census"

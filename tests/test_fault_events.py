@@ -155,6 +155,32 @@ def test_the_state_file_keeps_the_fault_events_with_their_jobs_across_a_restart(
     assert "5555" not in doc["jobs"]
 
 
+def test_a_fault_read_after_its_job_ended_is_credited_to_that_job_too(tmp_path):
+    """Job 4242 holds GPU 6 at patrol 1; XID 79 (records 2103, 2104) is written after it,
+    4242 ends (its cgroup gone) and 5555 is given the card before patrol 2 reads the
+    record: the job the fault hit is 4242 (before the fix: ["5555"] alone)."""
+    replay = booted_replay(tmp_path, int(time.time()) - 3600)
+    lines = (XID79 / "kmsg.txt").read_text().splitlines(keepends=True)
+    (replay / "kmsg.txt").unlink()
+    (replay / "kmsg.txt").write_text("".join(lines[:2]))  # the GPU's lines, before the Xid
+    d = daemon(tmp_path, replay, "4242")
+    try:
+        d.patrol_once()
+        assert jsonl_events(tmp_path) == []
+        (replay / "kmsg.txt").write_text("".join(lines))
+        d.patroller.card_jobs = jobs_stand_in("5555")
+        d.patrol_once()
+        d.patrol_once()  # read already: no new line, and the kept jobs stay
+    finally:
+        d.shutdown()
+    events = jsonl_events(tmp_path)
+    assert [(e["kmsg_seq"], e["jobs"]) for e in events] == [
+        (2103, ["4242", "5555"]),
+        (2104, ["4242", "5555"]),
+    ]
+    assert [e["jobs"] for e in state(tmp_path)["fault_events"]] == [["4242", "5555"]] * 2
+
+
 def test_a_restarted_daemon_drops_the_kept_faults_older_than_the_age_bound(tmp_path):
     replay = booted_replay(tmp_path, int(time.time()) - 3600)
     path = tmp_path / "state" / "state.json"
@@ -201,6 +227,71 @@ def _event(ts: float, seq: int, **more) -> dict:
         "jobs": ["7"],
         **more,
     }
+
+
+def test_a_step_of_the_wall_clock_ages_no_kept_event():
+    """A kept event a day old; the wall clock is stepped 8 days ahead for one patrol (a
+    bad time source), then back, while the monotonic clock goes on 60 s a patrol: the
+    event stays (before the fix the ahead patrol dropped it for good). A real week on
+    both clocks still drops it."""
+    wall, mono = 1_800_000_000.0, 5000.0
+    log = FaultLog()
+    log.note_clock(wall, mono)
+    log.observe([{**_event(wall - 86400, 1), "boot_id": "b"}], "b", wall)
+    for step_wall, step_mono in ((60 + 8 * 86400, 60), (120, 120), (180, 180)):
+        assert log.note_clock(wall + step_wall, mono + step_mono) in (8 * 86400, -8 * 86400, 0)
+        log.observe([], "b", wall + step_wall)
+        assert [e["kmsg_seq"] for e in log.events] == [1]
+    assert log.events[0]["ts"] == rfc3339(wall - 86400)  # the JSONL's text, unchanged
+    log.note_clock(wall + 7 * 86400, mono + 7 * 86400)
+    log.observe([], "b", wall + 7 * 86400)
+    assert log.events == []
+
+
+def test_a_restart_in_the_same_boot_takes_the_clock_step_since_the_state_was_written():
+    """The state file was written at wall W, 1000 s after boot; the daemon restarts 60 s
+    later on the boot clock while the wall clock reads 8 days more: no kept event is
+    dropped. Another boot, or no boot clock, has no such link: the wall clock ages it."""
+    wall = 1_800_000_000.0
+    doc = {
+        "boot_id": "b",
+        "finished": wall,
+        "finished_boot": 1000.0,
+        "fault_events": [{**_event(wall - 86400, 1), "boot_id": "b"}],
+    }
+    ahead = wall + 60 + 8 * 86400
+    assert len(FaultLog.from_state(doc, ahead, boot=("b", 1060.0)).events) == 1
+    assert FaultLog.from_state(doc, ahead, boot=("other", 1060.0)).events == []
+    assert FaultLog.from_state(doc, ahead).events == []
+    bad = {**doc, "finished_boot": "1000"}
+    assert FaultLog.from_state(bad, ahead, boot=("b", 1060.0)).events == []
+
+
+def test_the_daemon_keeps_its_fault_events_over_a_clock_step(tmp_path, monkeypatch):
+    """The daemon's own patrols: XID 79 kept at patrol 1; patrol 2 runs with the wall
+    clock 8 days ahead, patrol 3 with it back: both events are still in the state file
+    (before the fix: none)."""
+    import hetpatrol.patrol as patrol_module
+
+    class Ahead:
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        def time(self):
+            return time.time() + 8 * 86400
+
+    replay = booted_replay(tmp_path, int(time.time()) - 3600)
+    d = daemon(tmp_path, replay, "4242")
+    try:
+        d.patrol_once()
+        assert len(state(tmp_path)["fault_events"]) == 2
+        monkeypatch.setattr(patrol_module, "time", Ahead())
+        d.patrol_once()
+        monkeypatch.undo()
+        d.patrol_once()
+    finally:
+        d.shutdown()
+    assert [e["kmsg_seq"] for e in state(tmp_path)["fault_events"]] == [2103, 2104]
 
 
 def test_bounds_by_count_and_age_and_the_json_is_encoded_only_on_change():

@@ -290,6 +290,74 @@ def test_a_clock_behind_at_boot_does_not_wipe_the_history(tmp_path):
     assert on_disk["boots"] == ["b1", "b2", "b3"] and on_disk["last"] == t - 3600
 
 
+def test_a_clock_step_ahead_during_the_boot_does_not_wipe_the_history(tmp_path, monkeypatch):
+    """Hostile trial (h34g): boots 1 and 2 saw GPU 2's nvlink_down; in boot 3 the wall
+    clock is stepped 31 days ahead (a bad time source) after the daemon started. The
+    history read at the next critical patrol forgot both earlier boots (31 days "since
+    last seen"), and the card went back to reset_card. It ages on the run's own clock
+    now (the earlier of the wall clock and the start advanced by CLOCK_BOOTTIME)."""
+    import time
+
+    import hetpatrol.daemon as daemon_module
+    import hetpatrol.patrol as patrol_module
+
+    class Ahead:
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        def time(self):
+            return time.time() + 31 * 86400
+
+    config = config_for(tmp_path)
+    path = history_path(config.state_path)
+    for n in (1, 2):
+        run_boot(config, n)
+    d = Daemon(config, replay_dir=scenario_boots(SURVIVES)[2])
+    try:
+        d.restore_escalation()
+        for _ in range(2):
+            d.patrol_once()
+        for module in (daemon_module, patrol_module):
+            monkeypatch.setattr(module, "time", Ahead())
+        reports = [d.patrol_once() for _ in range(3)]
+    finally:
+        monkeypatch.undo()
+        d.shutdown()
+    assert gpu2(reports[-1]).action == "replace_card"
+    assert read_history(path, time.time()).cards[f"uuid:{GPU2}"]["nvlink_down"]["boots"] == BOOTS
+
+
+def test_a_restart_in_the_same_boot_after_a_clock_step_does_not_wipe_the_history(tmp_path):
+    """The same step while no daemon ran: the state file of this boot says when it was
+    written on both clocks, so the restarted daemon ages the history from that (a state
+    file of another boot has no such link)."""
+    import time
+
+    from hetpatrol.exporters.state import boot_clock
+
+    config = config_for(tmp_path)
+    path = history_path(config.state_path)
+    for n in (1, 2):
+        run_boot(config, n)
+    # the wall clock is now 31 days ahead of the one boots 1 and 2 (and the state file,
+    # a minute ago on CLOCK_BOOTTIME) were written on: their times, moved back by as much
+    ahead = 31 * 86400
+    state = json.loads(config.state_path.read_text())
+    boot = boot_clock()
+    assert boot is not None and state["boot_id"] == boot[0]
+    state["finished"] = time.time() - ahead - 60
+    state["finished_boot"] = boot[1] - 60
+    config.state_path.write_text(json.dumps(state))
+    doc = json.loads(path.read_text())
+    for family in doc["cards"][f"uuid:{GPU2}"].values():
+        family["first"] -= ahead
+        family["last"] -= ahead
+    path.write_text(json.dumps(doc))
+    reports = run_boot(config, 3)
+    assert gpu2(reports[-1]).action == "replace_card"
+    assert read_history(path, time.time()).cards[f"uuid:{GPU2}"]["nvlink_down"]["boots"] == BOOTS
+
+
 def test_a_damaged_history_file_is_said_not_read_silently_as_empty(tmp_path, capsys):
     """A history file that is a symlink, not JSON, nested too deep, larger than the
     bound or of another schema reads as no history, as before, but ``hetpatrol history
@@ -321,6 +389,33 @@ def test_a_damaged_history_file_is_said_not_read_silently_as_empty(tmp_path, cap
     capsys.readouterr()
     assert main(["history", "--config", str(cfg), "show"]) == 0
     assert capsys.readouterr().err == ""  # no history yet: nothing to say
+
+
+@pytest.mark.parametrize("last", [1e300, 1e308, -1e300, 2.6e11])
+def test_a_history_time_no_clock_writes_is_dropped_and_show_says_no_traceback(
+    tmp_path, capsys, last
+):
+    """Hostile trial (h34g): a damaged entry whose ``last`` is finite but beyond any date
+    (1e300) made ``history show`` end in an OverflowError traceback and the family never
+    decayed. Such an entry is now malformed: dropped, the others kept."""
+    config = config_for(tmp_path)
+    path = history_path(config.state_path)
+    path.parent.mkdir(parents=True)
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(f"state_path: {config.state_path}\nnode: survives-01\n")
+    good = {"boots": ["b1", "b2"], "first": 1.8e9, "last": 1.8e9}
+    doc = {
+        "schema": "hetpatrol.reboot_history/1",
+        "cards": {"uuid:GPU-a": {"nvlink_down": good, "xid": {**good, "last": last}}},
+    }
+    path.write_text(json.dumps(doc))
+    os.chmod(path, PRIVATE_FILE_MODE)
+    history = read_history(path, 1.8e9 + 60)
+    assert list(history.cards) == ["uuid:GPU-a"]
+    assert list(history.cards["uuid:GPU-a"]) == ["nvlink_down"]
+    assert main(["history", "--config", str(cfg), "show"]) == 0
+    out = capsys.readouterr().out
+    assert out == "uuid:GPU-a  nvlink_down  seen in 2 boot(s), last 2027-01-15T08:00:00.000Z\n"
 
 
 def test_a_clear_writes_its_audit_line_to_that_state_directorys_log(tmp_path, capsys):

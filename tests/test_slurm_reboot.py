@@ -173,6 +173,24 @@ def test_resume_waits_for_healthy_patrols_of_the_new_boot(base_config):
     assert slurm.runs == []
 
 
+def test_healthy_patrols_during_our_reboot_still_resume_after_it(base_config):
+    """Hostile trial (h34g): the new boot's daemon is healthy while slurmd has not
+    registered yet and the node reads DOWN+REBOOT_ISSUED+NOT_RESPONDING with our reason
+    and no DRAIN flag (an admin's UNDRAIN during the reboot: seen on slurmctld 22.05,
+    test below). That is no drain of ours to resume, but the reboot's ": reboot
+    complete" is: before, the daemon stopped asking and left the node DOWN."""
+    fake = FakeSlurm("DOWN+REBOOT_ISSUED+NOT_RESPONDING", f"{REASON} : reboot issued")
+    cfg = replace(base_config, node="host07", slurm=settings("gpu07", ["scontrol"]))
+    policy = DrainPolicy(runner=fake)
+    boot = boot_epoch(find_node(fake(["scontrol", "show", "node"], 1).stdout, "gpu07"))
+    for seq in range(3):
+        assert policy.on_report(report("ok", boot + 10 + seq, seq), cfg) == []
+    fake.state, fake.reason = "DOWN", f"{REASON} : reboot issued : reboot complete"
+    events = [json.loads(x) for x in policy.on_report(report("ok", boot + 20, 4), cfg)]
+    assert [e["event"] for e in events] == ["resume"]
+    assert fake.runs == [["update", "NodeName=gpu07", "State=RESUME"]]
+
+
 def test_the_breaker_counts_rebooting_and_rebooted_nodes():
     now = time.time()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 10))
@@ -330,3 +348,88 @@ def test_real_slurmctld_helper_reboots_only_by_the_drain_rules(rc, tmp_path):
         res = call(path, "update", f"NodeName={node}", "State=RESUME")
         assert res.returncode == 0, res.stderr
         rc.wait_for(lambda s: s.split(" ")[1] == "idle", what="idle after RESUME")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_real_slurmctld_an_admins_drain_during_our_pending_reboot_is_never_resumed(rc, base_config):
+    """Hostile trial (h34g): hetpatrol asks for the reboot while a job runs (ASAP: DRAIN
+    and REBOOT_REQUESTED, the reboot waits for the job); an admin drains the node with a
+    reason of their own before the job ends. slurmctld reboots it (the admin's reason
+    now carries ": reboot complete", slurmctld 22.05): the healthy patrols of the new
+    boot must leave the node DOWN with the admin's reason (before, as after: held)."""
+    sinfo = ["env", f"SLURM_CONF={rc.conf}", shutil.which("sinfo") or "sinfo"]
+    cfg = replace(
+        base_config, node="host07", slurm=settings(rc.node, rc.scontrol_argv, sinfo=sinfo)
+    )
+    policy = DrainPolicy()
+    job = rc.run("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 300")
+    job_id = job.stdout.strip().split(";")[0]
+    try:
+        _admin_drain_during_reboot(rc, cfg, policy, job_id)
+    finally:
+        rc.run("scancel", job_id, check=False)
+
+
+def _admin_drain_during_reboot(rc, cfg, policy, job_id) -> None:
+    with rc.explain():
+        rc.wait_for(lambda s: s.split(" ")[1].startswith(("alloc", "mix")), what="the job running")
+        (event,) = [json.loads(x) for x in policy.on_report(report("critical", time.time()), cfg)]
+        assert event["event"] == "reboot", event
+        assert "REBOOT_REQUESTED" in _node(rc)
+        rc.scontrol("update", f"NodeName={rc.node}", "State=DRAIN", "Reason=admin: DIMM swap")
+        # the critical patrols go on: nothing over the admin's reason
+        second = [json.loads(x) for x in policy.on_report(report("critical", time.time(), 2), cfg)]
+        assert all(e["event"] not in ("reboot", "drain") for e in second), second
+        rc.run("scancel", job_id)
+        line = _rebooted(rc)
+        info = find_node(line, rc.node)
+        assert info.reason.startswith("admin: DIMM swap"), info.reason
+        boot = boot_epoch(info)
+        now = max(time.time(), (boot or 0) + 1)
+        events = []
+        for seq in range(3, 8):
+            events += [json.loads(x) for x in policy.on_report(report("ok", now + seq, seq), cfg)]
+        assert all(e["event"] != "resume" for e in events), events
+        assert rc.state() == "down" and rc.reason().startswith("admin: DIMM swap")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_real_slurmctld_an_undrain_during_our_reboot_still_resumes_after_it(rc, base_config):
+    """Hostile trial (h34g), on the real slurmctld 22.05: an admin's UNDRAIN while our
+    reboot is issued leaves DOWN+REBOOT_ISSUED(+NOT_RESPONDING) with our reason and no
+    DRAIN flag. The new boot's healthy patrols that read it before slurmd registers must
+    not make the daemon give up: after ": reboot complete" it resumes (before, the node
+    stayed DOWN)."""
+    sinfo = ["env", f"SLURM_CONF={rc.conf}", shutil.which("sinfo") or "sinfo"]
+    cfg = replace(
+        base_config, node="host07", slurm=settings(rc.node, rc.scontrol_argv, sinfo=sinfo)
+    )
+    policy = DrainPolicy()
+    with rc.explain():
+        (event,) = [json.loads(x) for x in policy.on_report(report("critical", time.time()), cfg)]
+        assert event["event"] == "reboot", event
+        deadline = time.monotonic() + 30
+        while "REBOOT_ISSUED" not in find_node(_node(rc), rc.node).state:
+            assert time.monotonic() < deadline, _node(rc)
+            time.sleep(0.05)
+        rc.scontrol("update", f"NodeName={rc.node}", "State=UNDRAIN")
+        info = find_node(_node(rc), rc.node)
+        assert "REBOOT_ISSUED" in info.state and "DRAIN" not in info.flags, info.state
+        assert info.reason.startswith(REASON), info.reason
+        # the new boot's patrols before slurmd registered: healthy, nothing to resume yet
+        for seq in (2, 3):
+            assert all(
+                json.loads(x)["event"] != "resume"
+                for x in policy.on_report(report("ok", time.time(), seq), cfg)
+            )
+        line = _rebooted(rc)
+        boot = boot_epoch(find_node(line, rc.node))
+        assert boot is not None
+        now = max(time.time(), boot + 1)
+        events = []
+        for seq in (4, 5):
+            events += [json.loads(x) for x in policy.on_report(report("ok", now + seq, seq), cfg)]
+        assert [e["event"] for e in events if e["event"] == "resume"] == ["resume"], events
+        rc.wait_for(lambda s: s.split(" ")[1] == "idle", what="idle after the resume")

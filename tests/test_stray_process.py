@@ -492,20 +492,70 @@ def test_a_failed_query_is_asked_again_after_retry_seconds(tmp_path):
     assert cj.jobs_of(cs[0]) is None and cj.jobs_of(cs[1]) == set()
 
 
+def test_a_refused_answer_is_asked_again_ever_later_never_each_minute(tmp_path):
+    """Hostile trial (h34g): job 7's name copies Slurm's per-node block (the recorded
+    22.05 answer): its answer is read and refused, and saying the same each time it was
+    asked again every ``retry_seconds`` for the job's life (61 single-job RPCs in an hour
+    of 60 s patrols, per job). Now 60, 120, 240 ... s after each refused answer: 6 in
+    the hour; the cards stay unknown throughout; a job renamed (a readable answer)
+    is taken at the next ask."""
+    slurm = Slurm({"7": SHOW_JOB["copied-block"]})
+    clock = [0.0]
+    cj = CardJobs(
+        ["/usr/bin/sinfo"], "hp-gpu01", runner=slurm, clock=lambda: clock[0], cgroup_root=tmp_path
+    )
+    job_cgroup(tmp_path, "hp-gpu01", 1000, "7")
+
+    def asked():
+        return [c for c in slurm.calls if c[-4:-1] == ["-d", "show", "job"]]
+
+    for minute in range(61):
+        clock[0] = 60.0 * minute
+        cs = cards()
+        cs[0].processes = [ProcessInfo(40001, "train", 4096 * MIB, "alice", "7")]
+        cj.refresh(cs)
+        assert cj.jobs_of(cs[0]) is None
+    assert len(asked()) == 6  # at 0, 60, 180, 420, 900, 1860 s
+    assert "job 7" in (cj.error or "")
+    slurm.jobs["7"] = SHOW_JOB["hostile"].replace("JobId=5 ", "JobId=7 ", 1)
+    clock[0] = 1860.0 + 1920.0
+    cs = cards()
+    cj.refresh(cs)
+    assert len(asked()) == 7 and cj.jobs_of(cs[0]) == {"7"}
+
+
 def test_jobs_on_fault_events():
     from types import SimpleNamespace
 
     from hetpatrol.patrol import Patroller
 
     card = _gpu0(ProcessInfo(10309, "./gpu_burn", 28234 * MIB, "alice", "5"))
-    fake = SimpleNamespace(
-        card_jobs=SimpleNamespace(jobs_of=lambda c: frozenset({"1"})), jobs_known_since=None
-    )
+    jobs = SimpleNamespace(jobs_of=lambda c: frozenset({"1"}))
+    fake = SimpleNamespace(card_jobs=jobs, _jobs_before=[], jobs_known_since=None)
     events = [{"event": "xid", "xid": 79, "uuid": "GPU-0"}, {"event": "xid", "bus_id": "x"}]
     Patroller._jobs_on_events(fake, [card], events)
     assert events[0]["jobs"] == ["1", "5"]
     assert events[1]["jobs"] is None
     json.dumps(events)
+
+
+def test_a_fault_on_a_card_no_longer_listed_names_its_last_patrols_jobs():
+    """GPU 0 held by job 9 in the last patrol, gone from this patrol's list when its
+    fault is read: the event names job 9 (not null); a card of neither patrol: null."""
+    from types import SimpleNamespace
+
+    from hetpatrol.patrol import Patroller
+
+    card = _gpu0()
+    jobs = SimpleNamespace(jobs_of=lambda c: frozenset())
+    fake = SimpleNamespace(
+        card_jobs=jobs, _jobs_before=[(card, frozenset({"9"}))], jobs_known_since=None
+    )
+    events = [{"event": "xid", "xid": 79, "uuid": "GPU-0"}, {"event": "xid", "bus_id": "x"}]
+    Patroller._jobs_on_events(fake, [], events)
+    assert events[0]["jobs"] == ["9"]
+    assert events[1]["jobs"] is None
+    assert fake._jobs_before == []  # this patrol listed no card
 
 
 # ------------------------------------------------------------------ real slurmctld

@@ -31,6 +31,14 @@ gets the jobs kept from its first read (the jobs when it happened, not those on 
 at the restart). A record it no longer keeps (past ``max_events``), or one from before
 its first read of the cards' jobs, gets no jobs (``jobs_unknown`` says why:
 :meth:`hetpatrol.patrol.Patroller._jobs_on_events`). Standard library only.
+
+Ages are not moved by a step of the wall clock (NTP after a bad RTC, ``date -s``, a
+bad time source): the daemon gives :meth:`FaultLog.note_clock` the wall and monotonic
+clocks each patrol, and a step moves the kept events' times with it (their ``ts`` text
+stays as the JSONL has it), as the escalation counts are (:data:`hetpatrol.actions.
+escalation.CLOCK_STEP_SECONDS`); a restart in the same boot takes the step since the
+state file was written from its ``finished`` / ``finished_boot`` (``CLOCK_BOOTTIME``).
+Without those a clock 8 days ahead for one patrol dropped every kept event for good.
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from hetpatrol.actions.escalation import CLOCK_STEP_SECONDS
 
 #: the ``event`` of a card fault line
 FAULT_EVENTS = ("xid", "kernel")
@@ -172,6 +182,8 @@ class FaultLog:
         #: the last :meth:`from_state`'s entries that were not kept events (damaged)
         self.dropped = 0
         self._json = "[]"
+        #: (wall, monotonic) at the last :meth:`note_clock`
+        self._clock: tuple[float, float] | None = None
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -181,6 +193,21 @@ class FaultLog:
     def json_text(self) -> str:
         """The kept events as compact JSON text (a list)."""
         return self._json
+
+    def note_clock(self, now: float, monotonic: float) -> float:
+        """The wall clock ``now`` and the monotonic clock ``monotonic`` of this patrol
+        (seconds). When the wall clock moved more than :data:`CLOCK_STEP_SECONDS` more
+        (or less) than the monotonic one since the last call, the kept events' times are
+        moved by that step (their ``ts`` text is not), so the age bound is not. Returns
+        the step (0.0: none)."""
+        last, self._clock = self._clock, (now, monotonic)
+        if last is None or not (math.isfinite(now) and math.isfinite(monotonic)):
+            return 0.0
+        step = (now - last[0]) - (monotonic - last[1])
+        if not math.isfinite(step) or abs(step) <= CLOCK_STEP_SECONDS:
+            return 0.0
+        self._times = [t + step for t in self._times]
+        return step
 
     def observe(
         self,
@@ -244,11 +271,20 @@ class FaultLog:
         self._json = json.dumps(self._events, separators=(",", ":"))
 
     @classmethod
-    def from_state(cls, doc: Any, now: float, rule: FaultEventRule | None = None) -> FaultLog:
+    def from_state(
+        cls,
+        doc: Any,
+        now: float,
+        rule: FaultEventRule | None = None,
+        boot: tuple[str, float] | None = None,
+    ) -> FaultLog:
         """Rebuild from a state document's ``fault_events`` as of ``now``: entries that
         are not kept events (wrong types, too long) are dropped and counted in
         :attr:`dropped`, the bounds applied; a missing or foreign value gives an empty
-        log, never an exception."""
+        log, never an exception. ``boot``: (this boot's id, ``CLOCK_BOOTTIME`` seconds,
+        :func:`hetpatrol.exporters.state.boot_clock`): a document written in this boot
+        says the wall clock's step since (:func:`restart_step`), and the events' times
+        are moved by it before the age bound."""
         log = cls(rule)
         raw = doc.get("fault_events") if isinstance(doc, Mapping) else None
         if raw is None:
@@ -266,6 +302,24 @@ class FaultLog:
                 continue
             log._append(kept)
         log.dropped += max(0, len(raw) - (log.rule.max_events or 1) * 4)
+        step = restart_step(doc, now, boot)
+        if step:
+            log._times = [t + step for t in log._times]
         log._bound(now)
         log._encode()
         return log
+
+
+def restart_step(doc: Mapping[str, Any], now: float, boot: tuple[str, float] | None) -> float:
+    """The wall clock's step since the state document was written, when it was written
+    in this boot: (``now`` - its ``finished``) - (``boot``'s seconds - its
+    ``finished_boot``), 0.0 when within :data:`CLOCK_STEP_SECONDS` or not known (another
+    boot, a field missing or not a finite number)."""
+    if boot is None or not isinstance(doc, Mapping) or doc.get("boot_id") != boot[0]:
+        return 0.0
+    wall, on_boot = doc.get("finished"), doc.get("finished_boot")
+    values = (wall, on_boot, now, boot[1])
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return 0.0
+    step = (now - wall) - (boot[1] - on_boot)
+    return step if math.isfinite(step) and abs(step) > CLOCK_STEP_SECONDS else 0.0

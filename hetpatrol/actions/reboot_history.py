@@ -190,10 +190,19 @@ class RebootHistory:
         return out
 
 
+#: the latest time a history entry may hold: 9999-12-31T23:59:59Z, the last second
+#: ``datetime`` (and so ``history show``'s RFC 3339 text) can say
+LATEST_TIME = 253402300799.0
+
+
 def _finite(x: Any) -> float | None:
+    """A time of an entry (seconds since the epoch), or None: not a number, not finite,
+    before the epoch or after :data:`LATEST_TIME` (no clock of the daemon wrote it: a
+    damaged file; ``last`` 1e300 made ``history show`` fail with a traceback and kept
+    the family for ever)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
-    return float(x) if math.isfinite(x) else None
+    return float(x) if math.isfinite(x) and 0 <= x <= LATEST_TIME else None
 
 
 def rule_from_config(section: Mapping[str, Any] | None) -> SurvivalRule:

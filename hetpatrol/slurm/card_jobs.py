@@ -36,7 +36,13 @@ slurmctld only for those, once each:
    shrinks a running job by whole nodes (``scontrol update JobId=.. NumNodes=..``; a
    node released ends the job's steps there, and its directory) and grows one only by
    merging the nodes of another job submitted with ``--dependency=expand:``; a query
-   that fails is asked again after ``retry_seconds``.
+   that fails (no answer: a timeout, an error exit) is asked again after
+   ``retry_seconds``. An answer that was read and refused (a forged block that makes the
+   readings differ, an IDX that cannot be read) is the job owner's text and says the same
+   when asked again: it is asked again after ``retry_seconds`` doubled for each such
+   answer in a row, at most :data:`REFUSED_RETRY_MAX_SECONDS` (before, every minute for
+   the job's life: a user's array of jobs with a copied block in their names cost
+   slurmctld one single-job RPC a minute per job instead of one per job).
 
 Trust (the text path of Slurm 23.02.2 and earlier): ``scontrol -d show job J`` prints J's
 name, comment and paths raw, so J's owner can write lines of Slurm's shape. Slurm's own
@@ -291,15 +297,21 @@ def local_slurm_jobs(
     return found
 
 
+#: the longest wait before a job whose answer was refused is asked again
+REFUSED_RETRY_MAX_SECONDS = 3600.0
+
+
 class _Asked(NamedTuple):
     """One job's answer: ``key`` the inode of the directory it was asked for (None: known
     from a process only), ``alloc`` None while unknown (``error`` says why), ``at``
-    when it was asked (the daemon's clock)."""
+    when it was asked (the daemon's clock), ``refused`` how many answers in a row were
+    read and refused (0: none, or no answer at all)."""
 
     key: int | None
     alloc: Allocation | None
     error: str | None
     at: float
+    refused: int = 0
 
 
 class CardJobs:
@@ -405,22 +417,32 @@ class CardJobs:
         for job, key in sorted(local.items(), key=lambda kv: int(kv[0])):
             had = self._jobs.get(job)
             same = had is not None and (key is None or had.key in (key, None))
-            if same and (had.alloc is not None or now - had.at < self.retry_seconds):
+            if same and (had.alloc is not None or now - had.at < self._retry_after(had)):
                 if had.key is None and key is not None:  # first seen by a process
                     self._jobs[job] = had._replace(key=key)
                 continue
-            self._jobs[job] = self._ask(job, key, now)
+            self._jobs[job] = self._ask(job, key, now, had.refused if same else 0)
         self._map(cards)
 
-    def _ask(self, job: str, key: int | None, now: float) -> _Asked:
+    def _retry_after(self, asked: _Asked) -> float:
+        """Seconds before a job without an allocation is asked again: ``retry_seconds``
+        after no answer, doubled for each refused answer in a row (at most
+        :data:`REFUSED_RETRY_MAX_SECONDS`)."""
+        if asked.refused <= 0:
+            return self.retry_seconds
+        wait = self.retry_seconds * 2.0 ** min(asked.refused - 1, 32)
+        return min(wait, max(REFUSED_RETRY_MAX_SECONDS, self.retry_seconds))
+
+    def _ask(self, job: str, key: int | None, now: float, refused: int = 0) -> _Asked:
         """One single-job query (:func:`hetpatrol.slurm.job_gres.job_query`); a failed
         one says so, and that PrivateData may hide the job (:attr:`private_note`)."""
-        asked = self._ask_once(job, key, now)
+        asked = self._ask_once(job, key, now, refused)
         if asked.error is not None and self.private_note:
             return asked._replace(error=f"{asked.error} ({self.private_note})")
         return asked
 
-    def _ask_once(self, job: str, key: int | None, now: float) -> _Asked:
+    def _ask_once(self, job: str, key: int | None, now: float, refused: int = 0) -> _Asked:
+        """``refused``: the refused answers in a row before this one."""
         version = self.version or JSON_ONE_JOB_SINCE
         argv = [*self._head, *job_query(self._scontrol, job, version)]
         what = "squeue --json" if version >= JSON_ONE_JOB_SINCE else SHOW_JOB
@@ -445,8 +467,8 @@ class CardJobs:
             if error:
                 return _Asked(key, None, error, now)
             alloc = parse_show_job_detail(out.stdout, job, self.node)
-        if alloc.errors:
-            return _Asked(key, None, "; ".join(alloc.errors), now)
+        if alloc.errors:  # read, and refused: asking again soon says the same
+            return _Asked(key, None, "; ".join(alloc.errors), now, refused + 1)
         return _Asked(key, alloc, None, now)
 
     def _map(self, cards: Sequence[CardRecord]) -> None:

@@ -312,7 +312,12 @@ class DrainPolicy:
         if settings.drain.reboot and rebooted_by_us(info) is None:
             return self._resume_after_reboot(report, settings, node, info)
         if not (info.drained and ours(info.reason)):
-            self.maybe_ours = False  # nothing of ours to resume: stop asking
+            # nothing of ours to resume: stop asking. Our reason on a node not drained
+            # is a reboot of ours still under way (an admin's UNDRAIN during it leaves
+            # DOWN+REBOOT_ISSUED with our reason, seen on slurmctld 22.05): go on asking,
+            # its "reboot complete" is ours to resume (before, never resumed)
+            if not ours(info.reason):
+                self.maybe_ours = False
             return []
         why_not = understood(info, RESUME)
         if why_not is not None:

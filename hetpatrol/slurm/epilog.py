@@ -32,7 +32,9 @@ no proof a card is gone (a card reset or a driver reload in progress, a partial 
 the daemon makes it critical only after ``missing_patrols`` (3) patrols in a row or with
 a second, independent signal about the same card. The Epilog decides the same way, from
 what it has: the daemon's count for that card in the state file (``boot.missing_cards``,
-only when the state file's boot is this patrol's boot; a card the daemon already counts
+only when the state file's boot is this patrol's boot and its verdict fresh, of a daemon
+that did not mark its stop: a count frozen hours ago is no patrols in a row with this
+read; a card the daemon already counts
 as gone is looked at as held too) plus its own read, which is one more patrol; or the
 corroboration (:func:`hetpatrol.patrol.missing_evidence`) of its own patrol: the kernel
 log's off-the-bus event (XID 79, "fallen off the bus") on the card's bus id in this boot
@@ -73,7 +75,12 @@ from hetpatrol.actions.vocabulary import (
 )
 from hetpatrol.collector import STATE_OK
 from hetpatrol.exporters.state import STATE_SCHEMA_PREFIX
-from hetpatrol.healthcheck import UntrustedStateFile, read_trusted_state
+from hetpatrol.healthcheck import (
+    UntrustedStateFile,
+    read_trusted_state,
+    stopped_mark,
+    verdict_age,
+)
 from hetpatrol.patrol import (
     card_identities,
     card_missing_finding,
@@ -118,6 +125,19 @@ def _same_boot(doc: Mapping[str, Any], report: PatrolReport) -> Mapping[str, Any
     return theirs
 
 
+def _counting(doc: Mapping[str, Any]) -> bool:
+    """Whether the daemon's counts in ``doc`` run up to the Epilog's read: a verdict
+    ``hetpatrol check`` calls fresh (:func:`hetpatrol.healthcheck.verdict_age`, on this
+    boot's clock) of a daemon that did not mark its stop. A count frozen in the state
+    file of a daemon stopped or dead hours ago is no patrols "in a row" with this read:
+    before, 2 such patrols plus the Epilog's one short list (a card reset in a
+    maintenance while the daemon was stopped) drained the node."""
+    if stopped_mark(doc) is not None:
+        return False
+    _age, stale = verdict_age(doc)
+    return not stale
+
+
 def card_missing_verdict(
     vendor: str,
     before: CardRecord,
@@ -128,13 +148,14 @@ def card_missing_verdict(
 ) -> tuple[ActionVerdict, str]:
     """(the action, the rule's words: ``"1 of 3 patrols"``) for a held card ``before``
     that the Epilog's patrol ``report`` no longer lists (see the module docstring):
-    ``reboot_node`` when the daemon's count in the state file ``doc`` (same boot) plus
-    this patrol reaches ``missing_patrols``, or when this patrol's kernel log (with the
+    ``reboot_node`` when the daemon's count in the state file ``doc`` (same boot, a
+    fresh verdict of a running daemon: :func:`_counting`) plus this patrol reaches
+    ``missing_patrols``, or when this patrol's kernel log (with the
     daemon's ``boot.off_bus``) or PCI census corroborates it; ``watch`` otherwise and
     for a damaged output (``error``)."""
     boot = _same_boot(doc, report)
     key = missing_key(before)
-    entry = (boot.get("missing_cards") or {}).get(key)
+    entry = (boot.get("missing_cards") or {}).get(key) if _counting(doc) else None
     daemon = entry.get("patrols") if isinstance(entry, Mapping) else None
     count = (daemon if isinstance(daemon, int) and not isinstance(daemon, bool) else 0) + 1
     off_bus: dict[str, str] = {}
