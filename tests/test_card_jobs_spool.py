@@ -349,3 +349,29 @@ def test_real_slurmd_step_socket_names_the_job_and_a_fault_asks_it_alone(debug_c
             assert time.monotonic() < deadline, "the job's socket outlived it"
             time.sleep(0.2)
         assert job not in spool_slurm_jobs(c.node, str(spool_dir), frozenset({0})).jobs
+
+
+def test_privatedata_hides_a_job_so_free_cards_are_unknown_never_none(tmp_path):
+    """``PrivateData=jobs`` (the recorded 22.05 config) and a reader that is neither root
+    nor SlurmUser: a socket's job answered "Invalid job id" may be another user's job on
+    any card no answer names, so no card of the fault read is "no job"."""
+    d = spool(tmp_path)
+    config = REPO / "fixtures" / "slurm" / "scontrol-show-config-22.05-privatedata-jobs.txt"
+    text = config.read_text().replace("/tmp/hetpatrol-slurm-XXXXXXXX/spool", str(d))
+
+    class Private(Slurm):
+        def __call__(self, argv, timeout):
+            out = super().__call__(argv, timeout)
+            if list(argv)[-2:] == ["show", "config"]:
+                return dataclasses.replace(out, stdout=text)
+            return out
+
+    slurm = Private({})  # every job: "Invalid job id specified"
+    cj = CardJobs(["/usr/bin/sinfo"], "hp-gpu01", runner=slurm, uid=65534)
+    make_socket(d / "hp-gpu01_1.4294967291")
+    cs = cards()
+    cj.refresh(cs)
+    assert cj.spool_dir == str(d) and cj.proctrack == "proctrack/linuxproc"
+    assert [cj.fault_jobs_of(c) for c in cs] == [None] * 6
+    assert "PrivateData=jobs" in cj.error and "job 1:" in cj.error
+    assert cj.queries == 1 and slurm.queue_wide() == []

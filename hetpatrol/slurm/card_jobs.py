@@ -18,7 +18,16 @@ slurmctld only for those, once each:
    plus the job ids of the cards' processes (their cgroup, :mod:`hetpatrol.processes`).
    Such a directory exists while the job has a step on the node: slurmstepd removes it
    at the job's end (cgroup_v1.c / cgroup_v2.c, ``cgroup_p_step_destroy``; seen on the
-   real slurmd 22.05, tests/test_stray_process.py).
+   real slurmd 22.05, tests/test_stray_process.py). And, under every ProctrackType, the
+   step sockets slurmstepd makes in ``SlurmdSpoolDir`` (``<NodeName>_<job>.<step>
+   [.<het component>]``, the names Slurm's own ``stepd_available()`` lists for
+   ``scontrol listpids`` and slurmd; :func:`spool_slurm_jobs`: names only, never
+   connecting, only root's/SlurmUser's/SlurmdUser's sockets in a directory no one else
+   can write, at most :data:`SPOOL_MAX_ENTRIES` entries). A socket goes at its step's
+   end, so a job is listed while it has a step here (seen on the real slurmd 22.05,
+   tests/test_card_jobs_spool.py). Under ``proctrack/cgroup`` the two are united: a
+   job in either is asked, keyed by its cgroup directory's inode where it has one, else
+   by its first step socket's (extern, else batch, else the lowest step).
 2. **Its cards** (one ``REQUEST_JOB_INFO_SINGLE`` per job id newly seen): the query of
    :func:`hetpatrol.slurm.job_gres.job_query` for the installed Slurm (``scontrol
    --version``, local): ``squeue --json --jobs=ID`` from 23.02.3, ``scontrol -d show job
@@ -60,12 +69,15 @@ step's cgroup, ``proctrack_p_add`` puts each task in it). ``proctrack/linuxproc`
 associated with a job"; a real 22.05 slurmd with linuxproc leaves a job's ``sleep`` in
 no Slurm cgroup, tests/test_stray_process.py). :class:`CardJobs` reads ``ProctrackType``
 from ``scontrol show config`` (beside the same command, every ``config_cache_seconds``).
-Without ``proctrack/cgroup`` there is no local job list either: then nothing is asked per
-patrol, :meth:`CardJobs.stray_jobs_of` is None for every card (stray_process not judged,
-:attr:`CardJobs.stray_note` says why), and the allocation is read only when a card fault
-event needs its jobs (:meth:`CardJobs.fault_jobs_of`: the one query that names a node's
-jobs without a job id is the whole queue, ``squeue --json``, so at most once per
-``fault_read_seconds``).
+Without ``proctrack/cgroup`` nothing is asked per patrol and
+:meth:`CardJobs.stray_jobs_of` is None for every card (stray_process not judged,
+:attr:`CardJobs.stray_note` says why); the allocation is read only when a card fault
+event needs its jobs (:meth:`CardJobs.fault_jobs_of`): the jobs from the step sockets,
+each new one asked once as above. Only where no socket listing can be had at all
+(``SlurmdSpoolDir`` unknown, holding ``%h``, missing, not root's/SlurmUser's, writable
+by others, past :data:`SPOOL_MAX_ENTRIES` entries; or the Slurm version unread) is the
+whole queue read, ``squeue --json`` (the one query that names a node's jobs without a
+job id), at most once per ``fault_read_seconds``; :attr:`CardJobs.spool_error` says why.
 """
 
 from __future__ import annotations
@@ -496,9 +508,10 @@ class CardJobs:
     def refresh(self, cards: Sequence[CardRecord]) -> None:
         """Read ``ProctrackType`` (``scontrol show config``) and ``scontrol --version``
         every ``config_cache_seconds`` (every ``retry_seconds`` while either is unknown).
-        Under ``proctrack/cgroup``: list the node's jobs (:func:`local_slurm_jobs`, plus
-        the job ids of ``cards``' processes), ask each job not asked yet (or whose
-        directory is a new one, or whose query failed ``retry_seconds`` ago) with one
+        Under ``proctrack/cgroup``: list the node's jobs (:func:`local_slurm_jobs`, the
+        step sockets of :meth:`spool_jobs`, the job ids of ``cards``' processes), ask each
+        job not asked yet (or whose directory is a new one, or whose query failed
+        ``retry_seconds`` ago) with one
         single-job query, forget the jobs gone, and map this patrol's ``cards``.
         Otherwise ask nothing: every card's jobs are unknown (None)."""
         now = self.clock()
@@ -698,8 +711,7 @@ class CardJobs:
             why = f"ProctrackType={self.proctrack} (scontrol show config)"
         return (
             f"{why}: only proctrack/cgroup puts a job's processes in its cgroup, which "
-            "tells which jobs run here and whether a process is in its job without "
-            "asking slurmctld for the whole queue: stray_process is not judged"
+            "tells whether a process is in its job: stray_process is not judged"
         )
 
     def stray_jobs_of(self, card: CardRecord) -> frozenset[str] | None:
@@ -720,11 +732,13 @@ class CardJobs:
         return None
 
     def fault_jobs_of(self, card: CardRecord) -> frozenset[str] | None:
-        """The job ids of ``card`` for a card fault event: :meth:`jobs_of` where the
-        node's jobs are listed; without a local job list, one ``squeue --json`` (the
-        whole queue: the one query that names a node's jobs without a job id) at most
-        once per ``fault_read_seconds``, its answer used for this patrol's events; None
-        when not read (the event still names the jobs of the card's processes)."""
+        """The job ids of ``card`` for a card fault event: :meth:`jobs_of` under
+        ``proctrack/cgroup``; else the jobs of the step sockets in ``SlurmdSpoolDir``
+        (:meth:`spool_jobs`), each new one asked once (a single-job query), mapped once
+        per patrol; where no socket listing can be had (:attr:`spool_error`), one
+        ``squeue --json`` (the whole queue: the one query that names a node's jobs
+        without a job id) at most once per ``fault_read_seconds``. None when not read
+        (the event still names the jobs of the card's processes)."""
         if self.listed:
             return self.jobs_of(card)
         if self._fault_map is None and self.version is not None:
