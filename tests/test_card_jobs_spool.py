@@ -125,6 +125,8 @@ def test_hostile_names_files_and_owners_are_no_job(tmp_path):
         "hp-gpu01_9.0x",
         "xhp-gpu01_10.0",
         "hp-gpu01_12345678901.0",  # more than 32 bits
+        "hp-gpu01_4294967296.0",
+        "hp-gpu01_14.4294967296",
         "hp-gpu01_13.0\n",
         "hp-gpu01_١٤.0",  # Arabic-Indic digits: not [0-9]
     ):

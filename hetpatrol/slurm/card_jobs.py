@@ -320,9 +320,12 @@ def _step_socket(node: str) -> re.Pattern[str]:
     <step>[.<het component>]``. Made by ``_domain_socket_create()``
     (src/slurmd/slurmstepd/req.c, 22.05.8 lines 215-219, 25.05.5 lines 229-233:
     ``"%s/%s_%u.%u", dir, nodename, job_id, step_id`` then ``".%u", step_het_comp``
-    when set; ``nodename`` is ``conf->node_name``, the NodeName, req.c 22.05.8 line 305)
+    when set; ``nodename`` is ``conf->node_name``, the NodeName, req.c 22.05.8 line 305:
+    the real slurmd 22.05 of a NodeName that is not its host name names it so,
+    fixtures/slurm/slurmd-spool-ls-l-22.05.txt)
     and listed by name by ``stepd_available()`` (src/common/stepd_api.c, 22.05.8 lines
-    462-469 and 529-585; the same pattern in 23.02.7, 23.11.10, 24.05.8 and 25.05.5:
+    462-469 and 529-585; the same pattern in 23.02.7, 23.11.10, 24.05.8, 25.05.5 and
+    master at 284c3b95f0:
     ``"^" nodename "_([[:digit:]]*)\\.([[:digit:]]*)\\.{0,1}([[:digit:]]*)$"``). Slurm's
     own pattern takes the NodeName as a regex and empty numbers (read as 0); this one
     takes the NodeName literally and only numbers of 1 to 10 digits."""
@@ -411,6 +414,8 @@ def spool_slurm_jobs(
                 if not stat.S_ISSOCK(st.st_mode) or st.st_uid not in trusted:
                     continue
                 job, step = m.group(1), int(m.group(2))
+                if int(job) > 0xFFFFFFFF or step > 0xFFFFFFFF:
+                    continue  # not a uint32_t, as Slurm's ids are (slurm_step_id_t)
                 rank = (0 if step == EXTERN_STEP else 1 if step == BATCH_STEP else 2, step)
                 job = str(int(job))
                 if job not in best or rank < best[job][0]:
