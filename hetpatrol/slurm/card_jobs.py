@@ -18,7 +18,16 @@ slurmctld only for those, once each:
    plus the job ids of the cards' processes (their cgroup, :mod:`hetpatrol.processes`).
    Such a directory exists while the job has a step on the node: slurmstepd removes it
    at the job's end (cgroup_v1.c / cgroup_v2.c, ``cgroup_p_step_destroy``; seen on the
-   real slurmd 22.05, tests/test_stray_process.py).
+   real slurmd 22.05, tests/test_stray_process.py). And, under every ProctrackType, the
+   step sockets slurmstepd makes in ``SlurmdSpoolDir`` (``<NodeName>_<job>.<step>
+   [.<het component>]``, the names Slurm's own ``stepd_available()`` lists for
+   ``scontrol listpids`` and slurmd; :func:`spool_slurm_jobs`: names only, never
+   connecting, only root's/SlurmUser's/SlurmdUser's sockets in a directory no one else
+   can write, at most :data:`SPOOL_MAX_ENTRIES` entries). A socket goes at its step's
+   end, so a job is listed while it has a step here (seen on the real slurmd 22.05,
+   tests/test_card_jobs_spool.py). Under ``proctrack/cgroup`` the two are united: a
+   job in either is asked, keyed by its cgroup directory's inode where it has one, else
+   by its first step socket's (extern, else batch, else the lowest step).
 2. **Its cards** (one ``REQUEST_JOB_INFO_SINGLE`` per job id newly seen): the query of
    :func:`hetpatrol.slurm.job_gres.job_query` for the installed Slurm (``scontrol
    --version``, local): ``squeue --json --jobs=ID`` from 23.02.3, ``scontrol -d show job
@@ -66,12 +75,15 @@ step's cgroup, ``proctrack_p_add`` puts each task in it). ``proctrack/linuxproc`
 associated with a job"; a real 22.05 slurmd with linuxproc leaves a job's ``sleep`` in
 no Slurm cgroup, tests/test_stray_process.py). :class:`CardJobs` reads ``ProctrackType``
 from ``scontrol show config`` (beside the same command, every ``config_cache_seconds``).
-Without ``proctrack/cgroup`` there is no local job list either: then nothing is asked per
-patrol, :meth:`CardJobs.stray_jobs_of` is None for every card (stray_process not judged,
-:attr:`CardJobs.stray_note` says why), and the allocation is read only when a card fault
-event needs its jobs (:meth:`CardJobs.fault_jobs_of`: the one query that names a node's
-jobs without a job id is the whole queue, ``squeue --json``, so at most once per
-``fault_read_seconds``).
+Without ``proctrack/cgroup`` nothing is asked per patrol and
+:meth:`CardJobs.stray_jobs_of` is None for every card (stray_process not judged,
+:attr:`CardJobs.stray_note` says why); the allocation is read only when a card fault
+event needs its jobs (:meth:`CardJobs.fault_jobs_of`): the jobs from the step sockets,
+each new one asked once as above. Only where no socket listing can be had at all
+(``SlurmdSpoolDir`` unknown, holding ``%h``, missing, not root's/SlurmUser's, writable
+by others, past :data:`SPOOL_MAX_ENTRIES` entries; or the Slurm version unread) is the
+whole queue read, ``squeue --json`` (the one query that names a node's jobs without a
+job id), at most once per ``fault_read_seconds``; :attr:`CardJobs.spool_error` says why.
 """
 
 from __future__ import annotations
@@ -79,11 +91,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from hetpatrol.path_walk import resolve_checked
 from hetpatrol.processes import PROC_ROOT, init_cgroup_root
 from hetpatrol.schema import CardRecord
 from hetpatrol.slurm.inventory import tool_error
@@ -146,10 +160,10 @@ def private_jobs(text: str) -> frozenset[str]:
     return frozenset(words - {"none", "(null)"})
 
 
-def slurm_user_uid(text: str) -> int | None:
+def slurm_user_uid(text: str, key: str = "SlurmUser") -> int | None:
     """The uid of ``SlurmUser`` (``SlurmUser               = root(0)``, scontrol show
-    config 22.05), None when not printed so."""
-    m = re.fullmatch(r"\S*\(([0-9]{1,10})\)", config_value(text, "SlurmUser") or "")
+    config 22.05; ``key`` ``SlurmdUser`` the same way), None when not printed so."""
+    m = re.fullmatch(r"\S*\(([0-9]{1,10})\)", config_value(text, key) or "")
     return int(m.group(1)) if m else None
 
 
@@ -300,6 +314,127 @@ def local_slurm_jobs(
 #: the longest wait before a job whose answer was refused is asked again
 REFUSED_RETRY_MAX_SECONDS = 3600.0
 
+#: step ids slurmstepd gives a job's own steps (slurm/slurm.h 22.05 to 25.05:
+#: ``SLURM_PENDING_STEP`` 0xfffffffd, ``SLURM_EXTERN_CONT`` 0xfffffffc,
+#: ``SLURM_BATCH_SCRIPT`` 0xfffffffb, ``SLURM_INTERACTIVE_STEP`` 0xfffffffa); every other
+#: number is an srun step. Any of them is a step of the job running on this node.
+EXTERN_STEP, BATCH_STEP = 0xFFFFFFFC, 0xFFFFFFFB
+#: most entries of SlurmdSpoolDir read (its sockets, ``job<NNNNN>`` script directories,
+#: ``cred_state``, the hwloc topology): past it the listing is incomplete, so refused
+SPOOL_MAX_ENTRIES = 20000
+
+
+def _step_socket(node: str) -> re.Pattern[str]:
+    """The name slurmstepd gives a step's socket in SlurmdSpoolDir: ``<NodeName>_<job>.
+    <step>[.<het component>]``. Made by ``_domain_socket_create()``
+    (src/slurmd/slurmstepd/req.c, 22.05.8 lines 215-219, 25.05.5 lines 229-233:
+    ``"%s/%s_%u.%u", dir, nodename, job_id, step_id`` then ``".%u", step_het_comp``
+    when set; ``nodename`` is ``conf->node_name``, the NodeName, req.c 22.05.8 line 305:
+    the real slurmd 22.05 of a NodeName that is not its host name names it so,
+    fixtures/slurm/slurmd-spool-ls-l-22.05.txt)
+    and listed by name by ``stepd_available()`` (src/common/stepd_api.c, 22.05.8 lines
+    462-469 and 529-585; the same pattern in 23.02.7, 23.11.10, 24.05.8, 25.05.5 and
+    master at 284c3b95f0:
+    ``"^" nodename "_([[:digit:]]*)\\.([[:digit:]]*)\\.{0,1}([[:digit:]]*)$"``). Slurm's
+    own pattern takes the NodeName as a regex and empty numbers (read as 0); this one
+    takes the NodeName literally and only numbers of 1 to 10 digits."""
+    return re.compile(re.escape(node) + r"_([0-9]{1,10})\.([0-9]{1,10})(?:\.([0-9]{1,10}))?")
+
+
+def _untrusted_dir(here: str, st: os.stat_result, trusted: frozenset[int], last: bool) -> str:
+    """Why directory ``here`` cannot hold Slurm's own sockets ('' when it can): not owned
+    by ``trusted``, or writable by group or others (on the way to it: unless sticky,
+    where no one renames another's entry)."""
+    if st.st_uid not in trusted:
+        return f"{here} is owned by uid {st.st_uid}, not root or SlurmUser/SlurmdUser"
+    if st.st_mode & 0o022 and (last or not st.st_mode & stat.S_ISVTX):
+        return f"{here} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return ""
+
+
+class SpoolJobs(NamedTuple):
+    """:func:`spool_slurm_jobs`'s answer: ``jobs`` job id -> the inode of its first step
+    socket (extern, else batch, else the lowest step), None when no listing could be
+    had (``error`` says why); ``path`` the directory read."""
+
+    jobs: dict[str, int] | None
+    error: str | None
+    path: str
+
+
+def spool_slurm_jobs(
+    node: str,
+    spool_dir: str,
+    trusted: frozenset[int],
+    max_entries: int = SPOOL_MAX_ENTRIES,
+) -> SpoolJobs:
+    """The Slurm jobs with a step on this node, from the step sockets slurmstepd makes in
+    ``SlurmdSpoolDir`` (``spool_dir`` as ``scontrol show config`` prints it; ``%n`` is the
+    NodeName ``node``, slurm_conf_expand_slurmd_path(), src/common/read_config.c 22.05.8
+    line 5345): the names only (:func:`_step_socket`), never connecting to a socket (they
+    are mode 0777, req.c 22.05.8 line 242). Only sockets owned by a ``trusted`` uid (root,
+    SlurmUser, SlurmdUser) count, in a directory owned by one of them that no one else can
+    write (slurmd makes it 0755, ``_set_slurmd_spooldir()``, src/slurmd/slurmd/slurmd.c
+    22.05.8 lines 2319-2336); a symbolic link is never followed, save one owned by a
+    ``trusted`` uid on the way to the directory, whose directories on the way are owned by
+    them and not writable by others unless sticky. A socket goes at its step's end
+    (``_domain_socket_destroy()``, req.c 22.05.8 line 254), so a job is listed while it has
+    a step here. No listing (``jobs`` None): ``%h`` in the path (the NodeHostname is not
+    known here), a relative path, a directory missing, unreadable or not trusted, or more
+    than ``max_entries`` entries. No RPC, no process started; never raises."""
+    path = spool_dir.replace("%n", node)
+    if "%h" in path or not path.startswith("/"):
+        return SpoolJobs(None, f"SlurmdSpoolDir {spool_dir!r}: not a path read here", path)
+
+    def on_link(here: str, st: os.stat_result) -> None:
+        if st.st_uid not in trusted:
+            raise PermissionError(f"{here} is a symbolic link of uid {st.st_uid}")
+
+    def on_dir(here: str, st: os.stat_result) -> None:
+        why = _untrusted_dir(here, st, trusted, last=False)
+        if why:
+            raise PermissionError(why)
+
+    try:
+        real = resolve_checked(path, on_link, on_dir)
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        why = str(exc) if exc.errno is None else (exc.strerror or str(exc))
+        return SpoolJobs(None, f"SlurmdSpoolDir {path}: {why}", path)
+    try:
+        why = _untrusted_dir(real, os.fstat(fd), trusted, last=True)
+        if why:
+            return SpoolJobs(None, f"SlurmdSpoolDir: {why}", path)
+        pattern = _step_socket(node)
+        best: dict[str, tuple[tuple[int, int], int]] = {}
+        with os.scandir(fd) as it:
+            for n, entry in enumerate(it):
+                if n >= max_entries:
+                    return SpoolJobs(
+                        None, f"SlurmdSpoolDir {path}: more than {max_entries} entries", path
+                    )
+                m = pattern.fullmatch(entry.name)
+                if not m:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # gone since listed: its step ended
+                if not stat.S_ISSOCK(st.st_mode) or st.st_uid not in trusted:
+                    continue
+                job, step = m.group(1), int(m.group(2))
+                if int(job) > 0xFFFFFFFF or step > 0xFFFFFFFF:
+                    continue  # not a uint32_t, as Slurm's ids are (slurm_step_id_t)
+                rank = (0 if step == EXTERN_STEP else 1 if step == BATCH_STEP else 2, step)
+                job = str(int(job))
+                if job not in best or rank < best[job][0]:
+                    best[job] = (rank, st.st_ino)
+    except OSError as exc:
+        return SpoolJobs(None, f"SlurmdSpoolDir {path}: {exc.strerror or exc}", path)
+    finally:
+        os.close(fd)
+    return SpoolJobs({job: ino for job, (_rank, ino) in best.items()}, None, path)
+
 
 class _Asked(NamedTuple):
     """One job's answer: ``key`` the inode of the directory it was asked for (None: known
@@ -362,6 +497,12 @@ class CardJobs:
         self.version: tuple[int, int, int] | None = None
         self._version_error: str | None = "not read yet"
         self._config_read_at: float | None = None
+        #: ``SlurmdSpoolDir`` of ``scontrol show config`` (None: not read) and the uids
+        #: whose step sockets and directory are Slurm's (root, SlurmUser, SlurmdUser)
+        self.spool_dir: str | None = None
+        self._slurm_uids: frozenset[int] = frozenset({0})
+        #: why the last step-socket listing could not be had (None: it was, or not tried)
+        self.spool_error: str | None = None
         #: job id -> its answer, kept while the job's directory is the same
         self._jobs: dict[str, _Asked] = {}
         self._by_identity: dict[int, frozenset[str]] | None = None
@@ -383,9 +524,10 @@ class CardJobs:
     def refresh(self, cards: Sequence[CardRecord]) -> None:
         """Read ``ProctrackType`` (``scontrol show config``) and ``scontrol --version``
         every ``config_cache_seconds`` (every ``retry_seconds`` while either is unknown).
-        Under ``proctrack/cgroup``: list the node's jobs (:func:`local_slurm_jobs`, plus
-        the job ids of ``cards``' processes), ask each job not asked yet (or whose
-        directory is a new one, or whose query failed ``retry_seconds`` ago) with one
+        Under ``proctrack/cgroup``: list the node's jobs (:func:`local_slurm_jobs`, the
+        step sockets of :meth:`spool_jobs`, the job ids of ``cards``' processes), ask each
+        job not asked yet (or whose directory is a new one, or whose query failed
+        ``retry_seconds`` ago) with one
         single-job query, forget the jobs gone, and map this patrol's ``cards``.
         Otherwise ask nothing: every card's jobs are unknown (None)."""
         now = self.clock()
@@ -397,8 +539,7 @@ class CardJobs:
         ):
             self._config_read_at = now
             self._read_config()
-        if not self.listed:
-            self._jobs.clear()
+        if not self.listed:  # the jobs are listed for a fault event only (fault_jobs_of)
             self._by_identity, self.error = None, self.private_note
             return
         if self.version is None:
@@ -408,10 +549,22 @@ class CardJobs:
         local: dict[str, int | None] = dict(
             local_slurm_jobs(self.node, self.cgroup_root, self.proc_root)
         )
+        # the second source: a job with a step socket but no directory where it is
+        # looked for (a hierarchy mounted elsewhere, a step starting) is asked too; a
+        # job in both keeps its directory's inode
+        for job, ino in (self.spool_jobs() or {}).items():
+            local.setdefault(job, ino)
         for c in cards:
             for p in c.processes:
                 if p.job_id is not None and p.job_id.isdigit():
                     local.setdefault(p.job_id, None)
+        self._sync(local, now)
+        self._map(cards)
+
+    def _sync(self, local: Mapping[str, int | None], now: float) -> None:
+        """Forget the jobs not in ``local`` (job id -> the inode of its directory or
+        socket, None: seen by a process only), ask each new one (or one whose inode
+        changed, or whose query failed ``retry_seconds`` ago)."""
         for job in [j for j in self._jobs if j not in local]:
             del self._jobs[job]  # its directory is gone: the job ended here
         for job, key in sorted(local.items(), key=lambda kv: int(kv[0])):
@@ -422,7 +575,6 @@ class CardJobs:
                     self._jobs[job] = had._replace(key=key)
                 continue
             self._jobs[job] = self._ask(job, key, now, had.refused if same else 0)
-        self._map(cards)
 
     def _retry_after(self, asked: _Asked) -> float:
         """Seconds before a job without an allocation is asked again: ``retry_seconds``
@@ -472,6 +624,13 @@ class CardJobs:
         return _Asked(key, alloc, None, now)
 
     def _map(self, cards: Sequence[CardRecord]) -> None:
+        self._by_identity, self._unjudged, self.error = self._mapped(cards)
+
+    def _mapped(
+        self, cards: Sequence[CardRecord]
+    ) -> tuple[dict[int, frozenset[str]], set[int], str | None]:
+        """(position -> job ids, positions not judged, error) of ``cards`` from the
+        answers kept."""
         keys = [_card_key(c) for c in cards]
         out: dict[int, set[str]] = {i: set() for i in range(len(cards))}
         errors = []
@@ -492,15 +651,14 @@ class CardJobs:
         # a card a process of a job with an unknown allocation runs on: that process
         # may be on its own job's card, so the card is not judged (its jobs unknown);
         # every other card is judged by the answers of its own jobs
-        self._unjudged = unmapped | {
+        unjudged = unmapped | {
             i for i, c in enumerate(cards) if any(p.job_id in unknown for p in c.processes)
         }
         if unknown and self.private_note:
             # a job hidden by PrivateData may hold any card no answer names: unknown,
             # never "no job"
-            self._unjudged |= {i for i, v in out.items() if not v}
-        self._by_identity = {i: frozenset(v) for i, v in out.items()}
-        self.error = "; ".join(errors) or None
+            unjudged |= {i for i, v in out.items() if not v}
+        return {i: frozenset(v) for i, v in out.items()}, unjudged, "; ".join(errors) or None
 
     def _read_config(self) -> None:
         """``ProctrackType`` and the Slurm version, each with why when unread."""
@@ -516,11 +674,29 @@ class CardJobs:
                     value = proctrack_type(out.stdout)
                     error = None if value else "no ProctrackType line"
                     self._read_private(out.stdout)
+                    self._read_spool(out.stdout)
                 elif error is None:
                     value = slurm_version(out.stdout)
                     error = None if value else f"said {out.stdout[:60]!r}: no Slurm version"
             setattr(self, attr, value)
             setattr(self, f"_{attr}_error", error)
+
+    def _read_spool(self, config: str) -> None:
+        """``SlurmdSpoolDir`` (raw, ``%n`` unexpanded as scontrol prints it) and the uids
+        Slurm's own files there belong to: root, ``SlurmUser`` and ``SlurmdUser``."""
+        self.spool_dir = config_value(config, "SlurmdSpoolDir")
+        uids = {slurm_user_uid(config), slurm_user_uid(config, "SlurmdUser")}
+        self._slurm_uids = frozenset({0} | {u for u in uids if u is not None})
+
+    def spool_jobs(self) -> dict[str, int] | None:
+        """:func:`spool_slurm_jobs` of this node's ``SlurmdSpoolDir`` (job id -> socket
+        inode), None when no listing could be had (:attr:`spool_error` says why)."""
+        if self.spool_dir is None:
+            self.spool_error = "SlurmdSpoolDir unknown (scontrol show config)"
+            return None
+        got = spool_slurm_jobs(self.node, self.spool_dir, self._slurm_uids)
+        self.spool_error = got.error
+        return got.jobs
 
     def _read_private(self, config: str) -> None:
         """:attr:`private_note`'s facts from ``scontrol show config`` text: slurm.conf(5)
@@ -561,8 +737,7 @@ class CardJobs:
             why = f"ProctrackType={self.proctrack} (scontrol show config)"
         return (
             f"{why}: only proctrack/cgroup puts a job's processes in its cgroup, which "
-            "tells which jobs run here and whether a process is in its job without "
-            "asking slurmctld for the whole queue: stray_process is not judged"
+            "tells whether a process is in its job: stray_process is not judged"
         )
 
     def stray_jobs_of(self, card: CardRecord) -> frozenset[str] | None:
@@ -583,13 +758,27 @@ class CardJobs:
         return None
 
     def fault_jobs_of(self, card: CardRecord) -> frozenset[str] | None:
-        """The job ids of ``card`` for a card fault event: :meth:`jobs_of` where the
-        node's jobs are listed; without a local job list, one ``squeue --json`` (the
-        whole queue: the one query that names a node's jobs without a job id) at most
-        once per ``fault_read_seconds``, its answer used for this patrol's events; None
-        when not read (the event still names the jobs of the card's processes)."""
+        """The job ids of ``card`` for a card fault event: :meth:`jobs_of` under
+        ``proctrack/cgroup``; else the jobs of the step sockets in ``SlurmdSpoolDir``
+        (:meth:`spool_jobs`), each new one asked once (a single-job query), mapped once
+        per patrol; where no socket listing can be had (:attr:`spool_error`), one
+        ``squeue --json`` (the whole queue: the one query that names a node's jobs
+        without a job id) at most once per ``fault_read_seconds``. None when not read
+        (the event still names the jobs of the card's processes)."""
         if self.listed:
             return self.jobs_of(card)
+        if self._fault_map is None and self.version is not None:
+            sockets = self.spool_jobs()
+            if sockets is not None:  # the step sockets: one single-job query per new job
+                now = self.clock()
+                local: dict[str, int | None] = dict(sockets)
+                for c in self._cards:
+                    for p in c.processes:
+                        if p.job_id is not None and p.job_id.isdigit():
+                            local.setdefault(p.job_id, None)
+                self._sync(local, now)
+                by_identity, unjudged, self.error = self._mapped(self._cards)
+                self._fault_map = {i: v for i, v in by_identity.items() if i not in unjudged}
         if self._fault_map is None:
             now = self.clock()
             if self._fault_read_at is not None and (
