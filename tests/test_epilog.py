@@ -147,7 +147,7 @@ def test_real_slurmd_epilog_drains_after_a_job_that_broke_a_gpu(slurm_node, tmp_
         assert last.startswith("hetpatrol: reboot_node nvidia/6 "), last
         c.wait_for(lambda line: "drain" in line.split(" ")[1], what="node drained")
         # the job completes (the node no longer "draining"): the reason stays hetpatrol's
-        c.wait_for(lambda line: line.split(" ")[1] == "drained", timeout=60, what="job done")
+        c.wait_for(lambda line: line.split(" ")[1] == "drained", what="job done")
         assert c.reason().startswith("hetpatrol: reboot_node nvidia/6 ")
     c.run("scancel", "--user=root", check=False)
 
