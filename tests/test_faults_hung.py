@@ -28,7 +28,8 @@ from hetpatrol.patrol import HANG_MARGIN_SECONDS, Patroller
 HEALTHY = NODES / "healthy-mixed"
 TABLE = HEALTHY / "npu-smi-info.txt"
 #: a sleep length no other process on the machine uses: finds our leftovers by cmdline
-MARKER_SLEEP = "3017.25"
+#: (this run's pid in it: a second suite running at once has live hung tools of its own)
+MARKER_SLEEP = f"3017.{os.getpid()}"
 #: what a hung patrol may take beyond the tool's timeout (fork, kill, reap, judging)
 SMALL_MARGIN = 0.5
 
@@ -55,14 +56,20 @@ class FakeNpuSmi:
         os.replace(tmp, self.path)
 
 
-def leftover_tool_processes() -> list[psutil.Process]:
-    """Live (non-zombie) processes of the fake tool anywhere on the machine."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmd = proc.info["cmdline"] or []
-        if MARKER_SLEEP in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(proc)
-    return found
+def leftover_tool_processes(wait: float = 5.0) -> list[psutil.Process]:
+    """Live (non-zombie) processes of the fake tool anywhere on the machine, once those
+    killed have had up to ``wait`` s to die (a SIGKILLed process on a loaded machine
+    ends when it is next scheduled, not at the kill)."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = []
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            cmd = proc.info["cmdline"] or []
+            if MARKER_SLEEP in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.05)
 
 
 def ascend_config(tool: Path, timeout: float, recovery: int = 1):
