@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
+from hetpatrol.bounded import HANG_MARGIN_SECONDS
 from hetpatrol.collector import STATE_OK, Collector, CollectorError, CollectResult
 from hetpatrol.config import CollectorConfig, Config
 from hetpatrol.patrol import Patroller
@@ -60,3 +61,12 @@ def make_patroller(
         collectors=tuple(CollectorConfig(n, timeout_seconds=timeout) for n in collectors),
     )
     return Patroller(cfg, collectors=collectors)
+
+
+def waited_out(timeout: float) -> float:
+    """Seconds a patrol takes at the least when it waits out a collector's deadline
+    (``timeout`` plus :data:`HANG_MARGIN_SECONDS`): the bound of "did not wait for the
+    deadline" (a tool killed at its own timeout, a still-stuck collector or a failed call
+    reported at once). A loaded machine's slowness stays under it; a patrol that waited
+    reaches it always."""
+    return timeout + HANG_MARGIN_SECONDS

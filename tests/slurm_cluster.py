@@ -145,7 +145,10 @@ class SlurmCluster:
         parts = self.sinfo().split(" ", 2)
         return parts[2] if len(parts) > 2 else ""
 
-    def wait_for(self, predicate, timeout: float = 15.0, what: str = "") -> str:
+    def wait_for(self, predicate, timeout: float = 60.0, what: str = "") -> str:
+        """Poll ``sinfo`` (our node's line) until ``predicate(line)``; the line. ``timeout``
+        is a ceiling for a loaded machine (two suites at once), never a wait: past it an
+        AssertionError with the last line and the end of the daemons' own logs."""
         deadline = time.monotonic() + timeout
         line = ""
         while time.monotonic() < deadline:
@@ -156,7 +159,9 @@ class SlurmCluster:
             if line and predicate(line):
                 return line
             time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what or predicate}: last {line!r}")
+        raise AssertionError(
+            f"timed out waiting for {what or predicate}: last {line!r}\n{self.logs(1500)}"
+        )
 
     def node_state(self) -> str:
         """``State=`` of ``scontrol show node`` (``IDLE+PLANNED``): flags sinfo hides."""

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from conftest import HETPATROL, NODES
+from fakes import waited_out
 from test_end_to_end import free_port, scrape, wait_for
 
 TABLE = NODES / "healthy-mixed" / "npu-smi-info.txt"
@@ -76,7 +77,7 @@ def test_hung_npu_smi_makes_npus_unknown_and_recovers(tmp_path, fake_npu_smi):
     tool, set_mode = fake_npu_smi
     port, cfg, proc = start_daemon(tmp_path, tool)
     try:
-        wait_for(lambda: _try(lambda: health_of(scrape(port), 0) == "ok"))
+        wait_for(lambda: _try(lambda: health_of(scrape(port), 0) == "ok"), proc=proc)
         set_mode("hang")
 
         def hung():
@@ -88,7 +89,7 @@ def test_hung_npu_smi_makes_npus_unknown_and_recovers(tmp_path, fake_npu_smi):
             }
             return state == {"hung"} and found
 
-        found = wait_for(lambda: _try(hung))
+        found = wait_for(lambda: _try(hung), proc=proc)
         assert health_of(found, 3) == "unknown"
         assert any(s.labels["check"] == "collector_hung" for s in found["hetpatrol_card_finding"])
         ups = {s.labels["collector"]: s.value for s in found["hetpatrol_collector_up"]}
@@ -96,10 +97,11 @@ def test_hung_npu_smi_makes_npus_unknown_and_recovers(tmp_path, fake_npu_smi):
         # config) absent, up
         assert ups["ascend"] == 0.0 and ups["nvidia"] == 1.0
         assert {v for k, v in ups.items() if k != "ascend"} == {1.0}
-        # the patrol kept its schedule: bounded by the 0.5 s timeout, not by the tool
-        assert found["hetpatrol_patrol_duration_seconds"][0].value < 2.0
+        # the patrol kept its schedule: bounded by the 0.5 s timeout (the tool killed, at
+        # most its deadline waited out), not by the tool's 600 s
+        assert found["hetpatrol_patrol_duration_seconds"][0].value < waited_out(0.5) + 5
         set_mode("ok")
-        wait_for(lambda: _try(lambda: health_of(scrape(port), 3) == "ok"))
+        wait_for(lambda: _try(lambda: health_of(scrape(port), 3) == "ok"), proc=proc)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)
@@ -111,7 +113,7 @@ def test_sighup_reload_applies_good_config_and_keeps_running_on_bad(tmp_path, fa
     tool, _ = fake_npu_smi
     port, cfg, proc = start_daemon(tmp_path, tool)
     try:
-        wait_for(lambda: _try(lambda: health_of(scrape(port), 4) == "ok"))
+        wait_for(lambda: _try(lambda: health_of(scrape(port), 4) == "ok"), proc=proc)
         # NPU 4 reads 39 C: a 910B warning level of 35 C makes it warning after reload
         write_config(
             cfg,
@@ -125,17 +127,22 @@ def test_sighup_reload_applies_good_config_and_keeps_running_on_bad(tmp_path, fa
 """,
         )
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: _try(lambda: health_of(scrape(port), 4) == "warning"))
+        wait_for(lambda: _try(lambda: health_of(scrape(port), 4) == "warning"), proc=proc)
         assert health_of(scrape(port), 0) == "ok"  # NPU 0 reads 33 C
         cfg.write_text(cfg.read_text() + "bogus_key: 1\n")
         proc.send_signal(signal.SIGHUP)
         wait_for(
             lambda: _try(
                 lambda: scrape(port)["hetpatrol_config_reload_failures_total"][0].value == 1
-            )
+            ),
+            proc=proc,
         )
-        time.sleep(0.7)
-        assert proc.poll() is None
+        # two patrols after the refused reload (not a fixed sleep: as slow as the machine)
+        done = scrape(port)["hetpatrol_patrols_total"][0].value
+        wait_for(
+            lambda: _try(lambda: scrape(port)["hetpatrol_patrols_total"][0].value >= done + 2),
+            proc=proc,
+        )
         assert health_of(scrape(port), 4) == "warning"  # the running config was kept
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -159,7 +166,7 @@ def test_bursts_of_sighup_then_sigterm_never_wedge_the_daemon(tmp_path, fake_npu
             def patrolled(p=port):
                 return _try(lambda: scrape(p)["hetpatrol_patrols_total"][0].value >= 1)
 
-            wait_for(patrolled)
+            wait_for(patrolled, proc=proc)
             for _ in range(300):
                 proc.send_signal(signal.SIGHUP)
                 time.sleep(0.0005)
@@ -184,7 +191,7 @@ def test_sigterm_is_not_lost_to_a_following_sighup(tmp_path, fake_npu_smi):
     tool, set_mode = fake_npu_smi
     port, cfg, proc = start_daemon(tmp_path, tool)
     try:
-        wait_for(lambda: _try(lambda: health_of(scrape(port), 0) == "ok"))
+        wait_for(lambda: _try(lambda: health_of(scrape(port), 0) == "ok"), proc=proc)
         set_mode("hang")  # the next patrols block for the 0.5 s timeout
         time.sleep(0.4)
         proc.send_signal(signal.SIGTERM)
@@ -207,8 +214,18 @@ def test_sighup_storm_does_not_starve_patrols(tmp_path, fake_npu_smi):
     tool, _ = fake_npu_smi
     port, cfg, proc = start_daemon(tmp_path, tool)
     try:
-        wait_for(lambda: _try(lambda: scrape(port)["hetpatrol_patrols_total"][0].value >= 1))
-        before = scrape(port)["hetpatrol_patrols_total"][0].value
+        wait_for(
+            lambda: _try(lambda: scrape(port)["hetpatrol_patrols_total"][0].value >= 1), proc=proc
+        )
+
+        def patrols() -> float:
+            return scrape(port)["hetpatrol_patrols_total"][0].value
+
+        # the same 2 s without a storm first: as many patrols as this machine makes now
+        first = patrols()
+        time.sleep(2.0)
+        before = patrols()
+        unhindered = before - first
         start = time.monotonic()
         deadline = start + 2.0
         changed = False
@@ -222,16 +239,19 @@ def test_sighup_storm_does_not_starve_patrols(tmp_path, fake_npu_smi):
                 os.replace(new, cfg)
                 changed = True
             time.sleep(0.005)
-        after = scrape(port)["hetpatrol_patrols_total"][0].value
-        # 0.3 s interval: about 6 patrols in 2 s unhindered; a starved loop makes none.
-        # Each reload once checked the config in a child (an interpreter start) and the
-        # storm's reloads ran back to back: 2 or 3 of the 6 remained on a loaded machine
-        assert after >= before + 4
+        after = patrols()
+        # 0.3 s interval: about 6 patrols in 2 s unhindered (fewer on a loaded machine:
+        # `unhindered` is what it made just before); a starved loop makes none. Each
+        # reload once checked the config in a child (an interpreter start) and the
+        # storm's reloads ran back to back: 2 or 3 of the 6 remained on a loaded machine.
+        # Two thirds of the unhindered count: 4 of 6, as before, on an idle machine
+        assert after - before >= max(2, round(unhindered * 2 / 3)), (unhindered, after - before)
         wait_for(
             lambda: _try(
                 lambda: scrape(port)["hetpatrol_patrol_interval_seconds"][0].value == 0.25
             ),
             timeout=15,
+            proc=proc,
         )
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -265,7 +285,9 @@ def test_reload_that_rebuilds_collectors_keeps_seq_and_reports_no_event_twice(tm
         text=True,
     )
     try:
-        wait_for(lambda: jsonl.exists() and jsonl.read_text().count('"kind":"patrol"') >= 2)
+        wait_for(
+            lambda: jsonl.exists() and jsonl.read_text().count('"kind":"patrol"') >= 2, proc=proc
+        )
         write(9)  # a collector setting: the patroller is rebuilt
         proc.send_signal(signal.SIGHUP)
         time.sleep(1.5)  # several patrols after the reload
@@ -318,7 +340,9 @@ def test_a_second_daemon_on_the_same_log_and_state_is_refused(tmp_path, fake_npu
     port, cfg, first = start_daemon(tmp_path, tool)
     second_cfg = tmp_path / "second.yaml"
     try:
-        wait_for(lambda: _try(lambda: scrape(port)["hetpatrol_patrols_total"][0].value >= 1))
+        wait_for(
+            lambda: _try(lambda: scrape(port)["hetpatrol_patrols_total"][0].value >= 1), proc=first
+        )
         write_config(second_cfg, free_port(), tool)  # same directory: same log and state
         second = start(second_cfg)
         _, err = second.communicate(timeout=30)
@@ -333,7 +357,9 @@ def test_a_second_daemon_on_the_same_log_and_state_is_refused(tmp_path, fake_npu
         first.communicate(timeout=15)
     third = start(second_cfg)
     try:
-        wait_for(lambda: (tmp_path / ".state.json.lock").read_text() == f"{third.pid}\n")
+        wait_for(
+            lambda: (tmp_path / ".state.json.lock").read_text() == f"{third.pid}\n", proc=third
+        )
         assert third.poll() is None
     finally:
         third.send_signal(signal.SIGTERM)

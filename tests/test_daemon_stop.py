@@ -94,7 +94,7 @@ def test_a_restart_clears_the_mark_and_sigint_is_a_clean_stop_too(tmp_path):
     assert reason == "SIGTERM"
     proc, state = start(tmp_path)
     try:  # the new daemon clears the mark at start, its first patrol writes a verdict
-        wait_for(lambda: json.loads(state.read_text())["finished"] > stopped_at)
+        wait_for(lambda: json.loads(state.read_text())["finished"] > stopped_at, proc=proc)
         assert "stopped" not in json.loads(state.read_text())
         res = cli("check", "--state-path", str(state))
         assert res.returncode == 0 and res.stdout.startswith("HETPATROL OK - "), res.stdout
@@ -112,7 +112,8 @@ def test_a_daemon_that_dies_before_its_first_patrol_leaves_no_stop_mark(tmp_path
     its silence then makes the verdict stale, as any dead daemon's."""
     proc, state = start(tmp_path)
     stop(proc)
-    assert stopped_mark(json.loads(state.read_text())) is not None
+    stopped_doc = json.loads(state.read_text())
+    assert stopped_mark(stopped_doc) is not None
     replay = tmp_path / "hang"
     shutil.copytree(NODES / "healthy-mixed", replay)
     (replay / "scenario.yaml").write_text(
@@ -124,9 +125,15 @@ def test_a_daemon_that_dies_before_its_first_patrol_leaves_no_stop_mark(tmp_path
     argv[argv.index("--replay") + 1] = str(replay)
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:  # the first patrol waits 10 s for the hung GPU (collectors' timeout_seconds)
-        wait_for(lambda: "stopped" not in json.loads(state.read_text()), timeout=8)
-        doc = json.loads(state.read_text())
-        assert doc["health"] == "ok" and "cards" in doc  # the last verdict, kept
+        doc = wait_for(
+            lambda: (d := json.loads(state.read_text())) and "stopped" not in d and d,
+            timeout=60,
+            proc=proc,
+        )
+        # cleared at start, before the first patrol: the last verdict, kept (not a new one
+        # that the first patrol wrote, however long this daemon took to start)
+        assert doc["finished"] == stopped_doc["finished"], doc["finished"]
+        assert doc["health"] == "ok" and "cards" in doc
     finally:
         proc.kill()
         err = proc.communicate(timeout=30)[1]
@@ -177,7 +184,7 @@ def test_a_stopped_daemons_verdict_still_refuses_a_card_it_found_broken(tmp_path
     file read in a later boot (a reboot resets the cards) lets the job through."""
     proc, state = start(tmp_path, "xid-79")
     try:
-        wait_for(lambda: json.loads(state.read_text())["health"] == "critical")
+        wait_for(lambda: json.loads(state.read_text())["health"] == "critical", proc=proc)
     finally:
         stop(proc)
     doc = json.loads(state.read_text())

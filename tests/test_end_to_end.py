@@ -33,14 +33,35 @@ def scrape(port: int) -> dict:
     return out
 
 
-def wait_for(predicate, timeout=20.0, step=0.1):
+def wait_for(predicate, timeout=20.0, step=0.1, proc: subprocess.Popen | None = None):
+    """Poll ``predicate`` every ``step`` s until it returns a true value (returned), for at
+    most ``timeout`` s (a ceiling for a loaded machine, never a wait): AssertionError then.
+
+    ``proc``: the daemon the test waits on. Its exit fails the wait at once, and either
+    failure shows its exit code and the end of its own output (stderr, or stdout where
+    stderr is not a pipe): a daemon that died or never got ready says why. A daemon
+    still running at the timeout is killed for that."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
         if value:
             return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the daemon exited before the condition: {daemon_said(proc)}")
+        if time.monotonic() >= deadline:
+            said = f": {daemon_said(proc)}" if proc is not None else ""
+            raise AssertionError(f"condition not met in {timeout:g} s{said}")
         time.sleep(step)
-    raise AssertionError("condition not met in time")
+
+
+def daemon_said(proc: subprocess.Popen, tail: int = 4000) -> str:
+    """``proc``'s exit code and the last ``tail`` characters of its output (killed first
+    if it still runs). A later ``communicate()`` returns the same output again."""
+    if proc.poll() is None:
+        proc.kill()
+    out, err = proc.communicate(timeout=30)
+    text = err if proc.stderr is not None else out
+    return f"exit code {proc.returncode}, its output ends:\n{(text or '')[-tail:]}"
 
 
 @pytest.fixture
@@ -70,7 +91,7 @@ def test_run_serves_metrics_writes_jsonl_and_stops_cleanly(tmp_path, env):
                 return None
             return found if found["hetpatrol_patrol_ready"][0].value == 1 else None
 
-        found = wait_for(ready)
+        found = wait_for(ready, proc=proc)
         temps = {
             (s.labels["vendor"], s.labels["index"]): s.value
             for s in found["hetpatrol_card_temperature_celsius"]
@@ -84,7 +105,9 @@ def test_run_serves_metrics_writes_jsonl_and_stops_cleanly(tmp_path, env):
         # every shipped plugin is enabled in the bundled config; the others are absent (up)
         assert ups["nvidia"] == 1.0 and ups["ascend"] == 1.0 and ups["hygon"] == 1.0
         assert found["hetpatrol_node_health_code"][0].value == 0
-        wait_for(lambda: jsonl.exists() and jsonl.read_text().count('"kind":"patrol"') >= 2)
+        wait_for(
+            lambda: jsonl.exists() and jsonl.read_text().count('"kind":"patrol"') >= 2, proc=proc
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=15)

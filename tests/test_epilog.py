@@ -147,7 +147,8 @@ def test_real_slurmd_epilog_drains_after_a_job_that_broke_a_gpu(slurm_node, tmp_
         last = out.read_text().strip().splitlines()[-1]
         assert last.startswith("hetpatrol: reboot_node nvidia/6 "), last
         c.wait_for(lambda line: "drain" in line.split(" ")[1], what="node drained")
-        time.sleep(2)  # the job completes: the reason stays hetpatrol's
+        # the job completes (the node no longer "draining"): the reason stays hetpatrol's
+        c.wait_for(lambda line: line.split(" ")[1] == "drained", what="job done")
         assert c.reason().startswith("hetpatrol: reboot_node nvidia/6 ")
     c.run("scancel", "--user=root", check=False)
 

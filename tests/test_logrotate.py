@@ -83,7 +83,7 @@ def test_forced_rotations_under_a_running_daemon_lose_no_line(tmp_path):
         text=True,
     )
     try:
-        wait_for(lambda: jsonl.exists() and jsonl.stat().st_size > 0)
+        wait_for(lambda: jsonl.exists() and jsonl.stat().st_size > 0, proc=proc)
         for _ in range(4):
             time.sleep(0.35)
             res = subprocess.run(

@@ -11,7 +11,7 @@ import threading
 import time
 
 from conftest import NODES
-from fakes import Scripted, make_patroller
+from fakes import Scripted, make_patroller, waited_out
 
 from hetpatrol.config import load_config
 from hetpatrol.daemon import Daemon
@@ -71,7 +71,7 @@ def test_a_stuck_collector_keeps_its_one_worker_and_is_called_again_on_it(base_c
         for _ in range(20):  # still stuck: reported at once, no new call, no new thread
             t0 = time.monotonic()
             report = p.run()
-            assert time.monotonic() - t0 < 0.5
+            assert time.monotonic() - t0 < waited_out(0.1)
             assert "still stuck in its previous call" in report.collectors[0].error
             assert threading.active_count() == count
         assert c.calls == 2
@@ -96,8 +96,8 @@ def test_close_ends_an_idle_worker_at_once_and_a_stuck_one_after_its_call(base_c
     assert {s.name: s.state for s in p.run().collectors} == {"ascend": "ok", "nvidia": "hung"}
     idle_worker, stuck_worker = idle.threads[0], stuck.threads[0]
     t0 = time.monotonic()
-    p.close()  # does not wait for the stuck call
-    assert time.monotonic() - t0 < 0.5
+    p.close()  # does not wait for the stuck call (which blocks until released, 30 s)
+    assert time.monotonic() - t0 < 10
     assert idle.closed.is_set()
     idle_worker.join(5)
     assert not idle_worker.is_alive()
@@ -240,7 +240,7 @@ def test_a_plugin_raising_system_exit_fails_that_patrol_only(base_config):
         c.mode = "exit"
         t0 = time.monotonic()
         report = p.run()
-        assert time.monotonic() - t0 < 0.5
+        assert time.monotonic() - t0 < waited_out(0.5)  # settled, not waited out as hung
         status = report.collectors[0]
         assert (status.state, status.error) == ("failed", "SystemExit: 4")
         report = p.run()
@@ -313,7 +313,7 @@ def test_a_plugin_returning_nonsense_fails_that_patrol_only(base_config):
             c.mode = mode
             t0 = time.monotonic()
             status = p.run().collectors[0]
-            assert time.monotonic() - t0 < 0.5
+            assert time.monotonic() - t0 < waited_out(0.5)  # settled, not waited out as hung
             assert status.state == "failed" and error in status.error
             assert p.run().collectors[0].state == "ok"
         assert len(set(c.threads)) == 1  # the same worker all along

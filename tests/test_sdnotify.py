@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -149,7 +150,9 @@ def test_daemon_ready_watchdog_reload_stopping(tmp_path, notify_path):
         # every 0.2 s over about 2 s
         assert 7 <= len(pings) <= 14, pings
         gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
-        assert max(gaps) < 0.4, gaps
+        # at half of WATCHDOG_USEC: the median gap 0.2 s, not 0.4 s (one ping late on a
+        # loaded machine moves the largest gap, not the median); never a stall of 1 s
+        assert statistics.median(gaps) < 0.3 and max(gaps) < 1.0, gaps
         n_before = len(sock.messages)
         proc.send_signal(signal.SIGHUP)
         t_reloading = sock.wait_for("RELOADING=1")

@@ -300,7 +300,7 @@ def test_status_of_a_running_daemon_reads_the_configs_state_path(tmp_path):
         text=True,
     )
     try:
-        wait_for((tmp_path / "state.json").exists)
+        wait_for((tmp_path / "state.json").exists, proc=proc)
         rc, out = run_on_pty(["status", "--config", str(config)], env)
     finally:
         proc.send_signal(signal.SIGTERM)

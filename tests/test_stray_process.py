@@ -582,13 +582,13 @@ def test_real_squeue_names_the_job_of_each_card_for_a_fault_event(slurm_node):
                 "-o",
                 "/dev/null",
                 "--wrap",
-                "sleep 30",
+                "sleep 300",  # cancelled below; runs longer than the wait's ceiling
             )
             .stdout.strip()
             .split(";")[0]
         )
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             cj = CardJobs(c.scontrol_argv, c.node, fault_read_seconds=0)
             while True:
                 cj.refresh(cs)

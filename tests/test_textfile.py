@@ -138,7 +138,7 @@ def test_node_exporter_serves_the_textfile(tmp_path, node_exporter):
         text=True,
     )
     try:
-        wait_for(textfile.exists)
+        wait_for(textfile.exists, proc=proc)
 
         def scrape():
             try:
@@ -148,7 +148,7 @@ def test_node_exporter_serves_the_textfile(tmp_path, node_exporter):
                 return None
             return found if "hetpatrol_card_temperature_celsius" in found else None
 
-        found = wait_for(scrape)
+        found = wait_for(scrape, proc=proc)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)

@@ -43,12 +43,12 @@ def test_hung_tool_and_its_children_are_killed(tmp_path):
     )
     t0 = time.monotonic()
     res = run_tool([exe], 0.5)
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 30  # killed at 0.5 s, not left to the grandchild's 300 s
     assert res.hung and res.returncode is None
     assert res.stdout == "partial\n"
     child = int(pidfile.read_text())
-    time.sleep(0.1)
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+    if not sleeper_gone(child, 5):
+        pytest.fail(f"the grandchild {child} survived")
 
 
 def sleeper_gone(pid: int, seconds: float) -> bool:
@@ -172,8 +172,8 @@ def test_a_child_holding_the_output_pipe_after_the_tool_exits_is_killed(tmp_path
     # written before the tool exits
     exe = script(tmp_path, "tool", f"sleep 300 &\necho $! > {pidfile}\necho done\nexit 4\n")
     t0 = time.monotonic()
-    res = run_tool([exe], 10)
-    assert time.monotonic() - t0 < 5
+    res = run_tool([exe], 30)
+    assert time.monotonic() - t0 < 30  # ended at the tool's exit, not at the timeout
     assert (res.stdout, res.hung, res.returncode, res.truncated) == ("done\n", False, 4, False)
     pid = int(pidfile.read_text())
     if not sleeper_gone(pid, 5):
@@ -186,12 +186,14 @@ def test_a_daemon_in_a_session_of_its_own_holding_stderr_does_not_make_the_tool_
     pidfile = tmp_path / "child.pid"
     exe = script(tmp_path, "tool", f"setsid sleep 300 >&2 &\necho $! > {pidfile}\necho ok\n")
     t0 = time.monotonic()
-    res = run_tool([exe], 10)
+    res = run_tool([exe], 30)
     try:
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 30  # ended at the tool's exit, not at the timeout
         assert (res.stdout, res.hung, res.returncode) == ("ok\n", False, 0)
     finally:
-        try:
-            psutil.Process(int(pidfile.read_text())).kill()
+        try:  # the escapee, left running by design; never a program that reused its pid
+            escapee = psutil.Process(int(pidfile.read_text()))
+            if escapee.name() == "sleep":
+                escapee.kill()
         except psutil.Error:
             pass

@@ -7,6 +7,7 @@ recorded samples, exported in an exposition that ``promtool check metrics`` acce
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -151,7 +152,8 @@ def test_a_real_hung_tool_is_killed_once_per_patrol_and_reported_hung(tmp_path):
     """A real ``cnmon`` that prints half a table, ignores SIGTERM and hangs: the real
     run_tool kills its process group at the timeout; the patrol reports the collector
     ``hung`` with what it printed, and the next patrol runs it once more (no pile-up)."""
-    marker = "2917.75"  # a sleep length nothing else uses
+    # a sleep length nothing else uses (this run's pid in it: not a second suite's)
+    marker = f"2917.{os.getpid()}"
     tool = tmp_path / "cnmon"
     tool.write_text(
         "#!/bin/sh\ntrap '' TERM HUP INT\n"
@@ -178,12 +180,18 @@ def test_a_real_hung_tool_is_killed_once_per_patrol_and_reported_hung(tmp_path):
     finally:
         patroller.close()
     assert (tmp_path / "runs").read_text() == "run\nrun\n"
-    left = [
-        p
-        for p in psutil.process_iter(["cmdline", "status"])
-        if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != "zombie"
-    ]
-    assert left == [], left
+
+    def left() -> list[psutil.Process]:
+        return [
+            p
+            for p in psutil.process_iter(["cmdline", "status"])
+            if marker in (p.info["cmdline"] or []) and p.info["status"] != "zombie"
+        ]
+
+    deadline = time.monotonic() + 5  # a killed process dies when next scheduled
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left() == [], left()
 
 
 def test_each_card_type_is_judged_by_its_profile():
