@@ -30,6 +30,8 @@ from hetpatrol.safe_files import open_for_append
 from hetpatrol.schema import EVENT_SCHEMA, rfc3339
 
 EX_USAGE = 64
+#: sysexits.h: a temporary failure, the same command may work later
+EX_TEMPFAIL = 75
 
 
 def add_history_parser(sub: Any) -> argparse.ArgumentParser:
@@ -117,6 +119,13 @@ def _cmd_history(args: argparse.Namespace) -> int:
         line = audit_line(config.node, args.card, {i: before[i] for i in cleared}, now)
         if log_fd is not None:
             write_line(log_fd, line)
+    except TimeoutError as e:  # the daemon (or another clear) stopped holding the lock
+        print(
+            f"hetpatrol history clear: the lock {printable(str(e.filename))} is {e.strerror}; "
+            "nothing cleared (is a hetpatrol process stopped? try again)",
+            file=sys.stderr,
+        )
+        return EX_TEMPFAIL
     finally:
         if log_fd is not None:
             os.close(log_fd)

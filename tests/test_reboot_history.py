@@ -472,3 +472,50 @@ def test_the_history_options_are_taken_after_the_subcommand_too(tmp_path, capsys
     assert main(args) == 0
     assert read_history(history_path(config.state_path), 0.0).cards == {}
     assert '"event":"history_clear"' in config.jsonl_path.read_text()
+
+
+def test_a_clear_while_another_holds_the_lock_gives_up_and_clears_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    """A daemon stopped while holding the history lock (SIGSTOP, a debugger) held up
+    ``history clear`` for ever; and a clear stopped while holding it would hold up every
+    patrol's history write. The lock is waited for a bounded time: then the clear says
+    so, exits 75 (EX_TEMPFAIL) and clears nothing."""
+    import subprocess
+    import sys
+
+    from hetpatrol.exporters import history_file
+
+    config = config_for(tmp_path)
+    run_boot(config, 1)
+    path = history_path(config.state_path)
+    lock = f"{path}.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys, time\n"
+         f"fd = os.open({lock!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(300)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(history_file, "LOCK_WAIT_SECONDS", 0.5)
+        monkeypatch.setattr(history_file.locked, "__defaults__", (history_file.LOCK_WAIT_SECONDS,))
+        cfg = tmp_path / "h.yaml"
+        cfg.write_text(
+            f"state_path: {config.state_path}\njsonl: {{path: {config.jsonl_path}}}\n"
+            "node: survives-01\n"
+        )
+        capsys.readouterr()
+        code = main(["history", "--config", str(cfg), "clear", "--card", GPU2])
+        err = capsys.readouterr().err
+        assert code == 75, err
+        assert "held by another process for more than 0.5 s" in err and "nothing cleared" in err
+        assert f"uuid:{GPU2}" in read_history(path, 0.0).cards
+        lines = [json.loads(x) for x in config.jsonl_path.read_text().splitlines()]
+        assert [x for x in lines if x.get("event") == "history_clear"] == []
+    finally:
+        holder.kill()
+        holder.wait()
+    # the lock free again: the same clear goes through
+    assert main(["history", "--config", str(cfg), "clear", "--card", GPU2]) == 0

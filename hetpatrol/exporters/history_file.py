@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,16 +40,39 @@ def history_path(state_path: Path) -> Path:
     return Path(state_path).parent / HISTORY_FILE
 
 
+#: longest wait for the history lock (seconds): its holder is the daemon or ``history
+#: clear``, each holding it for one read and one write; one stopped while holding it
+#: (SIGSTOP, a debugger) must not stop the other for ever
+LOCK_WAIT_SECONDS = 10.0
+
+
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
+def locked(path: Path, wait_seconds: float | None = None) -> Iterator[None]:
     """Hold ``flock(LOCK_EX)`` on ``<path>.lock`` (created PRIVATE_FILE_MODE) for the
     block, opened by :func:`hetpatrol.safe_files.open_for_lock`: no symlink followed,
     and another user's lock file (made first in a sticky directory: its owner could hold
-    the lock for ever and stop every patrol) is refused. Raises OSError
-    (:class:`~hetpatrol.safe_files.UnsafePath`)."""
-    fd = open_for_lock(Path(f"{path}.lock"), PRIVATE_FILE_MODE)
+    the lock for ever and stop every patrol) is refused. Waits at most ``wait_seconds``
+    (default :data:`LOCK_WAIT_SECONDS`) for another holder. Raises OSError
+    (:class:`~hetpatrol.safe_files.UnsafePath`; ``TimeoutError`` when the lock stayed
+    held that long)."""
+    if wait_seconds is None:
+        wait_seconds = LOCK_WAIT_SECONDS
+    lock = Path(f"{path}.lock")
+    fd = open_for_lock(lock, PRIVATE_FILE_MODE)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        errno.ETIMEDOUT,
+                        f"held by another process for more than {wait_seconds:g} s",
+                        str(lock),
+                    ) from None
+                time.sleep(0.05)
         yield
     finally:
         os.close(fd)
