@@ -211,20 +211,28 @@ def _partition_line(q: Mapping[str, Any]) -> str:
     return "  ".join(parts)
 
 
-#: where a word too long for a line may break: after a path separator, else (a file name
-#: wider than a whole line, such as a recording named after its argv,
-#: ``rocm-smi_-i_--showmeminfo_vram_..._--json.txt``) after the ``_`` or ``,`` between
-#: its parts; never inside a run of letters, digits, dots or dashes
+#: where a word too long for a line may break: after a path separator; a piece of it
+#: still wider than a whole line (a file name such as a recording named after its argv,
+#: ``rocm-smi_-i_--showmeminfo_vram_..._--json.txt``, 120 characters) is cut with ``...``
+#: (:func:`_cut`), as a finding's message or a drain reason is cut, never broken
 _PATH_BREAKS = re.compile(r"[^/]*/+|[^/]+")
-_NAME_BREAKS = re.compile(r"[^_,]*[_,]+|[^_,]+")
+
+
+def _cut(name: str, room: int) -> str:
+    """``name`` when it fits ``room`` columns, else its first ``room - 3`` characters
+    (less the ``.``, ``_``, ``,`` or ``-`` they end in) and ``...``, the way
+    :func:`hetpatrol.actions.findings.why_text` cuts a message."""
+    if len(name) <= room:
+        return name
+    return (name[: max(room - 3, 1)].rstrip("._,-") or name[0]) + "..."
 
 
 def wrap_words(text: str, width: int, first: str, rest: str) -> list[str]:
     """``text`` wrapped to ``width`` columns: the first line after ``first``, the others
     after ``rest`` (indents). Breaks at spaces; a word wider than a line breaks after a
-    ``/`` (a path), and only a piece still wider than a whole line after a ``_`` or
-    ``,`` (:data:`_NAME_BREAKS`); a piece with none of them stays whole (the line is
-    wider, never cut in a name). Whitespace runs read as one space."""
+    ``/`` (a path), and a piece still wider than a whole line goes on a line of its own,
+    cut with ``...`` to fit it (:func:`_cut`): no line is wider than ``width`` and no
+    name is broken across lines. Whitespace runs read as one space."""
     room = max(width - len(rest), 1)
     lines: list[str] = []
     line = first
@@ -232,9 +240,7 @@ def wrap_words(text: str, width: int, first: str, rest: str) -> list[str]:
     for word in text.split():
         pieces = [word]
         if len(word) > room:
-            pieces = []
-            for part in _PATH_BREAKS.findall(word):
-                pieces += _NAME_BREAKS.findall(part) if len(part) > room else [part]
+            pieces = [_cut(part, room) for part in _PATH_BREAKS.findall(word)]
         for i, piece in enumerate(pieces):
             sep = "" if fresh or i > 0 else " "
             if not fresh and len(line) + len(sep) + len(piece) > width:
