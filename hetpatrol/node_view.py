@@ -216,6 +216,20 @@ def _partition_line(q: Mapping[str, Any]) -> str:
 #: ``rocm-smi_-i_--showmeminfo_vram_..._--json.txt``, 120 characters) is cut with ``...``
 #: (:func:`_cut`), as a finding's message or a drain reason is cut, never broken
 _PATH_BREAKS = re.compile(r"[^/]*/+|[^/]+")
+#: a number and the unit after it (``470 s``, ``38 C``, ``36.8 GiB``) stay on one line
+_NUMBER = re.compile(r"^[0-9][0-9.,]*$")
+_UNIT = re.compile(r"^(?:s|ms|C|W|%|B|KiB|MiB|GiB|TiB|KB|MB|GB)[),.:;]*$")
+
+
+def _words(text: str) -> list[str]:
+    """``text`` split at whitespace, a number joined to the unit word after it."""
+    out: list[str] = []
+    for word in text.split():
+        if out and _UNIT.match(word) and _NUMBER.match(out[-1]):
+            out[-1] += " " + word
+        else:
+            out.append(word)
+    return out
 
 
 def _cut(name: str, room: int) -> str:
@@ -232,12 +246,13 @@ def wrap_words(text: str, width: int, first: str, rest: str) -> list[str]:
     after ``rest`` (indents). Breaks at spaces; a word wider than a line breaks after a
     ``/`` (a path), and a piece still wider than a whole line goes on a line of its own,
     cut with ``...`` to fit it (:func:`_cut`): no line is wider than ``width`` and no
-    name is broken across lines. Whitespace runs read as one space."""
+    name is broken across lines, nor a number from its unit. Whitespace runs read as one
+    space."""
     room = max(width - len(rest), 1)
     lines: list[str] = []
     line = first
     fresh = True  # nothing but the indent on ``line`` yet
-    for word in text.split():
+    for word in _words(text):
         pieces = [word]
         if len(word) > room:
             pieces = [_cut(part, room) for part in _PATH_BREAKS.findall(word)]

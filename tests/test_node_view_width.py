@@ -188,3 +188,20 @@ def test_words_wrap_at_spaces_then_path_separators():
         "  aaa_bbb...",
         "  now",
     ]
+
+
+def test_a_number_stays_with_its_unit():
+    """At 160 columns ``status -v`` printed ``asked again in 470`` / ``s or when one
+    appears``: a number and its unit are one word to the wrapping."""
+    from hetpatrol.node_view import wrap_words
+
+    text = "no enflame card on the PCI bus: asked again in 470 s or when one appears"
+    assert wrap_words(text, 51, "", "    ") == [
+        "no enflame card on the PCI bus: asked again in",
+        "    470 s or when one appears",
+    ]
+    assert wrap_words("used 36.8 GiB, at 38 C.", 12, "", "") == [
+        "used",
+        "36.8 GiB, at",
+        "38 C.",
+    ]
