@@ -221,14 +221,17 @@ _NUMBER = re.compile(r"^[0-9][0-9.,]*$")
 _UNIT = re.compile(r"^(?:s|ms|C|W|%|B|KiB|MiB|GiB|TiB|KB|MB|GB)[),.:;]*$")
 
 
-def _words(text: str) -> list[str]:
-    """``text`` split at whitespace, a number joined to the unit word after it."""
-    out: list[str] = []
-    for word in text.split():
-        if out and _UNIT.match(word) and _NUMBER.match(out[-1]):
-            out[-1] += " " + word
+def _words(text: str) -> list[tuple[str, str]]:
+    """``text`` split at whitespace as (the space before it, word) pairs, a number joined
+    to the unit word after it. The space is two where ``text`` has two or more spaces
+    (the gap between the parts of a MIG device's or a process's line), else one."""
+    out: list[tuple[str, str]] = []
+    for m in re.finditer(r"(\s*)(\S+)", text):
+        run, word = m.groups()
+        if out and _UNIT.match(word) and _NUMBER.match(out[-1][1]):
+            out[-1] = (out[-1][0], out[-1][1] + " " + word)
         else:
-            out.append(word)
+            out.append(("  " if run.startswith("  ") and run.strip(" ") == "" else " ", word))
     return out
 
 
@@ -247,17 +250,17 @@ def wrap_words(text: str, width: int, first: str, rest: str) -> list[str]:
     ``/`` (a path), and a piece still wider than a whole line goes on a line of its own,
     cut with ``...`` to fit it (:func:`_cut`): no line is wider than ``width`` and no
     name is broken across lines, nor a number from its unit. Whitespace runs read as one
-    space."""
+    space, runs of spaces on one line as two (:func:`_words`)."""
     room = max(width - len(rest), 1)
     lines: list[str] = []
     line = first
     fresh = True  # nothing but the indent on ``line`` yet
-    for word in _words(text):
+    for gap, word in _words(text):
         pieces = [word]
         if len(word) > room:
             pieces = [_cut(part, room) for part in _PATH_BREAKS.findall(word)]
         for i, piece in enumerate(pieces):
-            sep = "" if fresh or i > 0 else " "
+            sep = "" if fresh or i > 0 else gap
             if not fresh and len(line) + len(sep) + len(piece) > width:
                 lines.append(line)
                 line, fresh = rest, True

@@ -205,3 +205,13 @@ def test_a_number_stays_with_its_unit():
         "36.8 GiB, at",
         "38 C.",
     ]
+
+
+def test_a_mig_device_line_keeps_its_two_space_gaps_when_wrapped():
+    """At 80 columns the MIG device's line (mig-a100, telegraf's recording) is wrapped
+    before its UUID; its parts stayed two spaces apart only when it fit (``mig 0
+    1g.20gb GI 3 CI 0`` read as one run of words)."""
+    lines = _once("mig-a100", "80")
+    at = lines.index("      mig 0  1g.20gb  GI 3 CI 0  0.0/19.5 GiB")
+    assert lines[at + 1] == "        MIG-4b6b5a0c-3b5e-5b2a-9d1e-6a0f0e3c1a01"
+    assert "        pid 81123  python3  0.0 GiB" in lines
