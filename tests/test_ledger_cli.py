@@ -238,3 +238,11 @@ def test_a_saved_file_that_cannot_be_opened_is_named_by_its_own_option(tmp_path)
                  str(tmp_path), *WINDOW)  # fmt: skip
     assert res.returncode == 64
     assert f"--nodes-file {tmp_path}: a directory (save the command's output" in res.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "-0.1", "1.5", "x"])
+def test_efficiency_idle_below_is_a_ratio(value):
+    # nan was taken: every "efficiency < nan" is false, so no job read as idle
+    res = ledger("efficiency", "--prometheus", "http://127.0.0.1:1", "--idle-below", value)
+    assert res.returncode == 64
+    assert f"argument --idle-below: {value!r}: not a ratio from 0 to 1" in res.stderr

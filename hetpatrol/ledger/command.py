@@ -112,6 +112,18 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _ratio(text: str) -> float:
+    """An efficiency threshold: a number from 0 to 1 (``nan`` compared false with every
+    job, so none was listed as idle)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:  # also nan
+        raise argparse.ArgumentTypeError(f"{text!r}: not a ratio from 0 to 1")
+    return value
+
+
 def _add_window(p: argparse.ArgumentParser) -> None:
     p.add_argument("--start", default="now-1days", help="window start (default now-1days)")
     p.add_argument("--end", default="now", help="window end (default now)")
@@ -216,7 +228,7 @@ def add_ledger_parser(sub) -> None:
     e.add_argument("--job", action="append", default=None, help="only this job id (repeat)")
     e.add_argument(
         "--idle-below",
-        type=float,
+        type=_ratio,
         default=0.1,
         metavar="R",
         help="list as idle the jobs below this efficiency (default 0.1)",
