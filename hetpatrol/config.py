@@ -329,6 +329,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     if base not in ("bundled", "none"):
         raise config_error("must be bundled or none", src, lines, ("base",))
     if base == "bundled" and src_path != bundled_config_path():
+        _check_profile_switches(data, src, lines)
         data = layered(bundled_document(), data)
 
     schema = config_schema(data.get("collectors"))
@@ -488,6 +489,21 @@ def layered(bundled: Mapping[str, Any], site: Mapping[str, Any]) -> dict[str, An
         else:
             out[key] = value
     return out
+
+
+def _check_profile_switches(site: Mapping[str, Any], src: str, lines: dict) -> None:
+    """A site profile's ``enabled`` is true or false: :func:`layered` takes it out before
+    the schema sees the profile, so ``enabled: flase`` (or ``no`` quoted, ``0``) left the
+    profile on without a word. Raises :class:`ConfigError` at its line."""
+    profiles = site.get("profiles")
+    for i, profile in enumerate(profiles if isinstance(profiles, list) else []):
+        if isinstance(profile, Mapping) and not isinstance(profile.get("enabled", True), bool):
+            raise config_error(
+                f"{profile['enabled']!r} is not of type 'boolean' (true or false)",
+                src,
+                lines,
+                ("profiles", i, "enabled"),
+            )
 
 
 def _layered_profiles(bundled: list, site: list) -> list:

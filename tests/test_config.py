@@ -538,6 +538,22 @@ def test_a_site_file_is_laid_over_the_bundled_config_key_by_key(tmp_path):
     assert cfg.profile_for("nvidia", "h100", None).name == "site-h100"
 
 
+@pytest.mark.parametrize("value", ["flase", "0", "'no'", "null"])
+def test_a_profile_switch_that_is_not_true_or_false_is_refused(tmp_path, value):
+    # laying the site over the bundled config takes "enabled" out before the schema
+    # check: "enabled: flase" left ascend-310p on and validate-config said ok
+    site = tmp_path / "site.yaml"
+    site.write_text(
+        f"interval_seconds: 5\nprofiles:\n  - name: ascend-310p\n    enabled: {value}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(site)
+    shown = {"flase": "'flase'", "0": "0", "'no'": "'no'", "null": "None"}[value]
+    assert str(info.value) == (
+        f"{site}:4: profiles[0].enabled: {shown} is not of type 'boolean' (true or false)"
+    )
+
+
 def test_base_none_makes_the_file_the_whole_config_and_errors_name_the_site_line(tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text("base: none\ninterval_seconds: 5\n")
