@@ -398,6 +398,11 @@ _BOUND_WORDS = {
 }
 
 
+def _types(value: Any) -> list:
+    """A schema's ``type`` as a list (``"object"`` or ``["object", "null"]``)."""
+    return [value] if isinstance(value, str) else list(value)
+
+
 def schema_error(err: Any) -> tuple[tuple, str]:
     """(key path, message) of a ``jsonschema.ValidationError`` of a config-shaped file.
 
@@ -435,6 +440,21 @@ def schema_error(err: Any) -> tuple[tuple, str]:
         and not isinstance(err.instance, bool)
     ):  # a card type such as 910_93 or 310 written bare
         message += " (YAML reads unquoted digits as a number, 910_93 as 91093: quote it)"
+    elif (
+        err.validator == "type"
+        and "object" in _types(err.validator_value)
+        and not isinstance(err.instance, dict)
+        and err.schema.get("properties")
+        and err.schema.get("additionalProperties") is False  # its keys are all listed
+    ):  # `drain: true` where drain is a section: name the keys that go under it
+        keys = sorted(err.schema["properties"])
+        shown = ", ".join(keys[:5]) + (", ..." if len(keys) > 5 else "")
+        message += f" (a section: its keys go under it: {shown})"
+    if err.validator == "type" and (err.instance is None or isinstance(err.instance, bool)):
+        # jsonschema writes Python's True / None: the file says true / null
+        word = "null" if err.instance is None else str(err.instance).lower()
+        if message.startswith(repr(err.instance) + " "):
+            message = word + message[len(repr(err.instance)) :]
     return epath, message
 
 

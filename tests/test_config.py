@@ -554,6 +554,28 @@ def test_a_profile_switch_that_is_not_true_or_false_is_refused(tmp_path, value):
     )
 
 
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        # a section written as a value: its keys named; YAML's words, not Python's True
+        (
+            "slurm:\n  drain: true\n",
+            "2: slurm.drain: true is not of type 'object', 'null' (a section: its keys go"
+            " under it: breaker, dry_run, enabled, reboot, resume_after_patrols)",
+        ),
+        ("interval_seconds: true\n", "1: interval_seconds: true is not of type 'number'"),
+        ("node: no\n", "1: node: false is not of type 'string', 'null'"),
+        ("collectors:\n  nvidia: null\n", "2: collectors.nvidia: null is not of type 'object'"),
+    ],
+)
+def test_a_wrong_type_says_it_in_yamls_words(tmp_path, text, message):
+    site = tmp_path / "site.yaml"
+    site.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(site)
+    assert str(info.value) == f"{site}:{message}"
+
+
 def test_base_none_makes_the_file_the_whole_config_and_errors_name_the_site_line(tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text("base: none\ninterval_seconds: 5\n")
