@@ -514,6 +514,12 @@ def render(
                 text = "action watch: kept in service and watched, no drain"
                 # continuation lines hang under the text, as a finding's do
                 out.add_painted(text + (f" ({why})" if why else ""), 6, paint, "dim", hang=7)
+            elif c.get("action_source") == "reboot_history" and c.get("action_reason"):
+                # replace_card from the reboot history: the finding above says only how to
+                # treat the fault once ("reset the GPU"); this says why the card goes
+                out.add_painted(
+                    f"action {c.get('action')}: {c['action_reason']}", 6, paint, "dim", hang=7
+                )
             procs = [p for p in c.get("processes") or [] if isinstance(p, Mapping)]
             parts = [q for q in c.get("partitions") or [] if isinstance(q, Mapping)]
             inside = {q.get("index") for q in parts}
