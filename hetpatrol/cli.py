@@ -4,7 +4,7 @@ Health, placement and accounting for Slurm clusters of several accelerator vendo
 command below has its own ``--help``. Verdicts exit as Nagios checks do (0 ok, 1 warning,
 2 critical, 3 unknown); usage errors exit 64 (EX_USAGE), a bad config 78 (EX_CONFIG), an
 output path hetpatrol refuses to write (a symlink, another user's file or directory:
-hetpatrol/safe_files.py) 73 (EX_CANTCREAT).
+docs/failures.md) 73 (EX_CANTCREAT).
 """
 
 from __future__ import annotations

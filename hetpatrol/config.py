@@ -329,6 +329,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     if base not in ("bundled", "none"):
         raise config_error("must be bundled or none", src, lines, ("base",))
     if base == "bundled" and src_path != bundled_config_path():
+        _check_profile_switches(data, src, lines)
         data = layered(bundled_document(), data)
 
     schema = config_schema(data.get("collectors"))
@@ -397,6 +398,11 @@ _BOUND_WORDS = {
 }
 
 
+def _types(value: Any) -> list:
+    """A schema's ``type`` as a list (``"object"`` or ``["object", "null"]``)."""
+    return [value] if isinstance(value, str) else list(value)
+
+
 def schema_error(err: Any) -> tuple[tuple, str]:
     """(key path, message) of a ``jsonschema.ValidationError`` of a config-shaped file.
 
@@ -434,6 +440,21 @@ def schema_error(err: Any) -> tuple[tuple, str]:
         and not isinstance(err.instance, bool)
     ):  # a card type such as 910_93 or 310 written bare
         message += " (YAML reads unquoted digits as a number, 910_93 as 91093: quote it)"
+    elif (
+        err.validator == "type"
+        and "object" in _types(err.validator_value)
+        and not isinstance(err.instance, dict)
+        and err.schema.get("properties")
+        and err.schema.get("additionalProperties") is False  # its keys are all listed
+    ):  # `drain: true` where drain is a section: name the keys that go under it
+        keys = sorted(err.schema["properties"])
+        shown = ", ".join(keys[:5]) + (", ..." if len(keys) > 5 else "")
+        message += f" (a section: its keys go under it: {shown})"
+    if err.validator == "type" and (err.instance is None or isinstance(err.instance, bool)):
+        # jsonschema writes Python's True / None: the file says true / null
+        word = "null" if err.instance is None else str(err.instance).lower()
+        if message.startswith(repr(err.instance) + " "):
+            message = word + message[len(repr(err.instance)) :]
     return epath, message
 
 
@@ -488,6 +509,21 @@ def layered(bundled: Mapping[str, Any], site: Mapping[str, Any]) -> dict[str, An
         else:
             out[key] = value
     return out
+
+
+def _check_profile_switches(site: Mapping[str, Any], src: str, lines: dict) -> None:
+    """A site profile's ``enabled`` is true or false: :func:`layered` takes it out before
+    the schema sees the profile, so ``enabled: flase`` (or ``no`` quoted, ``0``) left the
+    profile on without a word. Raises :class:`ConfigError` at its line."""
+    profiles = site.get("profiles")
+    for i, profile in enumerate(profiles if isinstance(profiles, list) else []):
+        if isinstance(profile, Mapping) and not isinstance(profile.get("enabled", True), bool):
+            raise config_error(
+                f"{profile['enabled']!r} is not of type 'boolean' (true or false)",
+                src,
+                lines,
+                ("profiles", i, "enabled"),
+            )
 
 
 def _layered_profiles(bundled: list, site: list) -> list:

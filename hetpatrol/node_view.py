@@ -211,32 +211,56 @@ def _partition_line(q: Mapping[str, Any]) -> str:
     return "  ".join(parts)
 
 
-#: where a word too long for a line may break: after a path separator, else (a file name
-#: wider than a whole line, such as a recording named after its argv,
-#: ``rocm-smi_-i_--showmeminfo_vram_..._--json.txt``) after the ``_`` or ``,`` between
-#: its parts; never inside a run of letters, digits, dots or dashes
+#: where a word too long for a line may break: after a path separator; a piece of it
+#: still wider than a whole line (a file name such as a recording named after its argv,
+#: ``rocm-smi_-i_--showmeminfo_vram_..._--json.txt``, 120 characters) is cut with ``...``
+#: (:func:`_cut`), as a finding's message or a drain reason is cut, never broken
 _PATH_BREAKS = re.compile(r"[^/]*/+|[^/]+")
-_NAME_BREAKS = re.compile(r"[^_,]*[_,]+|[^_,]+")
+#: a number and the unit after it (``470 s``, ``38 C``, ``36.8 GiB``) stay on one line
+_NUMBER = re.compile(r"^[0-9][0-9.,]*$")
+_UNIT = re.compile(r"^(?:s|ms|C|W|%|B|KiB|MiB|GiB|TiB|KB|MB|GB)[),.:;]*$")
+
+
+def _words(text: str) -> list[tuple[str, str]]:
+    """``text`` split at whitespace as (the space before it, word) pairs, a number joined
+    to the unit word after it. The space is two where ``text`` has two or more spaces
+    (the gap between the parts of a MIG device's or a process's line), else one."""
+    out: list[tuple[str, str]] = []
+    for m in re.finditer(r"(\s*)(\S+)", text):
+        run, word = m.groups()
+        if out and _UNIT.match(word) and _NUMBER.match(out[-1][1]):
+            out[-1] = (out[-1][0], out[-1][1] + " " + word)
+        else:
+            out.append(("  " if run.startswith("  ") and run.strip(" ") == "" else " ", word))
+    return out
+
+
+def _cut(name: str, room: int) -> str:
+    """``name`` when it fits ``room`` columns, else its first ``room - 3`` characters
+    (less the ``.``, ``_``, ``,`` or ``-`` they end in) and ``...``, the way
+    :func:`hetpatrol.actions.findings.why_text` cuts a message."""
+    if len(name) <= room:
+        return name
+    return (name[: max(room - 3, 1)].rstrip("._,-") or name[0]) + "..."
 
 
 def wrap_words(text: str, width: int, first: str, rest: str) -> list[str]:
     """``text`` wrapped to ``width`` columns: the first line after ``first``, the others
     after ``rest`` (indents). Breaks at spaces; a word wider than a line breaks after a
-    ``/`` (a path), and only a piece still wider than a whole line after a ``_`` or
-    ``,`` (:data:`_NAME_BREAKS`); a piece with none of them stays whole (the line is
-    wider, never cut in a name). Whitespace runs read as one space."""
+    ``/`` (a path), and a piece still wider than a whole line goes on a line of its own,
+    cut with ``...`` to fit it (:func:`_cut`): no line is wider than ``width`` and no
+    name is broken across lines, nor a number from its unit. Whitespace runs read as one
+    space, runs of spaces on one line as two (:func:`_words`)."""
     room = max(width - len(rest), 1)
     lines: list[str] = []
     line = first
     fresh = True  # nothing but the indent on ``line`` yet
-    for word in text.split():
+    for gap, word in _words(text):
         pieces = [word]
         if len(word) > room:
-            pieces = []
-            for part in _PATH_BREAKS.findall(word):
-                pieces += _NAME_BREAKS.findall(part) if len(part) > room else [part]
+            pieces = [_cut(part, room) for part in _PATH_BREAKS.findall(word)]
         for i, piece in enumerate(pieces):
-            sep = "" if fresh or i > 0 else " "
+            sep = "" if fresh or i > 0 else gap
             if not fresh and len(line) + len(sep) + len(piece) > width:
                 lines.append(line)
                 line, fresh = rest, True
@@ -490,6 +514,12 @@ def render(
                 text = "action watch: kept in service and watched, no drain"
                 # continuation lines hang under the text, as a finding's do
                 out.add_painted(text + (f" ({why})" if why else ""), 6, paint, "dim", hang=7)
+            elif c.get("action_source") == "reboot_history" and c.get("action_reason"):
+                # replace_card from the reboot history: the finding above says only how to
+                # treat the fault once ("reset the GPU"); this says why the card goes
+                out.add_painted(
+                    f"action {c.get('action')}: {c['action_reason']}", 6, paint, "dim", hang=7
+                )
             procs = [p for p in c.get("processes") or [] if isinstance(p, Mapping)]
             parts = [q for q in c.get("partitions") or [] if isinstance(q, Mapping)]
             inside = {q.get("index") for q in parts}

@@ -538,6 +538,44 @@ def test_a_site_file_is_laid_over_the_bundled_config_key_by_key(tmp_path):
     assert cfg.profile_for("nvidia", "h100", None).name == "site-h100"
 
 
+@pytest.mark.parametrize("value", ["flase", "0", "'no'", "null"])
+def test_a_profile_switch_that_is_not_true_or_false_is_refused(tmp_path, value):
+    # laying the site over the bundled config takes "enabled" out before the schema
+    # check: "enabled: flase" left ascend-310p on and validate-config said ok
+    site = tmp_path / "site.yaml"
+    site.write_text(
+        f"interval_seconds: 5\nprofiles:\n  - name: ascend-310p\n    enabled: {value}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(site)
+    shown = {"flase": "'flase'", "0": "0", "'no'": "'no'", "null": "None"}[value]
+    assert str(info.value) == (
+        f"{site}:4: profiles[0].enabled: {shown} is not of type 'boolean' (true or false)"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        # a section written as a value: its keys named; YAML's words, not Python's True
+        (
+            "slurm:\n  drain: true\n",
+            "2: slurm.drain: true is not of type 'object', 'null' (a section: its keys go"
+            " under it: breaker, dry_run, enabled, reboot, resume_after_patrols)",
+        ),
+        ("interval_seconds: true\n", "1: interval_seconds: true is not of type 'number'"),
+        ("node: no\n", "1: node: false is not of type 'string', 'null'"),
+        ("collectors:\n  nvidia: null\n", "2: collectors.nvidia: null is not of type 'object'"),
+    ],
+)
+def test_a_wrong_type_says_it_in_yamls_words(tmp_path, text, message):
+    site = tmp_path / "site.yaml"
+    site.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(site)
+    assert str(info.value) == f"{site}:{message}"
+
+
 def test_base_none_makes_the_file_the_whole_config_and_errors_name_the_site_line(tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text("base: none\ninterval_seconds: 5\n")

@@ -117,6 +117,21 @@ def test_a_usage_error_of_the_prolog_lets_the_job_through():
     assert "unrecognized arguments: --bogus: job let through" in run.stderr
 
 
+@pytest.mark.parametrize("timeout", ["inf", "nan", "-1", "0", "abc"])
+def test_a_bad_timeout_is_a_usage_error(tmp_path, timeout):
+    """``--timeout inf`` was an OverflowError traceback (exit 1, which Slurm answers with
+    an "Epilog error" drain) and ``nan`` exit 78; now the prolog's rule: a usage error."""
+    run = subprocess.run(
+        [*HETPATROL, "epilog", "--state-path", str(tmp_path / "s.json"), "--timeout", timeout],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 64, run.stderr
+    assert f"argument --timeout: {timeout!r}: a positive number of seconds" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 @pytest.mark.slurm
 def test_real_slurmd_epilog_drains_after_a_job_that_broke_a_gpu(slurm_node, tmp_path):
     """slurmd runs `hetpatrol epilog` as Epilog. The daemon's verdict was the healthy H100

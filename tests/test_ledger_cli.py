@@ -102,6 +102,20 @@ def test_quota_shows_a_use_below_the_limit_below_it(tmp_path):
     ]  # fmt: skip
 
 
+def test_quota_shows_a_small_use_above_zero(tmp_path):
+    # chemistry's A100 time: 4 cards x 4 s = 16 card-seconds, 0.0044 card-hours, 89 % of
+    # 0.005; two decimals read "0.00" beside "89%"
+    qf = tmp_path / "q.yaml"
+    qf.write_text("quotas:\n  - {account: chemistry, gres: gpu:a100, card_hours: 0.005}\n")
+    res = ledger("quota", "--sacct-file", str(SAMPLE / "sacct.txt"), *NODES, *WINDOW,
+                 "--quota-file", str(qf))  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert res.stdout.splitlines()[1].split() == [
+        "chemistry", "-", "gpu:a100", "card_hours", "0.004", "0.005", "card_hours", "89%",
+        "warning",
+    ]  # fmt: skip
+
+
 def test_capacity_reads_a_header_in_its_own_order_and_refuses_another(tmp_path):
     saved = tmp_path / "sacct.txt"
     body = (SAMPLE / "sacct.txt").read_text()
@@ -183,6 +197,23 @@ def test_error_lines_stay_escaped(tmp_path):
     assert err[-1].startswith("hint: no slurm.conf found")
 
 
+def test_quota_without_slurm_conf_hints_at_sacctmgrs_flags(tmp_path):
+    # sacctmgr fails as scontrol does on such a host (the same slurm_conf_init() lines,
+    # "sacctmgr:" in front); the hint names what replaces sacctmgr, not scontrol's flags
+    fake = tmp_path / "sacctmgr"
+    fake.write_text("#!/bin/sh\n" + "".join(
+        f"echo '{line.replace('scontrol:', 'sacctmgr:')}' >&2\n" for line in NO_CONF
+    ) + "exit 1\n")  # fmt: skip
+    fake.chmod(0o755)
+    res = ledger("quota", "--sacctmgr", str(fake), "--sacct-file", str(SAMPLE / "sacct.txt"),
+                 *NODES, *WINDOW)  # fmt: skip
+    assert res.returncode == 69
+    err = res.stderr.splitlines()
+    assert err[0].startswith(f"hetpatrol ledger: {fake} -n -P show assoc ")
+    assert err[-2] == "  sacctmgr: fatal: Could not establish a configuration source"
+    assert err[-1] == "hint: no slurm.conf found: set SLURM_CONF or pass --sacctmgr/--quota-file"
+
+
 def test_a_user_named_like_a_field_does_not_make_a_header(tmp_path):
     lines = (SAMPLE / "sacct.txt").read_text().splitlines()
     first = lines[0].split("|")
@@ -207,3 +238,11 @@ def test_a_saved_file_that_cannot_be_opened_is_named_by_its_own_option(tmp_path)
                  str(tmp_path), *WINDOW)  # fmt: skip
     assert res.returncode == 64
     assert f"--nodes-file {tmp_path}: a directory (save the command's output" in res.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "-0.1", "1.5", "x"])
+def test_efficiency_idle_below_is_a_ratio(value):
+    # nan was taken: every "efficiency < nan" is false, so no job read as idle
+    res = ledger("efficiency", "--prometheus", "http://127.0.0.1:1", "--idle-below", value)
+    assert res.returncode == 64
+    assert f"argument --idle-below: {value!r}: not a ratio from 0 to 1" in res.stderr

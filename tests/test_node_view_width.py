@@ -138,24 +138,37 @@ ROCM_NAME = (
 
 
 @pytest.mark.parametrize("columns", ["80", "160"])
-def test_a_missing_recordings_name_is_never_cut_mid_word(columns):
-    """``once -v`` at 80 columns cut the missing recordings' names mid-word
-    (``rocm-smi_-i_--showprodu`` / ``ctname...``). Lines break at spaces; a name wider
-    than the line goes on a line of its own, broken (only when wider than a whole line)
-    after a ``_`` between its parts, a path after a ``/``."""
+def test_a_missing_recordings_name_is_never_broken_across_lines(columns):
+    """``once -v`` at 80 columns broke the missing recordings' 120-character names
+    (``rocm-smi_-i_`` / ``--showmeminfo_vram_...``), first mid-word, then at each ``_``.
+    A name wider than a whole line now goes on a line of its own, cut with ``...`` as a
+    finding's message is; at 160 columns it is whole. ``--format json`` keeps it whole."""
     lines = _once("mig-a100", columns)
     at = next(i for i, x in enumerate(lines) if x.startswith("  hygon absent"))
     block = [lines[at]] + [
         x for x in itertools.takewhile(lambda x: x.startswith("    "), lines[at + 1 :])
     ]
+    assert block[0].endswith(": rocm-smi not found: no recording"), block
+    assert all(len(x) <= int(columns) for x in block), block
     if columns == "160":
         assert block[1].startswith(f"    {ROCM_NAME} in"), block
         return
-    joined = "".join(x.strip() if x.endswith(("_", "/", ",")) else x.strip() + " " for x in block)
-    assert f"no recording {ROCM_NAME} in {NODES}/mig-a100" in joined, block
-    words = joined.split()
-    for line in block[:-1]:  # each break after a whole word, or after a _ / , in one
-        assert line.endswith(("_", "/", ",")) or line.split()[-1] in words, line
+    # 76 columns of room under the 4-space indent: 73 characters of the name, then ...
+    assert block[1] == (
+        "    rocm-smi_-i_--showmeminfo_vram_--showpower_--showserial_--showuse_--showt..."
+    ), block
+    assert block[2].startswith("    in "), block
+    assert not any(x.endswith(("_", ",")) for x in block), block
+    gaudi = next(x for x in lines if x.startswith("    hl-smi_-Q_"))
+    assert gaudi == (  # 73 characters end in "memory." : the dot goes before the ...
+        "    hl-smi_-Q_index,uuid,name,driver_version,memory.total,memory.used,memory..."
+    )
+    res = subprocess.run(
+        [*HETPATROL, "once", "--replay", str(NODES / "mig-a100"), "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    assert f"no recording {ROCM_NAME} in " in res.stdout
 
 
 def test_words_wrap_at_spaces_then_path_separators():
@@ -168,8 +181,37 @@ def test_words_wrap_at_spaces_then_path_separators():
         "  node-0042/",
         "  rocm-smi_--showuse.txt today",
     ]
-    # a piece with no break left stays whole, wider than the line: never cut
-    assert wrap_words("x abcdefghijklmnopqrstuvwxyz", 10, "", "") == [
-        "x",
-        "abcdefghijklmnopqrstuvwxyz",
+    # a piece still wider than a whole line is cut with ..., never broken
+    assert wrap_words("x abcdefghijklmnopqrstuvwxyz", 10, "", "") == ["x", "abcdefg..."]
+    assert wrap_words("see aaa_bbb_ccc_ddd_eee now", 12, "", "  ") == [
+        "see",
+        "  aaa_bbb...",
+        "  now",
     ]
+
+
+def test_a_number_stays_with_its_unit():
+    """At 160 columns ``status -v`` printed ``asked again in 470`` / ``s or when one
+    appears``: a number and its unit are one word to the wrapping."""
+    from hetpatrol.node_view import wrap_words
+
+    text = "no enflame card on the PCI bus: asked again in 470 s or when one appears"
+    assert wrap_words(text, 51, "", "    ") == [
+        "no enflame card on the PCI bus: asked again in",
+        "    470 s or when one appears",
+    ]
+    assert wrap_words("used 36.8 GiB, at 38 C.", 12, "", "") == [
+        "used",
+        "36.8 GiB, at",
+        "38 C.",
+    ]
+
+
+def test_a_mig_device_line_keeps_its_two_space_gaps_when_wrapped():
+    """At 80 columns the MIG device's line (mig-a100, telegraf's recording) is wrapped
+    before its UUID; its parts stayed two spaces apart only when it fit (``mig 0
+    1g.20gb GI 3 CI 0`` read as one run of words)."""
+    lines = _once("mig-a100", "80")
+    at = lines.index("      mig 0  1g.20gb  GI 3 CI 0  0.0/19.5 GiB")
+    assert lines[at + 1] == "        MIG-4b6b5a0c-3b5e-5b2a-9d1e-6a0f0e3c1a01"
+    assert "        pid 81123  python3  0.0 GiB" in lines

@@ -75,6 +75,16 @@ def test_a_fault_that_survives_two_reboots_ends_at_replace_card(tmp_path):
     assert card.action_code == "nvlink_down"
     assert "seen in 3 boots" in card.action_reason and "survived 2 reboot" in card.action_reason
     assert reports[-1].action == "replace_card"
+    # the node view says why under the card: its finding's message says only "reset the
+    # GPU", which reads as the wrong action beside replace_card
+    from hetpatrol.cli import format_table
+
+    lines = format_table(reports[-1], width=80).splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("      action replace_card: "))
+    assert lines[at] == (
+        "      action replace_card: nvlink_down seen in 3 boots: it survived 2 reboot(s)"
+    )
+    assert lines[at - 1].strip().endswith("reset the GPU")  # nvlink_down's message above
     # only the card whose fault survived: the other GPUs never had one
     others = [c for c in reports[-1].cards if c.vendor == "nvidia" and c.uuid != GPU2]
     assert len(others) == 7 and {c.action for c in others} == {"none"}

@@ -112,6 +112,18 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _ratio(text: str) -> float:
+    """An efficiency threshold: a number from 0 to 1 (``nan`` compared false with every
+    job, so none was listed as idle)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:  # also nan
+        raise argparse.ArgumentTypeError(f"{text!r}: not a ratio from 0 to 1")
+    return value
+
+
 def _add_window(p: argparse.ArgumentParser) -> None:
     p.add_argument("--start", default="now-1days", help="window start (default now-1days)")
     p.add_argument("--end", default="now", help="window end (default now)")
@@ -216,7 +228,7 @@ def add_ledger_parser(sub) -> None:
     e.add_argument("--job", action="append", default=None, help="only this job id (repeat)")
     e.add_argument(
         "--idle-below",
-        type=float,
+        type=_ratio,
         default=0.1,
         metavar="R",
         help="list as idle the jobs below this efficiency (default 0.1)",
@@ -320,7 +332,9 @@ def _error(exc: BaseException) -> None:
     for line in rest:
         print(f"  {printable(line)}", file=sys.stderr)
     if _NO_CONF in str(exc):
-        flags = "--sacct/--sacct-file" if isinstance(exc, SacctError) else "--scontrol/--nodes-file"
+        flags = getattr(exc, "hint_flags", None) or (
+            "--sacct/--sacct-file" if isinstance(exc, SacctError) else "--scontrol/--nodes-file"
+        )
         print(f"hint: no slurm.conf found: set SLURM_CONF or pass {flags}", file=sys.stderr)
 
 
@@ -416,10 +430,11 @@ def cmd_audit(args) -> int:
 
 def _used_text(used: float, limit: float) -> str:
     """``used`` with two decimals, or as many more (up to six) as it takes for a use
-    below the limit not to read as the limit itself (0.0178 of 0.02 is ``0.018``)."""
+    below the limit not to read as the limit itself (0.0178 of 0.02 is ``0.018``) and a
+    use above 0 not to read as none (0.0044 of 0.005, 89 %, is ``0.004``, not ``0.00``)."""
     for digits in range(2, 7):
         text = f"{used:.{digits}f}"
-        if used >= limit or float(text) < limit:
+        if (used >= limit or float(text) < limit) and (used <= 0 or float(text) > 0):
             return text
     return text
 
@@ -429,7 +444,12 @@ def cmd_quota(args) -> int:
     if args.quota_file is not None:
         limits, parents = quotas.load_quota_file(args.quota_file), {}
     else:
-        limits, parents = quotas.parse_assoc(run(quotas.sacctmgr_argv(shlex.split(args.sacctmgr))))
+        try:
+            text = run(quotas.sacctmgr_argv(shlex.split(args.sacctmgr)))
+        except SlurmQueryError as exc:  # its hint names sacctmgr's flags, not scontrol's
+            exc.hint_flags = "--sacctmgr/--quota-file"
+            raise
+        limits, parents = quotas.parse_assoc(text)
     ledger = _ledger(args, ("account", "user"))
     rows = quotas.evaluate(limits, ledger, parents)
     notes = report.notes(ledger)

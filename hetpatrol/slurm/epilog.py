@@ -94,6 +94,7 @@ from hetpatrol.schema import CardRecord
 from hetpatrol.slurm.jobguard import (
     EXIT_FAIL,
     EXIT_PASS,
+    _seconds,
     card_name,
     epilog_cards,
     run_scontrol,
@@ -385,7 +386,13 @@ def add_epilog_parser(sub: Any, patrol_factory: Callable[[Any], EpilogPatrol]) -
         default=",".join(sorted(DEFAULT_DRAIN_ACTIONS)),
         help="comma-separated action words that drain (default: %(default)s)",
     )
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="hard limit")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,  # the prolog's: inf and nan were a traceback (exit 1: "Epilog error")
+        default=30.0,
+        metavar="S",
+        help="hard time limit in seconds (default: %(default)g); past it exit 0, no drain",
+    )
     p.add_argument(
         "--scontrol",
         default="scontrol",

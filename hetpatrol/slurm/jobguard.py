@@ -866,7 +866,13 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         metavar="S",
         help="stale after S seconds (default: check's, 3 patrol intervals + 10 s)",
     )
-    p.add_argument("--timeout", type=_seconds, default=5.0, metavar="S", help="hard time limit")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="hard time limit in seconds (default: %(default)g); past it the job is let through",
+    )
     p.add_argument(
         "--block-on",
         default=",".join(sorted(DEFAULT_DRAIN_ACTIONS)),
