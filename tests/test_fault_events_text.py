@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -79,6 +80,12 @@ def patrol_lines(tmp_path: Path) -> list[dict]:
     return [d for d in map(json.loads, lines) if d.get("kind") == "patrol"]
 
 
+def escalation_events(tmp_path: Path) -> dict:
+    """card identity -> escalation key -> the times counted (the state file's)."""
+    cards = state(tmp_path)["escalation"]["cards"]
+    return {card: c["events"] for card, c in cards.items() if c["events"]}
+
+
 def ledger_counts(tmp_path: Path, capsys) -> dict:
     files = [str(tmp_path / "state" / n) for n in ("patrol.jsonl", "state.json")]
     main(["ledger", "faults", *files, "--format", "json"])
@@ -103,6 +110,7 @@ def test_a_restarted_daemon_keeps_a_text_logs_faults_once(tmp_path, capsys, name
     kept = state(tmp_path)["fault_events"]
     assert len(kept) == faults and len(jsonl_events(tmp_path)) == faults
     assert all(e["log_record"] for e in jsonl_events(tmp_path))
+    counted = escalation_events(tmp_path)
 
     d = text_daemon(tmp_path, replay, log)  # restarted: a new reader, the state file read
     try:
@@ -115,6 +123,35 @@ def test_a_restarted_daemon_keeps_a_text_logs_faults_once(tmp_path, capsys, name
     assert (restart["new_events"], restart["reread_events"]) == (0, faults)
     counts = ledger_counts(tmp_path, capsys)
     assert (counts["events"], counts["without_jobs"]) == (faults, faults)  # their time: unknown
+    assert escalation_events(tmp_path) == counted  # nor counted again (see below)
+    assert not any(c["escalated"] for c in state(tmp_path)["escalation"]["cards"].values())
+
+
+@pytest.mark.parametrize(
+    ("name", "card", "key"),
+    [
+        ("journalctl-b", "bus:0000:23:00.0", "xid:120"),
+        ("syslog-secs", "bus:0000:07:00.0", "xid:48"),
+    ],
+)
+def test_a_restart_does_not_escalate_a_card_on_a_fault_read_again(tmp_path, name, card, key):
+    """One Xid 120 (journalctl-b) or Xid 48 (syslog-secs) in the log; the rules are "2
+    in 24 h" (isolate_card, replace_card). A daemon restarted more than a second later
+    (the escalation's own re-read rule: within a second of a counted time) read it again
+    and counted it a second time, timed when read: the card was escalated by one fault
+    (before: xid_reset_repeat isolate_card, xid48_repeat replace_card)."""
+    log = tmp_path / "kern.log"
+    shutil.copyfile(RECORDINGS[name][0], log)
+    replay = booted_replay(tmp_path, BTIME)
+    for _run in range(2):
+        d = text_daemon(tmp_path, replay, log)
+        try:
+            d.patrol_once()
+        finally:
+            d.shutdown()
+        time.sleep(1.1)
+    esc = state(tmp_path)["escalation"]["cards"][card]
+    assert (len(esc["events"][key]), esc["escalated"]) == (1, {})
 
 
 def names(path: Path) -> list[tuple[str, str, int]]:
