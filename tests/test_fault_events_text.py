@@ -271,3 +271,22 @@ def test_record_key_of_a_text_record_is_its_name_bus_and_fault_not_the_boot():
     assert log.observe([dict(a)], "boot-a", 1.7649e9) == []
     assert log.observe([dict(b), dict(c)], "boot-b", 1.7649e9) == [b]
     assert len(log.events) == 2
+
+
+def test_record_key_of_a_kmsg_record_is_its_boot_seq_bus_and_fault():
+    """The same /dev/kmsg record (xid-79's record 2103) kept with its card's UUID and,
+    read again after a restart that no longer lists the card, without it: one key. The
+    same number in another boot is another record."""
+    base = {
+        "event": "xid",
+        "ts": "2026-12-01T10:00:00.000Z",
+        "severity": "critical",
+        "xid": 79,
+        "bus_id": "0000:cb:00.0",
+        "kmsg_seq": 2103,
+        "jobs": ["4242"],
+    }
+    listed = kept_event({**base, "uuid": "GPU-d7051dd7-616a-cb6a-4aaf-7901dc199334"}, "boot-a")
+    unlisted = kept_event(base, "boot-a")
+    later = kept_event(base, "boot-b")
+    assert record_key(listed) == record_key(unlisted) != record_key(later)

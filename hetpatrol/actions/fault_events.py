@@ -162,21 +162,24 @@ def kept_event(event: Mapping[str, Any], boot_id: Any = None) -> dict[str, Any] 
 def record_key(kept: Mapping[str, Any]) -> tuple | None:
     """The kernel record an event was read from, None where it cannot be told:
 
-    - a ``/dev/kmsg`` record: (boot id, ``kmsg_seq``, card, fault), None where the boot
-      is unknown (the sequence numbers start again each boot);
+    - a ``/dev/kmsg`` record: (boot id, ``kmsg_seq``, bus id, fault), None where the
+      boot is unknown (the sequence numbers start again each boot);
     - a text kernel log's record (``log_record``: the file, the record's raw line(s) with
       their own time stamp where the format has one, its place among equal records):
       (``log_record``, bus id, fault). The boot it was read in is not part of it: a text
       log keeps the records of earlier boots, and a daemon of a later boot reads them
-      again under the same name; the bus id is the record's own (its card may be
-      unlisted at a restart, as after an XID 79).
+      again under the same name.
+
+    The card is the record's own bus id (the UUID where it names none): the card a
+    record was matched to may be unlisted at a restart (as after an XID 79), and its
+    UUID then unknown.
 
     ``hetpatrol ledger faults`` counts an event once by the same key (with the node)."""
     what = (kept.get("xid"), kept.get("reason"))
     if kept.get("kmsg_seq") is not None:
         if kept.get("boot_id") is None:
             return None
-        return (kept["boot_id"], kept["kmsg_seq"], kept.get("uuid") or kept.get("bus_id"), *what)
+        return (kept["boot_id"], kept["kmsg_seq"], kept.get("bus_id") or kept.get("uuid"), *what)
     if kept.get("log_record") is not None:
         return ("text", kept["log_record"], kept.get("bus_id") or kept.get("uuid"), *what)
     return None
