@@ -16,7 +16,8 @@ Line shapes understood (each seen in a published recording, see the tests):
 - ``dmesg``: ``[ 1843.308145] NVRM: ...``; ``dmesg -T``/``--ctime``: ``[Sun Feb 23
   16:24:18 2025] NVRM: ...``; ``dmesg --time-format iso``; ``dmesg -r``: ``<4>[...]``;
 - syslog / journal: ``Dec  2 11:38:27 host kernel: [  199.234935] NVRM: ...`` (also
-  with an RFC 3339 time), or a bare ``kernel:`` prefix;
+  with an RFC 3339 time), or a bare ``kernel:`` prefix; ``journalctl -o
+  short-monotonic``: ``[ 4274.052063] host kernel: ...``;
 - Talos: ``kern: warning: [2024-05-01T12:34:56.789Z]: NVRM: ...``;
 - a bare ``NVRM: Xid (...)`` line (``grep Xid`` output);
 - a message printed over several lines (``The NVIDIA GPU 0000:b3:00.0`` / ``(PCI ID:
@@ -128,6 +129,9 @@ _SYSLOG_BSD_RE = re.compile(
 )
 _SYSLOG_ISO_RE = re.compile(r"(?a)^(?P<ts>\d{4}-\d\d-\d\dT\S+)\s+\S+\s+kernel(?:\[\d+\])?:\s?")
 _KERNEL_TAG_RE = re.compile(r"^kernel:\s?")
+#: after the kernel's own stamp: ``journalctl -o short-monotonic``'s host and tag (the
+#: kernel's records carry no ``[pid]``: a user's ``logger -t kernel`` line does)
+_HOST_KERNEL_RE = re.compile(r"(?a)^\S+\s+kernel:\s?")
 _DMESG_SECS_RE = re.compile(r"(?a)^\[\s*(?P<secs>\d+\.\d+)\]\s?")
 _DMESG_CTIME_RE = re.compile(
     r"(?a)^\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?"
@@ -270,6 +274,9 @@ def _strip_prefixes(line: str) -> LogLine | None:
             out.log_time = m.group("secs")
             out.clock = ("boot", float(m.group("secs")))
             text = text[m.end() :]
+            tag = _HOST_KERNEL_RE.match(text)  # short-monotonic: "[secs] host kernel: "
+            if tag:
+                text = text[tag.end() :]
         else:
             for regex, kind in ((_DMESG_CTIME_RE, "ctime"), (_DMESG_ISO_RE, "iso")):
                 m = regex.match(text)

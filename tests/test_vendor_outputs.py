@@ -741,3 +741,35 @@ def test_nvidia_text_kernel_logs_read_record_by_record(name, faults):
     events = [ev for ev, _when in TextLogReader(OUT / "nvidia" / name).read().events]
     assert [(e.kind, e.bus_id, e.xid, e.reason, e.log_time) for e in events] == faults
     assert len({e.record for e in events}) == len(events)
+
+
+def test_journalctl_short_monotonic_prefix_is_taken_off():
+    """``journalctl -o short-monotonic`` (systemd/systemd #22554): the kernel's stamp,
+    the host and ``kernel:`` come off each real line. A GPU record in that shape (that
+    prefix before the Xid 48 text of ../shared's syslog_xid-48 recording, composed: no
+    recorded short-monotonic GPU line was found) is read with its stamp; a ``kernel[pid]:``
+    tag is a user's ``logger -t kernel`` line, not the kernel's, and is not read."""
+    from hetpatrol.kernel_log import TextLogReader, _strip_prefixes, parse_text
+
+    name = "journalctl-short-monotonic_kernel-lines_prefix-shape.txt"
+    lines = [_strip_prefixes(line) for line in text("nvidia", name).splitlines()]
+    assert [(x.log_time, x.clock, x.text[:27]) for x in lines] == [
+        ("4274.052063", ("boot", 4274.052063), "i915 0000:00:02.0: [drm:__i"),
+        ("4274.089861", ("boot", 4274.089861), "ACPI: EC: interrupt blocked"),
+        ("4596.683362", ("boot", 4596.683362), "ACPI: EC: interrupt unblock"),
+        ("4599.484288", ("boot", 4599.484288), "i915 0000:00:02.0: [drm:__i"),
+    ]
+    assert TextLogReader(OUT / "nvidia" / name).read().events == []  # no GPU fault
+    xid48 = (
+        OUT.parents[2]
+        / "shared"
+        / "vendor-samples"
+        / "nvidia"
+        / "syslog_xid-48-dbe_xid-64_rminitadapter-failed.txt"
+    ).read_text()
+    record = xid48.splitlines()[3].split("] ", 1)[1]  # "NVRM: Xid (PCI:0000:07:00): 48, ..."
+    events = parse_text(f"[ 4274.052063] fovo.local kernel: {record}")
+    assert [(e.kind, e.bus_id, e.xid, e.log_time) for e in events] == [
+        ("xid", "0000:07:00.0", 48, "4274.052063")
+    ]
+    assert parse_text(f"[ 4274.052063] fovo.local kernel[4242]: {record}") == []
