@@ -124,6 +124,15 @@ def test_a_restarted_daemon_keeps_a_text_logs_faults_once(tmp_path, capsys, name
     counts = ledger_counts(tmp_path, capsys)
     assert (counts["events"], counts["without_jobs"]) == (faults, faults)  # their time: unknown
     assert escalation_events(tmp_path) == counted  # nor counted again (see below)
+    import jsonschema
+
+    from hetpatrol.schema import event_json_schema, fault_event_json_schema, patrol_json_schema
+
+    for e in jsonl_events(tmp_path):
+        jsonschema.validate(e, event_json_schema())
+    for e in kept:
+        jsonschema.validate(e, fault_event_json_schema())
+    jsonschema.validate(patrol_lines(tmp_path)[-1], patrol_json_schema())
     assert not any(c["escalated"] for c in state(tmp_path)["escalation"]["cards"].values())
 
 
