@@ -16,7 +16,8 @@ Line shapes understood (each seen in a published recording, see the tests):
 - ``dmesg``: ``[ 1843.308145] NVRM: ...``; ``dmesg -T``/``--ctime``: ``[Sun Feb 23
   16:24:18 2025] NVRM: ...``; ``dmesg --time-format iso``; ``dmesg -r``: ``<4>[...]``;
 - syslog / journal: ``Dec  2 11:38:27 host kernel: [  199.234935] NVRM: ...`` (also
-  with an RFC 3339 time), or a bare ``kernel:`` prefix;
+  with an RFC 3339 time), or a bare ``kernel:`` prefix; ``journalctl -o
+  short-monotonic``: ``[ 4274.052063] host kernel: ...``;
 - Talos: ``kern: warning: [2024-05-01T12:34:56.789Z]: NVRM: ...``;
 - a bare ``NVRM: Xid (...)`` line (``grep Xid`` output);
 - a message printed over several lines (``The NVIDIA GPU 0000:b3:00.0`` / ``(PCI ID:
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import calendar
 import errno
+import hashlib
 import os
 import re
 import stat
@@ -79,6 +81,9 @@ MAX_KEYS = 1024
 #: Characters of one logical record (text and raw) kept: printk records are at most
 #: about 1 KiB; continuation lines past this are dropped.
 MAX_RECORD_CHARS = 4096
+#: Distinct records a text log reader counts the repeats of (:attr:`KernelEvent.record`):
+#: past this the oldest counted is forgotten (a repeat of it is then numbered 0 again).
+MAX_EQUAL_RECORDS = 4096
 
 # Who may open /dev/kmsg for reading. The node is root:root 0644, but devkmsg_open()
 # also calls check_syslog_permissions(SYSLOG_ACTION_READ_ALL): while the sysctl
@@ -124,6 +129,9 @@ _SYSLOG_BSD_RE = re.compile(
 )
 _SYSLOG_ISO_RE = re.compile(r"(?a)^(?P<ts>\d{4}-\d\d-\d\dT\S+)\s+\S+\s+kernel(?:\[\d+\])?:\s?")
 _KERNEL_TAG_RE = re.compile(r"^kernel:\s?")
+#: after the kernel's own stamp: ``journalctl -o short-monotonic``'s host and tag (the
+#: kernel's records carry no ``[pid]``: a user's ``logger -t kernel`` line does)
+_HOST_KERNEL_RE = re.compile(r"(?a)^\S+\s+kernel:\s?")
 _DMESG_SECS_RE = re.compile(r"(?a)^\[\s*(?P<secs>\d+\.\d+)\]\s?")
 _DMESG_CTIME_RE = re.compile(
     r"(?a)^\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?"
@@ -151,6 +159,11 @@ class KernelEvent:
     - ``log_time``: the time stamp as the line wrote it; ``clock``: that stamp as
       (``"boot"`` seconds since boot | ``"wall"`` seconds, value), for burst folding;
     - ``seq``: the ``/dev/kmsg`` sequence number; ``raw``: the line(s) as read;
+    - ``record``: a text log's own name for the record, where it has no ``seq``
+      (:meth:`TextLogReader.read`): ``<device>.<inode>:<sha256 of raw, 16 hex>:<n>``,
+      ``n`` its place among the equal records (same raw line(s), same fault) of the file
+      before it, 0 the first; the same for a record read again, by this reader or a
+      restarted daemon's, as long as the file is the same;
     - ``vendor``: whose driver printed it (the plugin whose patterns matched).
     """
 
@@ -174,6 +187,7 @@ class KernelEvent:
     clock: tuple[str, float] | None = None
     seq: int | None = None
     vendor: str | None = None
+    record: str | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -260,6 +274,9 @@ def _strip_prefixes(line: str) -> LogLine | None:
             out.log_time = m.group("secs")
             out.clock = ("boot", float(m.group("secs")))
             text = text[m.end() :]
+            tag = _HOST_KERNEL_RE.match(text)  # short-monotonic: "[secs] host kernel: "
+            if tag:
+                text = text[tag.end() :]
         else:
             for regex, kind in ((_DMESG_CTIME_RE, "ctime"), (_DMESG_ISO_RE, "iso")):
                 m = regex.match(text)
@@ -573,7 +590,7 @@ class KmsgReader:
 class TextLogReader:
     """A recorded kernel log (``kmsg.txt`` of a replay directory), any line shape.
 
-    The file is followed like ``tail -f``: the first read takes it whole, later reads
+    The file is followed like ``tail -F``: the first read takes it whole, later reads
     only what was appended (a test appends lines to make new events). A missing file is
     a node without a recorded kernel log (``absent``).
 
@@ -581,6 +598,18 @@ class TextLogReader:
     memory whole: a first read of a larger file starts at its last ``TEXT_READ_MAX``
     bytes (as ``tail`` does; the skipped bytes are said in ``error``), and a burst
     appended between two patrols is read over the next patrols.
+
+    A text log has no sequence number: each record without one gets
+    :attr:`KernelEvent.record`, its identity in the file (the file's device and inode,
+    the record's raw line(s), which hold its own time stamp where the format writes
+    one, and its place among the equal records before it). A daemon restarted on the
+    same file reads each record again under the same name, so a record already kept
+    is known (:func:`hetpatrol.actions.fault_events.record_key`), while two real faults
+    with the same text are two names (0 and 1). The count starts again when the file
+    does (replaced by another inode, as logrotate's ``create`` does, or truncated, as
+    ``copytruncate`` does: then read from its start) and at a first read that skips the start
+    of a file larger than :data:`TEXT_READ_MAX` (a restart on such a file may name a
+    repeated record otherwise than the reader before it did).
     """
 
     def __init__(
@@ -596,6 +625,22 @@ class TextLogReader:
         self._uuids: dict[str, str] = {}
         #: no read tried yet: what the first finds was written before the reader looked
         self._first = True
+        #: (sha256 of raw, fault key) -> records of it read in this file so far
+        self._equal: dict[tuple[bytes, tuple[str, str, str]], int] = {}
+        #: ``<device>.<inode>`` of the file read last
+        self._file_id: str | None = None
+
+    def _name(self, item: KernelEvent, file_id: str) -> KernelEvent:
+        """``item`` with :attr:`KernelEvent.record` (a record without ``seq``)."""
+        if item.seq is not None:
+            return item
+        digest = hashlib.sha256(item.raw.encode("utf-8", "surrogateescape")).digest()[:8]
+        key = (digest, item.key)
+        n = self._equal.pop(key, 0)
+        if len(self._equal) >= MAX_EQUAL_RECORDS:  # the oldest counted is forgotten
+            del self._equal[next(iter(self._equal))]
+        self._equal[key] = n + 1
+        return replace(item, record=f"{file_id}:{digest.hex()}:{n}")
 
     def close(self) -> None:
         pass
@@ -609,9 +654,15 @@ class TextLogReader:
                 os.close(fd)
                 return ReadResult(state="failed", error=f"{self.path} is not a regular file")
             with os.fdopen(fd, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < self._offset:  # replaced or truncated: start again
+                st = os.fstat(f.fileno())
+                size = st.st_size
+                file_id = f"{st.st_dev:x}.{st.st_ino:x}"
+                # replaced (another inode: logrotate's create, a rename) or truncated
+                # (copytruncate): a new file, read from its start
+                if size < self._offset or file_id != (self._file_id or file_id):
                     self._offset, self._partial = 0, ""
+                    self._equal.clear()
+                self._file_id = file_id
                 if self._offset == 0 and size > TEXT_READ_MAX:
                     skipped = size - TEXT_READ_MAX
                     self._offset = skipped
@@ -635,7 +686,7 @@ class TextLogReader:
                 f"({skipped} bytes at its start skipped)"
             )
         for item in _named_events(lines, self._uuids, result, self.patterns):
-            result.events.append((item, None))
+            result.events.append((self._name(item, file_id), None))
         return result
 
 

@@ -14,6 +14,7 @@ three different verdicts.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import re
@@ -493,7 +494,14 @@ class Patroller:
             event["boot_id"] = self.boot.boot_id
         now = time.time()
         self.fault_log.note_clock(now, self.monotonic())  # a clock step ages no event
-        self.fault_log.observe(kernel.events, self.boot.boot_id, now, self.run_id)
+        again = self.fault_log.observe(kernel.events, self.boot.boot_id, now, self.run_id)
+        if again:  # records already kept, read again (a restart): no second line, no count
+            seen = {id(e) for e in again}
+            summary = {**(kernel.summary or {}), "reread_events": len(again)}
+            summary["new_events"] -= len(again)
+            kernel = dataclasses.replace(
+                kernel, events=tuple(e for e in kernel.events if id(e) not in seen), summary=summary
+            )
         changes.extend(self._apply_recovery(cards))
         check_data: dict[str, Any] = {}
         for check in self.node_checks:

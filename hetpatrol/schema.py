@@ -573,6 +573,9 @@ def patrol_json_schema() -> dict[str, Any]:
                     "source": {"type": ["string", "null"]},
                     "new_events": {"type": "integer", "minimum": 0},
                     "window_events": {"type": "integer", "minimum": 0},
+                    #: records read again that a kept fault event already names (a
+                    #: restarted daemon): no event line, no escalation count
+                    "reread_events": {"type": "integer", "minimum": 1},
                 },
             },
             "pci_census": {
@@ -746,6 +749,9 @@ def kernel_event_properties() -> dict[str, Any]:
         "message": {"type": "string"},
         "log_time": string,
         "kmsg_seq": integer,
+        #: a text kernel log's name for a record without ``kmsg_seq``: ``<device>.<inode>
+        #: of the file>:<sha256 of raw, 16 hex>:<place among equal records>``
+        "log_record": {"type": "string", "maxLength": 128},
         #: the boot the record was read in (/proc/sys/kernel/random/boot_id; null when
         #: not read): with ``kmsg_seq``, the kernel record itself
         "boot_id": string,
@@ -841,6 +847,7 @@ def fault_event_json_schema() -> dict[str, Any]:
             "index": {"type": "integer"},
             "chip": {"type": "integer"},
             "kmsg_seq": {"type": "integer"},
+            "log_record": text,
             "jobs": {"type": ["array", "null"], "items": text, "maxItems": 64},
             "jobs_more": {"type": "integer", "minimum": 1},
             "jobs_unknown": text,

@@ -132,11 +132,23 @@ def test_the_state_file_keeps_the_fault_events_with_their_jobs_across_a_restart(
         d.patrol_once()
     finally:
         d.shutdown()
-    again = [e for e in jsonl_events(tmp_path) if e["run_id"] not in first_run]
-    assert [e["kmsg_seq"] for e in again] == [2103, 2104]  # the same records, read again
-    assert all(e["boot_id"] == BOOT for e in again)
-    assert all(e["jobs"] == ["4242"] for e in again)  # the jobs when it happened
+    # the same records, read again: their lines of the first read stand (jobs 4242, the
+    # jobs when it happened), no second line; the patrol line counts them as read again
+    assert [e for e in jsonl_events(tmp_path) if e["run_id"] not in first_run] == []
+    assert len(jsonl_events(tmp_path)) == 2
     assert state(tmp_path)["fault_events"] == kept  # kept once, as first read
+    patrols = [
+        json.loads(line)
+        for line in (tmp_path / "state" / "patrol.jsonl").read_text().splitlines()
+        if json.loads(line).get("kind") == "patrol"
+    ]
+    assert [
+        (p["kernel_log"]["new_events"], p["kernel_log"].get("reread_events")) for p in patrols
+    ] == [
+        (2, None),
+        (0, None),
+        (0, 2),
+    ]
 
     # the ledger: both runs' JSONL lines and the state file are the same two faults
     from hetpatrol.cli import main

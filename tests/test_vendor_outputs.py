@@ -709,3 +709,67 @@ def test_nvidia_fabric_state_not_supported_as_gpud_reads_it_on_gb200():
     assert rec.fabric == {**_NONE, "state": "Not Supported"}
     judge(rec, load_config())
     assert not [f for f in rec.findings if f.check.startswith("fabric")]
+
+
+# ------------------------------------------------------------- NVIDIA text kernel logs
+
+
+@pytest.mark.parametrize(
+    ("name", "faults"),
+    [
+        (  # NVIDIA/open-gpu-kernel-modules #1151: journalctl short, no kernel stamp
+            "journalctl-k-short_rm-init-adapter-failed_repeated_595.71.05.txt",
+            [("kernel", "0000:09:00.0", None, "rm_init_adapter_failed", "May 27 16:50:10")] * 5,
+        ),
+        (  # NVIDIA/open-gpu-kernel-modules #1150: the bare kernel: tag, no time at all
+            "kernel-tag_xid-45-after-149-145_no-stamp_590.48.01.txt",
+            [("xid", f"0000:{b}:00.0", 45, None, None)
+             for b in ("dc", "ed", "ba", "97", "dc", "ba", "ed")],
+        ),
+        (  # a Fedora write-up: journalctl -b short, Xid 120 among other NVRM lines
+            "journalctl-b-short_xid-120_gsp-task-exception_continuation.txt",
+            [("xid", "0000:23:00.0", 120, None, "Aug 19 21:36:23")],
+        ),
+    ],
+)  # fmt: skip
+def test_nvidia_text_kernel_logs_read_record_by_record(name, faults):
+    """Each GPU fault record of the recorded text logs, as read off the file: kind, bus
+    id, Xid or reason and the time stamp as written (none where the line has none);
+    every record gets its own name (tests/test_fault_events_text.py)."""
+    from hetpatrol.kernel_log import TextLogReader
+
+    events = [ev for ev, _when in TextLogReader(OUT / "nvidia" / name).read().events]
+    assert [(e.kind, e.bus_id, e.xid, e.reason, e.log_time) for e in events] == faults
+    assert len({e.record for e in events}) == len(events)
+
+
+def test_journalctl_short_monotonic_prefix_is_taken_off():
+    """``journalctl -o short-monotonic`` (systemd/systemd #22554): the kernel's stamp,
+    the host and ``kernel:`` come off each real line. A GPU record in that shape (that
+    prefix before the Xid 48 text of ../shared's syslog_xid-48 recording, composed: no
+    recorded short-monotonic GPU line was found) is read with its stamp; a ``kernel[pid]:``
+    tag is a user's ``logger -t kernel`` line, not the kernel's, and is not read."""
+    from hetpatrol.kernel_log import TextLogReader, _strip_prefixes, parse_text
+
+    name = "journalctl-short-monotonic_kernel-lines_prefix-shape.txt"
+    lines = [_strip_prefixes(line) for line in text("nvidia", name).splitlines()]
+    assert [(x.log_time, x.clock, x.text[:27]) for x in lines] == [
+        ("4274.052063", ("boot", 4274.052063), "i915 0000:00:02.0: [drm:__i"),
+        ("4274.089861", ("boot", 4274.089861), "ACPI: EC: interrupt blocked"),
+        ("4596.683362", ("boot", 4596.683362), "ACPI: EC: interrupt unblock"),
+        ("4599.484288", ("boot", 4599.484288), "i915 0000:00:02.0: [drm:__i"),
+    ]
+    assert TextLogReader(OUT / "nvidia" / name).read().events == []  # no GPU fault
+    xid48 = (
+        OUT.parents[2]
+        / "shared"
+        / "vendor-samples"
+        / "nvidia"
+        / "syslog_xid-48-dbe_xid-64_rminitadapter-failed.txt"
+    ).read_text()
+    record = xid48.splitlines()[3].split("] ", 1)[1]  # "NVRM: Xid (PCI:0000:07:00): 48, ..."
+    events = parse_text(f"[ 4274.052063] fovo.local kernel: {record}")
+    assert [(e.kind, e.bus_id, e.xid, e.log_time) for e in events] == [
+        ("xid", "0000:07:00.0", 48, "4274.052063")
+    ]
+    assert parse_text(f"[ 4274.052063] fovo.local kernel[4242]: {record}") == []

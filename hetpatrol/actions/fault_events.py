@@ -13,11 +13,12 @@ else: ``ts`` (RFC 3339, the JSONL event's), ``boot_id`` (the boot it was read in
 when unknown), ``run_id`` and ``seq`` (the run and patrol that wrote the JSONL line: the
 same event in both is one), ``event``, ``xid`` or ``reason``, ``severity``, the card's
 ``uuid``, ``bus_id``, ``vendor``, ``index`` (and ``chip``), ``kmsg_seq`` (the
-``/dev/kmsg`` record's sequence number) and ``jobs`` (a list of job ids, null when the
-card was not one of the patrol's; at most :data:`MAX_JOBS`, ``jobs_more`` counts the
-rest), ``jobs_unknown`` (why ``jobs`` is null for a record older than what the daemon
-could know: read at its start from before its first read of the cards' jobs). Fields
-that are null are left out but ``ts``, ``boot_id``, ``event``,
+``/dev/kmsg`` record's sequence number) or ``log_record`` (a text kernel log's name for
+a record: :attr:`hetpatrol.kernel_log.KernelEvent.record`) and ``jobs`` (a list of job
+ids, null when the card was not one of the patrol's; at most :data:`MAX_JOBS`,
+``jobs_more`` counts the rest), ``jobs_unknown`` (why ``jobs`` is null for a record
+older than what the daemon could know: read at its start from before its first read of
+the cards' jobs). Fields that are null are left out but ``ts``, ``boot_id``, ``event``,
 ``severity`` and ``jobs``.
 
 Bounds (``actions.fault_events``, :class:`FaultEventRule`): the newest ``max_events``
@@ -25,12 +26,14 @@ Bounds (``actions.fault_events``, :class:`FaultEventRule`): the newest ``max_eve
 log is the archive; the state file is written every patrol and read by ``check`` in the
 Prolog, so it holds the recent past only (100 events are about 25 KB).
 
-A restarted daemon reads the kernel ring buffer again: a record already kept (same boot
-id and ``kmsg_seq``, same card and fault) is not kept twice, and the new JSONL line of it
-gets the jobs kept from its first read (the jobs when it happened, not those on the card
-at the restart). A record it no longer keeps (past ``max_events``), or one from before
-its first read of the cards' jobs, gets no jobs (``jobs_unknown`` says why:
-:meth:`hetpatrol.patrol.Patroller._jobs_on_events`). Standard library only.
+A restarted daemon reads the kernel ring buffer (or its text kernel log) again: a record
+already kept (:func:`record_key`: same boot id and ``kmsg_seq``, or same ``log_record``;
+same card and fault) is not kept twice, and :meth:`FaultLog.observe` returns it, so the
+daemon writes no second JSONL line of it (its line of the first read stands, with the
+jobs when it happened, not those on the card at the restart). A record it no longer
+keeps (past ``max_events``), or one from before its first read of the cards' jobs, gets
+no jobs (``jobs_unknown`` says why: :meth:`hetpatrol.patrol.Patroller._jobs_on_events`).
+Standard library only.
 
 Ages are not moved by a step of the wall clock (NTP after a bad RTC, ``date -s``, a
 bad time source): the daemon gives :meth:`FaultLog.note_clock` the wall and monotonic
@@ -61,7 +64,7 @@ MAX_TEXT = 128
 DEFAULT_MAX_EVENTS = 100
 DEFAULT_MAX_AGE_SECONDS = 7 * 86400.0
 
-_TEXT_FIELDS = ("run_id", "reason", "uuid", "bus_id", "vendor", "jobs_unknown")
+_TEXT_FIELDS = ("run_id", "reason", "uuid", "bus_id", "vendor", "jobs_unknown", "log_record")
 _INT_FIELDS = ("seq", "xid", "index", "chip", "kmsg_seq")
 _SEVERITIES = ("info", "warning", "critical")
 
@@ -157,17 +160,29 @@ def kept_event(event: Mapping[str, Any], boot_id: Any = None) -> dict[str, Any] 
 
 
 def record_key(kept: Mapping[str, Any]) -> tuple | None:
-    """The kernel record an event was read from: (boot id, ``kmsg_seq``, card, fault),
-    None where the boot or the sequence number is unknown."""
-    if kept.get("boot_id") is None or kept.get("kmsg_seq") is None:
-        return None
-    return (
-        kept["boot_id"],
-        kept["kmsg_seq"],
-        kept.get("uuid") or kept.get("bus_id"),
-        kept.get("xid"),
-        kept.get("reason"),
-    )
+    """The kernel record an event was read from, None where it cannot be told:
+
+    - a ``/dev/kmsg`` record: (boot id, ``kmsg_seq``, bus id, fault), None where the
+      boot is unknown (the sequence numbers start again each boot);
+    - a text kernel log's record (``log_record``: the file, the record's raw line(s) with
+      their own time stamp where the format has one, its place among equal records):
+      (``log_record``, bus id, fault). The boot it was read in is not part of it: a text
+      log keeps the records of earlier boots, and a daemon of a later boot reads them
+      again under the same name.
+
+    The card is the record's own bus id (the UUID where it names none): the card a
+    record was matched to may be unlisted at a restart (as after an XID 79), and its
+    UUID then unknown.
+
+    ``hetpatrol ledger faults`` counts an event once by the same key (with the node)."""
+    what = (kept.get("xid"), kept.get("reason"))
+    if kept.get("kmsg_seq") is not None:
+        if kept.get("boot_id") is None:
+            return None
+        return (kept["boot_id"], kept["kmsg_seq"], kept.get("bus_id") or kept.get("uuid"), *what)
+    if kept.get("log_record") is not None:
+        return ("text", kept["log_record"], kept.get("bus_id") or kept.get("uuid"), *what)
+    return None
 
 
 class FaultLog:
@@ -215,13 +230,15 @@ class FaultLog:
         boot_id: str | None,
         now: float,
         run_id: str | None = None,
-    ) -> None:
+    ) -> list[dict[str, Any]]:
         """Keep this patrol's card fault events (JSONL event dicts with ``jobs``, read in
         boot ``boot_id`` by run ``run_id``), then apply the bounds as of ``now`` (seconds
         since the epoch). A record already kept (:func:`record_key`) is not kept again,
         and its event's ``jobs`` (in place) become the kept ones: the jobs when the record
-        was first read."""
+        was first read. Returns those events (records read again: a restarted daemon's
+        read of a kernel log it had read), in order; the daemon writes no line of them."""
         changed = False
+        again: list[dict[str, Any]] = []
         for event in events:
             kept = kept_event(event if run_id is None else {**event, "run_id": run_id}, boot_id)
             if kept is None:
@@ -233,11 +250,13 @@ class FaultLog:
                 event.pop("jobs_unknown", None)
                 if first.get("jobs_unknown") is not None:
                     event["jobs_unknown"] = first["jobs_unknown"]
+                again.append(event)
                 continue
             self._append(kept)
             changed = True
         if self._bound(now) or changed:
             self._encode()
+        return again
 
     def _append(self, kept: dict[str, Any]) -> None:
         when = event_time(kept["ts"])

@@ -452,6 +452,8 @@ def apply_kernel_log(
                 "message": ev.message,
                 "log_time": ev.log_time,
                 "kmsg_seq": ev.seq,
+                # a text log's name for the record (no kmsg_seq): a re-read is known
+                **({"log_record": ev.record} if ev.record is not None else {}),
                 "raw": ev.raw,
                 # whose job it was cannot be known (Patroller._jobs_on_events)
                 **({"jobs_unknown": JOBS_UNKNOWN_EARLIER} if occ.earlier else {}),

@@ -9,11 +9,12 @@ schema (``hetpatrol.state/...``: a state file). It keeps each card fault event
 on the card when the fault was read (:meth:`hetpatrol.patrol.Patroller._jobs_on_events`).
 One row per job: the job id, then each fault (time, node, card, XID or reason,
 severity). An event seen in a JSONL file and in a state file (or in two copies), or a
-kernel record a restarted daemon read again (same node, boot id and ``kmsg_seq``),
-counts once. Events without jobs (``jobs: []``: none on the card; no ``jobs``: written
-before the field existed, or on a card that was not one of the patrol's; ``null`` with
-``jobs_unknown``: a record older than the daemon's first read of the cards' jobs) are
-counted as such, never credited to a job.
+kernel record a restarted daemon read again (same node and the daemon's own key of the
+record, :func:`hetpatrol.actions.fault_events.record_key`: boot id and ``kmsg_seq``, or
+a text kernel log's ``log_record``), counts once. Events without jobs (``jobs: []``:
+none on the card; no ``jobs``: written before the field existed, or on a card that was
+not one of the patrol's; ``null`` with ``jobs_unknown``: a record older than the
+daemon's first read of the cards' jobs) are counted as such, never credited to a job.
 
 The files may sit in a shared directory: only files owned by root, the user running
 the command or the daemon's user (``hetpatrol``), and not writable by their group or
@@ -52,7 +53,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hetpatrol.actions.fault_events import FAULT_EVENTS, kept_event
+from hetpatrol.actions.fault_events import FAULT_EVENTS, kept_event, record_key
 from hetpatrol.exporters.state import STATE_READ_MAX, STATE_SCHEMA_PREFIX
 from hetpatrol.healthcheck import trusted_uids
 from hetpatrol.node_view import printable
@@ -88,6 +89,9 @@ _FIELD_TYPES: dict[str, type] = {
     "xid": int,
     "reason": str,
     "severity": str,
+    "boot_id": str,
+    "kmsg_seq": int,
+    "log_record": str,
 }
 
 
@@ -151,13 +155,19 @@ def faults_by_job(
         if not _well_typed(doc):  # a field of the wrong type: a forged or foreign line
             counts["skipped"] += 1
             continue
-        keys = [(doc.get("run_id"), doc.get("seq"), doc.get("ts"), _card(doc), _what(doc))]
-        if isinstance(doc.get("boot_id"), str) and isinstance(doc.get("kmsg_seq"), int):
-            # the kernel record itself: read again by a restarted daemon, it is one fault
-            keys.append((doc.get("node"), doc["boot_id"], doc["kmsg_seq"], _card(doc), _what(doc)))
-        if any(k in seen for k in keys):
+        # the kernel record itself, by the daemon's own rule (one record kept once): read
+        # again by a restarted daemon, or in a JSONL line and a state file, it is one
+        # fault; two records of one patrol on one card (the same run, seq, read time, card
+        # and fault: a text log's records are timed when read) are two. A line without
+        # it (written before the record names) is one event of one patrol.
+        record = record_key(doc)
+        if record is not None:
+            key: tuple = (doc.get("node"), *record)
+        else:
+            key = (doc.get("run_id"), doc.get("seq"), doc.get("ts"), _card(doc), _what(doc))
+        if key in seen:
             continue
-        seen.update(keys)
+        seen.add(key)
         counts["events"] += 1
         ids = doc.get("jobs")
         if ids is not None and (
