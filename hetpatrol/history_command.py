@@ -116,7 +116,8 @@ def _cmd_history(args: argparse.Namespace) -> int:
                 write_stdout(f"hetpatrol history: no card {printable(args.card)!s} in {path}\n")
                 return 1
             write_history(path, history)
-        line = audit_line(config.node, args.card, {i: before[i] for i in cleared}, now)
+        node = daemon_node(state_path, config.node)
+        line = audit_line(node, args.card, {i: before[i] for i in cleared}, now)
         if log_fd is not None:
             write_line(log_fd, line)
     except TimeoutError as e:  # the daemon (or another clear) stopped holding the lock
@@ -154,6 +155,26 @@ def audit_log_path(
         f"({printable(str(config_state))}): its log is another daemon's; name the log of "
         "the daemon of that state directory with --jsonl-path (or its config with --config)"
     )
+
+
+def daemon_node(state_path: Path, default: str) -> str:
+    """The node name of the daemon whose state directory ``state_path`` is: the ``node``
+    its state file holds (the daemon writes its own name there each patrol,
+    :func:`hetpatrol.exporters.state.state_document`: its config's ``node``, or its
+    ``--node``, or a replay scenario's), read as ``check`` reads it
+    (:func:`hetpatrol.healthcheck.read_trusted_state`: a file of root, this user or the
+    daemon's user only). ``default`` (this config's ``node``: the host name when the
+    config names none) when the file is missing, refused, damaged, or holds no name a
+    ``--node`` could be (not empty, no space or control character)."""
+    from hetpatrol.healthcheck import read_trusted_state
+
+    try:
+        node = read_trusted_state(state_path.expanduser()).get("node")
+    except (OSError, ValueError):
+        return default
+    if isinstance(node, str) and node and not any(c.isspace() or not c.isprintable() for c in node):
+        return node
+    return default
 
 
 def _same_path(a: Path, b: Path | None) -> bool:

@@ -44,6 +44,7 @@ import argparse
 import re
 import shlex
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -407,23 +408,79 @@ def _number(
     return None, f"unknown device numbering {info.number!r} in the {rec.vendor} plugin"
 
 
-def render(plan: Plan) -> tuple[str, int]:
-    """The text ``gres-conf`` prints, and its exit code."""
-    out = [f"# gres.conf lines for {plan.node} (hetpatrol gres-conf)"]
+#: gres.conf comments fit this many columns: an 80-column terminal or tmux pane shows each
+#: whole (a longer line is broken mid-word there), and a diff of two files shows each
+#: comment line on its own
+COMMENT_WIDTH = 79
+
+
+def comment(text: str, width: int = COMMENT_WIDTH) -> list[str]:
+    """``text`` as gres.conf comment lines of at most ``width`` columns, broken at spaces
+    (a word wider than a line, such as a long path, stays whole on a line of its own);
+    every line starts with ``#``, the next ones indented under the first. slurmd reads
+    gres.conf with ``s_p_parse_file``, whose ``_get_next_line`` cuts each line at its
+    first unescaped ``#`` (``_strip_comments``) before it looks for a ``\\`` continuation
+    (src/common/parse_config.c), so each line is a comment of its own, whatever it ends
+    with, and the file's other lines are unchanged."""
+    return textwrap.wrap(
+        " ".join(text.split()),
+        width,
+        initial_indent="# ",
+        subsequent_indent="#   ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or ["#"]
+
+
+def _cards_text(labels: Sequence[str]) -> str:
+    """``hygon/0-7`` for the labels ``hygon/0`` ... ``hygon/7`` (the same prefix, the
+    last parts numbers: in ranges), else the labels joined by ``, ``."""
+    groups: dict[str, list[int]] = {}
+    others: list[str] = []
+    for label in labels:
+        head, _, tail = label.rpartition("/")
+        if head and tail.isdigit():
+            groups.setdefault(head, []).append(int(tail))
+        else:
+            others.append(label)
+    parts = [f"{head}/{format_ranges(nums)}" for head, nums in groups.items()]
+    return ", ".join(parts + others)
+
+
+def gres_conf_text(plan: Plan) -> tuple[str, int]:
+    """The gres.conf part of ``gres-conf``'s output: a header, each card without a line
+    (cards of one GRES with the same reason said once, ``# hygon/0-7 (dcu:k100_ai, 8
+    cards): no line: ...``), each GRES name's notes, then the lines, each after a comment
+    when its cards' cores are unknown. Comments are wrapped by :func:`comment`. Returns
+    (text, exit code: 0; 1 a line without ``Cores=``; 3 a card without a line)."""
+    out = comment(f"gres.conf lines for {plan.node} (hetpatrol gres-conf)")
     code = EXIT_OK
+    missing: dict[tuple[str, str], list[str]] = {}
     for c in plan.cards:
         if c.file is None:
             label = f"{c.name}:{c.type}" if c.type else c.name
-            out.append(f"# {c.card} ({label}): no line: {c.problem}")
+            missing.setdefault((label, str(c.problem)), []).append(c.card)
             code = EXIT_UNKNOWN
+    for (label, problem), cards in missing.items():
+        many = f", {len(cards)} cards" if len(cards) > 1 else ""
+        out += comment(f"{_cards_text(cards)} ({label}{many}): no line: {problem}")
     for name, notes in plan.notes.items():
-        out += [f"# {name}: {n}" for n in notes]
+        for n in notes:
+            out += comment(f"{name}: {n}")
     for line, cards in plan.lines():
-        missing = [c for c in cards if c.cores_problem]
-        if missing:
-            out.append(f"# {missing[0].card}: no Cores=: {missing[0].cores_problem}")
+        unplaced = [c for c in cards if c.cores_problem]
+        if unplaced:
+            out += comment(f"{unplaced[0].card}: no Cores=: {unplaced[0].cores_problem}")
             code = max(code, EXIT_WARNING)
         out.append(line)
+    return "\n".join(out) + "\n", code
+
+
+def render(plan: Plan) -> tuple[str, int]:
+    """The text ``gres-conf`` prints (:func:`gres_conf_text`, the slurm.conf fragment,
+    the TaskProlog), and its exit code."""
+    text, code = gres_conf_text(plan)
+    out = [text.rstrip("\n")]
     out += ["", "# slurm.conf (merge Features= with the node's own)", *plan.slurm_conf()]
     prolog = plan.task_prolog()
     if prolog is not None:
