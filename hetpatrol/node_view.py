@@ -219,16 +219,29 @@ _PATH_BREAKS = re.compile(r"[^/]*/+|[^/]+")
 #: a number and the unit after it (``470 s``, ``38 C``, ``36.8 GiB``) stay on one line
 _NUMBER = re.compile(r"^[0-9][0-9.,]*$")
 _UNIT = re.compile(r"^(?:s|ms|C|W|%|B|KiB|MiB|GiB|TiB|KB|MB|GB)[),.:;]*$")
+#: a label and the number after it (``pid 4242``, ``job 1234``, ``uid 0``, ``xid 79``,
+#: ``link 7``, ``GI 3``, ``boot 2``) stay on one line too: the label alone at a line's end says
+#: nothing. The number may be a Slurm job id of an array or a heterogeneous job
+#: (``1234_7``, ``1234+1``) and end in punctuation (``job 1234,``, ``(uid 0)``)
+_LABEL = re.compile(
+    r"^\(?(?:pid|pids|job|jobs|uid|gid|xid|XID|GI|CI|vgroup|mig|vnpu|boot|patrol|port|"
+    r"card|cards|GPU|NPU|chip|link|links|step|index|seq|rc|exit)$"
+)
+_LABEL_NUMBER = re.compile(r"^[0-9][0-9_+.,]*[),.:;]*$")
 
 
 def _words(text: str) -> list[tuple[str, str]]:
     """``text`` split at whitespace as (the space before it, word) pairs, a number joined
-    to the unit word after it. The space is two where ``text`` has two or more spaces
-    (the gap between the parts of a MIG device's or a process's line), else one."""
+    to the unit word after it and a label to the number after it (:data:`_LABEL`:
+    ``pid 4242``, ``job 1234``) when one space parts them. The space is two where
+    ``text`` has two or more spaces (the gap between the parts of a MIG device's or a
+    process's line), else one."""
     out: list[tuple[str, str]] = []
     for m in re.finditer(r"(\s*)(\S+)", text):
         run, word = m.groups()
-        if out and _UNIT.match(word) and _NUMBER.match(out[-1][1]):
+        unit = out and _UNIT.match(word) and _NUMBER.match(out[-1][1])
+        label = out and run == " " and _LABEL_NUMBER.match(word) and _LABEL.match(out[-1][1])
+        if unit or label:
             out[-1] = (out[-1][0], out[-1][1] + " " + word)
         else:
             out.append(("  " if run.startswith("  ") and run.strip(" ") == "" else " ", word))
