@@ -52,10 +52,23 @@ def add_history_parser(sub: Any) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     _add_common(common, argparse.SUPPRESS)
     hs = p.add_subparsers(dest="history_command", required=True)
-    show = hs.add_parser("show", help="print the history", parents=[common])
+    show = hs.add_parser(
+        "show",
+        help="print the history",
+        description="Print each card identity's fault families and the boots they were "
+        "seen in (reboot-history.json beside the state file). --json: the document. Exit 0.",
+        parents=[common],
+    )
     show.add_argument("--json", action="store_true", help="the history document as JSON")
     clear = hs.add_parser(
-        "clear", help="forget one card's history (audit line in the log)", parents=[common]
+        "clear",
+        help="forget one card's history (audit line in the log)",
+        description="Forget one card's reboot-survival history (after a replacement, or once "
+        "the fault is judged) and append an audit line (event history_clear) to the JSONL "
+        "log of the daemon whose state it is. Exit 0 done, 1 no such card, 64 no log known "
+        "to be that daemon's, 73 the log refused, 75 the history lock held (nothing "
+        "cleared).",
+        parents=[common],
     )
     clear.add_argument(
         "--card", required=True, metavar="ID", help="the card's UUID, serial or PCI bus id"

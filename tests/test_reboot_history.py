@@ -465,9 +465,7 @@ def test_a_clear_writes_its_audit_line_to_that_state_directorys_log(tmp_path, ca
     assert audits(other_log) == []
 
 
-def test_the_audit_line_names_the_node_of_the_daemon_whose_state_it_changes(
-    tmp_path, capsys
-):
+def test_the_audit_line_names_the_node_of_the_daemon_whose_state_it_changes(tmp_path, capsys):
     """The new-user trial's ``history --state-path S --jsonl-path L clear`` wrote
     ``"node":"vm"`` (the host name, the bundled config's node) while the daemon of that
     state ran as ``survives-01`` (its config's ``node``; a ``--node`` or a replay's
