@@ -150,6 +150,7 @@ def test_the_state_file_keeps_the_fault_events_with_their_jobs_across_a_restart(
         "skipped": 0,
         "state_files": 1,
         "untrusted_files": 0,
+        "foreign_files": 0,
     }
     assert [f["what"] for f in doc["jobs"]["4242"]] == ["xid 79", "fallen_off_bus"]
     assert "5555" not in doc["jobs"]
