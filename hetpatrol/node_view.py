@@ -634,16 +634,22 @@ def _fault_lines(out: _Writer, kept: Any, paint: Painter, now: float | None) -> 
 
     now = time.time() if now is None else now
     out.add(f"recent card faults ({len(events)} kept, newest first; ledger faults lists them):")
+    rows = []
     for e in events[::-1][:MAX_FAULTS]:
         when = event_time(e.get("ts"))
         age = f"{human_age(max(0.0, now - when))} ago" if when is not None else "time unknown"
         what = f"xid {e.get('xid')}" if e.get("xid") is not None else str(e.get("reason"))
-        sev = str(e.get("severity"))
         where = f"{e.get('vendor')}/{e.get('index')} " if e.get("index") is not None else ""
         card = e.get("bus_id") or e.get("uuid") or "card unknown"
+        rows.append((age, str(e.get("severity")), f"{what} on {where}{card}: {_jobs_text(e)}"))
+    # the ages and severities in columns ("11 s ago  " beside "30 min ago"), as a table's
+    age_w = max(len(age) for age, _s, _t in rows)
+    sev_w = max(len(sev) for _a, sev, _t in rows)
+    for age, sev, text in rows:
         w = _Writer(out.width)
-        w.add(f"{age}  {sev} {what} on {where}{card}: {_jobs_text(e)}", 2, hang=4)
-        w.lines[0] = w.lines[0].replace(f"  {sev} ", f"  {paint(sev, sev)} ", 1)
+        w.add(f"{age:<{age_w}}  {sev:<{sev_w}} {text}", 2, hang=4)
+        head = f"  {age:<{age_w}}  "
+        w.lines[0] = head + paint(sev, sev) + w.lines[0][len(head) + len(sev) :]
         out.lines.extend(w.lines)
 
 
