@@ -183,7 +183,10 @@ def test_nvidia_file_is_the_minor_number_and_a_lost_gpu_has_no_line(capsys):
     assert code == 3, out
     assert "NodeName=mixed-sick-01 Name=gpu Type=a100 File=/dev/nvidia[3-5] Count=3" in out
     assert "# nvidia/3 (gpu): no line: the nvidia plugin read no device number" in out
-    assert "no Cores=: the replay has no root/ tree: placement not read" in out
+    # said once for the cards of both lines (the NPUs, the three GPUs with a line)
+    said = out.replace("\n#   ", " ")
+    assert said.count("no Cores=") == 1, out
+    assert "# ascend/0-7/0, nvidia/0-2: no Cores=: the replay has no root/ tree: placement" in said
 
 
 def test_ascend_a3_davinci_is_the_phy_id(capsys):
@@ -263,6 +266,10 @@ def test_gres_conf_comments_fit_79_columns_broken_at_spaces(capsys):
     ]
     at = lines.index("# gpu: Slurm finds nvidia cards itself with AutoDetect=nvml (when slurmd is")
     assert lines[at + 1] == "#   built with it); these lines need no such build"
+    # mig-a100's four MIG devices have one reason for no Cores=: said once, for the four
+    out, code = gres_conf(capsys, "--replay", str(NODES / "mig-a100"))
+    said = [ln for ln in out.splitlines() if "no Cores=" in ln]
+    assert said == ["# nvidia/0/mig0-3: no Cores=:"], out
     # a word longer than a line stays whole, on a line of its own; never an empty comment
     long = "/sys/bus/pci/devices/" + "x" * 90
     assert comment(f"a path {long} is long") == ["# a path", f"#   {long}", "#   is long"]

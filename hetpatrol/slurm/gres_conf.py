@@ -255,6 +255,8 @@ def build_plan(
     Cards whose profile names no GRES are left out."""
     plan = Plan(node)
     topology = read_cpu_cores(root) if root is not None else {}
+    #: GRES name -> (where its vNPU note goes in its notes, [(chip label, vNPUs)])
+    split: dict[str, tuple[int, list[tuple[str, int]]]] = {}
     for rec in sorted(records, key=lambda r: (r.vendor, r.index, r.chip or 0)):
         named = card_gres(rec, config)
         if named is None:
@@ -305,17 +307,10 @@ def build_plan(
             _mig_lines(plan, rec, name, label, info, number, problem, migs, cores, cores_problem)
             continue
         if any(p.kind == "vnpu" for p in rec.partitions):
-            text = (
-                f"{label} is split into vNPUs ({len(rec.partitions)}): Slurm has no GRES "
-                "model of a vNPU (gres.conf(5) knows File=/MultipleFiles= of whole "
-                "devices; no GRES plugin reads npu-smi). The line below is the whole chip "
-                "(/dev/davinciN); a site that schedules vNPUs keeps them out of Slurm's "
-                "GRES (a node feature or a partition per template, or a count-only GRES "
-                "with a site plugin) and binds a job's vNPU with the ASCEND_VISIBLE_DEVICES "
-                "/ASCEND_VNPU_SPECS of the Ascend docker runtime"
-            )
-            if text not in notes:
-                notes.append(text)
+            if name not in split:  # one note for all the name's split chips, said here
+                split[name] = (len(notes), [])
+                notes.append("")
+            split[name][1].append((label, len(rec.partitions)))
         ident = {"device_number": number, "index": rec.index}.get(info.visible_id)
         visible = tuple((var, ident) for var in info.visible_env if ident is not None)
         if name == "gpu":  # Slurm's gpu plugin sets CUDA_VISIBLE_DEVICES itself
@@ -334,7 +329,28 @@ def build_plan(
                 visible,
             )
         )
+    for name, (at, chips) in split.items():
+        plan.notes[name][at] = _vnpu_note(chips)
     return plan
+
+
+def _vnpu_note(chips: list[tuple[str, int]]) -> str:
+    """The note of the chips split into vNPUs, (label, vNPUs) each: one for them all."""
+    counts = sorted({n for _label, n in chips})
+    many = len(chips) > 1
+    each = (
+        f"{counts[0]}{' each' if many else ''}" if len(counts) == 1 else "/".join(map(str, counts))
+    )
+    lines = "lines below are the whole chips" if many else "line below is the whole chip"
+    return (
+        f"{_cards_text([label for label, _n in chips])} {'are' if many else 'is'} split into "
+        f"vNPUs ({each}): Slurm has no GRES model of a vNPU (gres.conf(5) knows "
+        "File=/MultipleFiles= of whole devices; no GRES plugin reads npu-smi). The "
+        f"{lines} (/dev/davinciN); a site that schedules vNPUs keeps them out of Slurm's "
+        "GRES (a node feature or a partition per template, or a count-only GRES with a "
+        "site plugin) and binds a job's vNPU with the ASCEND_VISIBLE_DEVICES "
+        "/ASCEND_VNPU_SPECS of the Ascend docker runtime"
+    )
 
 
 def _mig_lines(
@@ -433,18 +449,24 @@ def comment(text: str, width: int = COMMENT_WIDTH) -> list[str]:
 
 
 def _cards_text(labels: Sequence[str]) -> str:
-    """``hygon/0-7`` for the labels ``hygon/0`` ... ``hygon/7`` (the same prefix, the
-    last parts numbers: in ranges), else the labels joined by ``, ``."""
-    groups: dict[str, list[int]] = {}
-    others: list[str] = []
+    """The cards ``labels`` name, short: a vendor's labels that differ in one number only
+    with that number in ranges (``hygon/0`` ... ``hygon/7``: ``hygon/0-7``;
+    ``nvidia/0/mig0`` ... ``mig3``: ``nvidia/0/mig0-3``; ``ascend/0/0``, ``ascend/1/0``:
+    ``ascend/0-1/0``), others listed; vendors joined by ``, ``."""
+    by_vendor: dict[str, list[list[str]]] = {}
     for label in labels:
-        head, _, tail = label.rpartition("/")
-        if head and tail.isdigit():
-            groups.setdefault(head, []).append(int(tail))
+        by_vendor.setdefault(label.split("/", 1)[0], []).append(re.split(r"(\d+)", label))
+    out = []
+    for parts in by_vendor.values():
+        differ = [i for i in range(len(parts[0])) if len({tuple(p[i : i + 1]) for p in parts}) > 1]
+        same_shape = len({len(p) for p in parts}) == 1
+        if len(parts) > 1 and same_shape and len(differ) == 1 and parts[0][differ[0]].isdigit():
+            i = differ[0]
+            nums = format_ranges([int(p[i]) for p in parts])
+            out.append("".join(parts[0][:i]) + nums + "".join(parts[0][i + 1 :]))
         else:
-            others.append(label)
-    parts = [f"{head}/{format_ranges(nums)}" for head, nums in groups.items()]
-    return ", ".join(parts + others)
+            out += ["".join(p) for p in parts]
+    return ", ".join(out)
 
 
 def gres_conf_text(plan: Plan) -> tuple[str, int]:
@@ -467,11 +489,17 @@ def gres_conf_text(plan: Plan) -> tuple[str, int]:
     for name, notes in plan.notes.items():
         for n in notes:
             out += comment(f"{name}: {n}")
-    for line, cards in plan.lines():
-        unplaced = [c for c in cards if c.cores_problem]
-        if unplaced:
-            out += comment(f"{unplaced[0].card}: no Cores=: {unplaced[0].cores_problem}")
-            code = max(code, EXIT_WARNING)
+    lines = plan.lines()
+    unplaced: dict[str, list[str]] = {}  # a reason -> the cards of the lines without Cores=
+    for _line, cards in lines:
+        for c in cards:
+            if c.cores_problem:
+                unplaced.setdefault(c.cores_problem, []).append(c.card)
+    for line, cards in lines:
+        for why in dict.fromkeys(c.cores_problem for c in cards if c.cores_problem):
+            if why in unplaced:  # said once, before the first line it is about
+                out += comment(f"{_cards_text(unplaced.pop(why))}: no Cores=: {why}")
+                code = max(code, EXIT_WARNING)
         out.append(line)
     return "\n".join(out) + "\n", code
 
