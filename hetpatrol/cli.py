@@ -451,9 +451,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "schema",
         help="print the JSON Schema of the JSONL lines",
         description="Print the JSON Schema (draft 2020-12) that every line of the daemon's "
-        "JSONL log and of 'once --format jsonl' follows: one of a card line (kind card, "
-        "schema hetpatrol.card/1), a patrol line (hetpatrol.patrol/1) or an event line "
-        "(hetpatrol.event/1). Fields may be added, none renamed (docs/record.md). Exit 0.",
+        "JSONL log and of 'once --format jsonl' follows, and exit 0: one of a card line "
+        "(kind card, schema hetpatrol.card/1), a patrol line (hetpatrol.patrol/1) or an "
+        "event line (hetpatrol.event/1). Fields may be added, none renamed (docs/record.md).",
     )
     p.set_defaults(func=cmd_schema)
 
