@@ -447,10 +447,24 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_baseline)
 
-    p = sub.add_parser("schema", help="print the JSON Schema of the JSONL lines")
+    p = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of the JSONL lines",
+        description="Print the JSON Schema (draft 2020-12) that every line of the daemon's "
+        "JSONL log and of 'once --format jsonl' follows, and exit 0: one of a card line "
+        "(kind card, schema hetpatrol.card/1), a patrol line (hetpatrol.patrol/1) or an "
+        "event line (hetpatrol.event/1). Fields may be added, none renamed (docs/record.md).",
+    )
     p.set_defaults(func=cmd_schema)
 
-    p = sub.add_parser("validate-config", help="check a config file (exit 78 when bad)")
+    p = sub.add_parser(
+        "validate-config",
+        help="check a config file (exit 78 when bad)",
+        description="Check a config file as the daemon will use it: laid over the bundled "
+        "config key by key, each value checked against the schema and its bounds, each "
+        "collector named installed. Exit 0, or 78 naming the file, line and key. "
+        "--effective prints every setting with the file and line it came from.",
+    )
     p.add_argument("path", type=Path, help="the YAML config file to check")
     p.add_argument(
         "--effective",

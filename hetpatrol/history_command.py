@@ -52,10 +52,23 @@ def add_history_parser(sub: Any) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     _add_common(common, argparse.SUPPRESS)
     hs = p.add_subparsers(dest="history_command", required=True)
-    show = hs.add_parser("show", help="print the history", parents=[common])
+    show = hs.add_parser(
+        "show",
+        help="print the history",
+        description="Print each card identity's fault families and the boots they were "
+        "seen in (reboot-history.json beside the state file). --json: the document. Exit 0.",
+        parents=[common],
+    )
     show.add_argument("--json", action="store_true", help="the history document as JSON")
     clear = hs.add_parser(
-        "clear", help="forget one card's history (audit line in the log)", parents=[common]
+        "clear",
+        help="forget one card's history (audit line in the log)",
+        description="Forget one card's reboot-survival history (after a replacement, or once "
+        "the fault is judged) and append an audit line (event history_clear) to the JSONL "
+        "log of the daemon whose state it is. Exit 0 done, 1 no such card, 64 no log known "
+        "to be that daemon's, 73 the log refused, 75 the history lock held (nothing "
+        "cleared).",
+        parents=[common],
     )
     clear.add_argument(
         "--card", required=True, metavar="ID", help="the card's UUID, serial or PCI bus id"
@@ -116,7 +129,8 @@ def _cmd_history(args: argparse.Namespace) -> int:
                 write_stdout(f"hetpatrol history: no card {printable(args.card)!s} in {path}\n")
                 return 1
             write_history(path, history)
-        line = audit_line(config.node, args.card, {i: before[i] for i in cleared}, now)
+        node = daemon_node(state_path, config.node)
+        line = audit_line(node, args.card, {i: before[i] for i in cleared}, now)
         if log_fd is not None:
             write_line(log_fd, line)
     except TimeoutError as e:  # the daemon (or another clear) stopped holding the lock
@@ -154,6 +168,26 @@ def audit_log_path(
         f"({printable(str(config_state))}): its log is another daemon's; name the log of "
         "the daemon of that state directory with --jsonl-path (or its config with --config)"
     )
+
+
+def daemon_node(state_path: Path, default: str) -> str:
+    """The node name of the daemon whose state directory ``state_path`` is: the ``node``
+    its state file holds (the daemon writes its own name there each patrol,
+    :func:`hetpatrol.exporters.state.state_document`: its config's ``node``, or its
+    ``--node``, or a replay scenario's), read as ``check`` reads it
+    (:func:`hetpatrol.healthcheck.read_trusted_state`: a file of root, this user or the
+    daemon's user only). ``default`` (this config's ``node``: the host name when the
+    config names none) when the file is missing, refused, damaged, or holds no name a
+    ``--node`` could be (not empty, no space or control character)."""
+    from hetpatrol.healthcheck import read_trusted_state
+
+    try:
+        node = read_trusted_state(state_path.expanduser()).get("node")
+    except (OSError, ValueError):
+        return default
+    if isinstance(node, str) and node and not any(c.isspace() or not c.isprintable() for c in node):
+        return node
+    return default
 
 
 def _same_path(a: Path, b: Path | None) -> bool:

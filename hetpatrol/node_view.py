@@ -219,16 +219,29 @@ _PATH_BREAKS = re.compile(r"[^/]*/+|[^/]+")
 #: a number and the unit after it (``470 s``, ``38 C``, ``36.8 GiB``) stay on one line
 _NUMBER = re.compile(r"^[0-9][0-9.,]*$")
 _UNIT = re.compile(r"^(?:s|ms|C|W|%|B|KiB|MiB|GiB|TiB|KB|MB|GB)[),.:;]*$")
+#: a label and the number after it (``pid 4242``, ``job 1234``, ``uid 0``, ``xid 79``,
+#: ``link 7``, ``GI 3``, ``boot 2``) stay on one line too: the label alone at a line's end says
+#: nothing. The number may be a Slurm job id of an array or a heterogeneous job
+#: (``1234_7``, ``1234+1``) and end in punctuation (``job 1234,``, ``(uid 0)``)
+_LABEL = re.compile(
+    r"^\(?(?:pid|pids|job|jobs|uid|gid|xid|XID|GI|CI|vgroup|mig|vnpu|boot|patrol|port|"
+    r"card|cards|GPU|NPU|chip|link|links|step|index|seq|rc|exit)$"
+)
+_LABEL_NUMBER = re.compile(r"^[0-9][0-9_+.,]*[),.:;]*$")
 
 
 def _words(text: str) -> list[tuple[str, str]]:
     """``text`` split at whitespace as (the space before it, word) pairs, a number joined
-    to the unit word after it. The space is two where ``text`` has two or more spaces
-    (the gap between the parts of a MIG device's or a process's line), else one."""
+    to the unit word after it and a label to the number after it (:data:`_LABEL`:
+    ``pid 4242``, ``job 1234``) when one space parts them. The space is two where
+    ``text`` has two or more spaces (the gap between the parts of a MIG device's or a
+    process's line), else one."""
     out: list[tuple[str, str]] = []
     for m in re.finditer(r"(\s*)(\S+)", text):
         run, word = m.groups()
-        if out and _UNIT.match(word) and _NUMBER.match(out[-1][1]):
+        unit = out and _UNIT.match(word) and _NUMBER.match(out[-1][1])
+        label = out and run == " " and _LABEL_NUMBER.match(word) and _LABEL.match(out[-1][1])
+        if unit or label:
             out[-1] = (out[-1][0], out[-1][1] + " " + word)
         else:
             out.append(("  " if run.startswith("  ") and run.strip(" ") == "" else " ", word))
@@ -621,16 +634,22 @@ def _fault_lines(out: _Writer, kept: Any, paint: Painter, now: float | None) -> 
 
     now = time.time() if now is None else now
     out.add(f"recent card faults ({len(events)} kept, newest first; ledger faults lists them):")
+    rows = []
     for e in events[::-1][:MAX_FAULTS]:
         when = event_time(e.get("ts"))
         age = f"{human_age(max(0.0, now - when))} ago" if when is not None else "time unknown"
         what = f"xid {e.get('xid')}" if e.get("xid") is not None else str(e.get("reason"))
-        sev = str(e.get("severity"))
         where = f"{e.get('vendor')}/{e.get('index')} " if e.get("index") is not None else ""
         card = e.get("bus_id") or e.get("uuid") or "card unknown"
+        rows.append((age, str(e.get("severity")), f"{what} on {where}{card}: {_jobs_text(e)}"))
+    # the ages and severities in columns ("11 s ago  " beside "30 min ago"), as a table's
+    age_w = max(len(age) for age, _s, _t in rows)
+    sev_w = max(len(sev) for _a, sev, _t in rows)
+    for age, sev, text in rows:
         w = _Writer(out.width)
-        w.add(f"{age}  {sev} {what} on {where}{card}: {_jobs_text(e)}", 2, hang=4)
-        w.lines[0] = w.lines[0].replace(f"  {sev} ", f"  {paint(sev, sev)} ", 1)
+        w.add(f"{age:<{age_w}}  {sev:<{sev_w}} {text}", 2, hang=4)
+        head = f"  {age:<{age_w}}  "
+        w.lines[0] = head + paint(sev, sev) + w.lines[0][len(head) + len(sev) :]
         out.lines.extend(w.lines)
 
 

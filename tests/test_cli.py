@@ -198,6 +198,42 @@ def test_every_commands_help_is_plain_text():
         assert not re.search(r"\S+\.py\b", text), f"hetpatrol {' '.join(path)} --help"
 
 
+def test_every_command_says_what_it_does_in_its_help(capsys):
+    """``hetpatrol schema --help`` (and validate-config's, the ledger's usage, audit,
+    quota, spans, efficiency, history show / clear) printed its usage and options alone:
+    every command and subcommand has a description, as ``once`` has. ``prolog`` and
+    ``task-prolog`` hand ``--help`` to their own parsers, which have theirs."""
+    import argparse
+
+    from hetpatrol.cli import build_parser
+
+    def walk(parser, path):
+        yield path, parser
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, p in a.choices.items():
+                    yield from walk(p, [*path, name])
+
+    bare = [
+        " ".join(path)
+        for path, parser in walk(build_parser(), [])
+        if not parser.description and path not in (["prolog"], ["task-prolog"])
+    ]
+    assert bare == []
+    for argv, said in (
+        (["schema"], "Print the JSON Schema (draft 2020-12) that every line"),
+        (["prolog"], "Slurm Prolog: fail (drain + requeue)"),
+        (["task-prolog"], "Slurm TaskProlog: print 'export VAR=ids'"),
+    ):
+        from hetpatrol.entry import main as entry_main  # the installed command's
+
+        try:
+            entry_main([*argv, "--help"])
+        except SystemExit as exc:
+            assert exc.code == 0
+        assert said in " ".join(capsys.readouterr().out.split()), argv
+
+
 def test_audit_slurms_summary_says_its_exit_3():
     """The top-level list says audit-slurm's exit codes as its own --help does: 3 when a
     source cannot be read."""

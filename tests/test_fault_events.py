@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -162,6 +163,7 @@ def test_the_state_file_keeps_the_fault_events_with_their_jobs_across_a_restart(
         "skipped": 0,
         "state_files": 1,
         "untrusted_files": 0,
+        "foreign_files": 0,
     }
     assert [f["what"] for f in doc["jobs"]["4242"]] == ["xid 79", "fallen_off_bus"]
     assert "5555" not in doc["jobs"]
@@ -426,15 +428,18 @@ def test_status_lists_the_last_faults_with_their_jobs(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     at = out.index("recent card faults (7 kept, newest first; ledger faults lists them):")
     shown = out[at + 1 : at + 6]
-    assert [line.split("  ", 2)[2] for line in shown] == [
+    # the age and severity in columns: "5 s ago    " beside "120 min ago" (were unaligned)
+    assert len({line.index("critical") for line in shown}) == 1, "\n".join(shown)
+    rows = [re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in shown]
+    assert [text for _age, text in rows] == [
         "critical fallen_off_bus on nvidia/6 0000:cb:00.0: job 4242",
         "critical xid 79 on nvidia/6 0000:cb:00.0: job 4242",
         "critical xid 48 on nvidia/4 GPU-4: jobs unknown (not one of the patrol's cards)",
         "critical xid 48 on nvidia/3 GPU-3: jobs 17, 18\\x1b[2J",
         "critical xid 48 on nvidia/2 GPU-2: job 7",
     ]
-    assert shown[0].startswith("  ") and shown[0].split("  ")[1].endswith(" s ago")
-    assert shown[2].split("  ")[1] == "120 min ago"  # now - 7200 + 4 s (human_age)
+    assert shown[0].startswith("  ") and rows[0][0].endswith(" s ago")
+    assert rows[2][0] == "120 min ago"  # now - 7200 + 4 s (human_age)
     assert not out[at + 6].startswith("  ")  # five at most
     doc = json.loads(path.read_text())
     for width in (80, 160):

@@ -27,6 +27,8 @@ from hetpatrol.slurm.gres_conf import (
     build_plan,
     check_gres_conf,
     check_registration,
+    comment,
+    gres_conf_text,
     render,
 )
 from hetpatrol.sysfs_pci import parse_cpulist, read_place, slurm_cores
@@ -181,7 +183,10 @@ def test_nvidia_file_is_the_minor_number_and_a_lost_gpu_has_no_line(capsys):
     assert code == 3, out
     assert "NodeName=mixed-sick-01 Name=gpu Type=a100 File=/dev/nvidia[3-5] Count=3" in out
     assert "# nvidia/3 (gpu): no line: the nvidia plugin read no device number" in out
-    assert "no Cores=: the replay has no root/ tree: placement not read" in out
+    # said once for the cards of both lines (the NPUs, the three GPUs with a line)
+    said = out.replace("\n#   ", " ")
+    assert said.count("no Cores=") == 1, out
+    assert "# ascend/0-7/0, nvidia/0-2: no Cores=: the replay has no root/ tree: placement" in said
 
 
 def test_ascend_a3_davinci_is_the_phy_id(capsys):
@@ -239,8 +244,36 @@ def test_hygon_without_a_bus_id_has_no_line_and_says_why(tmp_path, capsys):
         "--root", str(root),
     )  # fmt: skip
     assert code == 3
-    # the recorded rocm-smi query has no --showbus: the DCU's render node is unknown
-    assert out.count("no line: no bus id read: its DRM render node is unknown") == 8
+    # the recorded rocm-smi query has no --showbus: the DCU's render node is unknown, the
+    # same for its 8 DCUs (rocm-smi cards 0-7): said once for them all
+    said = [ln for ln in out.splitlines() if ln.startswith("# hygon/")]
+    assert said == ["# hygon/0-7 (dcu:k100_ai, 8 cards): no line: no bus id read: its DRM render"]
+    assert "#   node is unknown" in out.splitlines()
+
+
+def test_gres_conf_comments_fit_79_columns_broken_at_spaces(capsys):
+    """A tmux pane or terminal of 80 columns broke a longer comment mid-word (``...
+    slurmd is buil`` / ``t with it``) into a line that was no comment. Each comment now
+    fits 79 columns, broken at a space, every line of it starting with ``#``, and its
+    words are all there (the AutoDetect note of the nvidia plugin, the vNPU note)."""
+    out, code = gres_conf(capsys, "--replay", str(NODES / "healthy-mixed"))
+    assert code == 1, out  # placement not read: no Cores=
+    lines = out.split("\n\n")[0].splitlines()  # the gres.conf part
+    assert all(len(ln) <= 79 for ln in lines if ln.startswith("#")), out
+    assert [ln for ln in lines if not ln.startswith("#")] == [
+        "NodeName=mixed-ok-01 Name=ascend Type=910b File=/dev/davinci[0-7] Count=8",
+        "NodeName=mixed-ok-01 Name=gpu Type=h100 File=/dev/nvidia[0-7] Count=8",
+    ]
+    at = lines.index("# gpu: Slurm finds nvidia cards itself with AutoDetect=nvml (when slurmd is")
+    assert lines[at + 1] == "#   built with it); these lines need no such build"
+    # mig-a100's four MIG devices have one reason for no Cores=: said once, for the four
+    out, code = gres_conf(capsys, "--replay", str(NODES / "mig-a100"))
+    said = [ln for ln in out.splitlines() if "no Cores=" in ln]
+    assert said == ["# nvidia/0/mig0-3: no Cores=:"], out
+    # a word longer than a line stays whole, on a line of its own; never an empty comment
+    long = "/sys/bus/pci/devices/" + "x" * 90
+    assert comment(f"a path {long} is long") == ["# a path", f"#   {long}", "#   is long"]
+    assert comment("") == ["#"]
 
 
 # ---------------------------------------------------------------------- --check
@@ -401,6 +434,11 @@ def slurmd_g(tmp: Path, plan: Plan, node: str, break_one: bool = False):
     devices) and slurm.conf fragment, run ``slurmd -G``; (lines, its output)."""
     dev = tmp / "dev"
     gres_lines = [line.replace("File=/dev/", f"File={dev}/") for line, _ in plan.lines()]
+    # the whole gres.conf gres-conf prints, its wrapped comments too (slurmd's parser
+    # must take every line of it)
+    text = gres_conf_text(plan)[0]
+    for line, _ in plan.lines():
+        text = text.replace(f"{line}\n", line.replace("File=/dev/", f"File={dev}/") + "\n")
     for card in plan.placed:
         path = dev / card.file.removeprefix("/dev/")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -412,7 +450,7 @@ def slurmd_g(tmp: Path, plan: Plan, node: str, break_one: bool = False):
         path.unlink()
         path.write_text("")
     types, node_line = plan.slurm_conf()
-    (tmp / "gres.conf").write_text("\n".join(gres_lines) + "\n")
+    (tmp / "gres.conf").write_text(text)
     host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
     (tmp / "spool").mkdir(exist_ok=True)
     (tmp / "slurm.conf").write_text(
@@ -480,6 +518,8 @@ def test_real_slurmd_accepts_the_lines_for_every_vendor(case, tmp_path):
     assert vendors == {c.vendor for c in cards}, render(plan)[0]  # every vendor has lines
     lines, output = slurmd_g(tmp_path, plan, node)
     assert "error" not in output.lower(), f"{output}\n" + "\n".join(lines)
+    if case == "healthy-mixed":  # a comment wrapped onto a second '#' line was taken
+        assert "\n#   built with it); " in (tmp_path / "gres.conf").read_text()
     # slurmd registers each line as written: Name, Type, Count, File, Cores
     want = []
     for line, _cards in plan.lines():

@@ -156,6 +156,7 @@ def test_state_files_and_the_jsonl_count_an_event_once(tmp_path, capsys):
         "skipped": 0,
         "state_files": 1,
         "untrusted_files": 0,
+        "foreign_files": 0,
     }
     faults = doc["jobs"]["4242"]
     assert [(f["node"], f["card"], f["what"], f["severity"]) for f in faults] == [
@@ -196,6 +197,29 @@ def test_a_directory_of_collected_state_files(tmp_path, capsys):
     )
 
 
+def test_a_file_not_the_daemons_is_a_file_left_out_not_a_line_skipped(tmp_path, capsys):
+    """The new-user trial's ``ledger faults DIR`` of a node's state directory: the
+    daemon's ``daemon.log`` (no JSON) was said on stderr as left out and counted once
+    more as "1 line(s) skipped", as if a line of the daemon's had been lost. A file left
+    out whole is counted as one not the daemon's; "skipped" counts lines of the daemon's
+    files (here its JSONL's one damaged line)."""
+    state, jsonl = _patrol_state(tmp_path, "xid79-01", "4242")
+    d = state.parent
+    (d / "daemon.log").write_text("2026-12-01T10:00:00Z [info] patrol seq=1 cards=8\n")
+    with jsonl.open("a") as fh:
+        fh.write('{"kind": "event", "event": "xid", "ts": \n')  # a line cut short
+    assert main(["ledger", "faults", str(d)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == (
+        "1 job(s) on faulted cards; 2 fault event(s), 0 without jobs, 1 line(s) skipped, "
+        "1 state file(s), 1 file(s) not the daemon's (left out)"
+    )
+    assert f"{d / 'daemon.log'}: not a JSONL log or state file (left out)" in err
+    assert main(["ledger", "faults", str(d), "--format", "json"]) == 1
+    counts = json.loads(capsys.readouterr().out)["counts"]
+    assert (counts["skipped"], counts["foreign_files"], counts["untrusted_files"]) == (1, 1, 0)
+
+
 def test_damaged_and_hostile_state_files_are_refused_or_counted(tmp_path, capfd):
     state, _ = _patrol_state(tmp_path, "xid79-01", "4242")
     doc = json.loads(state.read_text())
@@ -218,8 +242,8 @@ def test_damaged_and_hostile_state_files_are_refused_or_counted(tmp_path, capfd)
     out, err = capfd.readouterr()
     assert "job 4242" in out and "evil\\x1b[2J\\u202enode" in out and "\x1b" not in out
     assert out.splitlines()[-1] == (
-        "1 job(s) on faulted cards; 1 fault event(s), 0 without jobs, 6 line(s) skipped, "
-        "2 state file(s)"
+        "1 job(s) on faulted cards; 1 fault event(s), 0 without jobs, 5 line(s) skipped, "
+        "2 state file(s), 1 file(s) not the daemon's (left out)"
     )
     assert "d\\x1b[2J.fifo: not a regular file" in err and "\x1b" not in err
     assert "c.json: not a JSONL log or state file (left out)" in err
@@ -336,8 +360,8 @@ def test_a_state_file_of_two_million_tiny_values_is_refused_before_it_is_decoded
     out, err = capsys.readouterr()
     assert code == 1 and out.splitlines()[0] == "job 4242"
     assert out.splitlines()[-1] == (
-        "1 job(s) on faulted cards; 2 fault event(s), 0 without jobs, 1 line(s) skipped, "
-        "1 state file(s)"
+        "1 job(s) on faulted cards; 2 fault event(s), 0 without jobs, 0 line(s) skipped, "
+        "1 state file(s), 1 file(s) not the daemon's (left out)"
     )
     said = [line for line in err.splitlines() if line.startswith("hetpatrol ledger faults:")]
     assert said == [

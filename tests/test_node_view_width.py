@@ -207,6 +207,30 @@ def test_a_number_stays_with_its_unit():
     ]
 
 
+def test_a_label_stays_with_its_number():
+    """At 80 columns ``once -v`` of nvlink-storm ended a line with ``... (warning) pid``
+    and began the next with ``48213 python3``, and ``...; XID`` / ``149 (NVLink: ...``:
+    a label and its number (pid, job, uid, XID, link...) are one word to the wrapping."""
+    from hetpatrol.node_view import wrap_words
+
+    lines = _once("nvlink-storm", "80")
+    labels = ("pid", "job", "jobs", "uid", "XID", "xid", "link", "GI", "CI", "boot")
+    ends = [ln for ln in lines if ln.rstrip().endswith(tuple(f" {w}" for w in labels))]
+    assert ends == [], "\n".join(lines)
+    # the NVRM line's process (kmsg.txt: "pid=48213, name=python3") on one line
+    assert any(ln.lstrip().startswith("pid 48213 python3") for ln in lines), "\n".join(lines)
+    text = "pid 4242 (alice, job 1234_7) on a card of job 77, (uid 0) xid 79."
+    assert wrap_words(text, 14, "", "") == [
+        "pid 4242",
+        "(alice,",
+        "job 1234_7) on",
+        "a card of",
+        "job 77,",
+        "(uid 0)",
+        "xid 79.",
+    ]
+
+
 def test_a_mig_device_line_keeps_its_two_space_gaps_when_wrapped():
     """At 80 columns the MIG device's line (mig-a100, telegraf's recording) is wrapped
     before its UUID; its parts stayed two spaces apart only when it fit (``mig 0

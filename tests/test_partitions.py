@@ -333,7 +333,10 @@ def test_vnpu_metrics_and_gres_conf_note():
     res = subprocess.run(
         [*HETPATROL, "gres-conf", "--replay", str(VNPU)], capture_output=True, text=True
     )
-    assert "is split into vNPUs (2): Slurm has no GRES model of a vNPU" in res.stdout
+    # one note for the 8 chips (npu-smi: 2 vNPUs on each), not one each
+    said = " ".join(res.stdout.replace("\n#   ", " ").split())
+    assert said.count("split into vNPUs") == 1, res.stdout
+    assert "ascend/0-7/0 are split into vNPUs (2 each): Slurm has no GRES model" in said
     # the whole chip keeps its line: vNPUs are not counted as GRES
     assert "Gres=ascend:910b:8" in res.stdout
 

@@ -465,6 +465,39 @@ def test_a_clear_writes_its_audit_line_to_that_state_directorys_log(tmp_path, ca
     assert audits(other_log) == []
 
 
+def test_the_audit_line_names_the_node_of_the_daemon_whose_state_it_changes(tmp_path, capsys):
+    """The new-user trial's ``history --state-path S --jsonl-path L clear`` wrote
+    ``"node":"vm"`` (the host name, the bundled config's node) while the daemon of that
+    state ran as ``survives-01`` (its config's ``node``; a ``--node`` or a replay's
+    scenario would name it too). The line names the node the state file being changed
+    says its daemon is; a state file without a usable name leaves the config's."""
+    import socket
+
+    config = replace(config_for(tmp_path), node="rack7-gpu03")  # the daemon's --node
+    run_boot(config, 1)
+    state, log = str(config.state_path), str(config.jsonl_path)
+
+    def audit_nodes():
+        lines = [json.loads(x) for x in config.jsonl_path.read_text().splitlines()]
+        return [x["node"] for x in lines if x.get("event") == "history_clear"]
+
+    args = ["history", "--state-path", state, "--jsonl-path", log, "clear", "--card", GPU2]
+    assert main(args) == 0, capsys.readouterr().err
+    assert audit_nodes() == ["rack7-gpu03"]
+    # its own config, whose node: is survives-01: the daemon ran as rack7-gpu03 still
+    run_boot(config, 2)
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(f"state_path: {state}\njsonl: {{path: {log}}}\nnode: survives-01\n")
+    assert main(["history", "--config", str(cfg), "clear", "--card", GPU2]) == 0
+    assert audit_nodes() == ["rack7-gpu03", "rack7-gpu03"]
+    # a state file whose node is no node name (forged, damaged): the config's own node
+    run_boot(config, 3)
+    doc = json.loads(config.state_path.read_text())
+    config.state_path.write_text(json.dumps({**doc, "node": "evil\x1b[2J node"}))
+    assert main(args) == 0
+    assert audit_nodes()[-1] == socket.gethostname().split(".")[0]  # the bundled config's
+
+
 def test_the_history_options_are_taken_after_the_subcommand_too(tmp_path, capsys):
     """``history show --state-path P`` exited 64 "unrecognized arguments": the options of
     ``history`` are taken before or after ``show`` / ``clear``, and one given before is

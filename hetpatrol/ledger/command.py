@@ -172,7 +172,12 @@ def add_ledger_parser(sub) -> None:
         ),
     )
     lsub = p.add_subparsers(dest="ledger_command", required=True)
-    u = lsub.add_parser("usage", help="card-hours, jobs and wait per GRES type")
+    u = lsub.add_parser(
+        "usage",
+        help="card-hours, jobs and wait per GRES type",
+        description="Card-hours, jobs, runs, mean wait and the largest allocation per "
+        "group and GRES type over the window, from sacct. Exit 0.",
+    )
     _add_window(u)
     u.add_argument(
         "--by",
@@ -184,7 +189,12 @@ def add_ledger_parser(sub) -> None:
     )
     u.add_argument("--format", choices=("table", "csv", "json"), default="table")
     u.set_defaults(func=cmd_usage)
-    a = lsub.add_parser("audit", help="can Slurm meter each card type? (exit 0/1/2)")
+    a = lsub.add_parser(
+        "audit",
+        help="can Slurm meter each card type? (exit 0/1/2)",
+        description="Can this Slurm meter each card type? Says the slurm.conf line to add. "
+        "Exit 0 fine, 1 warnings, 2 per-type metering impossible.",
+    )
     a.add_argument("--scontrol", default="scontrol", help="scontrol argv prefix (shell words)")
     a.add_argument(
         "--replay",
@@ -195,7 +205,14 @@ def add_ledger_parser(sub) -> None:
     )
     a.add_argument("--format", choices=("text", "json"), default="text")
     a.set_defaults(func=cmd_audit)
-    q = lsub.add_parser("quota", help="usage against sacctmgr limits or a quota file")
+    q = lsub.add_parser(
+        "quota",
+        help="usage against sacctmgr limits or a quota file",
+        description="Usage against the limits Slurm enforces (sacctmgr GrpTRESMins, "
+        "GrpTRES, MaxTRESPerJob on gres/...) or a YAML quota file; --textfile writes the "
+        "Prometheus text exposition. Exit 0 all below 80%, 1 one at 80%, 2 one at "
+        "100%, 3 (instead of 0 or 1) when some AllocTRES items could not be read.",
+    )
     _add_window(q)
     q.add_argument("--sacctmgr", default="sacctmgr", help="sacctmgr argv prefix (shell words)")
     q.add_argument(
@@ -211,7 +228,10 @@ def add_ledger_parser(sub) -> None:
     q.add_argument("--format", choices=("table", "json"), default="table")
     q.set_defaults(func=cmd_quota)
     s = lsub.add_parser(
-        "spans", help="jobs whose nodes held different card classes (exit 0 none, 1 some)"
+        "spans",
+        help="jobs whose nodes held different card classes (exit 0 none, 1 some)",
+        description="The jobs whose nodes held two card classes or more (docs/ledger.md). "
+        "Exit 0 none, 1 some.",
     )
     _add_window(s)
     s.add_argument(
@@ -222,7 +242,13 @@ def add_ledger_parser(sub) -> None:
     )
     s.add_argument("--format", choices=("text", "json"), default="text")
     s.set_defaults(func=cmd_spans)
-    e = lsub.add_parser("efficiency", help="cards allocated vs busy per job (Prometheus)")
+    e = lsub.add_parser(
+        "efficiency",
+        help="cards allocated vs busy per job (Prometheus)",
+        description="Per job: card-hours allocated vs busy, per card type, from the "
+        "daemons' series in Prometheus; lists the jobs that held cards idle. Exit 0; 65 "
+        "when Prometheus's answer for a job was not the API's document (that job unknown).",
+    )
     _add_window(e)
     e.add_argument("--prometheus", required=True, metavar="URL", help="http://host:9090")
     e.add_argument("--job", action="append", default=None, help="only this job id (repeat)")

@@ -23,8 +23,9 @@ rule of ``check``); ``--trust-owner USER`` adds an owner (a service user the fil
 gathered as). Each file left out is said on stderr with why and counted ("N file(s)
 not trusted"; ``untrusted_files`` in JSON). A FIFO or device is not read, a line is
 read up to 1 MiB (a state file up to 64 MiB and 2,000,000 JSON values), a file whose
-first line is not a JSON object is left out (said on stderr, counted as one line
-skipped), a directory's first 100,000 entries are read (more is said); past 64 MiB of
+first line is not a JSON object (a ``daemon.log``, a README) is left out (said on stderr,
+counted as a file not the daemon's: "N file(s) not the daemon's", ``foreign_files``), a
+directory's first 100,000 entries are read (more is said); past 64 MiB of
 one line, or a read that fails, the rest of that file is left out and said. ``-`` (or
 ``/dev/stdin``) is standard input, read with the same bounds (``zcat
 patrol.jsonl.2.gz | hetpatrol ledger faults -``). A gzip file (logrotate's
@@ -32,8 +33,9 @@ patrol.jsonl.2.gz | hetpatrol ledger faults -``). A gzip file (logrotate's
 the stdlib's gzip with the same bounds on its decompressed lines, no more than 2 GiB
 decompressed and, past its first 16 MiB, no more than 250 bytes per compressed byte
 (the daemon's logs compress 75:1 at most: a gzip bomb is cut there, said). Only the
-daemon's own structured fields are read; a line that is not JSON, or an event whose
-fields have the wrong types, is skipped and counted.
+daemon's own structured fields are read; a line that is not JSON (after a file's
+first), a line over the bound, or an event whose fields have the wrong types, is skipped
+and counted ("N line(s) skipped").
 Names are printed without control characters (:func:`hetpatrol.node_view.printable`).
 Exit 0 no fault with a job, 1 at least one, 65 when no file could be read (files left out
 as not the daemon's, such as a README or an .xz archive, are none).
@@ -225,6 +227,8 @@ def render_text(jobs: Mapping[str, list[dict[str, Any]]], counts: Mapping[str, i
     states = f", {counts['state_files']} state file(s)" if counts.get("state_files") else ""
     if counts.get("untrusted_files"):  # said on stderr, file by file, with why
         states += f", {counts['untrusted_files']} file(s) not trusted (left out)"
+    if counts.get("foreign_files"):  # said on stderr too: a daemon.log, a README
+        states += f", {counts['foreign_files']} file(s) not the daemon's (left out)"
     out.append(
         f"{len(jobs)} job(s) on faulted cards; {counts['events']} fault event(s), "
         f"{counts['without_jobs']} without jobs, {counts['skipped']} line(s) skipped{states}"
@@ -387,6 +391,7 @@ def _read_file(
     readable: list[str],
     owners: frozenset[int] | None = None,
     untrusted: list[str] | None = None,
+    left_out: list[str] | None = None,
 ) -> Iterator[str | dict]:
     """The documents of one JSONL or state file (see the module docstring): a first line
     that starts as a state file does (``{"schema":"hetpatrol.state/``, the writer's first
@@ -394,7 +399,9 @@ def _read_file(
     bound, and decoded here when it holds at most :data:`MAX_DOCUMENT_VALUES` values;
     every other line is read up to ``MAX_LINE`` (a longer one is skipped, never held).
     ``owners``: the uids whose files and links are believed (:func:`trusted_owners`); a
-    file refused for its owner, its mode or a link on the way goes into ``untrusted``."""
+    file refused for its owner, its mode or a link on the way goes into ``untrusted``,
+    one that is none of the daemon's (a ``daemon.log``, a README) into ``left_out``."""
+    left_out = [] if left_out is None else left_out
     if path in STDIN_NAMES:  # the user's own pipe or file: read as a file is, same bounds
         fd, path = os.dup(sys.stdin.fileno()), "(stdin)"
         os.set_blocking(fd, True)
@@ -412,7 +419,7 @@ def _read_file(
     try:
         with os.fdopen(fd, "rb") as raw:
             if raw.peek(2)[:2] != _GZIP_MAGIC:
-                yield from _file_documents(path, raw, errors, readable)
+                yield from _file_documents(path, raw, errors, readable, left_out)
                 return
             # logrotate's `compress` copy (gzip(1)): read through the stdlib's gzip, its
             # decompressed bytes bounded (MAX_GZIP_BYTES, MAX_GZIP_RATIO) beside the
@@ -420,7 +427,7 @@ def _read_file(
             counted = _Counted(raw)
             with gzip.GzipFile(fileobj=counted, mode="rb") as gz:
                 bounded = _Bounded(gz, MAX_GZIP_BYTES, counted, MAX_GZIP_RATIO, GZIP_RATIO_FLOOR)
-                yield from _file_documents(path, bounded, errors, readable)
+                yield from _file_documents(path, bounded, errors, readable, left_out)
     except _Endless:
         errors.append(f"{path}: a line over {MAX_SKIP} bytes: the rest of the file left out")
         yield "\0"
@@ -445,11 +452,13 @@ def _read_file(
 
 
 def _file_documents(
-    path: str, fh: Any, errors: list[str], readable: list[str]
+    path: str, fh: Any, errors: list[str], readable: list[str], left_out: list[str]
 ) -> Iterator[str | dict]:
     """:func:`_read_file`'s documents of the open file ``fh``; ``path`` goes into
     ``readable`` when the file is the daemon's (an empty log, rotated a moment ago,
-    too: read, nothing in it), never for a README or an archive of another kind."""
+    too: read, nothing in it), never for a README or an archive of another kind, and
+    into ``left_out`` when the whole file is left out as none of the daemon's (its first
+    line no JSON object, a document of more than :data:`MAX_DOCUMENT_VALUES` values)."""
     first = fh.readline(MAX_LINE + 1)
     if not first:
         readable.append(path)
@@ -468,7 +477,7 @@ def _file_documents(
             f"{path}: more than {MAX_DOCUMENT_VALUES} JSON values in one document "
             "(no state file the daemon writes): left out"
         )
-        yield "\0"
+        left_out.append(path)
         return
     if indented:
         readable.append(path)
@@ -482,7 +491,7 @@ def _file_documents(
         doc = _decode(first)
         if not isinstance(doc, dict):  # a README, an archive (.xz, .zst): not read
             errors.append(f"{path}: not a JSONL log or state file (left out)")
-            yield "\0"
+            left_out.append(path)  # a file left out, not a line of the daemon's skipped
             return
         readable.append(path)
         yield doc
@@ -496,9 +505,10 @@ def _lines(
     readable: list[str],
     owners: frozenset[int] | None = None,
     untrusted: list[str] | None = None,
+    left_out: list[str] | None = None,
 ) -> Iterator[str | dict]:
     for path in _files(paths, errors):
-        yield from _read_file(path, errors, readable, owners, untrusted)
+        yield from _read_file(path, errors, readable, owners, untrusted, left_out)
 
 
 #: said with every file left out as not trusted
@@ -531,9 +541,12 @@ def cmd_faults(args: argparse.Namespace) -> int:
     errors: list[str] = []
     readable: list[str] = []
     untrusted: list[str] = []
+    left_out: list[str] = []
     owners = trusted_owners(getattr(args, "trust_owner", None) or ())
-    jobs, counts = faults_by_job(_lines(args.jsonl, errors, readable, owners, untrusted))
+    lines = _lines(args.jsonl, errors, readable, owners, untrusted, left_out)
+    jobs, counts = faults_by_job(lines)
     counts["untrusted_files"] = len(untrusted)
+    counts["foreign_files"] = len(left_out)
     for error in errors:
         print(f"hetpatrol ledger faults: {printable(error)}", file=sys.stderr)
     if not readable:

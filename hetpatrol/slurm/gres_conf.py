@@ -44,6 +44,7 @@ import argparse
 import re
 import shlex
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,6 +255,8 @@ def build_plan(
     Cards whose profile names no GRES are left out."""
     plan = Plan(node)
     topology = read_cpu_cores(root) if root is not None else {}
+    #: GRES name -> (where its vNPU note goes in its notes, [(chip label, vNPUs)])
+    split: dict[str, tuple[int, list[tuple[str, int]]]] = {}
     for rec in sorted(records, key=lambda r: (r.vendor, r.index, r.chip or 0)):
         named = card_gres(rec, config)
         if named is None:
@@ -304,17 +307,10 @@ def build_plan(
             _mig_lines(plan, rec, name, label, info, number, problem, migs, cores, cores_problem)
             continue
         if any(p.kind == "vnpu" for p in rec.partitions):
-            text = (
-                f"{label} is split into vNPUs ({len(rec.partitions)}): Slurm has no GRES "
-                "model of a vNPU (gres.conf(5) knows File=/MultipleFiles= of whole "
-                "devices; no GRES plugin reads npu-smi). The line below is the whole chip "
-                "(/dev/davinciN); a site that schedules vNPUs keeps them out of Slurm's "
-                "GRES (a node feature or a partition per template, or a count-only GRES "
-                "with a site plugin) and binds a job's vNPU with the ASCEND_VISIBLE_DEVICES "
-                "/ASCEND_VNPU_SPECS of the Ascend docker runtime"
-            )
-            if text not in notes:
-                notes.append(text)
+            if name not in split:  # one note for all the name's split chips, said here
+                split[name] = (len(notes), [])
+                notes.append("")
+            split[name][1].append((label, len(rec.partitions)))
         ident = {"device_number": number, "index": rec.index}.get(info.visible_id)
         visible = tuple((var, ident) for var in info.visible_env if ident is not None)
         if name == "gpu":  # Slurm's gpu plugin sets CUDA_VISIBLE_DEVICES itself
@@ -333,7 +329,28 @@ def build_plan(
                 visible,
             )
         )
+    for name, (at, chips) in split.items():
+        plan.notes[name][at] = _vnpu_note(chips)
     return plan
+
+
+def _vnpu_note(chips: list[tuple[str, int]]) -> str:
+    """The note of the chips split into vNPUs, (label, vNPUs) each: one for them all."""
+    counts = sorted({n for _label, n in chips})
+    many = len(chips) > 1
+    each = (
+        f"{counts[0]}{' each' if many else ''}" if len(counts) == 1 else "/".join(map(str, counts))
+    )
+    lines = "lines below are the whole chips" if many else "line below is the whole chip"
+    return (
+        f"{_cards_text([label for label, _n in chips])} {'are' if many else 'is'} split into "
+        f"vNPUs ({each}): Slurm has no GRES model of a vNPU (gres.conf(5) knows "
+        "File=/MultipleFiles= of whole devices; no GRES plugin reads npu-smi). The "
+        f"{lines} (/dev/davinciN); a site that schedules vNPUs keeps them out of Slurm's "
+        "GRES (a node feature or a partition per template, or a count-only GRES with a "
+        "site plugin) and binds a job's vNPU with the ASCEND_VISIBLE_DEVICES "
+        "/ASCEND_VNPU_SPECS of the Ascend docker runtime"
+    )
 
 
 def _mig_lines(
@@ -407,23 +424,91 @@ def _number(
     return None, f"unknown device numbering {info.number!r} in the {rec.vendor} plugin"
 
 
-def render(plan: Plan) -> tuple[str, int]:
-    """The text ``gres-conf`` prints, and its exit code."""
-    out = [f"# gres.conf lines for {plan.node} (hetpatrol gres-conf)"]
+#: gres.conf comments fit this many columns: an 80-column terminal or tmux pane shows each
+#: whole (a longer line is broken mid-word there), and a diff of two files shows each
+#: comment line on its own
+COMMENT_WIDTH = 79
+
+
+def comment(text: str, width: int = COMMENT_WIDTH) -> list[str]:
+    """``text`` as gres.conf comment lines of at most ``width`` columns, broken at spaces
+    (a word wider than a line, such as a long path, stays whole on a line of its own);
+    every line starts with ``#``, the next ones indented under the first. slurmd reads
+    gres.conf with ``s_p_parse_file``, whose ``_get_next_line`` cuts each line at its
+    first unescaped ``#`` (``_strip_comments``) before it looks for a ``\\`` continuation
+    (src/common/parse_config.c), so each line is a comment of its own, whatever it ends
+    with, and the file's other lines are unchanged."""
+    return textwrap.wrap(
+        " ".join(text.split()),
+        width,
+        initial_indent="# ",
+        subsequent_indent="#   ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or ["#"]
+
+
+def _cards_text(labels: Sequence[str]) -> str:
+    """The cards ``labels`` name, short: a vendor's labels that differ in one number only
+    with that number in ranges (``hygon/0`` ... ``hygon/7``: ``hygon/0-7``;
+    ``nvidia/0/mig0`` ... ``mig3``: ``nvidia/0/mig0-3``; ``ascend/0/0``, ``ascend/1/0``:
+    ``ascend/0-1/0``), others listed; vendors joined by ``, ``."""
+    by_vendor: dict[str, list[list[str]]] = {}
+    for label in labels:
+        by_vendor.setdefault(label.split("/", 1)[0], []).append(re.split(r"(\d+)", label))
+    out = []
+    for parts in by_vendor.values():
+        differ = [i for i in range(len(parts[0])) if len({tuple(p[i : i + 1]) for p in parts}) > 1]
+        same_shape = len({len(p) for p in parts}) == 1
+        if len(parts) > 1 and same_shape and len(differ) == 1 and parts[0][differ[0]].isdigit():
+            i = differ[0]
+            nums = format_ranges([int(p[i]) for p in parts])
+            out.append("".join(parts[0][:i]) + nums + "".join(parts[0][i + 1 :]))
+        else:
+            out += ["".join(p) for p in parts]
+    return ", ".join(out)
+
+
+def gres_conf_text(plan: Plan) -> tuple[str, int]:
+    """The gres.conf part of ``gres-conf``'s output: a header, each card without a line
+    (cards of one GRES with the same reason said once, ``# hygon/0-7 (dcu:k100_ai, 8
+    cards): no line: ...``), each GRES name's notes, then the lines, each after a comment
+    when its cards' cores are unknown. Comments are wrapped by :func:`comment`. Returns
+    (text, exit code: 0; 1 a line without ``Cores=``; 3 a card without a line)."""
+    out = comment(f"gres.conf lines for {plan.node} (hetpatrol gres-conf)")
     code = EXIT_OK
+    missing: dict[tuple[str, str], list[str]] = {}
     for c in plan.cards:
         if c.file is None:
             label = f"{c.name}:{c.type}" if c.type else c.name
-            out.append(f"# {c.card} ({label}): no line: {c.problem}")
+            missing.setdefault((label, str(c.problem)), []).append(c.card)
             code = EXIT_UNKNOWN
+    for (label, problem), cards in missing.items():
+        many = f", {len(cards)} cards" if len(cards) > 1 else ""
+        out += comment(f"{_cards_text(cards)} ({label}{many}): no line: {problem}")
     for name, notes in plan.notes.items():
-        out += [f"# {name}: {n}" for n in notes]
-    for line, cards in plan.lines():
-        missing = [c for c in cards if c.cores_problem]
-        if missing:
-            out.append(f"# {missing[0].card}: no Cores=: {missing[0].cores_problem}")
-            code = max(code, EXIT_WARNING)
+        for n in notes:
+            out += comment(f"{name}: {n}")
+    lines = plan.lines()
+    unplaced: dict[str, list[str]] = {}  # a reason -> the cards of the lines without Cores=
+    for _line, cards in lines:
+        for c in cards:
+            if c.cores_problem:
+                unplaced.setdefault(c.cores_problem, []).append(c.card)
+    for line, cards in lines:
+        for why in dict.fromkeys(c.cores_problem for c in cards if c.cores_problem):
+            if why in unplaced:  # said once, before the first line it is about
+                out += comment(f"{_cards_text(unplaced.pop(why))}: no Cores=: {why}")
+                code = max(code, EXIT_WARNING)
         out.append(line)
+    return "\n".join(out) + "\n", code
+
+
+def render(plan: Plan) -> tuple[str, int]:
+    """The text ``gres-conf`` prints (:func:`gres_conf_text`, the slurm.conf fragment,
+    the TaskProlog), and its exit code."""
+    text, code = gres_conf_text(plan)
+    out = [text.rstrip("\n")]
     out += ["", "# slurm.conf (merge Features= with the node's own)", *plan.slurm_conf()]
     prolog = plan.task_prolog()
     if prolog is not None:
