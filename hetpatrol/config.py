@@ -7,6 +7,10 @@ expression). Every error names the key path and the line of the file, e.g.::
     /etc/hetpatrol/hetpatrol.yaml:42: profiles[3].temperature_celsius.warning: 95 is
     above critical (90)
 
+and every error is said at once, in the order of the file's lines (at most
+``MAX_REPORTED_ERRORS``, then how many more): a site file laid over the bundled one is
+checked as laid, each error said at the file, key path and line that wrote it.
+
 :func:`load_config` raises :class:`ConfigError` (the CLI exits 78, EX_CONFIG).
 """
 

@@ -67,6 +67,12 @@ class ConfigError(Exception):
             out.append(f"and {self.unshown} more error{'s' if self.unshown > 1 else ''}")
         return out
 
+    def summary(self) -> str:
+        """The first error on one line, with how many more there are (a one-line verdict,
+        a check's detail): ``f:3: key: why (and 2 more errors)``."""
+        n = len(self.errors) - 1 + self.unshown
+        return self.errors[0].text + (f" (and {n} more error{'s' if n > 1 else ''})" if n else "")
+
     def said(self, prefix: str = "hetpatrol: configuration error: ") -> str:
         """Every error said, one line each with ``prefix`` (a command's stderr, the
         daemon's refusal at start), then ``hetpatrol: and N more configuration errors``

@@ -177,3 +177,23 @@ def test_run_refuses_to_start_with_every_error(tmp_path):
     assert res.stderr == "".join(
         f"hetpatrol: configuration error: {t}\n" for t in _expected(str(site))
     )
+
+
+def test_one_line_verdicts_say_the_first_and_how_many_more(tmp_path):
+    """`check` answers a monitoring system in one line; the doctor bundle's effective
+    config keeps every error inside its YAML comment."""
+    from hetpatrol.doctor_bundle import _effective_config
+
+    site = tmp_path / "site.yaml"
+    site.write_text(SITE)
+    expected = _expected(str(site))
+    res = subprocess.run(
+        [*HETPATROL, "check", "--config", str(site)], capture_output=True, text=True
+    )
+    assert res.returncode == 3
+    assert res.stdout == (
+        f"HETPATROL UNKNOWN - configuration error: {expected[0]} (and 5 more errors)\n"
+    )
+    assert _effective_config(str(site)) == "# no effective config:\n" + "".join(
+        f"#   {t}\n" for t in expected
+    )
