@@ -588,9 +588,7 @@ def schema_error(err: Any, *, unknown: str | None = None) -> tuple[tuple, str]:
     message = err.message
     if err.validator == "additionalProperties":
         allowed = set(err.schema.get("properties", {}))
-        extra = sorted(set(map(str, err.instance)) - allowed)
-        if unknown is not None and unknown in extra:
-            extra = [unknown]
+        extra = [unknown] if unknown is not None else sorted(set(map(str, err.instance)) - allowed)
         if extra:
             epath = (*epath, extra[0])
             # the top of a config file (CONFIG_SCHEMA, or config_schema()'s copy of it
