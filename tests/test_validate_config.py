@@ -160,6 +160,15 @@ def test_a_refused_reload_logs_every_error(tmp_path):
         assert event["more_errors"] == expected[1:]
         assert "unshown" not in event
         assert daemon.config.interval_seconds == 7.0
+        # bounded as validate-config is: the cap, then the count left out
+        site.write_text("".join(f"unknown{i:02d}: 1\n" for i in range(MAX_REPORTED_ERRORS + 5)))
+        with capture_logs() as events:
+            assert not daemon.reload()
+        (event,) = [e for e in events if e["event"] == "config_reload_failed"]
+        assert event["error"] == f"{site}:1: unknown00: unknown key"
+        assert len(event["more_errors"]) == MAX_REPORTED_ERRORS - 1
+        assert event["more_errors"][-1] == f"{site}:20: unknown19: unknown key"
+        assert event["unshown"] == 5
     finally:
         daemon.shutdown()
 
