@@ -548,8 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # an OSError: must come first; stdout's reader has gone
         silence_stdout()
         return 0
-    except ConfigError as exc:
-        print(f"hetpatrol: configuration error: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # every error said, in the file's line order (bounded)
+        print(exc.said(), file=sys.stderr)
         return EX_CONFIG
     except ValueError as exc:  # a replay scenario that cannot be read
         print(f"hetpatrol: {exc}", file=sys.stderr)

@@ -7,6 +7,10 @@ expression). Every error names the key path and the line of the file, e.g.::
     /etc/hetpatrol/hetpatrol.yaml:42: profiles[3].temperature_celsius.warning: 95 is
     above critical (90)
 
+and every error is said at once, in the order of the file's lines (at most
+``MAX_REPORTED_ERRORS``, then how many more): a site file laid over the bundled one is
+checked as laid, each error said at the file, key path and line that wrote it.
+
 :func:`load_config` raises :class:`ConfigError` (the CLI exits 78, EX_CONFIG).
 """
 
@@ -20,7 +24,8 @@ import math
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,7 @@ from hetpatrol.config_file import (
     EX_CONFIG,
     ConfigError,
     SettingError,
+    all_errors,
     bundled_config_path,
     config_error,
     expand_path,
@@ -245,12 +251,17 @@ _CONTROL_RE = re.compile(r"[\x01-\x08\x0a-\x1f\x7f]")
 _YAML11_TEXT_FLOAT = re.compile(r"([-+]?[0-9]+)[eE]([-+]?[0-9]+)")
 
 
-def _check_normalised_keys(data: dict, src: str, lines: dict) -> None:
+def _check_normalised_keys(data: dict, places: _Places, found: _Found) -> None:
     """Refuse two keys of one mapping that are read as the same one (one would silently
     win): "0079" and "79" are one XID, 8c03a000 and 8C03A000 one fault code. The check
     families declare such mappings: ``TOP_NORMALISED_KEYS`` (top level) and
     ``PROFILE_NORMALISED_KEYS`` (``defaults`` and every profile), as (key path, how a key
-    is read)."""
+    is read). Each such pair is added to ``found``."""
+    with found.unit():
+        _check_normalised(data, places, found)
+
+
+def _check_normalised(data: dict, at: _Places, found: _Found) -> None:
     places: list[tuple[tuple, Any, Any]] = []
     for check in TOP_SECTIONS:
         for keys, read in getattr(check, "TOP_NORMALISED_KEYS", ()):
@@ -268,20 +279,20 @@ def _check_normalised_keys(data: dict, src: str, lines: dict) -> None:
         for key in mapping or {}:
             norm = read(str(key))
             if norm in seen:
-                raise config_error(
-                    f"the same key as {seen[norm]!r} (both read as {norm!r})",
-                    src,
-                    lines,
-                    (*path, key),
+                found.append(
+                    at.error(
+                        f"the same key as {seen[norm]!r} (both read as {norm!r})", (*path, key)
+                    )
                 )
+                continue
             seen[norm] = key
 
 
-def _check_values(value: Any, path: tuple, src: str, lines: dict) -> None:
+def _check_values(value: Any, path: tuple, src: str, lines: dict, found: list) -> None:
     """Refuse NaN and infinities (``.nan``, ``.inf``) and strings with a NUL byte or
     another control character anywhere: no setting means them (a path with a NUL cannot
     be opened; ``"x.prom\\n"`` is not a ``.prom`` file; a newline would split a drain
-    reason)."""
+    reason). Each is added to ``found``."""
     problem = None
     if isinstance(value, float) and not math.isfinite(value):
         problem = f"{value} is not a finite number"
@@ -290,13 +301,13 @@ def _check_values(value: Any, path: tuple, src: str, lines: dict) -> None:
     elif isinstance(value, str) and (m := _CONTROL_RE.search(value)):
         problem = f"contains a control character (U+{ord(m[0]):04X})"
     if problem:
-        raise ConfigError(problem, path=src, line=line_for(lines, path), key=format_key_path(path))
+        found.append(config_error(problem, src, lines, path))
     if isinstance(value, dict):
         for k, v in value.items():
-            _check_values(v, (*path, k), src, lines)
+            _check_values(v, (*path, k), src, lines, found)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _check_values(v, (*path, i), src, lines)
+            _check_values(v, (*path, i), src, lines, found)
 
 
 def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None = None) -> Config:
@@ -324,23 +335,165 @@ def load_config(path: str | os.PathLike[str] | None = None, *, text: str | None 
     lines = line_map(node, src=src) if node is not None else {}
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping of keys", path=src, line=1)
-    _check_values(data, (), src, lines)
+    found = _Found()
+    _check_values(data, (), src, lines, found)
     base = data.pop("base", "bundled")
     if base not in ("bundled", "none"):
-        raise config_error("must be bundled or none", src, lines, ("base",))
-    if base == "bundled" and src_path != bundled_config_path():
-        _check_profile_switches(data, src, lines)
-        data = layered(bundled_document(), data)
+        found.append(config_error("must be bundled or none", src, lines, ("base",)))
+    places = _Places(_Layer(src, lines, data))
+    if base != "none" and src_path != bundled_config_path():
+        # an unknown base word is said above, and the file checked as laid over the
+        # bundled one (the default), so that its other errors are said with it
+        _check_profile_switches(data, src, lines, found)
+        try:
+            bundled, base_layer, bundled_at = _bundled_layers()
+        except ConfigError as exc:  # a plugin's profile file: the site file cannot be laid
+            raise all_errors([*found, exc], src) from None
+        marks: list[list[tuple[str, int]]] = []
+        data = layered(bundled, data, origins=marks)
+        site = places.site
+        places = _Places(
+            site,
+            base_layer,
+            [[(site, j) if kind == "site" else bundled_at[j] for kind, j in m] for m in marks],
+        )
 
     schema = config_schema(data.get("collectors"))
-    errors = sorted(iter_errors(schema, data), key=lambda e: list(map(str, e.absolute_path)))
-    if errors:
-        epath, message = schema_error(errors[0])
-        raise ConfigError(
-            message, path=src, line=line_for(lines, epath), key=format_key_path(epath)
-        )
-    _check_normalised_keys(data, src, lines)
-    return _build(data, src, lines)
+    for err in iter_errors(schema, data):
+        for epath, message in schema_problems(err):
+            found.append(places.error(message, epath))
+    shaped = len(found)  # errors of the values as written and of the schema
+    _check_normalised_keys(data, places, found)
+    config = _build(data, places, found)
+    if found or config is None:
+        # the checks that run on the laid config go on where the schema refused a value
+        # (so that their errors are said too), but one of a section holding a refused
+        # key, or under one, says the same error again: `actions` refused for the
+        # unknown key `actions.drain_onn`
+        early = [e for exc in found[:shaped] for e in exc.errors]
+        later = [
+            e
+            for exc in found[shaped:]
+            for e in exc.errors
+            if not any(_same_place(e, x) for x in early)
+        ]
+        raise all_errors([*found[:shaped], *later], src)  # type: ignore[misc]
+    return config
+
+
+def _same_place(a: ConfigError, b: ConfigError) -> bool:
+    """True when ``a`` and ``b`` are in one file at one key, or one's key is a section
+    holding the other's."""
+    if a.path != b.path or a.key is None or b.key is None:
+        return False
+    short, long = sorted((a.key, b.key), key=len)
+    return long == short or long.startswith((short + ".", short + "["))
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One file of a config: its name, its lines (:func:`line_map`), its parsed data."""
+
+    src: str
+    lines: dict[tuple, int]
+    data: Any
+
+
+def _written_depth(data: Any, path: tuple) -> int:
+    """How many keys of ``path``, from the top, ``data`` has."""
+    depth = 0
+    for k in path:
+        in_list = isinstance(data, list) and isinstance(k, int) and 0 <= k < len(data)
+        if not (in_list or isinstance(data, Mapping) and k in data):
+            break
+        data = data[k]
+        depth += 1
+    return depth
+
+
+class _Places:
+    """Where each key path of a config laid over the bundled one was written: the site
+    file (``site``), the bundled file (``base``), and, for each profile of the laid
+    config, the files and positions it came from (``profiles[i]``: ``(layer, index)``
+    pairs, the site's first). Errors found in the laid config (its schema, the check
+    families' settings) are said at the file and line that wrote the key, and by that
+    file's key path: ``profiles[2].x`` is the third profile *of that file*, whatever
+    position the overlay gave it."""
+
+    def __init__(
+        self,
+        site: _Layer,
+        base: _Layer | None = None,
+        profiles: list[list[tuple[_Layer, int]]] | None = None,
+    ):
+        self.site, self.base, self.profiles = site, base, profiles
+
+    def of(self, path: tuple) -> tuple[_Layer, tuple]:
+        """(the file, its key path) of ``path`` of the laid config: of the files that may
+        have written it, the one that has most of it (the site file on a tie: its value
+        won), or the site file where it wrote the section that holds it (its values,
+        laid over the other file's, made the error: a critical below the bundled
+        warning)."""
+        path = tuple(path)
+        if (
+            self.profiles is not None
+            and len(path) >= 2
+            and path[0] == "profiles"
+            and isinstance(path[1], int)
+            and 0 <= path[1] < len(self.profiles)
+        ):
+            cands = [(layer, ("profiles", j, *path[2:])) for layer, j in self.profiles[path[1]]]
+        else:
+            cands = [(self.site, path)] + ([(self.base, path)] if self.base else [])
+        site = cands[0]
+
+        def written(cand: tuple[_Layer, tuple]) -> int:
+            depth = _written_depth(cand[0].data, cand[1])
+            parent = cand[1][:-1]
+            # a section (not the top, not a profile entry) the site file wrote
+            section = len(parent) > 2 or (len(parent) >= 1 and parent[0] != "profiles")
+            return depth + 1 if cand is site and depth == len(parent) and section else depth
+
+        # max() keeps the first of equals: the site file's
+        return max(cands, key=written)
+
+    def error(self, message: str, path: tuple) -> ConfigError:
+        """A :class:`ConfigError` at ``path`` of the laid config, said where it was written."""
+        layer, at = self.of(path)
+        return config_error(message, layer.src, layer.lines, at)
+
+
+class _Found(list):
+    """The errors a config's checks found so far (:class:`ConfigError` each)."""
+
+    @contextmanager
+    def unit(self) -> Iterator[None]:
+        """One check: the :class:`ConfigError` it raises is kept and the checks go on.
+        Any other exception where an error was found already is a consequence of it (a
+        value of the wrong type, said by the schema) and is dropped; without one it is
+        raised (a defect)."""
+        try:
+            yield
+        except ConfigError as exc:
+            self.append(exc)
+        except Exception:
+            if not self:
+                raise
+
+
+def _bundled_layers() -> tuple[dict[str, Any], _Layer, list[tuple[_Layer, int]]]:
+    """(the bundled layer, :func:`bundled_document`; the bundled file as a
+    :class:`_Layer`; for each profile of the bundled layer, the file it was written in
+    and its position there: the bundled file's own, then each plugin's profile file)."""
+    origins: list[tuple[str, int]] = []
+    bundled = bundled_document(origins)
+    base = _Layer(str(bundled_config_path()), _BUNDLED_LINES, _BUNDLED)
+    layers: dict[str, _Layer] = {base.src: base}
+    for src, _i in origins:
+        if src not in layers:
+            data, lines = _plugin_document(Path(src))
+            layers[src] = _Layer(src, lines, data)
+    return bundled, base, [(layers[src], i) for src, i in origins]
 
 
 def plugin_options_schema(name: str) -> Mapping[str, Any] | None:
@@ -403,8 +556,27 @@ def _types(value: Any) -> list:
     return [value] if isinstance(value, str) else list(value)
 
 
-def schema_error(err: Any) -> tuple[tuple, str]:
-    """(key path, message) of a ``jsonschema.ValidationError`` of a config-shaped file.
+def schema_problems(err: Any) -> list[tuple[tuple, str]]:
+    """Every (key path, message) of one ``jsonschema.ValidationError`` of a config-shaped
+    file (:func:`schema_error`): one for each key a mapping may not have (jsonschema
+    says them all in one error). An error with sub-errors (``anyOf``, ``oneOf``) is said
+    by the one ``jsonschema.exceptions.best_match`` finds most relevant."""
+    if err.context:
+        from jsonschema.exceptions import best_match
+
+        err = best_match([err])
+    if err.validator == "additionalProperties":
+        allowed = set(err.schema.get("properties", {}))
+        extra = sorted(set(map(str, err.instance)) - allowed)
+        if len(extra) > 1:
+            return [schema_error(err, unknown=k) for k in extra]
+    return [schema_error(err)]
+
+
+def schema_error(err: Any, *, unknown: str | None = None) -> tuple[tuple, str]:
+    """(key path, message) of a ``jsonschema.ValidationError`` of a config-shaped file
+    (``unknown``: the key to name of those an ``additionalProperties`` error finds, by
+    default the first by name).
 
     A key the schema does not allow (``additionalProperties``) is named by its own path
     with ``unknown key`` and the nearest allowed key of that mapping
@@ -416,7 +588,7 @@ def schema_error(err: Any) -> tuple[tuple, str]:
     message = err.message
     if err.validator == "additionalProperties":
         allowed = set(err.schema.get("properties", {}))
-        extra = sorted(set(map(str, err.instance)) - allowed)
+        extra = [unknown] if unknown is not None else sorted(set(map(str, err.instance)) - allowed)
         if extra:
             epath = (*epath, extra[0])
             # the top of a config file (CONFIG_SCHEMA, or config_schema()'s copy of it
@@ -458,52 +630,85 @@ def schema_error(err: Any) -> tuple[tuple, str]:
     return epath, message
 
 
-def bundled_document() -> dict[str, Any]:
+def bundled_document(origins: list[tuple[str, int]] | None = None) -> dict[str, Any]:
     """The bundled config as a plain mapping, the layer a site file is laid over: the
     bundled file (read once) with the default profiles of the plugins its
     ``collectors:`` section names laid into its ``profiles`` (:func:`with_plugin_profiles`),
     so a site file changes a vendor's profile by its name whichever file ships it.
-    Raises :class:`ConfigError` naming a plugin's profile file that cannot be read or
-    is not a list of profiles."""
-    global _BUNDLED
+    ``origins``, when given, is filled with ``(file, position there)`` of each of its
+    profiles. Raises :class:`ConfigError` naming a plugin's profile file that cannot be
+    read or is not a list of profiles."""
+    global _BUNDLED, _BUNDLED_LINES
     if _BUNDLED is None:
-        data, _node = parse_document(read_document(bundled_config_path()))
+        data, node = parse_document(read_document(bundled_config_path()))
+        src = str(bundled_config_path())
+        _BUNDLED_LINES = line_map(node, src=src) if node is not None else {}
         _BUNDLED = data or {}
-    return with_plugin_profiles(copy.deepcopy(_BUNDLED))
+    if origins is not None:
+        own = _BUNDLED.get("profiles")
+        origins += [(str(bundled_config_path()), i) for i in range(len(own or []))]
+    return with_plugin_profiles(copy.deepcopy(_BUNDLED), origins)
 
 
-def with_plugin_profiles(data: dict[str, Any]) -> dict[str, Any]:
+def with_plugin_profiles(
+    data: dict[str, Any], origins: list[tuple[str, int]] | None = None
+) -> dict[str, Any]:
     """``data`` (a parsed config, changed in place and returned) with the profiles of
     each plugin its ``collectors:`` section names (every registered plugin when it has
     none), in that order, appended to its ``profiles`` for each vendor it writes no
     profile for: what :func:`load_config` does with the file's own profiles, as data.
-    ``ConfigError`` naming the plugin's file as :func:`plugin_profile_entries`."""
+    ``origins``, when given, is extended with ``(plugin's profile file, position
+    there)`` of each profile added. ``ConfigError`` naming the plugin's file as
+    :func:`plugin_profile_entries`."""
     sections = data.get("collectors")
     names = list(sections) if isinstance(sections, Mapping) else list(_registered_collectors())
     profiles = data.get("profiles")
     if not isinstance(profiles, list):
         profiles = []
     written = {p.get("vendor") for p in profiles if isinstance(p, Mapping)}
-    added = [copy.deepcopy(p) for n in names if n not in written for p in plugin_profile_entries(n)]
+    added = []
+    for n in names:
+        if n in written:
+            continue
+        entries = plugin_profile_entries(n)
+        added += [copy.deepcopy(p) for p in entries]
+        if origins is not None and entries:
+            origins += [(str(plugin_profiles_path(n)), i) for i in range(len(entries))]
     if added:
         data["profiles"] = profiles + added
     return data
 
 
 _BUNDLED: dict[str, Any] | None = None
+#: the bundled file's line of each key path (:func:`line_map`)
+_BUNDLED_LINES: dict[tuple, int] = {}
 
 
-def layered(bundled: Mapping[str, Any], site: Mapping[str, Any]) -> dict[str, Any]:
+def layered(
+    bundled: Mapping[str, Any],
+    site: Mapping[str, Any],
+    *,
+    origins: list[list[tuple[str, int]]] | None = None,
+) -> dict[str, Any]:
     """A site config laid over the bundled one, key by key, as most daemons' ``/etc``
     overrides are: mappings merged (the site's value wins), ``profiles`` merged by
     ``name`` (a site profile of a bundled name changes only the keys it sets; one with
     ``enabled: false`` switches that profile off; a new name comes before the bundled
     profiles, so it is the first to match), every other value replaced. ``base: none`` in
-    the site file skips this: the file is the whole config."""
+    the site file skips this: the file is the whole config.
+
+    ``origins``, when given, is filled with where each profile of the result came from:
+    a list of ``("site", position in site's profiles)`` and ``("bundled", position in
+    bundled's)``, the site's first (both where a site profile changes a bundled one)."""
     out: dict[str, Any] = dict(bundled)
+    if origins is not None:
+        origins[:] = [[("bundled", i)] for i in range(len(_list_or_empty(out.get("profiles"))))]
     for key, value in site.items():
         if key == "profiles" and isinstance(value, list) and isinstance(out.get(key), list):
-            out[key] = _layered_profiles(out[key], value)
+            out[key] = _layered_profiles(out[key], value, origins)
+        elif key == "profiles" and origins is not None:  # not a list: the site's, as it is
+            out[key] = value
+            origins[:] = [[("site", j)] for j in range(len(_list_or_empty(value)))]
         elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
             out[key] = layered(out[key], value)
         else:
@@ -511,41 +716,56 @@ def layered(bundled: Mapping[str, Any], site: Mapping[str, Any]) -> dict[str, An
     return out
 
 
-def _check_profile_switches(site: Mapping[str, Any], src: str, lines: dict) -> None:
+def _check_profile_switches(site: Mapping[str, Any], src: str, lines: dict, found: list) -> None:
     """A site profile's ``enabled`` is true or false: :func:`layered` takes it out before
     the schema sees the profile, so ``enabled: flase`` (or ``no`` quoted, ``0``) left the
-    profile on without a word. Raises :class:`ConfigError` at its line."""
+    profile on without a word. Adds a :class:`ConfigError` at its line to ``found``."""
     profiles = site.get("profiles")
     for i, profile in enumerate(profiles if isinstance(profiles, list) else []):
         if isinstance(profile, Mapping) and not isinstance(profile.get("enabled", True), bool):
-            raise config_error(
-                f"{profile['enabled']!r} is not of type 'boolean' (true or false)",
-                src,
-                lines,
-                ("profiles", i, "enabled"),
+            found.append(
+                config_error(
+                    f"{profile['enabled']!r} is not of type 'boolean' (true or false)",
+                    src,
+                    lines,
+                    ("profiles", i, "enabled"),
+                )
             )
 
 
-def _layered_profiles(bundled: list, site: list) -> list:
+def _list_or_empty(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _layered_profiles(
+    bundled: list, site: list, origins: list[list[tuple[str, int]]] | None = None
+) -> list:
     named = {p.get("name"): i for i, p in enumerate(bundled) if isinstance(p, Mapping)}
     merged: list = list(bundled)
+    came: list[list[tuple[str, int]]] = [[("bundled", i)] for i in range(len(bundled))]
     new: list = []
     off: set[int] = set()
-    for profile in site:
-        i = named.get(profile.get("name")) if isinstance(profile, Mapping) else None
+    for j, profile in enumerate(site):
+        name = profile.get("name") if isinstance(profile, Mapping) else None
+        i = named.get(name) if isinstance(name, str) else None
         if i is None:
-            new.append(profile)
+            new.append((j, profile))
             continue
         if profile.get("enabled") is False:
             off.add(i)
             continue
         merged[i] = layered(merged[i], {k: v for k, v in profile.items() if k != "enabled"})
+        came[i] = [("site", j), ("bundled", i)]
     kept = [
-        {k: v for k, v in p.items() if k != "enabled"} if isinstance(p, Mapping) else p
-        for p in new
+        (j, {k: v for k, v in p.items() if k != "enabled"} if isinstance(p, Mapping) else p)
+        for j, p in new
         if not (isinstance(p, Mapping) and p.get("enabled") is False)
     ]
-    return kept + [p for i, p in enumerate(merged) if i not in off]
+    if origins is not None:
+        origins[:] = [[("site", j)] for j, _p in kept] + [
+            came[i] for i in range(len(merged)) if i not in off
+        ]
+    return [p for _j, p in kept] + [p for i, p in enumerate(merged) if i not in off]
 
 
 def effective_document(path: str | os.PathLike[str] | None) -> tuple[dict[str, Any], list[str]]:
@@ -644,42 +864,46 @@ def effective_settings(path: str | os.PathLike[str]) -> list[tuple[str, Any, str
 
 
 def _profile_checks(
-    defaults: dict, profile: dict | None, where: tuple, src: str, lines: dict
+    defaults: dict, profile: dict | None, where: tuple, at: _Places, found: _Found
 ) -> dict[str, Any]:
     """Each card check family's settings for one profile (``profile`` None: the
-    ``defaults`` section alone); a value a family refuses is a ``ConfigError`` there."""
+    ``defaults`` section alone); a value a family refuses is a ``ConfigError`` there,
+    added to ``found`` (that family is then left out)."""
     out: dict[str, Any] = {}
     for check in CARD_CHECKS:
-        try:
-            out[check.NAME] = check.build_profile(defaults, profile, where)
-        except SettingError as exc:
-            raise config_error(exc.message, src, lines, exc.key_path) from None
+        with found.unit():
+            try:
+                out[check.NAME] = check.build_profile(defaults, profile, where)
+            except SettingError as exc:
+                raise at.error(exc.message, exc.key_path) from None
     return out
 
 
-def _top_checks(data: dict, src: str, lines: dict) -> tuple[dict[str, Any], Path | None]:
+def _top_checks(data: dict, at: _Places, found: _Found) -> tuple[dict[str, Any], Path | None]:
     """Top-level settings of the check families, and the baseline file's path; a
-    baseline file that cannot be read is a ``ConfigError`` at ``baseline_file``."""
+    baseline file that cannot be read is a ``ConfigError`` at ``baseline_file``, added
+    to ``found``."""
     top: dict[str, Any] = {}
     baseline_file = None
     for check in TOP_SECTIONS:
-        if check.NAME == "baseline":
-            try:
-                top[check.NAME], baseline_file = check.build_top(data, src, expand_path)
-            except ValueError as exc:
-                raise config_error(str(exc), src, lines, ("baseline_file",)) from None
-        else:
-            top[check.NAME] = check.build_top(data)
+        with found.unit():
+            if check.NAME == "baseline":
+                try:
+                    top[check.NAME], baseline_file = check.build_top(data, at.site.src, expand_path)
+                except ValueError as exc:
+                    raise at.error(str(exc), ("baseline_file",)) from None
+            else:
+                top[check.NAME] = check.build_top(data)
     return top, baseline_file
 
 
-def _actions(data: dict, src: str, lines: dict) -> ActionSettings:
+def _actions(data: dict, at: _Places) -> ActionSettings:
     """The ``actions:`` section (:mod:`hetpatrol.actions.settings`): a bad override key
     or action word is a ``ConfigError`` at ``actions``."""
     try:
         return parse_actions_section(data.get("actions"))
     except ValueError as exc:
-        raise config_error(str(exc), src, lines, ("actions",)) from None
+        raise at.error(str(exc), ("actions",)) from None
 
 
 def _registered_collectors() -> tuple[str, ...]:
@@ -750,46 +974,55 @@ def plugin_profile_entries(name: str) -> list[dict[str, Any]]:
         "required": ["profiles"],
         "properties": {"profiles": CONFIG_SCHEMA["properties"]["profiles"]},
     }
-    for err in iter_errors(schema, data):
-        epath, message = schema_error(err)
-        raise config_error(message, src, lines, epath)
-    for i, p in enumerate(data["profiles"]):
-        if p["vendor"] != name:
-            raise config_error(
-                f"a profile of vendor {name!r} only", src, lines, ("profiles", i, "vendor")
-            )
+    found = [
+        config_error(message, src, lines, epath)
+        for err in iter_errors(schema, data)
+        for epath, message in schema_problems(err)
+    ]
+    if found:
+        raise all_errors(found, src)  # type: ignore[misc]
+    found = [
+        config_error(f"a profile of vendor {name!r} only", src, lines, ("profiles", i, "vendor"))
+        for i, p in enumerate(data["profiles"])
+        if p["vendor"] != name
+    ]
+    if found:
+        raise all_errors(found, src)  # type: ignore[misc]
     return data["profiles"]
 
 
-def _plugin_profiles(name: str, defaults: dict, taken: set[str]) -> list[Profile]:
+def _plugin_profiles(name: str, defaults: dict, taken: set[str], found: _Found) -> list[Profile]:
     """The default profiles the plugin ``name`` ships (none when it ships no file),
-    checked like the config's own; ``ConfigError`` naming that file."""
+    checked like the config's own; each ``ConfigError``, naming that file, is added to
+    ``found``."""
     entries = plugin_profile_entries(name)
     if not entries:
         return []
     path = plugin_profiles_path(name)
     src = str(path)
-    _data, lines = _plugin_document(path)  # type: ignore[arg-type]
+    data, lines = _plugin_document(path)  # type: ignore[arg-type]
+    at = _Places(_Layer(src, lines, data))
     out = []
     for i, p in enumerate(entries):
         where = ("profiles", i)
         if p["name"] in taken:
-            raise config_error(f"profile name {p['name']!r} used twice", src, lines, where)
+            found.append(at.error(f"profile name {p['name']!r} used twice", where))
+            continue
         taken.add(p["name"])
-        out.append(_profile(p, defaults, where, src, lines))
+        out.append(_profile(p, defaults, where, at, found))
     return out
 
 
-def _profile(p: dict, defaults: dict, where: tuple, src: str, lines: dict) -> Profile:
-    """One checked profile entry (``where``: its key path in ``src``)."""
+def _profile(p: dict, defaults: dict, where: tuple, at: _Places, found: _Found) -> Profile:
+    """One checked profile entry (``where``: its key path in the laid config ``at``
+    places); each error is added to ``found``."""
     pattern = None
     if p.get("model") is not None:
-        try:
-            pattern = re.compile(p["model"], re.IGNORECASE)
-        except re.error as exc:
-            raise config_error(
-                f"invalid regular expression: {exc}", src, lines, (*where, "model")
-            ) from exc
+        with found.unit():
+            try:
+                pattern = re.compile(p["model"], re.IGNORECASE)
+            except re.error as exc:
+                raise at.error(f"invalid regular expression: {exc}", (*where, "model")) from exc
     return Profile(
         name=p["name"],
         vendor=p["vendor"],
@@ -797,11 +1030,15 @@ def _profile(p: dict, defaults: dict, where: tuple, src: str, lines: dict) -> Pr
         model=pattern,
         gres=p.get("gres"),
         gres_type=p.get("gres_type"),
-        checks=_profile_checks(defaults, p, where, src, lines),
+        checks=_profile_checks(defaults, p, where, at, found),
     )
 
 
-def _build(data: dict, src: str, lines: dict) -> Config:
+def _build(data: dict, at: _Places, found: _Found) -> Config | None:
+    """The config of the laid, schema-checked ``data``; each error the checks find is
+    added to ``found``, and None is returned when there is one (every check runs
+    first, so that all are said at once)."""
+    src, lines = at.site.src, at.site.lines
     defaults = data.get("defaults", {}) or {}
     sections = data.get("collectors")
     registered = _registered_collectors()
@@ -811,52 +1048,65 @@ def _build(data: dict, src: str, lines: dict) -> Config:
     fallback = Profile(
         name="defaults",
         vendor="",
-        checks=_profile_checks(defaults, None, ("defaults",), src, lines),
+        checks=_profile_checks(defaults, None, ("defaults",), at, found),
     )
 
     profiles = []
     names: set[str] = set()
     for i, p in enumerate(data.get("profiles", []) or []):
-        if p["vendor"] not in vendors:
-            raise config_error(
-                f"unknown vendor '{key_text(p['vendor'])}'{did_you_mean(p['vendor'], vendors)}: "
-                "a collector's name, one of " + ", ".join(vendors),
-                src,
-                lines,
-                ("profiles", i, "vendor"),
-            )
-        if p["name"] in names:
-            raise config_error(
-                f"profile name {p['name']!r} used twice", src, lines, ("profiles", i, "name")
-            )
-        names.add(p["name"])
-        profiles.append(_profile(p, defaults, ("profiles", i), src, lines))
+        with found.unit():
+            if p["vendor"] not in vendors:
+                found.append(
+                    at.error(
+                        f"unknown vendor '{key_text(p['vendor'])}'"
+                        f"{did_you_mean(p['vendor'], vendors)}: "
+                        "a collector's name, one of " + ", ".join(vendors),
+                        ("profiles", i, "vendor"),
+                    )
+                )
+            if p["name"] in names:
+                found.append(
+                    at.error(f"profile name {p['name']!r} used twice", ("profiles", i, "name"))
+                )
+            names.add(p["name"])
+            profiles.append(_profile(p, defaults, ("profiles", i), at, found))
 
     written = {p.vendor for p in profiles}
     for name in sections:
         if name not in written:  # a vendor the config says nothing about: its plugin's
-            profiles.extend(_plugin_profiles(name, defaults, {p.name for p in profiles}))
+            with found.unit():
+                profiles.extend(_plugin_profiles(name, defaults, {p.name for p in profiles}, found))
 
     collectors = []
     # No `collectors:` section means every built-in collector with its defaults (a node
     # without a vendor's stack reports that collector `absent`); an explicit empty
     # mapping means none.
-    for name, section in sections.items():
-        section = section or {}
-        options = {k: v for k, v in section.items() if k != "enabled"}
-        collectors.append(
-            CollectorConfig(
-                name=name,
-                enabled=section.get("enabled", True),
-                timeout_seconds=float(section.get("timeout_seconds", 10.0)),
-                options=options,
+    with found.unit():
+        for name, section in sections.items():
+            section = section or {}
+            options = {k: v for k, v in section.items() if k != "enabled"}
+            collectors.append(
+                CollectorConfig(
+                    name=name,
+                    enabled=section.get("enabled", True),
+                    timeout_seconds=float(section.get("timeout_seconds", 10.0)),
+                    options=options,
+                )
             )
-        )
 
     listen = data.get("listen", "0.0.0.0:9477")
     if listen is not None:
-        _check_listen(listen, src, line_for(lines, ("listen",)))
-    top, baseline_file = _top_checks(data, src, lines)
+        with found.unit():
+            try:
+                parse_listen(listen)
+            except ValueError as exc:
+                raise at.error(str(exc), ("listen",)) from exc
+    top, baseline_file = _top_checks(data, at, found)
+    actions = ActionSettings()
+    with found.unit():
+        actions = _actions(data, at)
+    if found:
+        return None
 
     jsonl = data.get("jsonl") or {}
     jsonl_path = jsonl.get("path")
@@ -881,7 +1131,7 @@ def _build(data: dict, src: str, lines: dict) -> Config:
         defaults=fallback,
         key_lines=lines,
         slurm=build_slurm_settings(data.get("slurm"), expand_path),
-        actions=_actions(data, src, lines),
+        actions=actions,
         top=top,
         baseline_file=baseline_file,
         ledger_capacity=dict((data.get("ledger") or {}).get("capacity") or {}),
@@ -910,13 +1160,6 @@ def parse_listen(listen: str) -> tuple[str, int]:
         if host != "localhost" and not _HOSTNAME_RE.match(host):
             raise ValueError(f"{host!r} is not an IP address or host name") from None
     return host, port
-
-
-def _check_listen(listen: str, src: str, line: int | None) -> None:
-    try:
-        parse_listen(listen)
-    except ValueError as exc:
-        raise ConfigError(str(exc), path=src, line=line, key="listen") from exc
 
 
 #: the loader's public names (EX_CONFIG, ConfigError and the bundled file's path are

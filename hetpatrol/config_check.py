@@ -6,11 +6,13 @@ part of the daemon's resident memory (see :mod:`hetpatrol.json_schema`).
 process does, never from the working directory), which runs
 :func:`hetpatrol.config.load_config` on it (every check, the schema's included) and
 answers one JSON line: ``{"ok": true, "reads": [[path, sha256], ...]}`` or ``{"error":
-{"message", "path", "line", "key"}}``. The parent then builds the config from the same
-text with the schema checks skipped, or raises the child's
-:class:`~hetpatrol.config.ConfigError` as its own. The files the config names (the
-baseline file...) are read by both processes: where the parent's bytes differ from the
-child's (a file replaced in between), the parent checks in its own process.
+{"message", "path", "line", "key"}, "errors": [{...}, ...], "unshown": N}`` (every error
+said, in order, the first one again, and how many more were found). The parent then
+builds the config from the same text with the schema checks skipped, or raises the
+child's :class:`~hetpatrol.config.ConfigError` as its own (every error it said). The
+files the config names (the baseline file...) are read by both processes: where the
+parent's bytes differ from the child's (a file replaced in between), the parent checks
+in its own process.
 A child that cannot run or answers nonsense makes the parent check in its own process
 (the answer is then the same; only the memory differs).
 
@@ -76,8 +78,7 @@ def load_config_isolated(path: str | os.PathLike[str] | None) -> Config:
     if answer is None:
         return load_config(path, text=text)
     if "error" in answer:
-        e = answer["error"]
-        raise ConfigError(e["message"], path=e.get("path"), line=e.get("line"), key=e.get("key"))
+        raise _child_error(answer)
     config = _build_checked(path, text, answer["reads"])
     if config is None:  # data the schema would refuse, or a file replaced: check it here
         return load_config(path, text=text)
@@ -117,6 +118,32 @@ def _build_checked(
     return config
 
 
+def _child_error(answer: dict) -> ConfigError:
+    """The :class:`ConfigError` a child answered: each error it said (``errors``, or the
+    one ``error`` of an older child), and the count it left out."""
+    said = answer.get("errors")
+    if not (isinstance(said, list) and said and all(_error_shaped(e) for e in said)):
+        said = [answer["error"]]
+    unshown = answer.get("unshown")
+    errors = [
+        ConfigError(e["message"], path=e.get("path"), line=e.get("line"), key=e.get("key"))
+        for e in said
+    ]
+    head = errors[0]
+    return ConfigError(
+        head.message,
+        path=head.path,
+        line=head.line,
+        key=head.key,
+        others=tuple(errors[1:]),
+        unshown=unshown if isinstance(unshown, int) and unshown > 0 else 0,
+    )
+
+
+def _error_shaped(e: object) -> bool:
+    return isinstance(e, dict) and isinstance(e.get("message"), str)
+
+
 def _ask_child(path: str | os.PathLike[str] | None, text: str | None) -> dict | None:
     request = json.dumps({"path": None if path is None else str(path), "text": text})
     try:
@@ -140,8 +167,7 @@ def _ask_child(path: str | os.PathLike[str] | None, text: str | None) -> dict | 
         and all(isinstance(r, list) and all(isinstance(x, str) for x in r) for r in reads)
     ):
         return answer
-    error = answer.get("error")
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
+    if _error_shaped(answer.get("error")):
         return answer
     return None
 
@@ -155,8 +181,10 @@ def main() -> int:
         with recording_reads() as reads:
             load_config(request["path"], text=request["text"])
     except ConfigError as exc:
-        error = {"message": exc.message, "path": exc.path, "line": exc.line, "key": exc.key}
-        print(json.dumps({"error": error}))
+        said = [
+            {"message": e.message, "path": e.path, "line": e.line, "key": e.key} for e in exc.errors
+        ]
+        print(json.dumps({"error": said[0], "errors": said, "unshown": exc.unshown}))
         return 0
     print(json.dumps({"ok": True, "reads": reads}))
     return 0

@@ -25,8 +25,18 @@ from hetpatrol.yaml_document import format_key_path
 EX_CONFIG = 78
 
 
+#: at most this many errors of one config are said at once; the rest are counted ("and
+#: 4 more errors"), as compilers cap theirs (gcc's -fmax-errors)
+MAX_REPORTED_ERRORS = 20
+
+
 class ConfigError(Exception):
-    """A configuration that cannot be used. ``str()`` names file, line and key path."""
+    """A configuration that cannot be used. ``str()`` names file, line and key path.
+
+    ``message``, ``path``, ``line`` and ``key`` are the first error's (in the order of
+    the file's lines); ``errors`` holds every error said (this one first, at most
+    :data:`MAX_REPORTED_ERRORS`), each a ``ConfigError`` of one error, ``unshown`` how
+    many more were found. ``str()`` is one line per error, then ``and N more errors``."""
 
     def __init__(
         self,
@@ -35,13 +45,85 @@ class ConfigError(Exception):
         path: str | None = None,
         line: int | None = None,
         key: str | None = None,
+        others: tuple[ConfigError, ...] = (),
+        unshown: int = 0,
     ):
         self.message, self.path, self.line, self.key = message, path, line, key
         where = path or "<config>"
         if line is not None:
             where += f":{line}"
-        text = f"{where}: {key}: {message}" if key else f"{where}: {message}"
-        super().__init__(text)
+        #: this error alone, ``file:line: key: message``
+        self.text = f"{where}: {key}: {message}" if key else f"{where}: {message}"
+        first = ConfigError(message, path=path, line=line, key=key) if others else self
+        self.errors: tuple[ConfigError, ...] = (first, *others)
+        self.unshown = unshown
+        super().__init__("\n".join(self.report()))
+
+    def report(self) -> list[str]:
+        """One text per error said, in order, then ``and N more errors`` when some
+        were left out."""
+        out = [e.text for e in self.errors]
+        if self.unshown:
+            out.append(f"and {self.unshown} more error{'s' if self.unshown > 1 else ''}")
+        return out
+
+    def summary(self) -> str:
+        """The first error on one line, with how many more there are (a one-line verdict,
+        a check's detail): ``f:3: key: why (and 2 more errors)``."""
+        n = len(self.errors) - 1 + self.unshown
+        return self.errors[0].text + (f" (and {n} more error{'s' if n > 1 else ''})" if n else "")
+
+    def said(self, prefix: str = "hetpatrol: configuration error: ") -> str:
+        """Every error said, one line each with ``prefix`` (a command's stderr, the
+        daemon's refusal at start), then ``hetpatrol: and N more configuration errors``
+        when some were left out."""
+        out = [prefix + e.text for e in self.errors]
+        if self.unshown:
+            n = self.unshown
+            out.append(f"hetpatrol: and {n} more configuration error{'s' if n > 1 else ''}")
+        return "\n".join(out)
+
+
+def all_errors(found: list[ConfigError], first_file: str | None = None) -> ConfigError | None:
+    """One :class:`ConfigError` saying every error of ``found`` (each may hold several),
+    None when there is none. They are put in the order an operator reads them, the way
+    compilers report: the file ``first_file`` (the one the operator wrote) first, then
+    any other by name, each by line (an error without a line first), errors on one line
+    in the order found; one error per file and key (the first found: a key that is
+    refused twice, as text with a control character and as a pattern, is said once).
+    At most :data:`MAX_REPORTED_ERRORS` are said, the rest counted."""
+    flat = [e for exc in found for e in exc.errors]
+    unshown = sum(exc.unshown for exc in found)
+    seen: set[tuple] = set()
+    kept = []
+    for e in flat:
+        mark = (e.path, e.key) if e.key is not None else (e.path, e.line, e.message)
+        if mark not in seen:
+            seen.add(mark)
+            kept.append(e)
+    if not kept:
+        return None
+    order = sorted(
+        range(len(kept)),
+        key=lambda i: (
+            kept[i].path != first_file,
+            kept[i].path or "",
+            kept[i].line or 0,
+            i,
+        ),
+    )
+    said = [kept[i] for i in order]
+    unshown += max(0, len(said) - MAX_REPORTED_ERRORS)
+    said = said[:MAX_REPORTED_ERRORS]
+    head = said[0]
+    return ConfigError(
+        head.message,
+        path=head.path,
+        line=head.line,
+        key=head.key,
+        others=tuple(said[1:]),
+        unshown=unshown,
+    )
 
 
 class SettingError(ValueError):

@@ -229,10 +229,22 @@ class Daemon:
             if new.collectors != self.config.collectors or new.node != self.config.node:
                 replacement = Patroller(new, replay_dir=self.replay_dir)
         except Exception as exc:  # noqa: BLE001 - whatever the cause, the daemon goes on
-            error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             self.stats.config_reload_failures += 1
             self.exposition.update(self.last_report)  # the counter is visible at once
-            log.error("config_reload_failed", error=error, action="keeping running config")
+            # every error of the file, as validate-config says them (bounded): the first
+            # in `error`, the others in `more_errors`, the count left out in `unshown`
+            fields: dict[str, object] = {}
+            if isinstance(exc, ConfigError):
+                error = exc.errors[0].text
+                if len(exc.errors) > 1:
+                    fields["more_errors"] = [e.text for e in exc.errors[1:]]
+                if exc.unshown:
+                    fields["unshown"] = exc.unshown
+            else:
+                error = f"{type(exc).__name__}: {exc}"
+            log.error(
+                "config_reload_failed", error=error, **fields, action="keeping running config"
+            )
             return False
         if replacement is not None:
             replacement.adopt(self.patroller)

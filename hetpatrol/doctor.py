@@ -345,7 +345,7 @@ def probe(config_path: str | None, unit_path: str) -> list[Check]:
             Check(
                 "FAIL",
                 "config",
-                f"{config_path}: {exc}",
+                f"{config_path}: {exc.summary() if isinstance(exc, ConfigError) else exc}",
                 f"hetpatrol validate-config {config_path}",
             )
         ]

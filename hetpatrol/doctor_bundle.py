@@ -222,7 +222,8 @@ def _effective_config(config: str | None) -> str:
     try:
         doc, sources = effective_document(Path(config) if config else None)
     except (ConfigError, OSError) as exc:
-        return f"# no effective config: {exc}\n"
+        said = exc.report() if isinstance(exc, ConfigError) else [str(exc)]
+        return "# no effective config:\n" + "".join(f"#   {line}\n" for line in said)
     head = "".join(f"#   {s}\n" for s in sources)
     body = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, default_flow_style=False)
     return (

@@ -351,7 +351,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         try:
             state_path = load_config(args.config).state_path
         except ConfigError as exc:
-            print(f"HETPATROL UNKNOWN - configuration error: {exc}")
+            # one line (a monitoring plugin's verdict): validate-config says them all
+            print(f"HETPATROL UNKNOWN - configuration error: {exc.summary()}")
             return EXIT_UNKNOWN
         if state_path is None:
             print("HETPATROL UNKNOWN - the configuration sets no state_path")

@@ -639,7 +639,7 @@ def cmd_capacity(args) -> int:
     try:
         thresholds = capacity.Thresholds.from_mapping(load_config(args.config).ledger_capacity)
     except ConfigError as exc:
-        raise LedgerUsageError(f"--config: {exc}") from None
+        raise LedgerUsageError(f"--config: {exc.summary()}") from None
     sc = shlex.split(args.scontrol)
     if args.nodes_file is not None:
         nodes_text = _read_saved(args.nodes_file, "--nodes-file")
