@@ -524,6 +524,47 @@ def test_a_refused_answer_is_asked_again_ever_later_never_each_minute(tmp_path):
     assert len(asked()) == 7 and cj.jobs_of(cs[0]) == {"7"}
 
 
+def test_a_job_slurmctld_will_not_show_is_asked_ever_later_never_each_minute(tmp_path):
+    """Hostile trial (h35c): under ``PrivateData=jobs`` the daemon (uid 65534) is
+    answered "Invalid job id specified" for every other user's job (the real 22.05
+    slurmctld's answer, tests/test_slurm_json_versions.py). That answer says the same
+    each time, yet it was asked again every ``retry_seconds`` for the job's life: a user
+    with 100 one-core jobs on a node cost slurmctld 100 single-job RPCs a minute from
+    that node. Now it backs off as a refused answer does (6 in an hour); the cards stay
+    unknown. No answer at all (the controller not reached) is still asked every
+    ``retry_seconds``."""
+    private = SHOW_CONFIG["cgroup"].replace("PrivateData             = none",
+                                            "PrivateData             = jobs")  # fmt: skip
+    assert private != SHOW_CONFIG["cgroup"]
+    for unreachable, expected in ((False, 6), (True, 61)):
+        slurm = Slurm({})
+        base = slurm.__call__
+
+        def runner(argv, timeout, base=base, unreachable=unreachable, slurm=slurm):
+            argv = list(argv)
+            if argv[-2:] == ["show", "config"]:
+                return ToolOutput(tuple(argv), private, "", 0, False, 0.01)
+            if unreachable and argv[-4:-1] == ["-d", "show", "job"]:
+                slurm.calls.append(argv)
+                err = "slurm_load_jobs error: Unable to contact slurm controller\n"
+                return ToolOutput(tuple(argv), "", err, 1, False, 0.01)
+            return base(argv, timeout)
+
+        clock = [0.0]
+        root = tmp_path / str(unreachable)
+        cj = CardJobs(["/usr/bin/scontrol"], "hp-gpu01", runner=runner, uid=65534,
+                      clock=lambda c=clock: c[0], cgroup_root=root)  # fmt: skip
+        job_cgroup(root, "hp-gpu01", 1000, "7")
+        for minute in range(61):
+            clock[0] = 60.0 * minute
+            cs = cards()
+            cj.refresh(cs)
+            assert cj.listed and cj.jobs_of(cs[0]) is None
+        asked = [c for c in slurm.calls if c[-4:-1] == ["-d", "show", "job"]]
+        assert len(asked) == expected, (unreachable, len(asked))
+        assert "job 7: /usr/bin/scontrol exited 1: slurm_load_jobs error: " in (cj.error or "")
+
+
 def test_jobs_on_fault_events():
     from types import SimpleNamespace
 

@@ -51,7 +51,9 @@ slurmctld only for those, once each:
    when asked again: it is asked again after ``retry_seconds`` doubled for each such
    answer in a row, at most :data:`REFUSED_RETRY_MAX_SECONDS` (before, every minute for
    the job's life: a user's array of jobs with a copied block in their names cost
-   slurmctld one single-job RPC a minute per job instead of one per job).
+   slurmctld one single-job RPC a minute per job instead of one per job). So is a job
+   slurmctld answers it will not show (:data:`INVALID_JOB_ID`: another user's job under
+   ``PrivateData=jobs``, the same answer for the job's life).
 
 Trust (the text path of Slurm 23.02.2 and earlier): ``scontrol -d show job J`` prints J's
 name, comment and paths raw, so J's owner can write lines of Slurm's shape. Slurm's own
@@ -436,6 +438,22 @@ def spool_slurm_jobs(
     return SpoolJobs({job: ino for job, (_rank, ino) in best.items()}, None, path)
 
 
+#: slurmctld's answer for a job it will not show this reader: ``ESLURM_INVALID_JOB_ID``
+#: (src/common/slurm_errno.c "Invalid job id specified"), what scontrol -d show job ID
+#: prints for another user's job under ``PrivateData=jobs`` (seen on the real
+#: slurmctld 22.05, tests/test_slurm_json_versions.py)
+INVALID_JOB_ID = "Invalid job id specified"
+
+
+def _refused_again(out: Any, refused: int) -> int:
+    """The refused-answer count after a failed query ``out``: one more when slurmctld
+    answered that the job is none it will show (:data:`INVALID_JOB_ID`: the same answer
+    each time while PrivateData hides it), else 0 (no answer: a timeout, a controller
+    not reached)."""
+    said = f"{out.stderr}\n{out.stdout}" if not out.hung else ""
+    return refused + 1 if INVALID_JOB_ID in said else 0
+
+
 class _Asked(NamedTuple):
     """One job's answer: ``key`` the inode of the directory it was asked for (None: known
     from a process only), ``alloc`` None while unknown (``error`` says why), ``at``
@@ -605,7 +623,7 @@ class CardJobs:
             return _Asked(key, None, f"{what}: {exc.strerror or exc}", now)
         error = tool_error(out)
         if error:
-            return _Asked(key, None, error, now)
+            return _Asked(key, None, error, now, _refused_again(out, refused))
         alloc = parse_job_answer(out.stdout, job, self.node, version)
         task = array_task_query(out.stdout, job) if alloc.errors and what == SHOW_JOB else None
         if task is not None:  # an array's own id: its record alone, one more answer
