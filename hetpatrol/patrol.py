@@ -242,6 +242,8 @@ class Patroller:
         #: kept fault events) happened while nobody read whose job held the card, so it
         #: gets no jobs (:meth:`_jobs_on_events`); None until that patrol
         self.jobs_known_since: float | None = None
+        #: the same moment on CLOCK_MONOTONIC (None: not read, or set from outside)
+        self._jobs_known_monotonic: float | None = None
         #: boots each card's critical fault families were seen in (restored and written
         #: by the daemon: reboot-history.json beside the state file)
         self.reboot_history = RebootHistory(config.actions.reboot_survival)
@@ -327,6 +329,7 @@ class Patroller:
             # the same reader goes on: what it reads next is new; a new reader reads
             # the ring buffer again, and its older records get no jobs
             self.jobs_known_since = previous.jobs_known_since
+            self._jobs_known_monotonic = previous._jobs_known_monotonic
 
     def restore_cards(self, cards: Iterable[Any]) -> int:
         """Take the cards the last daemon of this boot listed (the state file's card
@@ -444,6 +447,7 @@ class Patroller:
         # such read marks where the jobs of kernel records begin to be known
         if self.jobs_known_since is None:
             self.jobs_known_since = time.time()
+            self._jobs_known_monotonic = time.monotonic()
         self.hung_watch.observe(cards, self.config, self.monotonic())
         self.fabric_watch.observe(cards, self.config, lambda rec: self._boot_facts(rec).patrols)
         if self.card_jobs is not None:
@@ -646,6 +650,14 @@ class Patroller:
         before, self._jobs_before = self._jobs_before, list(zip(cards, now, strict=True))
         earlier_cards = [c for c, _jobs in before]
         since = self.jobs_known_since
+        mono = getattr(self, "_jobs_known_monotonic", None)
+        if since is not None and mono is not None:
+            # that moment on the wall clock of now: the kmsg reader times a record by the
+            # wall clock of its read (now, less the record's age on CLOCK_MONOTONIC), so
+            # a step of the wall clock since the first read (an RTC ahead at boot that
+            # NTP steps back) moves the records' times and must move this one too, or
+            # every fault for as long as the step would get no jobs
+            since = time.time() - (time.monotonic() - mono)
         for event in events:
             if event.get("jobs_unknown"):  # the reader could not time it
                 event["jobs"] = None
