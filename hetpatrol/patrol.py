@@ -677,12 +677,21 @@ class Patroller:
                 event.setdefault("jobs", sorted(prior) if earlier is not None else None)
                 continue
             jobs = {p.job_id for p in card.processes if p.job_id} | prior
+            unread = False
             if self.card_jobs is not None:
                 # fault_jobs_of: read for the event where no per-patrol map exists
                 ask = getattr(self.card_jobs, "fault_jobs_of", self.card_jobs.jobs_of)
-                jobs |= ask(card) or set()
+                held = ask(card)
+                unread = held is None
+                jobs |= held or set()
             if event.get("job_id"):
                 jobs.add(str(event["job_id"]))
+            if unread and not jobs:
+                # the card's allocation could not be read (card_jobs_unread says why): its
+                # jobs are unknown, never "none on the card" (jobs: [])
+                event["jobs"] = None
+                event["jobs_unknown"] = JOBS_UNREAD
+                continue
             event["jobs"] = sorted(jobs)
 
     def _read_census(self, now: float) -> dict[str, CollectResult]:
@@ -1326,6 +1335,12 @@ def _epoch(ts: Any, default: float) -> float:
         return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return default
+
+
+#: ``jobs_unknown`` of a fault event on a card whose Slurm jobs could not be read (a
+#: query failed or was refused, PrivateData, an IDX not mapped; the patrol's
+#: ``card_jobs_unread`` finding says which) and that no process or earlier patrol names
+JOBS_UNREAD = "the Slurm jobs of the card could not be read (see card_jobs_unread)"
 
 
 def _event_card(event: Mapping[str, Any], cards: Sequence[CardRecord]) -> CardRecord | None:

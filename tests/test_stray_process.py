@@ -580,6 +580,48 @@ def test_jobs_on_fault_events():
     json.dumps(events)
 
 
+@pytest.mark.parametrize("proctrack", ["linuxproc", "cgroup"])
+def test_a_fault_on_a_card_whose_jobs_could_not_be_read_names_none_as_unknown(proctrack, tmp_path):
+    """Hostile trial (h35c): job 7's name copies Slurm's block (the recorded 22.05
+    answer), so its answer is refused and the node's cards may be its. A fault on any
+    card without another known job then said ``jobs: []``, "none on the card" for
+    ``ledger faults``: a user who forged the name had the faults of the card their job
+    wore out credited to no job, and nothing said why. Now ``jobs`` is null with
+    ``jobs_unknown`` (kept so in the state file). Job 7 renamed (its answer read: ascend
+    IDX 0-2, gpu IDX 0): GPU 1's fault says ``[]`` again, NPU 0's names job 7."""
+    from types import SimpleNamespace
+
+    from hetpatrol.actions.fault_events import kept_event
+    from hetpatrol.patrol import JOBS_UNREAD, Patroller
+
+    slurm = Slurm({"7": SHOW_JOB["copied-block"]}, proctrack=proctrack)
+    cj = CardJobs(["/usr/bin/sinfo"], "hp-gpu01", runner=slurm, cgroup_root=tmp_path)
+    cj.spool_jobs = lambda: {"7": 1}  # job 7's step socket in SlurmdSpoolDir
+    if proctrack == "cgroup":
+        job_cgroup(tmp_path, "hp-gpu01", 1000, "7")
+    cs = cards()
+
+    def faults():
+        cj.refresh(cs)
+        fake = SimpleNamespace(card_jobs=cj, _jobs_before=[], jobs_known_since=None)
+        events = [
+            {"event": "xid", "xid": 79, "uuid": cs[1].uuid},
+            {"event": "kernel", "reason": "fallen_off_bus", "bus_id": cs[2].bus_id},
+        ]
+        Patroller._jobs_on_events(fake, cs, events)
+        return events
+
+    events = faults()
+    assert "job 7" in (cj.error or "")
+    assert [(e["jobs"], e.get("jobs_unknown")) for e in events] == [(None, JOBS_UNREAD)] * 2
+    ts = {"ts": "2026-12-02T02:00:00.000Z", "severity": "critical"}
+    assert kept_event({**events[0], **ts})["jobs_unknown"] == JOBS_UNREAD
+    slurm.jobs["7"] = SHOW_JOB["hostile"].replace("JobId=5 ", "JobId=7 ", 1)
+    cj._jobs.clear()  # asked again now (the refused answer's backoff is its own test)
+    events = faults()
+    assert [(e["jobs"], e.get("jobs_unknown")) for e in events] == [([], None), (["7"], None)]
+
+
 def test_a_fault_on_a_card_no_longer_listed_names_its_last_patrols_jobs():
     """GPU 0 held by job 9 in the last patrol, gone from this patrol's list when its
     fault is read: the event names job 9 (not null); a card of neither patrol: null."""

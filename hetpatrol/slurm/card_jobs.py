@@ -678,6 +678,10 @@ class CardJobs:
             unjudged |= {i for i, v in out.items() if not v}
         return {i: frozenset(v) for i, v in out.items()}, unjudged, "; ".join(errors) or None
 
+    def _unknown_jobs(self) -> bool:
+        """Whether a job of the node has no allocation read (failed, refused, hidden)."""
+        return any(asked.alloc is None for asked in self._jobs.values())
+
     def _read_config(self) -> None:
         """``ProctrackType`` and the Slurm version, each with why when unread."""
         for argv, attr in ((self.config_argv, "proctrack"), (self.version_argv, "version")):
@@ -784,7 +788,11 @@ class CardJobs:
         without a job id) at most once per ``fault_read_seconds``. None when not read
         (the event still names the jobs of the card's processes)."""
         if self.listed:
-            return self.jobs_of(card)
+            held = self.jobs_of(card)
+            # no job known on it while a job of the node has an unknown allocation: it
+            # may be that job's card (its owner's forged name, PrivateData), so unknown,
+            # never "none" (the stray check judges it by its own jobs: jobs_of)
+            return None if held == frozenset() and self._unknown_jobs() else held
         if self._fault_map is None and self.version is not None:
             sockets = self.spool_jobs()
             if sockets is not None:  # the step sockets: one single-job query per new job
@@ -796,7 +804,10 @@ class CardJobs:
                             local.setdefault(p.job_id, None)
                 self._sync(local, now)
                 by_identity, unjudged, self.error = self._mapped(self._cards)
-                self._fault_map = {i: v for i, v in by_identity.items() if i not in unjudged}
+                unknown = self._unknown_jobs()  # an empty card may be such a job's
+                self._fault_map = {
+                    i: v for i, v in by_identity.items() if i not in unjudged and (v or not unknown)
+                }
         if self._fault_map is None:
             now = self.clock()
             if self._fault_read_at is not None and (
