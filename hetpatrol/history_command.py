@@ -26,12 +26,14 @@ from hetpatrol.config import load_config
 from hetpatrol.exporters.history_file import history_path, locked, read_history, write_history
 from hetpatrol.node_view import printable
 from hetpatrol.output import write_stdout
-from hetpatrol.safe_files import open_for_append
+from hetpatrol.safe_files import UnsafePath, open_for_append
 from hetpatrol.schema import EVENT_SCHEMA, rfc3339
 
 EX_USAGE = 64
 #: sysexits.h: a temporary failure, the same command may work later
 EX_TEMPFAIL = 75
+#: a file that may not be written (sysexits.h EX_CANTCREAT), as the CLI's other writers
+EX_CANTCREAT = 73
 
 
 def add_history_parser(sub: Any) -> argparse.ArgumentParser:
@@ -119,7 +121,11 @@ def _cmd_history(args: argparse.Namespace) -> int:
         return EX_USAGE
     # the log that takes the audit line is opened first: a clear it cannot record is no
     # clear (raises UnsafePath / OSError before anything is forgotten)
-    log_fd = open_log(log_path) if log_path is not None else None
+    try:
+        log_fd = open_log(log_path) if log_path is not None else None
+    except UnsafePath as e:
+        print(f"hetpatrol history clear: {e}; nothing cleared{_owner_hint(path)}", file=sys.stderr)
+        return EX_CANTCREAT
     try:
         with locked(path):
             history = read_history(path, now, config.actions.reboot_survival)
@@ -133,6 +139,9 @@ def _cmd_history(args: argparse.Namespace) -> int:
         line = audit_line(node, args.card, {i: before[i] for i in cleared}, now)
         if log_fd is not None:
             write_line(log_fd, line)
+    except UnsafePath as e:
+        print(f"hetpatrol history clear: {e}; nothing cleared{_owner_hint(path)}", file=sys.stderr)
+        return EX_CANTCREAT
     except TimeoutError as e:  # the daemon (or another clear) stopped holding the lock
         print(
             f"hetpatrol history clear: the lock {printable(str(e.filename))} is {e.strerror}; "
@@ -145,6 +154,27 @@ def _cmd_history(args: argparse.Namespace) -> int:
             os.close(log_fd)
     write_stdout(f"cleared {', '.join(printable(i) for i in cleared)} from {path}\n")
     return 0
+
+
+def _owner_hint(path: Path) -> str:
+    """What to do when the history's directory is another user's (the daemon's
+    StateDirectory, ``hetpatrol``'s): root too is refused there (that user could point a
+    name in it anywhere root writes), so the clear must run as that user. ``""`` when
+    the directory is this user's or cannot be read."""
+    try:
+        uid = path.parent.stat().st_uid
+    except OSError:
+        return ""
+    if uid == os.geteuid():
+        return ""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return (
+        f" (the directory is {printable(name)}'s, the daemon's user: run it as that user, "
+        f"e.g. sudo -u {printable(name)} hetpatrol history clear ...)"
+    )
 
 
 def audit_log_path(

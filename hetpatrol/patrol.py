@@ -243,6 +243,8 @@ class Patroller:
         #: kept fault events) happened while nobody read whose job held the card, so it
         #: gets no jobs (:meth:`_jobs_on_events`); None until that patrol
         self.jobs_known_since: float | None = None
+        #: the same moment on CLOCK_MONOTONIC (None: not read, or set from outside)
+        self._jobs_known_monotonic: float | None = None
         #: boots each card's critical fault families were seen in (restored and written
         #: by the daemon: reboot-history.json beside the state file)
         self.reboot_history = RebootHistory(config.actions.reboot_survival)
@@ -328,6 +330,7 @@ class Patroller:
             # the same reader goes on: what it reads next is new; a new reader reads
             # the ring buffer again, and its older records get no jobs
             self.jobs_known_since = previous.jobs_known_since
+            self._jobs_known_monotonic = previous._jobs_known_monotonic
 
     def restore_cards(self, cards: Iterable[Any]) -> int:
         """Take the cards the last daemon of this boot listed (the state file's card
@@ -445,6 +448,7 @@ class Patroller:
         # such read marks where the jobs of kernel records begin to be known
         if self.jobs_known_since is None:
             self.jobs_known_since = time.time()
+            self._jobs_known_monotonic = time.monotonic()
         self.hung_watch.observe(cards, self.config, self.monotonic())
         self.fabric_watch.observe(cards, self.config, lambda rec: self._boot_facts(rec).patrols)
         if self.card_jobs is not None:
@@ -654,6 +658,14 @@ class Patroller:
         before, self._jobs_before = self._jobs_before, list(zip(cards, now, strict=True))
         earlier_cards = [c for c, _jobs in before]
         since = self.jobs_known_since
+        mono = getattr(self, "_jobs_known_monotonic", None)
+        if since is not None and mono is not None:
+            # that moment on the wall clock of now: the kmsg reader times a record by the
+            # wall clock of its read (now, less the record's age on CLOCK_MONOTONIC), so
+            # a step of the wall clock since the first read (an RTC ahead at boot that
+            # NTP steps back) moves the records' times and must move this one too, or
+            # every fault for as long as the step would get no jobs
+            since = time.time() - (time.monotonic() - mono)
         for event in events:
             if event.get("jobs_unknown"):  # the reader could not time it
                 event["jobs"] = None
@@ -673,12 +685,21 @@ class Patroller:
                 event.setdefault("jobs", sorted(prior) if earlier is not None else None)
                 continue
             jobs = {p.job_id for p in card.processes if p.job_id} | prior
+            unread = False
             if self.card_jobs is not None:
                 # fault_jobs_of: read for the event where no per-patrol map exists
                 ask = getattr(self.card_jobs, "fault_jobs_of", self.card_jobs.jobs_of)
-                jobs |= ask(card) or set()
+                held = ask(card)
+                unread = held is None
+                jobs |= held or set()
             if event.get("job_id"):
                 jobs.add(str(event["job_id"]))
+            if unread and not jobs:
+                # the card's allocation could not be read (card_jobs_unread says why): its
+                # jobs are unknown, never "none on the card" (jobs: [])
+                event["jobs"] = None
+                event["jobs_unknown"] = JOBS_UNREAD
+                continue
             event["jobs"] = sorted(jobs)
 
     def _read_census(self, now: float) -> dict[str, CollectResult]:
@@ -1322,6 +1343,12 @@ def _epoch(ts: Any, default: float) -> float:
         return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return default
+
+
+#: ``jobs_unknown`` of a fault event on a card whose Slurm jobs could not be read (a
+#: query failed or was refused, PrivateData, an IDX not mapped; the patrol's
+#: ``card_jobs_unread`` finding says which) and that no process or earlier patrol names
+JOBS_UNREAD = "the Slurm jobs of the card could not be read (see card_jobs_unread)"
 
 
 def _event_card(event: Mapping[str, Any], cards: Sequence[CardRecord]) -> CardRecord | None:

@@ -321,6 +321,28 @@ def test_bounds_by_count_and_age_and_the_json_is_encoded_only_on_change():
     assert json.loads(log.json_text()) == log.events
 
 
+def test_an_applications_own_errors_never_push_a_card_fault_out():
+    """Hostile trial (h35c): GPU x fell off the bus (XID 79, critical, job 7); then a
+    user's program crashes over and over on another card (XID 13, an application's own
+    error: warning). Each crash is a new event, and the kept events were the newest
+    ``max_events``: a hundred crashes pushed the card fault out of the state file (the
+    gathered ledger, a restarted daemon's record of its jobs). Past the count the
+    lowest severity goes first; the age bound takes any."""
+    now = 1_800_000_000.0
+    log = FaultLog(FaultEventRule(max_events=5, max_age_seconds=3600))
+    log.observe([_event(now - 600, 1, xid=79)], "b", now - 600)
+    crash = {"severity": "warning", "xid": 13, "uuid": "GPU-y", "jobs": ["9"]}
+    log.observe([_event(now - 500 + i, 2 + i, **crash) for i in range(100)], "b", now)
+    assert [(e["xid"], e["severity"]) for e in log.events][0] == (79, "critical")
+    assert [e["seq"] for e in log.events] == [1, 98, 99, 100, 101]
+    assert json.loads(log.json_text()) == log.events
+    # a dropped crash read again is the oldest warning: it goes again, the fault stays
+    log.observe([_event(now - 500, 2, **crash)], "b", now)
+    assert [e["seq"] for e in log.events] == [1, 98, 99, 100, 101]
+    log.observe([], "b", now + 3600)  # a real hour: the age bound takes the fault too
+    assert log.events == []
+
+
 def test_many_jobs_on_one_card_are_bounded_and_counted():
     import jsonschema
 

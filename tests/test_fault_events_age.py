@@ -214,3 +214,32 @@ def test_a_reload_keeping_the_reader_keeps_the_time_a_new_reader_starts_again(tm
             p.close()
     finally:
         d.shutdown()
+
+
+def test_a_wall_clock_stepped_back_since_the_first_read_keeps_the_jobs(tmp_path, monkeypatch):
+    """Hostile trial (h35c): the node booted with its RTC an hour ahead; the daemon's
+    first patrol read the cards' jobs on that clock, then NTP stepped the wall clock
+    back. A record the kernel writes afterwards is timed on the corrected clock (the
+    kmsg reader: the wall clock now less the record's age on CLOCK_MONOTONIC), an hour
+    before the first read's wall time: it was 'older than this daemon's first read', so
+    every fault of the next hour was credited to no job. The first read's time is now
+    kept on CLOCK_MONOTONIC too: the record gets the job on the card (4242)."""
+    real = time.time
+    boot = real() - 1843.308145 - 1800
+    replay = booted_replay(tmp_path, int(boot))
+    ring = RingBuffer(RECORDS, boot + 3600)  # timed on the clock an hour ahead
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)
+    d = _started(tmp_path, replay, "4242", ring)
+    try:
+        d.patrol_once()
+        assert [e["jobs"] for e in jsonl_events(tmp_path)] == [None, None]
+        monkeypatch.setattr(time, "time", real)  # NTP steps the clock back an hour
+        ring.boot_wall = boot
+        late = RECORDS[2].replace("4,2103,1843308145,", f"4,2200,{int((real() - boot) * 1e6)},")
+        ring.lines.append(late)
+        d.patrol_once()
+    finally:
+        d.shutdown()
+    events = jsonl_events(tmp_path)
+    assert [(e["kmsg_seq"], e["jobs"]) for e in events][-1] == (2200, ["4242"])
+    assert "jobs_unknown" not in events[-1]

@@ -562,3 +562,44 @@ def test_a_clear_while_another_holds_the_lock_gives_up_and_clears_nothing(
         holder.wait()
     # the lock free again: the same clear goes through
     assert main(["history", "--config", str(cfg), "clear", "--card", GPU2]) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="os.chown to another uid needs root")
+def test_a_clear_run_as_root_in_the_daemons_directory_says_to_run_it_as_that_user(tmp_path, capsys):
+    """Hostile trial (h35c), a confused operator: ``sudo hetpatrol history clear`` where
+    the daemon's StateDirectory is its user's (``hetpatrol``, the unit's ``User=``). Root
+    is refused there (that user could point a name in it anywhere root writes): exit 73
+    with "owned by uid ..., not root or this user" alone, which named no way out. It
+    now says to run the clear as that user; nothing is cleared."""
+    import pwd
+
+    config = config_for(tmp_path)
+    run_boot(config, 1)
+    state = config.state_path.parent
+    owner = next((u for u in ("hetpatrol", "nobody") if _user(u)), None)
+    if owner is None:
+        pytest.skip("no hetpatrol or nobody user")
+    user = pwd.getpwnam(owner)
+    for p in (state, *state.iterdir(), config.jsonl_path.parent, config.jsonl_path):
+        os.chown(p, user.pw_uid, user.pw_gid)
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(
+        f"state_path: {config.state_path}\njsonl: {{path: {config.jsonl_path}}}\n"
+        "node: survives-01\n"
+    )
+    before = history_path(config.state_path).read_bytes()
+    assert main(["history", "--config", str(cfg), "clear", "--card", GPU2]) == 73
+    err = capsys.readouterr().err
+    assert "nothing cleared" in err, err
+    assert f"run it as that user, e.g. sudo -u {owner} hetpatrol history clear" in err, err
+    assert history_path(config.state_path).read_bytes() == before
+
+
+def _user(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True

@@ -37,6 +37,7 @@ from hetpatrol.slurm.job_gres import (
     _job_nodes,
     ask_job,
     gres_detail_indices,
+    parse_show_job_detail,
     parse_squeue_json,
     run_scontrol,
 )
@@ -206,6 +207,23 @@ def test_gres_detail_forms(detail, held, said):
     gres_detail_indices(detail, by, errors)
     assert by == held
     assert (said in errors[0]) if said else errors == []
+
+
+def test_a_forged_gres_item_with_terminal_escapes_is_said_without_them():
+    """Hostile trial (h35c): job 7's name copies Slurm's per-node block (the recorded
+    22.05 answer) with the real reading and one more item whose parenthesis holds
+    terminal escapes. The blocks agree for the node, so the answer's errors are kept and
+    go into ``card_jobs_unread``'s message: the escapes were in it raw."""
+    text = (SLURM / "scontrol-show-job-d-22.05-copied-block.txt").read_text()
+    real = "     Nodes=hp-gpu01 CPU_IDs=0 Mem=1 GRES=ascend:910b:1(IDX:0)"
+    assert real in text
+    forged = real + ",x:1(\x1b]2;pwned\x07\x1b[2J),y(CNT:\x1b[31m1)"
+    text = text.replace("     Nodes=hp-gpu01 CPU_IDs=0 Mem=1 GRES=ascend:910b:4(IDX:4-7)", forged)
+    a = parse_show_job_detail(text, "7", "hp-gpu01")
+    assert a.by_gres == {"ascend": frozenset({0})}
+    said = "; ".join(a.errors)
+    assert "is no IDX, CNT nor shared-device list" in said and "held with no device" in said
+    assert all(ch.isprintable() for ch in said), said
 
 
 def test_recorded_node_documents_read_by_field():

@@ -418,3 +418,48 @@ def test_drain_without_a_reason_is_left_alone(slurm_node, replays, tmp_path):
         assert "drained without a reason" in skipped["detail"]
         assert slurm_node.node_state() == "IDLE+DRAIN"
         assert not slurm_node.reason().startswith("hetpatrol")
+
+
+@pytest.mark.slow
+def test_the_registration_of_a_node_in_a_partition_of_other_groups_is_read_by_sinfo():
+    """Hostile trial (h35c): the node's only partition is ``AllowGroups=root`` (a GPU
+    partition for some groups). As the daemon's user (here uid 65534), sinfo without
+    ``--all`` printed no line for it (slurmctld 22.05), so every read fell back to
+    ``scontrol show node``, the whole node table. With ``--all`` the one node is read:
+    one REQUEST_NODE_INFO_SINGLE, no REQUEST_NODE_INFO."""
+    import shutil
+    import subprocess
+
+    from hetpatrol.slurm.inventory import read_registration, registration_argv
+    from hetpatrol.tool import run_tool
+
+    if shutil.which("runuser") is None:
+        cluster._fail_or_skip("runuser not installed (Debian: util-linux)")
+    partition = f"debug Nodes={cluster.NODE_NAME} Default=YES MaxTime=INFINITE State=UP"
+    c = cluster.start_cluster(overrides={"PartitionName": f"{partition} AllowGroups=root"})
+    nobody = ("runuser", "-u", "nobody", "--", "env", f"SLURM_CONF={c.conf}")
+    scontrol = shutil.which("scontrol") or "scontrol"
+    settings = SlurmSettings(enabled=True, node_name=c.node, scontrol=(*nobody, scontrol))
+    log = c.root / "log" / "slurmctld.log"
+    try:
+        with c.explain():
+            sinfo = [*nobody, str(Path(scontrol).parent / "sinfo")]
+            plain = [a for a in registration_argv(sinfo, c.node) if a != "--all"]
+            before = subprocess.run(plain, capture_output=True, text=True, timeout=60)
+            assert before.returncode == 0 and before.stdout == "", before
+            c.run("scontrol", "setdebug", "debug2")
+            try:
+                seen = len(log.read_text())
+                reg = read_registration(settings, c.node, run_tool)
+                rpcs = log.read_text()[seen:]
+            finally:
+                c.run("scontrol", "setdebug", "info")
+            assert (reg.source, reg.error) == ("sinfo", None), reg
+            assert {(e.name, e.type, e.count) for e in reg.entries} == {
+                ("gpu", "a100", 8),
+                ("ascend", "910b", 8),
+            }
+            assert "Processing RPC: REQUEST_NODE_INFO from" not in rpcs, rpcs[-3000:]
+            assert rpcs.count("Processing RPC: REQUEST_NODE_INFO_SINGLE from") == 1, rpcs[-3000:]
+    finally:
+        c.stop()

@@ -524,6 +524,47 @@ def test_a_refused_answer_is_asked_again_ever_later_never_each_minute(tmp_path):
     assert len(asked()) == 7 and cj.jobs_of(cs[0]) == {"7"}
 
 
+def test_a_job_slurmctld_will_not_show_is_asked_ever_later_never_each_minute(tmp_path):
+    """Hostile trial (h35c): under ``PrivateData=jobs`` the daemon (uid 65534) is
+    answered "Invalid job id specified" for every other user's job (the real 22.05
+    slurmctld's answer, tests/test_slurm_json_versions.py). That answer says the same
+    each time, yet it was asked again every ``retry_seconds`` for the job's life: a user
+    with 100 one-core jobs on a node cost slurmctld 100 single-job RPCs a minute from
+    that node. Now it backs off as a refused answer does (6 in an hour); the cards stay
+    unknown. No answer at all (the controller not reached) is still asked every
+    ``retry_seconds``."""
+    private = SHOW_CONFIG["cgroup"].replace("PrivateData             = none",
+                                            "PrivateData             = jobs")  # fmt: skip
+    assert private != SHOW_CONFIG["cgroup"]
+    for unreachable, expected in ((False, 6), (True, 61)):
+        slurm = Slurm({})
+        base = slurm.__call__
+
+        def runner(argv, timeout, base=base, unreachable=unreachable, slurm=slurm):
+            argv = list(argv)
+            if argv[-2:] == ["show", "config"]:
+                return ToolOutput(tuple(argv), private, "", 0, False, 0.01)
+            if unreachable and argv[-4:-1] == ["-d", "show", "job"]:
+                slurm.calls.append(argv)
+                err = "slurm_load_jobs error: Unable to contact slurm controller\n"
+                return ToolOutput(tuple(argv), "", err, 1, False, 0.01)
+            return base(argv, timeout)
+
+        clock = [0.0]
+        root = tmp_path / str(unreachable)
+        cj = CardJobs(["/usr/bin/scontrol"], "hp-gpu01", runner=runner, uid=65534,
+                      clock=lambda c=clock: c[0], cgroup_root=root)  # fmt: skip
+        job_cgroup(root, "hp-gpu01", 1000, "7")
+        for minute in range(61):
+            clock[0] = 60.0 * minute
+            cs = cards()
+            cj.refresh(cs)
+            assert cj.listed and cj.jobs_of(cs[0]) is None
+        asked = [c for c in slurm.calls if c[-4:-1] == ["-d", "show", "job"]]
+        assert len(asked) == expected, (unreachable, len(asked))
+        assert "job 7: /usr/bin/scontrol exited 1: slurm_load_jobs error: " in (cj.error or "")
+
+
 def test_jobs_on_fault_events():
     from types import SimpleNamespace
 
@@ -537,6 +578,48 @@ def test_jobs_on_fault_events():
     assert events[0]["jobs"] == ["1", "5"]
     assert events[1]["jobs"] is None
     json.dumps(events)
+
+
+@pytest.mark.parametrize("proctrack", ["linuxproc", "cgroup"])
+def test_a_fault_on_a_card_whose_jobs_could_not_be_read_names_none_as_unknown(proctrack, tmp_path):
+    """Hostile trial (h35c): job 7's name copies Slurm's block (the recorded 22.05
+    answer), so its answer is refused and the node's cards may be its. A fault on any
+    card without another known job then said ``jobs: []``, "none on the card" for
+    ``ledger faults``: a user who forged the name had the faults of the card their job
+    wore out credited to no job, and nothing said why. Now ``jobs`` is null with
+    ``jobs_unknown`` (kept so in the state file). Job 7 renamed (its answer read: ascend
+    IDX 0-2, gpu IDX 0): GPU 1's fault says ``[]`` again, NPU 0's names job 7."""
+    from types import SimpleNamespace
+
+    from hetpatrol.actions.fault_events import kept_event
+    from hetpatrol.patrol import JOBS_UNREAD, Patroller
+
+    slurm = Slurm({"7": SHOW_JOB["copied-block"]}, proctrack=proctrack)
+    cj = CardJobs(["/usr/bin/sinfo"], "hp-gpu01", runner=slurm, cgroup_root=tmp_path)
+    cj.spool_jobs = lambda: {"7": 1}  # job 7's step socket in SlurmdSpoolDir
+    if proctrack == "cgroup":
+        job_cgroup(tmp_path, "hp-gpu01", 1000, "7")
+    cs = cards()
+
+    def faults():
+        cj.refresh(cs)
+        fake = SimpleNamespace(card_jobs=cj, _jobs_before=[], jobs_known_since=None)
+        events = [
+            {"event": "xid", "xid": 79, "uuid": cs[1].uuid},
+            {"event": "kernel", "reason": "fallen_off_bus", "bus_id": cs[2].bus_id},
+        ]
+        Patroller._jobs_on_events(fake, cs, events)
+        return events
+
+    events = faults()
+    assert "job 7" in (cj.error or "")
+    assert [(e["jobs"], e.get("jobs_unknown")) for e in events] == [(None, JOBS_UNREAD)] * 2
+    ts = {"ts": "2026-12-02T02:00:00.000Z", "severity": "critical"}
+    assert kept_event({**events[0], **ts})["jobs_unknown"] == JOBS_UNREAD
+    slurm.jobs["7"] = SHOW_JOB["hostile"].replace("JobId=5 ", "JobId=7 ", 1)
+    cj._jobs.clear()  # asked again now (the refused answer's backoff is its own test)
+    events = faults()
+    assert [(e["jobs"], e.get("jobs_unknown")) for e in events] == [([], None), (["7"], None)]
 
 
 def test_a_fault_on_a_card_no_longer_listed_names_its_last_patrols_jobs():

@@ -21,8 +21,9 @@ older than what the daemon could know: read at its start from before its first r
 the cards' jobs). Fields that are null are left out but ``ts``, ``boot_id``, ``event``,
 ``severity`` and ``jobs``.
 
-Bounds (``actions.fault_events``, :class:`FaultEventRule`): the newest ``max_events``
-(100) events, none older than ``max_age_seconds`` (7 days) by its ``ts``. The JSONL
+Bounds (``actions.fault_events``, :class:`FaultEventRule`): ``max_events`` (100)
+events, none older than ``max_age_seconds`` (7 days) by its ``ts``; past ``max_events``
+the oldest of the lowest severity go first (:meth:`FaultLog._bound`). The JSONL
 log is the archive; the state file is written every patrol and read by ``check`` in the
 Prolog, so it holds the recent past only (100 events are about 25 KB).
 
@@ -272,18 +273,28 @@ class FaultLog:
             self._records.setdefault(key, kept)
 
     def _bound(self, now: float) -> bool:
+        """Drop the events past the age bound, then, past ``max_events``, the oldest of
+        the lowest severity first: an application's own errors (XID 13, 31, 43:
+        ``warning``), which a user's crashing program repeats at will, never push a
+        critical card fault (XID 79, 48) out of the kept ones. Returns whether any went."""
         cut = 0
         oldest = now - self.rule.max_age_seconds
         while cut < len(self._times) and self._times[cut] < oldest:
             cut += 1
-        cut = max(cut, len(self._events) - self.rule.max_events)
-        if cut <= 0:
+        over = len(self._events) - cut - self.rule.max_events
+        gone = set(range(cut))
+        if over > 0:
+            rank = {s: i for i, s in enumerate(_SEVERITIES)}
+            left = range(cut, len(self._events))
+            gone.update(sorted(left, key=lambda i: (rank[self._events[i]["severity"]], i))[:over])
+        if not gone:
             return False
-        for kept in self._events[:cut]:
-            key = record_key(kept)
-            if key is not None and self._records.get(key) is kept:
+        for i in gone:
+            key = record_key(self._events[i])
+            if key is not None and self._records.get(key) is self._events[i]:
                 del self._records[key]
-        del self._events[:cut], self._times[:cut]
+        self._events = [e for i, e in enumerate(self._events) if i not in gone]
+        self._times = [t for i, t in enumerate(self._times) if i not in gone]
         return True
 
     def _encode(self) -> None:

@@ -100,8 +100,11 @@ def parse_job_note(text: str, job: str) -> JobNote | str:
     """Job ``job``'s record from :func:`job_note_argv`'s answer ``JOBID|NODELIST|
     ADMIN_COMMENT\n``, or why it cannot be read (a string): not exactly one line (an
     array's or heterogeneous job's id lists several records; an AdminComment with a
-    line break is not read, the job gets no note), another job's number, a host list of
-    other characters, more than :data:`NOTE_ANSWER_MAX` characters. The AdminComment is
+    line break is not read, the job gets no note; nor may it be: ``scontrol update
+    JobId=<array's id>`` sets every task of the array, seen on slurmctld 22.05, so a note
+    for the last task would be credited to the others too), another job's number, a
+    host list of other characters, more than :data:`NOTE_ANSWER_MAX` characters. The
+    AdminComment is
     the rest of the line after the second ``|`` (it may hold ``|`` itself); ``(null)``
     is an unset one (so an AdminComment of exactly ``(null)`` reads as empty)."""
     if len(text) > NOTE_ANSWER_MAX:

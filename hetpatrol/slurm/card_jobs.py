@@ -51,7 +51,9 @@ slurmctld only for those, once each:
    when asked again: it is asked again after ``retry_seconds`` doubled for each such
    answer in a row, at most :data:`REFUSED_RETRY_MAX_SECONDS` (before, every minute for
    the job's life: a user's array of jobs with a copied block in their names cost
-   slurmctld one single-job RPC a minute per job instead of one per job).
+   slurmctld one single-job RPC a minute per job instead of one per job). So is a job
+   slurmctld answers it will not show (:data:`INVALID_JOB_ID`: another user's job under
+   ``PrivateData=jobs``, the same answer for the job's life).
 
 Trust (the text path of Slurm 23.02.2 and earlier): ``scontrol -d show job J`` prints J's
 name, comment and paths raw, so J's owner can write lines of Slurm's shape. Slurm's own
@@ -436,6 +438,22 @@ def spool_slurm_jobs(
     return SpoolJobs({job: ino for job, (_rank, ino) in best.items()}, None, path)
 
 
+#: slurmctld's answer for a job it will not show this reader: ``ESLURM_INVALID_JOB_ID``
+#: (src/common/slurm_errno.c "Invalid job id specified"), what scontrol -d show job ID
+#: prints for another user's job under ``PrivateData=jobs`` (seen on the real
+#: slurmctld 22.05, tests/test_slurm_json_versions.py)
+INVALID_JOB_ID = "Invalid job id specified"
+
+
+def _refused_again(out: Any, refused: int) -> int:
+    """The refused-answer count after a failed query ``out``: one more when slurmctld
+    answered that the job is none it will show (:data:`INVALID_JOB_ID`: the same answer
+    each time while PrivateData hides it), else 0 (no answer: a timeout, a controller
+    not reached)."""
+    said = f"{out.stderr}\n{out.stdout}" if not out.hung else ""
+    return refused + 1 if INVALID_JOB_ID in said else 0
+
+
 class _Asked(NamedTuple):
     """One job's answer: ``key`` the inode of the directory it was asked for (None: known
     from a process only), ``alloc`` None while unknown (``error`` says why), ``at``
@@ -605,7 +623,7 @@ class CardJobs:
             return _Asked(key, None, f"{what}: {exc.strerror or exc}", now)
         error = tool_error(out)
         if error:
-            return _Asked(key, None, error, now)
+            return _Asked(key, None, error, now, _refused_again(out, refused))
         alloc = parse_job_answer(out.stdout, job, self.node, version)
         task = array_task_query(out.stdout, job) if alloc.errors and what == SHOW_JOB else None
         if task is not None:  # an array's own id: its record alone, one more answer
@@ -659,6 +677,10 @@ class CardJobs:
             # never "no job"
             unjudged |= {i for i, v in out.items() if not v}
         return {i: frozenset(v) for i, v in out.items()}, unjudged, "; ".join(errors) or None
+
+    def _unknown_jobs(self) -> bool:
+        """Whether a job of the node has no allocation read (failed, refused, hidden)."""
+        return any(asked.alloc is None for asked in self._jobs.values())
 
     def _read_config(self) -> None:
         """``ProctrackType`` and the Slurm version, each with why when unread."""
@@ -766,7 +788,11 @@ class CardJobs:
         without a job id) at most once per ``fault_read_seconds``. None when not read
         (the event still names the jobs of the card's processes)."""
         if self.listed:
-            return self.jobs_of(card)
+            held = self.jobs_of(card)
+            # no job known on it while a job of the node has an unknown allocation: it
+            # may be that job's card (its owner's forged name, PrivateData), so unknown,
+            # never "none" (the stray check judges it by its own jobs: jobs_of)
+            return None if held == frozenset() and self._unknown_jobs() else held
         if self._fault_map is None and self.version is not None:
             sockets = self.spool_jobs()
             if sockets is not None:  # the step sockets: one single-job query per new job
@@ -778,7 +804,10 @@ class CardJobs:
                             local.setdefault(p.job_id, None)
                 self._sync(local, now)
                 by_identity, unjudged, self.error = self._mapped(self._cards)
-                self._fault_map = {i: v for i, v in by_identity.items() if i not in unjudged}
+                unknown = self._unknown_jobs()  # an empty card may be such a job's
+                self._fault_map = {
+                    i: v for i, v in by_identity.items() if i not in unjudged and (v or not unknown)
+                }
         if self._fault_map is None:
             now = self.clock()
             if self._fault_read_at is not None and (

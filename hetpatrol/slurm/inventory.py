@@ -1,7 +1,7 @@
 """GRES registration compared with the cards that are really there and healthy.
 
 The registration is what Slurm believes this node has: the node's GRES in slurmctld,
-read for this one node (:func:`registration_argv`: ``sinfo --noheader --Node
+read for this one node (:func:`registration_argv`: ``sinfo --noheader --all --Node
 --nodes=<NodeName> --Format=NodeList:|,Gres:0``, one ``REQUEST_NODE_INFO_SINGLE``);
 when sinfo cannot be run or read, ``Gres=`` of ``scontrol show node -o <NodeName>``
 (which loads the whole node table: ``REQUEST_NODE_INFO``); when neither answers
@@ -148,14 +148,27 @@ def registration_sinfo(settings: SlurmSettings) -> list[str]:
 
 
 def registration_argv(sinfo: Sequence[str], node: str) -> list[str]:
-    """``sinfo --noheader --Node --nodes=<node> --Format=NodeList:|,Gres:0``: one node
+    """``sinfo --noheader --all --Node --nodes=<node> --Format=NodeList:|,Gres:0``: one node
     named in ``--nodes`` is ``slurm_load_node_single()`` (src/sinfo/opts.c 22.05 sets
     ``node_name_single`` when the host list has one name, src/sinfo/sinfo.c then asks
     for that node alone), where ``scontrol show node <node>`` loads every node and
     picks one (``scontrol_load_nodes()`` -> ``slurm_load_node()``, src/scontrol/
     info_node.c, 22.05 to 25.11). Seen at debug2 on the real slurmctld 22.05:
-    ``REQUEST_NODE_INFO_SINGLE`` against ``REQUEST_NODE_INFO``."""
-    return [*sinfo, "--noheader", "--Node", f"--nodes={node}", f"--Format={REGISTRATION_FORMAT}"]
+    ``REQUEST_NODE_INFO_SINGLE`` against ``REQUEST_NODE_INFO``. ``--all``: sinfo(1)
+    "Display information about all partitions. This causes information to be displayed
+    about partitions that are configured as hidden and partitions that are unavailable
+    to the user's group"; without it a node whose partitions are all ``Hidden=YES`` or
+    ``AllowGroups=`` groups the daemon's user is not in (a GPU partition for some
+    groups) is no line at all, seen on slurmctld 22.05 as uid 65534: the registration
+    then fell back to ``scontrol show node`` (the whole node table) every read."""
+    return [
+        *sinfo,
+        "--noheader",
+        "--all",
+        "--Node",
+        f"--nodes={node}",
+        f"--Format={REGISTRATION_FORMAT}",
+    ]
 
 
 def parse_sinfo_gres(text: str, node: str) -> str | None:

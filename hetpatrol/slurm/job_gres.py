@@ -369,12 +369,19 @@ def _detail_item(item: str) -> tuple[str, frozenset[int] | None]:
         count = spec[4:].strip()
         if count == "0":
             return "", frozenset()
-        return f"{count[:12]} held with no device index (CNT:): which cards unknown", None
+        return f"{_shown(count, 12)} held with no device index (CNT:): which cards unknown", None
     pairs = spec.split(",")
     shared = [_SHARED_PAIR.fullmatch(p.strip()) for p in pairs]
     if pairs and all(shared):
         return "", frozenset(i for i, p in enumerate(shared) if p and int(p.group(1)) > 0)
-    return f"({spec[:40]}) is no IDX, CNT nor shared-device list", None
+    return f"({_shown(spec, 40)}) is no IDX, CNT nor shared-device list", None
+
+
+def _shown(text: str, most: int) -> str:
+    """``text`` without control characters, at most ``most`` characters: the per-node
+    ``GRES=`` of ``scontrol show job -d`` may come from a forged block in the job's name
+    (the readings agree, so its errors are kept), which may hold terminal escapes."""
+    return "".join(ch for ch in text if ch.isprintable())[:most]
 
 
 Runner = Callable[[Sequence[str], float], str]
