@@ -675,7 +675,11 @@ def test_a_task_launch_asks_slurmctld_for_its_one_job_only(tmp_path):
             seen = len(log.read_text())
             wrap = 'srun -n1 true; echo "A=${ASCEND_RT_VISIBLE_DEVICES-unset}"'
             out = _job_output(cluster, "job", "--gres=ascend:910b:2", "--wrap", wrap)
-            assert out.splitlines() == ["A=10,11"], out
+            # srun may add its own notes on a loaded machine ("srun: Job step creation
+            # temporarily disabled, retrying"): the variable's line and no refusal of ours
+            lines = out.splitlines()
+            assert "A=10,11" in lines, out
+            assert not [x for x in lines if x.startswith("hetpatrol")], out
             rpcs = log.read_text()[seen:]
             assert "Processing RPC: REQUEST_JOB_INFO from" not in rpcs, rpcs[-3000:]
             assert rpcs.count("Processing RPC: REQUEST_JOB_INFO_SINGLE from") >= 2, rpcs[-3000:]
