@@ -129,15 +129,7 @@ def _child_error(answer: dict) -> ConfigError:
         ConfigError(e["message"], path=e.get("path"), line=e.get("line"), key=e.get("key"))
         for e in said
     ]
-    head = errors[0]
-    return ConfigError(
-        head.message,
-        path=head.path,
-        line=head.line,
-        key=head.key,
-        others=tuple(errors[1:]),
-        unshown=unshown if isinstance(unshown, int) and unshown > 0 else 0,
-    )
+    return ConfigError.of(errors, unshown if isinstance(unshown, int) and unshown > 0 else 0)
 
 
 def _error_shaped(e: object) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,20 @@ class ConfigError(Exception):
         self.errors: tuple[ConfigError, ...] = (first, *others)
         self.unshown = unshown
         super().__init__("\n".join(self.report()))
+
+    @classmethod
+    def of(cls, errors: Sequence[ConfigError], unshown: int = 0) -> ConfigError:
+        """One error of ``errors`` (each of one error, in the order said; at least one),
+        the first as its head, the rest as its others."""
+        head = errors[0]
+        return cls(
+            head.message,
+            path=head.path,
+            line=head.line,
+            key=head.key,
+            others=tuple(errors[1:]),
+            unshown=unshown,
+        )
 
     def report(self) -> list[str]:
         """One text per error said, in order, then ``and N more errors`` when some
@@ -114,16 +129,7 @@ def all_errors(found: list[ConfigError], first_file: str | None = None) -> Confi
     )
     said = [kept[i] for i in order]
     unshown += max(0, len(said) - MAX_REPORTED_ERRORS)
-    said = said[:MAX_REPORTED_ERRORS]
-    head = said[0]
-    return ConfigError(
-        head.message,
-        path=head.path,
-        line=head.line,
-        key=head.key,
-        others=tuple(said[1:]),
-        unshown=unshown,
-    )
+    return ConfigError.of(said[:MAX_REPORTED_ERRORS], unshown)
 
 
 class SettingError(ValueError):
