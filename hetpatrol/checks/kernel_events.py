@@ -25,7 +25,10 @@ section 4):
 Every class can be overridden per XID in the config (``kernel_log.xid_severity``).
 A card's finding lasts while an episode of the fault is in the window
 (``kernel_log.window_seconds``); an event from before the window (an old ring-buffer
-record read at start-up) is written as an event line but makes no finding.
+record read at start-up) is written as an event line but makes no finding. A record that
+was in a text kernel log before its first read (age unknown; never a replay's) is written
+and kept with ``jobs_unknown`` but makes no card finding, no off-bus signal and no
+escalation: one ``kernel_log_earlier`` info node finding counts them.
 """
 
 from __future__ import annotations
