@@ -55,6 +55,7 @@ __all__ = [
     "TextLogReader",
     "parse_lines",
     "parse_text",
+    "stamp_time",
 ]
 
 KMSG_PATH = "/dev/kmsg"
@@ -231,6 +232,24 @@ def _iso(text: str) -> float | None:
         return datetime.fromisoformat(value).timestamp()
     except ValueError:
         return None
+
+
+#: an ISO 8601 / RFC 3339 stamp that names its offset from UTC (``Z``, ``+01:00``,
+#: ``+0100``): journalctl ``-o short-iso`` / ``short-iso-precise``, rsyslog's
+#: ``RSYSLOG_FileFormat`` (RFC 3339, high precision), Talos. A stamp without one is local
+#: time of an unknown zone, and BSD syslog's ``Dec  2 11:38:27`` has no year: neither
+#: tells when a record was written.
+_ZONED_ISO_RE = re.compile(r"(?a)^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)$")
+
+
+def stamp_time(log_time: str | None) -> float | None:
+    """Seconds since the epoch that a record's own stamp (:attr:`KernelEvent.log_time`)
+    tells reliably: an ISO 8601 stamp with its UTC offset; None for any other stamp
+    (``dmesg`` seconds since boot, a syslog line without a year, ``dmesg -T``'s local
+    ctime, a stamp without a zone) or none."""
+    if not log_time or not _ZONED_ISO_RE.match(log_time.strip()):
+        return None
+    return _iso(log_time)
 
 
 def _strip_prefixes(line: str) -> LogLine | None:
@@ -478,8 +497,9 @@ class ReadResult:
     (its ``[secs]`` stamps are another boot's).
 
     ``earlier``: every record of this read was in the log before the reader first
-    looked, and none carries a time the reader can tell (a text log's content at its
-    first read): how long before, and so whose job it was, is not known.
+    looked (a text log's content at its first read): how long before, and so whose job
+    it was, is not known, unless a record's own zoned stamp tells (:func:`stamp_time`,
+    :meth:`KernelLog.poll`).
     """
 
     events: list[tuple[KernelEvent, float | None]] = field(default_factory=list)
@@ -702,7 +722,9 @@ class KernelOccurrence:
     single line). ``id`` numbers episodes in the order they were first read.
     ``earlier``: its first record was in a text log before the reader's first read, its
     time not told (:attr:`ReadResult.earlier`; never for a replay's recording, which
-    stands for the present).
+    stands for the present, nor for a record whose zoned stamp is after this boot's
+    start, :attr:`KernelLog.boot_time`). It makes no card finding above info
+    (:func:`hetpatrol.checks.kernel_events.apply_kernel_log`).
     """
 
     id: int
@@ -802,6 +824,10 @@ class KernelLog:
         self._next_id = 1
         self._lost = 0
         self._untracked = 0
+        #: this boot's start (``btime``, seconds since the epoch; set by the patrol, None:
+        #: unknown): a text log's record of the first read whose own zoned stamp
+        #: (:func:`stamp_time`) is after it is this boot's, and counts as read now
+        self.boot_time: float | None = None
 
     @property
     def vendors(self) -> dict[str, str]:
@@ -814,6 +840,17 @@ class KernelLog:
 
     def close(self) -> None:
         self.reader.close()
+
+    def _earlier(self, result: ReadResult, ev: KernelEvent) -> bool:
+        """Whether ``ev`` of ``result`` was in a text log before the reader first looked,
+        its age not told: a record of the first read of a log that is not a replay's,
+        unless its own zoned stamp says it was written after this boot started (never a
+        guess from a stamp without a year or zone)."""
+        if not result.earlier or self.replay:
+            return False
+        when = stamp_time(ev.log_time)
+        # btime is an integer, rounded down: a second of slack
+        return self.boot_time is None or when is None or when < self.boot_time - 1.0
 
     def _folds(self, ep: _Episode, ev: KernelEvent, mono: float) -> bool:
         a, b = ep.last_clock, ev.clock
@@ -853,13 +890,14 @@ class KernelLog:
             self._totals[key] = self._totals.get(key, 0) + 1
             episodes = self._episodes.setdefault(key, [])
             last = episodes[-1] if episodes else None
-            if last is not None and self._folds(last, ev, mono):
+            earlier = self._earlier(result, ev)
+            # a record of now never folds into one of unknown age (its episode counts)
+            if last is not None and last.earlier == earlier and self._folds(last, ev, mono):
                 last.count += 1
                 last.last_ts = max(last.last_ts, ts)
                 last.last_mono = max(last.last_mono, mono)
                 last.last_clock = ev.clock or last.last_clock
                 continue
-            earlier = result.earlier and not self.replay
             ep = _Episode(self._next_id, ev, ts, ts, 1, ev.clock, mono, earlier)
             self._next_id += 1
             episodes.append(ep)

@@ -770,6 +770,8 @@ class Patroller:
                 continue
             if event.get("nvlink_action") in ("IGNORE", "XID_154_EVAL"):
                 continue  # the catalog's decode needs no action: no repeat to escalate
+            if event.get("jobs_unknown") == kernel_events.JOBS_UNKNOWN_EARLIER:
+                continue  # in a text log before its first read, of unknown age
             key = kernel_event_key(event.get("xid"), event.get("reason"))
             esc.observe_event(card_identity(event), key, _epoch(event.get("ts"), now), now)
         for rec in cards:

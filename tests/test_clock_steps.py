@@ -120,6 +120,7 @@ def test_a_recorded_log_is_timed_on_the_monotonic_clock_too(tmp_path):
         window_seconds=HOUR,
         clock=lambda: clocks.wall,
         monotonic=lambda: clocks.mono,
+        replay=True,  # a replay's kmsg.txt: its records stand for the present
     )
     assert _health(log.poll()) == "critical"
     clocks.tick(10)

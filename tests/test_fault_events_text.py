@@ -148,17 +148,27 @@ def test_a_restart_does_not_escalate_a_card_on_a_fault_read_again(tmp_path, name
     in 24 h" (isolate_card, replace_card). A daemon restarted more than a second later
     (the escalation's own re-read rule: within a second of a counted time) read it again
     and counted it a second time, timed when read: the card was escalated by one fault
-    (before: xid_reset_repeat isolate_card, xid48_repeat replace_card)."""
+    (before: xid_reset_repeat isolate_card, xid48_repeat replace_card). The record is
+    written after the first daemon's first read (one already in the log then is of
+    unknown age and feeds no escalation at all: see the tests below)."""
     log = tmp_path / "kern.log"
-    shutil.copyfile(RECORDINGS[name][0], log)
+    log.write_text("")
     replay = booted_replay(tmp_path, BTIME)
-    for _run in range(2):
-        d = text_daemon(tmp_path, replay, log)
-        try:
-            d.patrol_once()
-        finally:
-            d.shutdown()
-        time.sleep(1.1)
+    d = text_daemon(tmp_path, replay, log)
+    try:
+        d.patrol_once()
+        log.write_text(RECORDINGS[name][0].read_text())  # written after the first read
+        d.patrol_once()
+    finally:
+        d.shutdown()
+    time.sleep(1.1)
+    esc = state(tmp_path)["escalation"]["cards"][card]
+    assert (len(esc["events"][key]), esc["escalated"]) == (1, {})
+    d = text_daemon(tmp_path, replay, log)
+    try:
+        d.patrol_once()
+    finally:
+        d.shutdown()
     esc = state(tmp_path)["escalation"]["cards"][card]
     assert (len(esc["events"][key]), esc["escalated"]) == (1, {})
 
@@ -299,3 +309,91 @@ def test_record_key_of_a_kmsg_record_is_its_boot_seq_bus_and_fault():
     unlisted = kept_event(base, "boot-a")
     later = kept_event(base, "boot-b")
     assert record_key(listed) == record_key(unlisted) != record_key(later)
+
+
+# --------------------------------------------- records in a text log before its first read
+#: xid-79's XID 79 on GPU 6 (cb:00), as a forwarded syslog writes it: "Mon DD HH:MM:SS" has
+#: no year, so the line cannot say which boot, nor how long ago (fixtures/nodes/xid-79)
+OLD_XID79 = (
+    "Dec  2 11:38:27 gpu-a07 kernel: NVRM: Xid (PCI:0000:cb:00): 79, pid='<unknown>', "
+    "name=<unknown>, GPU has fallen off the bus.\n"
+)
+
+
+def kernel_findings(report) -> list:
+    """The kernel log's findings of a patrol: its cards' and the node's."""
+    checks = ("xid", "kernel_fault", "kernel_log_earlier")
+    found = [f for c in report.cards for f in c.findings] + list(report.node_findings)
+    return [f for f in found if f.check in checks]
+
+
+def test_an_old_xid_79_in_a_text_log_at_start_is_kept_and_said_but_not_critical(tmp_path):
+    """An XID 79 already in a forwarded kern.log when the daemon first reads it (age
+    unknown: perhaps days and boots old): the event is kept, with ``jobs_unknown``, one
+    info finding says so, no card finding, no escalation; before, a critical xid finding
+    (reboot_node) at every start. A line appended after the first read is critical as
+    before; a restarted daemon on the same file is not critical again."""
+    log = tmp_path / "kern.log"
+    log.write_text(OLD_XID79)
+    replay = booted_replay(tmp_path, BTIME)
+    d = text_daemon(tmp_path, replay, log)
+    try:
+        first = d.patrol_once()
+        found = kernel_findings(first)
+        assert [(f.check, f.severity) for f in found] == [("kernel_log_earlier", "info")]
+        assert found[0].value == {"records": 1, "episodes": 1}
+        assert "before hetpatrol first read it, their age unknown" in found[0].message
+        (kept,) = state(tmp_path)["fault_events"]
+        assert (kept["xid"], kept["bus_id"], kept["jobs"]) == (79, "0000:cb:00.0", None)
+        assert kept["jobs_unknown"].startswith("in the kernel log before this daemon")
+        assert escalation_events(tmp_path) == {}
+        # the same fault written after the first read: now, critical, job 4242's
+        with log.open("a") as f:
+            f.write(OLD_XID79.replace("11:38:27", "11:40:02"))
+        second = d.patrol_once()
+        sev = {(f.check, f.severity) for f in kernel_findings(second)}
+        assert ("xid", "critical") in sev and ("kernel_log_earlier", "info") in sev
+        assert len(state(tmp_path)["fault_events"]) == 2
+        assert state(tmp_path)["fault_events"][-1]["jobs"] == ["4242"]
+        assert list(escalation_events(tmp_path)) == ["bus:0000:cb:00.0"]
+    finally:
+        d.shutdown()
+    counted = escalation_events(tmp_path)
+    time.sleep(1.1)
+    d = text_daemon(tmp_path, replay, log)  # restarted on the same file: all of it earlier
+    try:
+        again = d.patrol_once()
+    finally:
+        d.shutdown()
+    found = kernel_findings(again)
+    assert [(f.check, f.severity) for f in found] == [("kernel_log_earlier", "info")]
+    assert found[0].value == {"records": 2, "episodes": 2}
+    assert len(state(tmp_path)["fault_events"]) == 2
+    assert escalation_events(tmp_path) == counted
+
+
+def test_a_zoned_stamp_after_this_boot_counts_as_now_at_the_first_read(tmp_path):
+    """journalctl ``-o short-iso`` / rsyslog's RFC 3339 stamp says when: a record stamped
+    after this boot's start (``btime``) is this boot's and counts at the first read; one
+    with a zone-less or yearless stamp does not (it is said, not judged)."""
+    log = tmp_path / "kern.log"
+    line = OLD_XID79.replace("Dec  2 11:38:27", "2023-11-20T11:38:27+0000")
+    log.write_text(line)
+    d = text_daemon(tmp_path, booted_replay(tmp_path, BTIME), log)
+    try:
+        report = d.patrol_once()
+    finally:
+        d.shutdown()
+    assert ("xid", "critical") in {(f.check, f.severity) for f in kernel_findings(report)}
+    assert state(tmp_path)["fault_events"][0]["jobs"] == ["4242"]
+    # no zone: local time of an unknown zone, not read as a time
+    (tmp_path / "state").rename(tmp_path / "state-1")
+    log2 = tmp_path / "kern2.log"
+    log2.write_text(line.replace("+0000", ""))
+    d = text_daemon(tmp_path, booted_replay(tmp_path / "b", BTIME), log2)
+    try:
+        report = d.patrol_once()
+    finally:
+        d.shutdown()
+    found = kernel_findings(report)
+    assert [(f.check, f.severity) for f in found] == [("kernel_log_earlier", "info")]

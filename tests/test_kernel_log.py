@@ -398,7 +398,8 @@ def test_findings_on_cards_and_node_and_event_lines(tmp_path):
     )
     cards = _cards()
     rules = KernelLogRules()
-    snap = KernelLog(TextLogReader(log), clock=_Clock()).poll()
+    # a recording standing for the present (a replay's kmsg.txt)
+    snap = KernelLog(TextLogReader(log), clock=_Clock(), replay=True).poll()
     lines, node = apply_kernel_log(snap, cards, rules, node="n1", seq=7, ts_format=rfc)
     gpu6 = cards[1]
     assert gpu6.health == "critical"  # XID 109
@@ -900,7 +901,9 @@ def test_ten_thousand_bus_ids_keep_bounded_tables_and_few_findings(tmp_path):
                     "pid=1, name=x, flood\n"
                 )
     clock = _Clock()
-    src = KernelLog(TextLogReader(log), window_seconds=600, burst_seconds=10, clock=clock)
+    src = KernelLog(
+        TextLogReader(log), window_seconds=600, burst_seconds=10, clock=clock, replay=True
+    )
     snap = src.poll()
     assert len(snap.window_counts) == kl.MAX_KEYS == len(snap.totals)
     assert snap.untracked == 60_000 - kl.MAX_KEYS
@@ -1026,3 +1029,18 @@ def test_started_boot_seconds_reads_field_22_after_the_name(tmp_path):
     assert started_boot_seconds(78, tmp_path) is None
     here = started_boot_seconds(os.getpid())
     assert here is not None and 0 < here <= time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def test_stamp_time_reads_only_stamps_with_a_year_and_a_zone():
+    """journalctl ``-o short-iso`` (``+0000``), ``short-iso-precise`` (microseconds),
+    rsyslog's RFC 3339 ``RSYSLOG_FileFormat`` and Talos (``Z``) say when; a syslog stamp
+    without a year, ``dmesg -T``'s local ctime, a zone-less ISO stamp and ``[secs]`` do not."""
+    from hetpatrol.kernel_log import stamp_time
+
+    t = 1_714_566_896.0  # 2024-05-01T12:34:56Z
+    assert stamp_time("2024-05-01T12:34:56+0000") == t
+    assert stamp_time("2024-05-01T14:34:56.250000+02:00") == t + 0.25
+    assert stamp_time("2024-05-01T12:34:56.789123456Z") == pytest.approx(t + 0.789123)
+    for text in ("May  1 12:34:56", "Wed May  1 12:34:56 2024", "2024-05-01T12:34:56",
+                 "199.234935", "", None):  # fmt: skip
+        assert stamp_time(text) is None

@@ -121,6 +121,8 @@ CHECK_ACTIONS: dict[str, dict[str, str]] = {
     # checks/kernel_events.py: past MAX_UNREAD_BUSES bus ids no card has, the rest are one
     # finding; a flood of ids no card has names no card to act on
     "kernel_fault_buses": {"*": WATCH},
+    # records in a text kernel log before its first read, of unknown age: said, not acted on
+    "kernel_log_earlier": {"*": WATCH},  # info: none
 }
 
 _tables: tuple[tuple, VendorActions] | None = None

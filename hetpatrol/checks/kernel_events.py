@@ -25,7 +25,10 @@ section 4):
 Every class can be overridden per XID in the config (``kernel_log.xid_severity``).
 A card's finding lasts while an episode of the fault is in the window
 (``kernel_log.window_seconds``); an event from before the window (an old ring-buffer
-record read at start-up) is written as an event line but makes no finding.
+record read at start-up) is written as an event line but makes no finding. A record that
+was in a text kernel log before its first read (age unknown; never a replay's) is written
+and kept with ``jobs_unknown`` but makes no card finding, no off-bus signal and no
+escalation: one ``kernel_log_earlier`` info node finding counts them.
 """
 
 from __future__ import annotations
@@ -277,6 +280,8 @@ def off_bus_events(
         return []
     out = []
     for occ in (*snapshot.new, *snapshot.window):
+        if occ.earlier:  # in a text log before it was first read: of unknown age
+            continue
         ev = occ.event
         check, code = event_code(ev)
         if ev.bus_id and code in codes.get(check, ()):
@@ -291,6 +296,27 @@ MAX_UNREAD_BUSES = 16
 #: first read (:attr:`hetpatrol.kernel_log.KernelOccurrence.earlier`): its time, and so
 #: its jobs, are not known (the event gets ``jobs: null``, never today's jobs)
 JOBS_UNKNOWN_EARLIER = "in the kernel log before this daemon first read it, its time not told"
+#: the info node finding for the window's records of a text kernel log that were in it
+#: before its first read: they make no card finding and feed no escalation
+CHECK_EARLIER = "kernel_log_earlier"
+
+
+def _earlier_finding(episodes: Sequence[KernelOccurrence], source: str) -> Finding:
+    """The ``kernel_log_earlier`` info finding for ``episodes`` (each ``earlier``): how
+    many fault records, on how many GPU bus ids, were in the log ``source`` before
+    hetpatrol first read it (``value``: ``{"records": n, "episodes": m}``)."""
+    records = sum(occ.count for occ in episodes)
+    buses = sorted({occ.event.bus_id or "unknown bus" for occ in episodes})
+    shown = ", ".join(buses[:5]) + (", ..." if len(buses) > 5 else "")
+    return Finding(
+        CHECK_EARLIER,
+        SEVERITY_INFO,
+        f"kernel log {source}: {records} fault record(s) on {len(buses)} GPU bus id(s) "
+        f"({shown}) were in the log before hetpatrol first read it, their age unknown "
+        "(perhaps an earlier boot): kept as events, no card finding, no escalation",
+        value={"records": records, "episodes": len(episodes)},
+        threshold=None,
+    )
 
 
 def _findings(
@@ -362,7 +388,11 @@ def apply_kernel_log(
     per_card: dict[int, list[tuple[KernelOccurrence, str]]] = {}
     per_bus: dict[str, list[tuple[KernelOccurrence, str]]] = {}
     card_of: dict[int, CardRecord] = {}
+    earlier: list[KernelOccurrence] = []
     for occ in snapshot.window:
+        if occ.earlier:  # of unknown age: one info finding below, never a card's
+            earlier.append(occ)
+            continue
         ev = occ.event
         severity, _cls = classify(occ, counts.get(ev.key, occ.count), rules)
         uuid = ev.uuid or snapshot.uuids.get(ev.bus_id or "")
@@ -405,6 +435,9 @@ def apply_kernel_log(
                 threshold=None,
             )
         )
+
+    if earlier:
+        node_findings.append(_earlier_finding(earlier, snapshot.source))
 
     in_window = {occ.id for occ in snapshot.window}
     lines: list[dict[str, Any]] = []
@@ -582,6 +615,7 @@ def patrol_kernel_log(
         return KernelLogResult(summary={"state": "disabled"})
     source.window_seconds = rules.window_seconds
     source.burst_seconds = rules.burst_seconds
+    source.boot_time = boot_time
     try:
         snapshot = source.poll()
     except Exception as exc:  # noqa: BLE001 - a reader bug must not stop the patrol
